@@ -1,0 +1,1 @@
+"""Runnable experiments: python -m analyses.<name>."""

@@ -1,0 +1,184 @@
+"""The in-context causal-tree task of Wei et al. (ICLR 2026), PAPER.md section 1.
+
+Token layout (fixed, used everywhere in the suite): a context is L+1 sequences of H tokens laid out
+example-major, flat index ``l * H + h`` (0-based). Examples ``l = 0 .. L-1`` are the demonstrations,
+``l = L`` is the target sequence. All L+1 sequences share one causal tree ``parents`` with
+``parents[0] = -1`` and ``parents[h] ~ Unif{0, ..., h-1}``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from jaxtyping import Float, Int
+from torch import Tensor
+
+ROW_SUM_TOL = 1e-6
+
+
+def check_kernel(pi: Tensor, name: str = "pi") -> Tensor:
+    """Validate a row-stochastic kernel ``pi[a, b] = pi(b | a)``; return it as float64."""
+    pi = torch.as_tensor(pi, dtype=torch.float64)
+    if pi.ndim != 2 or pi.shape[0] != pi.shape[1]:
+        raise ValueError(f"{name} must be a square d x d matrix, got shape {tuple(pi.shape)}")
+    if not torch.isfinite(pi).all():
+        raise ValueError(f"{name} has NaN or Inf entries; expected finite probabilities")
+    if (pi < 0).any():
+        raise ValueError(f"{name} has negative entries (min {pi.min().item():.3g}); expected >= 0")
+    worst = (pi.sum(-1) - 1).abs().max().item()
+    if worst > ROW_SUM_TOL:
+        raise ValueError(f"{name} is not row-stochastic: a row sums to 1 {worst:+.3g}; expected rows summing to 1")
+    return pi
+
+
+def check_distribution(p: Tensor, d: int, name: str = "root") -> Tensor:
+    """Validate a probability vector of length d; return it as float64."""
+    p = torch.as_tensor(p, dtype=torch.float64)
+    if p.shape != (d,):
+        raise ValueError(f"{name} must have shape ({d},), got {tuple(p.shape)}")
+    if not torch.isfinite(p).all() or (p < 0).any() or abs(p.sum().item() - 1) > ROW_SUM_TOL:
+        raise ValueError(f"{name} must be a probability vector (finite, >= 0, sums to 1)")
+    return p
+
+
+def dirichlet_kernel(
+    d_vocab: int, alpha: float = 1.0, gamma: float = 0.2, generator: torch.Generator | None = None
+) -> Float[Tensor, "d d"]:
+    """Rows ``(1 - gamma) * Dirichlet(alpha) + gamma / d``: a kernel minorised by gamma / d (Lemma 3)."""
+    if d_vocab < 2:
+        raise ValueError(f"d_vocab must be >= 2, got {d_vocab}")
+    if not 0 <= gamma <= 1:
+        raise ValueError(f"gamma must be in [0, 1], got {gamma}")
+    if alpha <= 0:
+        raise ValueError(f"alpha must be > 0, got {alpha}")
+    # Dirichlet via normalised Gamma draws; torch's Dirichlet sampler takes no generator, so we draw
+    # the Gammas ourselves to keep the kernel a function of the seed.
+    gammas = _gamma_draws(d_vocab, alpha, generator if generator is not None else torch.default_generator)
+    rows = gammas / gammas.sum(-1, keepdim=True)
+    return (1 - gamma) * rows + gamma / d_vocab
+
+
+def _gamma_draws(d: int, alpha: float, generator: torch.Generator) -> Tensor:
+    """Gamma(alpha, 1) draws from a seeded generator (Marsaglia-Tsang, with the alpha < 1 boost)."""
+    boost = alpha < 1
+    a = alpha + 1 if boost else alpha
+    c_d = a - 1 / 3
+    c = 1 / (9 * c_d) ** 0.5
+    out = torch.empty(d * d, dtype=torch.float64)
+    filled = 0
+    while filled < d * d:
+        n = 4 * (d * d - filled) + 16
+        x = torch.randn(n, dtype=torch.float64, generator=generator)
+        u = torch.rand(n, dtype=torch.float64, generator=generator)
+        v = (1 + c * x) ** 3
+        ok = (v > 0) & (torch.log(u) < 0.5 * x**2 + c_d - c_d * v + c_d * torch.log(v.clamp_min(1e-300)))
+        acc = (c_d * v)[ok][: d * d - filled]
+        out[filled : filled + acc.numel()] = acc
+        filled += acc.numel()
+    if boost:
+        out = out * torch.rand(d * d, dtype=torch.float64, generator=generator) ** (1 / alpha)
+    return out.reshape(d, d)
+
+
+@dataclass
+class MarkovTreeTask:
+    """Discrete task: a fixed kernel ``pi`` and root distribution, a fresh tree per context.
+
+    ``sample`` returns tokens ``Int[batch, (L+1)*H]`` in the layout of the module docstring and
+    parents ``Int[batch, H]`` with ``parents[:, 0] = -1``.
+    """
+
+    pi: Float[Tensor, "d d"]
+    n_examples: int  # L, the number of demonstrations
+    seq_len: int  # H, tokens per sequence
+    root: Float[Tensor, " d"] | None = None  # distribution of x_1; uniform if None
+
+    def __post_init__(self):
+        self.pi = check_kernel(self.pi)
+        if self.root is None:
+            self.root = torch.full((self.d_vocab,), 1 / self.d_vocab, dtype=torch.float64)
+        self.root = check_distribution(self.root, self.d_vocab)
+        if self.n_examples < 1 or self.seq_len < 2:
+            raise ValueError(
+                f"need n_examples >= 1 and seq_len >= 2, got n_examples={self.n_examples}, seq_len={self.seq_len}"
+            )
+
+    @property
+    def d_vocab(self) -> int:
+        return self.pi.shape[0]
+
+    @property
+    def n_tokens(self) -> int:
+        """Length of a flat context, (L+1) * H."""
+        return (self.n_examples + 1) * self.seq_len
+
+    @classmethod
+    def random(
+        cls, d_vocab: int, n_examples: int, seq_len: int, alpha: float = 1.0, gamma: float = 0.2, seed: int = 0
+    ) -> MarkovTreeTask:
+        """A task with a Dirichlet kernel (``dirichlet_kernel``) drawn from ``seed``, uniform root."""
+        g = torch.Generator().manual_seed(seed)
+        return cls(dirichlet_kernel(d_vocab, alpha, gamma, g), n_examples, seq_len)
+
+    def sample_parents(self, batch: int, generator: torch.Generator | None = None) -> Int[Tensor, "batch H"]:
+        """Random trees: ``parents[:, h] ~ Unif{0..h-1}``, ``parents[:, 0] = -1``."""
+        h = torch.arange(self.seq_len, dtype=torch.float64)
+        u = torch.rand(batch, self.seq_len, dtype=torch.float64, generator=generator)
+        parents = torch.floor(u * h).long()
+        parents[:, 0] = -1
+        return parents
+
+    def sample(
+        self, batch: int, generator: torch.Generator | None = None, parents: Int[Tensor, "batch H"] | None = None
+    ) -> tuple[Int[Tensor, "batch T"], Int[Tensor, "batch H"]]:
+        """Sample ``batch`` contexts (fresh tree each unless ``parents`` is given), vectorised over the batch."""
+        if parents is None:
+            parents = self.sample_parents(batch, generator)
+        L1, H = self.n_examples + 1, self.seq_len
+        x = torch.empty(batch, L1, H, dtype=torch.long)
+        u = torch.rand(batch, L1, H, dtype=torch.float64, generator=generator)
+        x[:, :, 0] = _inverse_cdf(self.root.cumsum(0).expand(batch, L1, -1), u[:, :, 0])
+        cdf = self.pi.cumsum(-1)
+        for h in range(1, H):
+            parent_tok = x.gather(2, parents[:, h].view(batch, 1, 1).expand(batch, L1, 1)).squeeze(2)
+            x[:, :, h] = _inverse_cdf(cdf[parent_tok], u[:, :, h])
+        return x.reshape(batch, L1 * H), parents
+
+    def to_dict(self) -> dict:
+        return {
+            "kind": "markov_tree",
+            "d_vocab": self.d_vocab,
+            "n_examples": self.n_examples,
+            "seq_len": self.seq_len,
+            "pi": self.pi.tolist(),
+            "root": self.root.tolist(),
+            "layout": "example-major: flat index l*H + h, l = n_examples is the target",
+        }
+
+    @classmethod
+    def from_dict(cls, d: dict) -> MarkovTreeTask:
+        missing = {"pi", "n_examples", "seq_len"} - set(d)
+        if missing:
+            raise ValueError(f"task description lacks {sorted(missing)}; expected keys pi, n_examples, seq_len")
+        if d.get("kind", "markov_tree") != "markov_tree":
+            raise ValueError(f"task kind {d['kind']!r} is not supported here; expected 'markov_tree'")
+        task = cls(torch.tensor(d["pi"]), int(d["n_examples"]), int(d["seq_len"]), d.get("root"))
+        if "d_vocab" in d and int(d["d_vocab"]) != task.d_vocab:
+            raise ValueError(f"task d_vocab={d['d_vocab']} disagrees with pi of shape {tuple(task.pi.shape)}")
+        return task
+
+
+def _inverse_cdf(cdf: Float[Tensor, "... d"], u: Float[Tensor, "..."]) -> Int[Tensor, "..."]:
+    """Index of the first cdf entry above u (sampling by inverse CDF), clamped for round-off."""
+    idx = torch.searchsorted(cdf.contiguous(), u.unsqueeze(-1).contiguous(), right=True).squeeze(-1)
+    return idx.clamp_max(cdf.shape[-1] - 1)
+
+
+def load_task(checkpoint_path: str | Path) -> MarkovTreeTask:
+    """The task a checkpoint folder (``config.json``) was trained on."""
+    from models.checkpoint import read_config
+
+    return MarkovTreeTask.from_dict(read_config(checkpoint_path)["task"])
+
