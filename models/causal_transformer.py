@@ -99,6 +99,15 @@ def _hooked_result(hook: HookPoint, per_head: Float[Tensor, "batch pos head d"],
     return hook(result)
 
 
+def _unbroadcast(t: Tensor, base: Tensor | None) -> Tensor | None:
+    """The ``[K, H, T]`` tensor behind a batch-broadcast (stride-0) ``t``, or None if ``t`` differs per
+    context. ``base`` itself when ``t`` is still ``base.expand(...)`` (no hook replaced it): indexing
+    ``t[0]`` instead would make autograd allocate a zero ``[batch, K, H, T]`` gradient (4 GB at L=K=64)."""
+    if t.stride(0) != 0:
+        return None
+    return base if base is not None and t._base is base else t[0]
+
+
 class CopyerAttention(nn.Module):
     """K content-free relative-position heads. Score from target row h to key (example l, position h'):
     ``w_H[k, h' - h + H - 1] + w_L[k, l]``; target keys h' >= h are masked."""
@@ -133,11 +142,18 @@ class CopyerAttention(nn.Module):
         batch = x.shape[0]
         # Scores and pattern are content-free: computed once and broadcast over the batch (stride 0),
         # so caching them costs no memory. A hook that returns a per-context tensor is honoured.
-        scores = self.hook_attn_scores(self.scores().expand(batch, -1, -1, -1))
-        pattern = scores[0].softmax(-1).expand_as(scores) if scores.stride(0) == 0 else scores.softmax(-1)
+        base = self.scores()
+        scores = self.hook_attn_scores(base.expand(batch, -1, -1, -1))
+        shared = _unbroadcast(scores, base)
+        if shared is None:
+            pattern = scores.softmax(-1)
+        else:
+            shared = shared.softmax(-1)
+            pattern = shared.expand_as(scores)
         pattern = self.hook_pattern(pattern)
-        if pattern.stride(0) == 0:
-            z = torch.einsum("khT,bTd->bhkd", pattern[0], x)
+        shared = _unbroadcast(pattern, shared)
+        if shared is not None:
+            z = torch.einsum("khT,bTd->bhkd", shared, x)
         else:
             z = torch.einsum("bkhT,bTd->bhkd", pattern, x)
         z = self.hook_z(z)

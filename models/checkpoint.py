@@ -73,9 +73,14 @@ def check_state_dict(state: dict[str, Tensor], model: torch.nn.Module, source: s
         raise ValueError(f"{source} has NaN or Inf values in {', '.join(bad)}; expected finite weights")
 
 
-def load(path: str | Path, device: str | None = None) -> CausalTransformer:
-    """Rebuild a ``CausalTransformer`` from a checkpoint folder (eval mode)."""
+def load(path: str | Path, device: str | None = None, *, key_map=None, config=None) -> CausalTransformer:
+    """Rebuild a ``CausalTransformer`` from a checkpoint folder (eval mode). Weight files (.pt, .pth,
+    .bin, .safetensors, with ``key_map``/``config``) and Hugging Face folders: ``models.formats``."""
+    from models.formats import is_foreign, load_foreign
+
     path = Path(path)
+    if is_foreign(path):
+        return load_foreign(path, device, key_map=key_map, config=config)
     config = read_config(path)
     cfg_dict = dict(config["model"])
     if device is not None:

@@ -57,3 +57,63 @@ def head_assignment(pattern: Float[Tensor, "K H T"], n_examples: int) -> tuple[l
     mass = demonstration_mass(pattern, n_examples)[:, :n_examples]
     purity, demo = mass.max(-1)
     return demo.tolist(), purity.tolist()
+
+
+# Weight-space measurements (Proposition 1, block structure) ------------------------------------
+# Convention: a d x d block of W_KQ has rows = key token, columns = query token; the attention is
+# invariant to adding a constant down each column, so blocks are compared through the softmax over
+# rows of each column ("column softmax"). For W_OV (rows = token, softmax over each row) pass the
+# transposes.
+
+
+def fit_column_shift(
+    block: Float[Tensor, "d d"], reference: Float[Tensor, "d d"]
+) -> tuple[float, Float[Tensor, " d"], Float[Tensor, "d d"], float]:
+    """Least squares ``block ~ c * reference + 1 a^T`` (a constant down each column).
+
+    Returns ``(c, a, residual, correlation)``: the scale, the per-column shift, ``block - c ref - 1 a^T``
+    and the Pearson correlation of the column-centred block with the column-centred reference.
+    Closed form: centring each column removes ``a``; then ``c = <B_c, R_c> / <R_c, R_c>``.
+    """
+    b, r = block.double(), reference.double()
+    if b.shape != r.shape or b.ndim != 2:
+        raise ValueError(f"block and reference must be matrices of one shape, got {tuple(b.shape)} and {tuple(r.shape)}")
+    bc, rc = b - b.mean(0), r - r.mean(0)
+    if rc.norm() == 0:
+        raise ValueError("reference is constant down every column; the scale c is not identifiable")
+    c = ((bc * rc).sum() / (rc * rc).sum()).item()
+    a = (b - c * r).mean(0)
+    corr = ((bc * rc).sum() / (bc.norm() * rc.norm())).item() if bc.norm() > 0 else 0.0
+    return c, a, b - c * r - a, corr
+
+
+def column_softmax_error(block: Float[Tensor, "d d"], reference: Float[Tensor, "d d"]) -> tuple[float, float]:
+    """Max and mean over entries of ``|softmax_col(block) - softmax_col(reference)|``, where the softmax
+    runs over the rows (key tokens) of each column (query token). Invariant to column shifts."""
+    diff = (block.double().softmax(0) - reference.double().softmax(0)).abs()
+    return diff.max().item(), diff.mean().item()
+
+
+def block_norms(W: Float[Tensor, "D E"], d: int) -> Float[Tensor, "n m"]:
+    """Frobenius norm of every d x d block of ``W`` (D and E multiples of d), float64."""
+    D, E = W.shape
+    if D % d or E % d:
+        raise ValueError(f"W of shape {(D, E)} does not split into {d} x {d} blocks")
+    return W.detach().double().reshape(D // d, d, E // d, d).norm(dim=(1, 3))
+
+
+def off_diagonal_ratio(norms: Float[Tensor, "n n"]) -> float:
+    """Mean off-diagonal over mean diagonal block norm of a square grid of block norms (nan if the
+    diagonal is all zero, as at initialisation)."""
+    n = norms.shape[0]
+    if n < 2 or norms.shape != (n, n):
+        raise ValueError(f"need a square grid of at least 2 x 2 block norms, got {tuple(norms.shape)}")
+    diag = norms.diagonal().mean()
+    off = (norms.sum() - norms.diagonal().sum()) / (n * n - n)
+    return (off / diag).item() if diag > 0 else float("nan")
+
+
+def parent_mass(attention: Float[Tensor, "batch H H"], parents: Int[Tensor, "batch H"]) -> float:
+    """Mean attention (or posterior) mass on the true parent over contexts and positions h >= 1."""
+    idx = parents[:, 1:].to(attention.device).unsqueeze(-1)
+    return attention[:, 1:].double().gather(-1, idx).mean().item()

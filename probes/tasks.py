@@ -164,7 +164,12 @@ class MarkovTreeTask:
             raise ValueError(f"task description lacks {sorted(missing)}; expected keys pi, n_examples, seq_len")
         if d.get("kind", "markov_tree") != "markov_tree":
             raise ValueError(f"task kind {d['kind']!r} is not supported here; expected 'markov_tree'")
-        task = cls(torch.tensor(d["pi"]), int(d["n_examples"]), int(d["seq_len"]), d.get("root"))
+        root = None if d.get("root") is None else torch.tensor(d["root"], dtype=torch.float64)
+        try:
+            pi = torch.tensor(d["pi"], dtype=torch.float64)
+        except (TypeError, ValueError):
+            raise ValueError("task pi must be a d x d list of numbers") from None
+        task = cls(pi, int(d["n_examples"]), int(d["seq_len"]), root)
         if "d_vocab" in d and int(d["d_vocab"]) != task.d_vocab:
             raise ValueError(f"task d_vocab={d['d_vocab']} disagrees with pi of shape {tuple(task.pi.shape)}")
         return task

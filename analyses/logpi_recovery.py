@@ -1,0 +1,200 @@
+"""Proposition 1: do the diagonal blocks of W_KQ store log pi, and does W_OV store pi?
+
+    python -m analyses.logpi_recovery                       # the shipped checkpoint
+    python -m analyses.logpi_recovery --checkpoint theorem1:beta=50
+
+Head k writes residual subspace k+1, so its diagonal block of W_KQ is
+``W_kk = W_KQ[(k+1)d:(k+2)d, (k+1)d:(k+2)d]`` (rows: key token, columns: query token). It scores the
+pair (x_h'^l, x_h^l) of the demonstration l that head k copies (the measured head assignment, never
+assumed to be l = k). The attention is unchanged by a constant down each column, so each block is fitted
+as ``W_kk ~ c log pi + 1 a^T`` by least squares and compared through the column softmax (softmax over
+the key tokens of each query-token column):
+
+    column-softmax error = max over entries |softmax_col(W_kk / c) - softmax_col(log pi)|
+
+(the mean over entries is reported too), at the fitted scale c and at scale 1. Soft copies make a
+trained block a scaled copy (c != 1), so both are reported. The value side reads
+``softmax(W_OV[:d])`` over each ROW (token a -> distribution of the next token), so the token block of
+W_OV is fitted as ``W_OV ~ c log pi + b 1^T`` (a constant per row) and compared by the row softmax.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from analyses.common import (analysis_parser, load_subject, parse_common, run, sample_contexts, save_figure,
+                             save_json, style)
+from probes import head_assignment
+from probes.metrics import column_softmax_error, fit_column_shift
+
+NAME = "logpi_recovery"
+CLAIM_FITTED_ERROR = 0.05  # the paper's column-softmax error bound for trained models
+
+
+def _fit(block: torch.Tensor, log_pi: torch.Tensor) -> dict:
+    """Fit ``block ~ c log_pi + 1 a^T`` and measure the column-softmax error at scale c and at 1."""
+    c, shift, residual, corr = fit_column_shift(block, log_pi)
+    err_fit = column_softmax_error(block.double() / c, log_pi) if c != 0 else (float("nan"),) * 2
+    err_unit = column_softmax_error(block, log_pi)
+    # Share of the residual's energy that is a constant down each ROW (a key-token bias, which the
+    # column-shift invariance does not absorb).
+    row_part = residual.mean(1, keepdim=True).expand_as(residual)
+    row_share = (row_part.norm() ** 2 / residual.norm() ** 2).item() if residual.norm() > 0 else 0.0
+    return {"c": c, "correlation": corr, "error_fitted_max": err_fit[0], "error_fitted_mean": err_fit[1],
+            "error_unit_max": err_unit[0], "error_unit_mean": err_unit[1], "shift": shift,
+            "residual_row_share": row_share, "block": block.double(), "residual": residual}
+
+
+@torch.no_grad()
+def logpi_recovery(model, pi: torch.Tensor) -> dict:
+    """Fit every diagonal copy block of W_KQ to log pi and the token block of W_OV to log pi.
+
+    Returns ``blocks`` (one dict per head k: head, demonstration, purity, c, correlation, errors,
+    block [d,d], residual [d,d]), ``ov`` (the same for W_OV[:d] in row convention: block and residual
+    are [d,d] with rows = current token), ``log_pi`` [d,d], and the worst errors over heads.
+    """
+    log_pi = pi.double().log()
+    d, K = model.cfg.d_vocab, model.cfg.n_copy_heads
+    if tuple(log_pi.shape) != (d, d):
+        raise ValueError(f"pi has shape {tuple(pi.shape)}, expected ({d}, {d}) to match the model's d_vocab")
+    if not torch.isfinite(log_pi).all():
+        raise ValueError("pi has zero entries, so log pi is not finite; expected a kernel with pi > 0")
+    demos, purity = head_assignment(model.copyer_pattern().cpu(), model.cfg.n_examples)
+    W = model.W_KQ.detach().cpu()
+    blocks = []
+    for k in range(K):
+        s = slice((k + 1) * d, (k + 2) * d)
+        blocks.append({"head": f"L0H{k}", "demonstration": demos[k], "purity": purity[k], **_fit(W[s, s], log_pi)})
+    # W_OV: softmax over each row, invariance = constant per row, i.e. the column convention on W^T.
+    ov = _fit(model.W_OV.detach().cpu()[:d].T, log_pi.T)
+    ov.update(block=ov["block"].T, residual=ov["residual"].T, copy_rows_norm=model.W_OV.detach()[d:].norm().item(),
+              token_rows_norm=model.W_OV.detach()[:d].norm().item())
+    worst = {key: max(b[key] for b in blocks) for key in ("error_fitted_max", "error_unit_max")}
+    # In W_OV the roles swap: rows = current token, the residual's share constant down each COLUMN is
+    # an offset on the next-token logits shared by all tokens (what the copy rows of W_OV add on average).
+    ov["residual_column_share"] = ov.pop("residual_row_share")
+    return {"log_pi": log_pi, "blocks": blocks, "ov": ov, "worst": worst,
+            "c_range": [min(b["c"] for b in blocks), max(b["c"] for b in blocks)],
+            "min_correlation": min(b["correlation"] for b in blocks)}
+
+
+@torch.no_grad()
+def effective_value_error(model, pi: torch.Tensor, tokens: torch.Tensor) -> dict:
+    """The value distribution the head actually mixes, ``softmax(resid_h' @ W_OV)`` (copy rows
+    included), averaged over key positions with target token a, against ``pi[a]``.
+
+    Returns ``mean_value`` [d,d] (row a: average value given x_h' = a; NaN for tokens never seen) and
+    ``error_max``, the max abs difference to pi over tokens that occur.
+    """
+    _, cache = model.run_with_cache(tokens, names_filter="blocks.1.attn.hook_v")
+    value = cache["blocks.1.attn.hook_v"][:, :, 0].exp().double().cpu()  # [batch, H, d]
+    x = tokens[:, -model.cfg.seq_len:]
+    d = model.cfg.d_vocab
+    mean = torch.full((d, d), float("nan"), dtype=torch.float64)
+    for a in range(d):
+        if (x == a).any():
+            mean[a] = value[x == a].mean(0)
+    seen = ~mean.isnan().any(1)
+    return {"mean_value": mean, "error_max": (mean[seen] - pi.double()[seen]).abs().max().item()}
+
+
+def _plot(res: dict, name: str):
+    import matplotlib.pyplot as plt
+
+    blocks = sorted(res["blocks"], key=lambda b: (b["demonstration"], b["head"]))
+    log_pi, ov = res["log_pi"], res["ov"]
+    vmax = max((log_pi - log_pi.mean(0)).abs().max().item(), (log_pi - log_pi.mean(1, keepdim=True)).abs().max().item())
+    rmax = max([b["residual"].abs().max().item() / abs(b["c"]) for b in blocks]
+               + [ov["residual"].abs().max().item() / abs(ov["c"])]) or 1.0
+    n = len(blocks) + 3
+    fig, axes = plt.subplots(2, n, figsize=(1.8 * n + 1, 4.1), squeeze=False)
+    panel = dict(cmap="RdBu_r", vmin=-vmax, vmax=vmax)
+    rpanel = dict(cmap="RdBu_r", vmin=-rmax, vmax=rmax)
+    im = axes[0, 0].imshow((log_pi - log_pi.mean(0)).numpy(), **panel)
+    axes[0, 0].set_title("log π\n(col-centred)", fontsize=8)
+    axes[0, 0].set_ylabel("key token", fontsize=8)
+    axes[0, 0].set_xlabel("query token", fontsize=8)
+    axes[1, 0].axis("off")
+    axes[1, 0].text(0.0, 0.5, f"worst W_KQ block\ncol-softmax error\nat fitted c: {res['worst']['error_fitted_max']:.3g}"
+                    f"\nat scale 1: {res['worst']['error_unit_max']:.3g}", fontsize=7, va="center")
+    for i, b in enumerate(blocks, start=1):
+        blk = b["block"]
+        axes[0, i].imshow(((blk - blk.mean(0)) / b["c"]).numpy(), **panel)
+        axes[0, i].set_title(f"{b['head']} · demo {b['demonstration']}\nc={b['c']:.2f}, "
+                             f"err={b['error_fitted_max']:.3f}", fontsize=8)
+        rim = axes[1, i].imshow((b["residual"] / b["c"]).numpy(), **rpanel)
+        axes[1, i].set_title("residual / c", fontsize=8)
+    j = len(blocks) + 1
+    axes[0, j].imshow((log_pi - log_pi.mean(1, keepdim=True)).numpy(), **panel)
+    axes[0, j].set_title("log π\n(row-centred)", fontsize=8)
+    axes[0, j].set_ylabel("token", fontsize=8)
+    axes[0, j].set_xlabel("next token", fontsize=8)
+    axes[1, j].axis("off")
+    blk = ov["block"]
+    axes[0, j + 1].imshow(((blk - blk.mean(1, keepdim=True)) / ov["c"]).numpy(), **panel)
+    axes[0, j + 1].set_title(f"W_OV[:d] / c (row-c.)\nc={ov['c']:.2f}, err={ov['error_fitted_max']:.3f}", fontsize=8)
+    axes[1, j + 1].imshow((ov["residual"] / ov["c"]).numpy(), **rpanel)
+    axes[1, j + 1].set_title("residual / c", fontsize=8)
+    for ax in axes.flat:
+        ax.set_xticks([])
+        ax.set_yticks([])
+    fig.colorbar(im, ax=axes[0, :].tolist(), shrink=0.8, pad=0.01)
+    fig.colorbar(rim, ax=axes[1, :].tolist(), shrink=0.8, pad=0.01)
+    fig.suptitle(f"{name}: diagonal W_KQ blocks (column-centred, ÷ fitted c) against log π, and the W_OV token "
+                 "block against log π (row-centred); err = max column-softmax error (W_OV: row softmax)", fontsize=9)
+    return fig
+
+
+def _plot_errors(res: dict, name: str):
+    import matplotlib.pyplot as plt
+
+    blocks = sorted(res["blocks"], key=lambda b: (b["demonstration"], b["head"]))
+    labels = [f"{b['head']}\ndemo {b['demonstration']}" for b in blocks] + ["W_OV"]
+    fitted = [b["error_fitted_max"] for b in blocks] + [res["ov"]["error_fitted_max"]]
+    unit = [b["error_unit_max"] for b in blocks] + [res["ov"]["error_unit_max"]]
+    x = np.arange(len(labels))
+    fig, ax = plt.subplots(figsize=(max(5, 0.6 * len(labels) + 1.5), 3.2))
+    ax.bar(x - 0.2, unit, 0.4, label="scale 1", color="0.7")
+    ax.bar(x + 0.2, fitted, 0.4, label="fitted scale c", color="C0")
+    ax.axhline(CLAIM_FITTED_ERROR, color="C3", ls="--", lw=1, label=f"paper bound {CLAIM_FITTED_ERROR}")
+    ax.set_xticks(x, labels, fontsize=7)
+    ax.set_ylabel("max |softmax_col − softmax_col(log π)|")
+    ax.set_title(f"{name}: column-softmax error per diagonal block (W_OV: row softmax vs π)", fontsize=9)
+    ax.legend(fontsize=7)
+    return fig
+
+
+def main(argv: list[str] | None = None) -> dict:
+    parser = analysis_parser(NAME, __doc__.split("\n\n")[0])
+    args = parse_common(parser, argv)
+    subject = load_subject(args.checkpoint, args.device)
+    res = logpi_recovery(subject.model, subject.task.pi)
+    tokens, _ = sample_contexts(subject.task, args.n_contexts, args.seed)
+    res["ov"]["effective_value"] = effective_value_error(subject.model, subject.task.pi, tokens)
+    style()
+    save_figure(_plot(res, subject.name), args.out, NAME)
+    save_figure(_plot_errors(res, subject.name), args.out, f"{NAME}_errors")
+    save_json(args.out, NAME, res, args, subject)
+    print(f"{NAME} on {subject.name}: {len(res['blocks'])} diagonal W_KQ blocks fitted as c log pi + 1 a^T")
+    for b in sorted(res["blocks"], key=lambda b: b["demonstration"]):
+        print(f"  {b['head']} (demo {b['demonstration']}, purity {b['purity']:.3f}): c={b['c']:.4f}  "
+              f"corr={b['correlation']:.4f}  col-softmax err fitted {b['error_fitted_max']:.2e} "
+              f"(mean {b['error_fitted_mean']:.2e})  scale-1 {b['error_unit_max']:.2e}")
+    ov = res["ov"]
+    print(f"  W_OV token block (row softmax vs pi): c={ov['c']:.4f}  corr={ov['correlation']:.4f}  "
+          f"err fitted {ov['error_fitted_max']:.2e}  scale-1 {ov['error_unit_max']:.2e}  "
+          f"(copy-subspace rows norm {ov['copy_rows_norm']:.3f} vs token rows {ov['token_rows_norm']:.3f}; "
+          f"{ov['residual_column_share']:.0%} of the residual is one logit offset shared by all tokens)")
+    print(f"  effective value softmax(resid @ W_OV) given x_h' = a, copy rows included, on {args.n_contexts} "
+          f"contexts: max |mean - pi[a]| = {ov['effective_value']['error_max']:.2e}")
+    print(f"  W_KQ residuals: {min(b['residual_row_share'] for b in res['blocks']):.0%}-"
+          f"{max(b['residual_row_share'] for b in res['blocks']):.0%} of their energy is a per-key-token (row) constant")
+    print(f"  worst W_KQ block error at fitted c: {res['worst']['error_fitted_max']:.3g} "
+          f"(claim <= {CLAIM_FITTED_ERROR}); at scale 1: {res['worst']['error_unit_max']:.3g}; "
+          f"c in [{res['c_range'][0]:.3f}, {res['c_range'][1]:.3f}]")
+    return res
+
+
+if __name__ == "__main__":
+    run(main)
