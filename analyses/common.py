@@ -40,6 +40,10 @@ def analysis_parser(name: str, description: str, n_contexts: int = 2048) -> argp
     p.add_argument("--seed", type=int, default=0, help="seed for the sampled contexts (default: 0)")
     p.add_argument("--n-contexts", type=int, default=n_contexts, help=f"contexts to sample (default: {n_contexts})")
     p.add_argument("--device", default="cpu", help="torch device (default: cpu)")
+    p.add_argument("--key-map", default=None, metavar="MAP.json",
+                   help="for a .pt/.pth/.bin/.safetensors --checkpoint: file key -> our key (see models.formats)")
+    p.add_argument("--config", default=None, metavar="CONFIG.json",
+                   help="for a weight-file --checkpoint: a checkpoint config.json or a task.json (models.formats)")
     return p
 
 
@@ -64,7 +68,7 @@ def parse_common(parser: argparse.ArgumentParser, argv: list[str] | None) -> arg
     return args
 
 
-def load_subject(spec: str, device: str = "cpu") -> Subject:
+def load_subject(spec: str, device: str = "cpu", key_map=None, config=None) -> Subject:
     """Resolve ``--checkpoint``: 'default', a checkpoint folder, or 'theorem1:beta=B[,from=FOLDER]'."""
     import hashlib
 
@@ -81,6 +85,11 @@ def load_subject(spec: str, device: str = "cpu") -> Subject:
         digest = hashlib.sha256(f"{spec}|{task.pi.tolist()}".encode()).hexdigest()[:16]
         return Subject(model, task, spec, digest)
     folder = models.DEFAULT_CHECKPOINT if spec == "default" else Path(spec)
+    from models.formats import foreign_hash, is_foreign, load_foreign_task
+
+    if is_foreign(folder):  # weight files and Hugging Face folders (models.formats)
+        model = models.load(folder, device=device, key_map=key_map, config=config)
+        return Subject(model, load_foreign_task(folder, config), str(spec), foreign_hash(folder, key_map, config))
     model = models.load(folder, device=device)
     return Subject(model, load_task(folder), str(spec), checkpoint_hash(folder))
 
@@ -184,3 +193,15 @@ def run(main, argv: list[str] | None = None) -> None:
     except ValueError as e:
         print(f"error: {e}", file=sys.stderr)
         raise SystemExit(2) from None
+
+
+class single_thread:
+    """``with single_thread():`` run torch on one intra-op thread, then restore the previous count.
+    Analyses made of many tiny tensor ops run several times faster this way on a loaded machine."""
+
+    def __enter__(self):
+        self.previous = torch.get_num_threads()
+        torch.set_num_threads(1)
+
+    def __exit__(self, *exc):
+        torch.set_num_threads(self.previous)

@@ -99,13 +99,13 @@ def _hooked_result(hook: HookPoint, per_head: Float[Tensor, "batch pos head d"],
     return hook(result)
 
 
-def _unbroadcast(t: Tensor, base: Tensor | None) -> Tensor | None:
+def _unbroadcast(t: Tensor, broadcast: Tensor | None, base: Tensor | None) -> Tensor | None:
     """The ``[K, H, T]`` tensor behind a batch-broadcast (stride-0) ``t``, or None if ``t`` differs per
-    context. ``base`` itself when ``t`` is still ``base.expand(...)`` (no hook replaced it): indexing
-    ``t[0]`` instead would make autograd allocate a zero ``[batch, K, H, T]`` gradient (4 GB at L=K=64)."""
+    context. ``base`` itself when ``t`` is still ``broadcast = base.expand(...)`` (no hook replaced it):
+    indexing ``t[0]`` instead would make autograd allocate a zero ``[batch, K, H, T]`` gradient."""
     if t.stride(0) != 0:
         return None
-    return base if base is not None and t._base is base else t[0]
+    return base if t is broadcast else t[0]
 
 
 class CopyerAttention(nn.Module):
@@ -143,15 +143,16 @@ class CopyerAttention(nn.Module):
         # Scores and pattern are content-free: computed once and broadcast over the batch (stride 0),
         # so caching them costs no memory. A hook that returns a per-context tensor is honoured.
         base = self.scores()
-        scores = self.hook_attn_scores(base.expand(batch, -1, -1, -1))
-        shared = _unbroadcast(scores, base)
+        broadcast = base.expand(batch, -1, -1, -1)
+        scores = self.hook_attn_scores(broadcast)
+        shared = _unbroadcast(scores, broadcast, base)
         if shared is None:
-            pattern = scores.softmax(-1)
+            pattern, broadcast = scores.softmax(-1), None
         else:
             shared = shared.softmax(-1)
-            pattern = shared.expand_as(scores)
+            pattern = broadcast = shared.expand_as(scores)
         pattern = self.hook_pattern(pattern)
-        shared = _unbroadcast(pattern, shared)
+        shared = _unbroadcast(pattern, broadcast, shared)
         if shared is not None:
             z = torch.einsum("khT,bTd->bhkd", shared, x)
         else:
@@ -183,14 +184,18 @@ class BilinearAttention(nn.Module):
         query_mask[:d] = 0
         self.register_buffer("query_mask", query_mask, persistent=False)
 
-    def forward(self, resid: Float[Tensor, "batch H D"]) -> Float[Tensor, "batch H 1 d"]:
+    def attention(self, resid: Float[Tensor, "batch H D"]) -> Float[Tensor, "batch 1 H H"]:
+        """The hooked pattern over keys h' < h (shared with the continuous variant, models.continuous)."""
         q = self.hook_q((resid * self.query_mask).unsqueeze(2))
         k = self.hook_k(resid.unsqueeze(2))
         scores = einops.einsum(k, self.W_KQ, q, "b key n D, D E, b query n E -> b n query key")
         scores = self.hook_attn_scores(scores.masked_fill(self.future_mask, float("-inf")))
         # Row 0 has no candidates: its softmax would be 0/0, so it is set to zeros explicitly.
         pattern = torch.cat([torch.zeros_like(scores[:, :, :1]), scores[:, :, 1:].softmax(-1)], dim=2)
-        pattern = self.hook_pattern(pattern)
+        return self.hook_pattern(pattern)
+
+    def forward(self, resid: Float[Tensor, "batch H D"]) -> Float[Tensor, "batch H 1 d"]:
+        pattern = self.attention(resid)
         v = self.hook_v((resid @ self.W_OV).log_softmax(-1).unsqueeze(2))
         z = self.hook_z(einops.einsum(pattern, v.exp(), "b n query key, b key n d -> b query n d"))
         return self.hook_result(z)
@@ -210,11 +215,13 @@ class CausalTransformer(HookedRootModule):
     """``model(tokens)`` -> log-probabilities ``[batch, H, d]`` of the target tokens x_h given the
     demonstrations and x_{<h}; row 0 is the model's prior for the root. See the module docstring."""
 
+    select_attention = BilinearAttention  # blocks.1 (models.continuous swaps in a mean-valued head)
+
     def __init__(self, cfg: CausalTransformerConfig):
         super().__init__()
         self.cfg = cfg
         self.hook_embed = HookPoint()  # [batch, (L+1)H, d]: one-hot tokens
-        self.blocks = nn.ModuleList([Block(CopyerAttention(cfg)), Block(BilinearAttention(cfg))])
+        self.blocks = nn.ModuleList([Block(CopyerAttention(cfg)), Block(self.select_attention(cfg))])
         # blocks.0.hook_resid_pre [batch, (L+1)H, d]; blocks.0.hook_resid_post and blocks.1.hook_resid_pre
         # [batch, H, (K+1)d]; blocks.1.hook_resid_post [batch, H, d] (the head's mixture).
         self.b_root = nn.Parameter(torch.zeros(cfg.d_vocab, dtype=cfg.torch_dtype, device=cfg.device))
@@ -223,8 +230,16 @@ class CausalTransformer(HookedRootModule):
 
     def forward(self, tokens: Int[Tensor, "batch T"]) -> Float[Tensor, "batch H d"]:
         cfg = self.cfg
-        tokens = check_tokens(tokens, cfg.d_vocab, cfg.n_examples, cfg.seq_len).to(self.b_root.device)
+        tokens = check_tokens(tokens, cfg.d_vocab, cfg.n_examples, cfg.seq_len)
+        tokens = tokens.to(self.b_root.device, non_blocking=tokens.is_pinned())  # pinned: an async copy
         x = self.hook_embed(F.one_hot(tokens, cfg.d_vocab).to(cfg.torch_dtype))
+        mixture = self.layers(x)
+        log_probs = torch.cat([self.b_root.log_softmax(-1).expand(len(tokens), 1, -1), mixture[:, 1:].log()], 1)
+        return self.hook_log_probs(log_probs)
+
+    def layers(self, x: Float[Tensor, "batch T d"]) -> Float[Tensor, "batch H d"]:
+        """blocks.0, the disentangled residual and blocks.1, from the embedded context to the head's output."""
+        cfg = self.cfg
         copy_block, select_block = self.blocks
         x = copy_block.hook_resid_pre(x)
         u, result = copy_block.attn(x)
@@ -235,9 +250,7 @@ class CausalTransformer(HookedRootModule):
             resid = F.pad(target, (0, cfg.d_model - cfg.d_vocab)) + result.sum(2)
         resid = copy_block.hook_resid_post(resid)
         mixture = select_block.attn(select_block.hook_resid_pre(resid))
-        mixture = select_block.hook_resid_post(mixture.squeeze(2))
-        log_probs = torch.cat([self.b_root.log_softmax(-1).expand(len(tokens), 1, -1), mixture[:, 1:].log()], 1)
-        return self.hook_log_probs(log_probs)
+        return select_block.hook_resid_post(mixture.squeeze(2))
 
     def run_with_cache(self, *args, **kwargs) -> tuple[Float[Tensor, "batch H d"], ActivationCache]:
         """As ``HookedRootModule.run_with_cache``, with the cache wrapped in an ``ActivationCache``."""

@@ -73,6 +73,15 @@ def check_state_dict(state: dict[str, Tensor], model: torch.nn.Module, source: s
         raise ValueError(f"{source} has NaN or Inf values in {', '.join(bad)}; expected finite weights")
 
 
+def model_class(task_kind: str) -> type[CausalTransformer]:
+    """The architecture for a task kind: token inputs, or real vectors (``models.continuous``)."""
+    if task_kind == "continuous":
+        from models.continuous import ContinuousTransformer
+
+        return ContinuousTransformer
+    return CausalTransformer
+
+
 def load(path: str | Path, device: str | None = None, *, key_map=None, config=None) -> CausalTransformer:
     """Rebuild a ``CausalTransformer`` from a checkpoint folder (eval mode). Weight files (.pt, .pth,
     .bin, .safetensors, with ``key_map``/``config``) and Hugging Face folders: ``models.formats``."""
@@ -92,7 +101,7 @@ def load(path: str | Path, device: str | None = None, *, key_map=None, config=No
         state = safetensors.torch.load_file(path / WEIGHTS, device=cfg.device)
     except Exception as e:  # safetensors raises its own error types for truncated/corrupt files
         raise ValueError(f"{path / WEIGHTS} is not a readable safetensors file ({e})") from None
-    model = CausalTransformer(cfg)
+    model = model_class((config.get("task") or {}).get("kind", "markov_tree"))(cfg)
     check_state_dict(state, model, str(path / WEIGHTS))
     model.load_state_dict({k: v.to(cfg.torch_dtype) for k, v in state.items()})
     return model.eval()
@@ -150,6 +159,11 @@ def write_folder_atomically(path: str | Path, write) -> None:
         if path.exists():
             old = path.parent / f".{path.name}.old-{uuid.uuid4().hex[:8]}"
             path.rename(old)
+            # Replace the checkpoint's own files only: anything else in the folder (a training run's
+            # snapshots/) moves into the new one instead of being deleted with the old.
+            for entry in old.iterdir():
+                if entry.name not in (WEIGHTS, CONFIG, TRAIN_STATE, TRAIN_META) and not (tmp / entry.name).exists():
+                    entry.rename(tmp / entry.name)
             tmp.rename(path)
             shutil.rmtree(old)
         else:

@@ -70,6 +70,9 @@ def load_foreign(path: str | Path, device: str | None = None, *, key_map=None, c
     """A ``CausalTransformer`` from a weight file, or a ``TransformerBridge`` from a Hugging Face folder."""
     path = Path(path)
     if path.is_dir():
+        if key_map is not None or config is not None:
+            raise ValueError(f"{path} is a Hugging Face folder: its config.json and task.json define it; "
+                             f"--key-map and --config apply to weight files only")
         return load_hf(path, device)
     state = read_weights(path)
     state = apply_key_map(strip_prefixes(state), read_key_map(key_map))
@@ -113,8 +116,11 @@ def read_weights(path: Path) -> dict[str, Tensor]:
         try:
             obj = torch.load(path, map_location="cpu", weights_only=True)
         except pickle.UnpicklingError as e:
-            raise ValueError(f"{path} is not a plain state dict: refusing to unpickle it "
-                             f"(weights_only load failed: {_first_line(e)})") from None
+            blocked = [line.strip() for line in str(e).splitlines() if "GLOBAL" in line]
+            if not blocked:  # not a pickle at all
+                raise ValueError(f"{path} is not a readable PyTorch file (not a state-dict archive)") from None
+            raise ValueError(f"{path} is not a plain state dict: refusing to unpickle it, it would load code "
+                             f"({blocked[0][:160]})") from None
         except Exception as e:  # truncated or corrupt archives raise RuntimeError, EOFError, ...
             raise ValueError(f"{path} is not a readable PyTorch file ({_first_line(e)})") from None
         return _as_state_dict(obj, path)

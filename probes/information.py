@@ -36,26 +36,20 @@ def check_tree(parents: Tensor) -> list[int]:
     return p
 
 
-def _ancestry(parents: list[int]) -> list[list[int]]:
-    """For each node, the path [node, parent, ..., root]."""
-    paths: list[list[int]] = []
-    for h, p in enumerate(parents):
-        paths.append([h] + (paths[p] if p >= 0 else []))
-    return paths
-
-
 def lca_and_depths(parents: Tensor) -> tuple[Int[Tensor, "H H"], Int[Tensor, "H H"], Int[Tensor, "H H"]]:
     """``(lca, m, n)``: the lowest common ancestor c of every pair (h, g), the number of edges from c
     down to h (``m[h, g]``) and from c down to g (``n[h, g]``)."""
-    paths = _ancestry(check_tree(parents))
-    H = len(paths)
-    lca, m, n = (torch.zeros(H, H, dtype=torch.long) for _ in range(3))
-    for h in range(H):
-        for g in range(H):
-            on_h = set(paths[h])
-            c = next(v for v in paths[g] if v in on_h)
-            lca[h, g], m[h, g], n[h, g] = c, paths[h].index(c), paths[g].index(c)
-    return lca, m, n
+    p = check_tree(parents)
+    H = len(p)
+    above = torch.eye(H, dtype=torch.bool)  # above[h, v]: v is h or an ancestor of h
+    depth = torch.zeros(H, dtype=torch.long)
+    for h in range(1, H):
+        above[h] |= above[p[h]]
+        depth[h] = depth[p[h]] + 1
+    # Common ancestors form a chain from the root; the deepest has the largest index (parents[h] < h).
+    common = above.unsqueeze(1) & above.unsqueeze(0)  # [h, g, v]
+    lca = (common * torch.arange(H)).argmax(-1)
+    return lca, depth.unsqueeze(1) - depth[lca], depth.unsqueeze(0) - depth[lca]
 
 
 def tree_distance(parents: Tensor) -> Int[Tensor, "H H"]:
@@ -86,11 +80,8 @@ def pair_joints(pi: Float[Tensor, "d d"], root: Float[Tensor, " d"], parents: Te
     powers = [torch.eye(d, dtype=torch.float64)]
     for _ in range(H):
         powers.append(powers[-1] @ pi)
-    joint = torch.empty(H, H, d, d, dtype=torch.float64)
-    for h in range(H):
-        for g in range(H):
-            c = lca[h, g].item()
-            joint[h, g] = powers[m[h, g]].T @ (marg[c].unsqueeze(1) * powers[n[h, g]])
+    powers = torch.stack(powers)  # [H+1, d, d]: pi^0 .. pi^H
+    joint = torch.einsum("hgsa,hgs,hgsb->hgab", powers[m], marg[lca], powers[n])
     return joint
 
 
@@ -115,9 +106,9 @@ def kernel_floor(pi: Float[Tensor, "d d"]) -> float:
     return pi.shape[0] * pi.min().item()
 
 
-def dobrushin(channel: Float[Tensor, "a b"]) -> float:
-    """Dobrushin coefficient ``max_{a, a'} TV(K(.|a), K(.|a'))`` of a row-stochastic channel."""
-    return 0.5 * (channel.unsqueeze(0) - channel.unsqueeze(1)).abs().sum(-1).max().item()
+def dobrushin(channel: Float[Tensor, "... a b"]) -> Float[Tensor, "..."]:
+    """Dobrushin coefficient ``max_{a, a'} TV(K(.|a), K(.|a'))`` of row-stochastic channels."""
+    return 0.5 * (channel.unsqueeze(-2) - channel.unsqueeze(-3)).abs().sum(-1).amax((-1, -2))
 
 
 def sdpi_report(pi: Float[Tensor, "d d"], root: Float[Tensor, " d"], parents: Tensor) -> dict:
@@ -128,19 +119,23 @@ def sdpi_report(pi: Float[Tensor, "d d"], root: Float[Tensor, " d"], parents: Te
     SDPI constant the proof uses), and the tree-wide ``bound`` = 1 - delta gamma, ``delta``, ``gamma``;
     plus ``dpi_slack`` = min over all (h, h' != pa) of ``I(x_h; x_pa(h)) - I(x_h; x_h')`` (>= 0 by DPI).
     """
-    p = check_tree(parents)
+    pa = torch.tensor(check_tree(parents))
+    H = len(pa)
     joint = pair_joints(pi, root, parents)
     mi = mutual_information(joint)
     marg = joint.diagonal(dim1=2, dim2=3).diagonal(dim1=0, dim2=1).T  # [H, d]: P(x_h = s)
     gamma, delta = kernel_floor(pi), marg.min().item()
-    ratio, dob, slack = {}, {}, float("inf")
-    for h in range(2, len(p)):
-        others = [g for g in range(h) if g != p[h]]
-        ratio[h] = max((mi[h, g] / mi[h, p[h]]).item() for g in others)
-        dob[h] = max(dobrushin(joint[p[h], g] / marg[p[h]].unsqueeze(1)) for g in others)
-        slack = min(slack, min((mi[h, p[h]] - mi[h, g]).item() for g in others))
-    return {"ratio": ratio, "dobrushin": dob, "bound": 1 - delta * gamma, "delta": delta, "gamma": gamma,
-            "dpi_slack": slack}
+    rows = torch.arange(2, H)
+    cand = torch.ones(H, H, dtype=torch.bool).tril(-1)
+    cand[torch.arange(1, H), pa[1:]] = False  # non-parents h' < h
+    cand = cand[rows]
+    mi_pa = mi[rows, pa[rows]].unsqueeze(1)
+    ratio = torch.where(cand, mi[rows] / mi_pa, -torch.inf).amax(-1)
+    channel = joint[pa[rows]] / marg[pa[rows]].view(-1, 1, marg.shape[1], 1)  # [h, g, a, b] = P(x_g=b | x_pa(h)=a)
+    dob = torch.where(cand, dobrushin(channel), -torch.inf).amax(-1)
+    slack = torch.where(cand, mi_pa - mi[rows], torch.inf).min().item() if H > 2 else float("inf")
+    return {"ratio": dict(zip(rows.tolist(), ratio.tolist())), "dobrushin": dict(zip(rows.tolist(), dob.tolist())),
+            "bound": 1 - delta * gamma, "delta": delta, "gamma": gamma, "dpi_slack": slack}
 
 
 def expected_log_likelihood(

@@ -1,0 +1,340 @@
+"""Activation patching: where does the clean parent information enter the layer-2 head?
+
+    python -m analyses.activation_patching                              # the shipped checkpoint
+    python -m analyses.activation_patching --checkpoint theorem1:beta=50
+
+Clean and corrupted contexts share the whole target sequence (so the clean next token x_h is the same
+in both), but the corrupted demonstrations are drawn from a different tree G'. Clean activations are
+patched into the corrupted run:
+- per copyer head and target position: ``blocks.0.attn.hook_z[:, p, k]`` (the copy u_p^k);
+- per residual subspace and position: ``blocks.0.hook_resid_post[:, p, s*d:(s+1)*d]`` (s = 0 the token,
+  s = k+1 the copy of head k: the same numbers as the head patch, so the rows must agree);
+- per subspace and position, separately on the layer-2 QUERY side (``blocks.1.attn.hook_q``) and KEY
+  side (``blocks.1.attn.hook_k``): the two read the same residual, so patching one side moves the
+  scores of row p only (query) or of column p only (key);
+- each of the above at all positions at once, all copyer heads at once, and the whole query and key
+  inputs (alone and together).
+
+Metrics (per context, averaged over target positions h >= 2): log-prob of the clean next token x_h,
+and the layer-2 attention mass on the clean true parent pa_G(h). Positions h = 0 and h = 1 are excluded:
+there clean and corrupted are equal by construction (no candidate / one candidate). Normalised as a
+ratio of mean differences, ``(mean patched - mean corrupted) / (mean clean - mean corrupted)``, over all
+contexts and positions h >= 2 (not a mean of per-context ratios, whose denominators can be ~0); so
+corrupted = 0, clean = 1, and the position cells of one row add up to roughly the all-positions cell.
+The share of (context, h >= 2) pairs whose clean and corrupted values coincide (|diff| < 1e-6) is reported.
+
+Where ``transformer_lens.patching`` fits, and where it does not:
+- Every sweep runs through ``generic_activation_patch`` with an explicit ``index_df``: the two layers
+  have different head counts (K copyers, one layer-2 head), so the index cannot be inferred from
+  ``cfg.n_heads`` and the ``get_act_patch_*`` helpers (which sweep every layer with ``cfg.n_heads``
+  heads) do not apply. Head patches use TL's own ``layer_pos_head_vector_patch_setter`` and
+  ``layer_head_vector_patch_setter`` (our ``hook_z`` is ``[batch, pos, head, d_head]`` as in TL).
+- Residual SUBSPACE patching has no TL setter (TL patches whole residual vectors): a small setter here.
+- A metric only sees the model's output, but the attention-mass metric needs the layer-2 pattern: it is
+  captured by a hook attached with ``model.hooks(...)`` around the sweep (an outer hook context that
+  the per-cell ``run_with_hooks`` leaves in place and that is removed when the sweep ends, also on error).
+- ``generic_activation_patch`` stores metric values in float32 (the default dtype), whatever the model's
+  dtype: per-context values are kept (``reduce="none"``) and the normalisation is done in float64.
+- Patching the query AND key inputs together needs hooks at two hook points in one forward pass, which
+  ``generic_activation_patch`` (one activation name per cell) cannot do: that one cell uses
+  ``model.run_with_hooks`` directly.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import torch
+from jaxtyping import Float, Int
+from torch import Tensor
+from transformer_lens.patching import (
+    generic_activation_patch,
+    layer_head_vector_patch_setter,
+    layer_pos_head_vector_patch_setter,
+    make_df_from_ranges,
+)
+
+from analyses.common import (
+    analysis_parser,
+    load_subject,
+    parse_common,
+    run,
+    save_figure,
+    save_json,
+    single_thread,
+    style,
+)
+from probes import head_assignment
+
+NAME = "activation_patching"
+PATTERN = "blocks.1.attn.hook_pattern"  # [batch, 1, H, H]
+METRICS = ("logprob", "parent_mass")
+METRIC_LABELS = {"logprob": "log-prob of the clean next token", "parent_mass": "attention on the clean parent"}
+FIRST_POSITION = 2  # h = 0, 1: clean and corrupted agree by construction
+EQUAL_TOL = 1e-6
+FIGURES = {
+    f"{NAME}_heads.png": "clean copyer-head outputs patched into runs whose demonstrations come from another tree, "
+    "per head x target position and at all positions: recovery of the clean token's log-prob and of the "
+    "attention on the clean parent (corrupted = 0, clean = 1)",
+    f"{NAME}_subspaces.png": "the same per residual subspace of blocks.0.hook_resid_post (token, then one copy "
+    "per head; the token subspace is shared and restores nothing)",
+    f"{NAME}_qk.png": "the same on the layer-2 query side vs key side by subspace: either side alone restores "
+    "almost none of the attention on the clean parent, both together restore all of it",
+}
+
+
+def corrupted_contexts(task, tokens: Int[Tensor, "batch T"], generator: torch.Generator):
+    """The same target sequences with demonstrations from fresh trees G'; returns (tokens, parents G')."""
+    corrupted, parents = task.sample(len(tokens), generator)
+    corrupted[:, -task.seq_len:] = tokens[:, -task.seq_len:]
+    return corrupted, parents
+
+
+def position_metrics(tokens: Int[Tensor, "batch T"], parents: Int[Tensor, "batch H"], capture: dict) -> dict:
+    """Per-position metrics ``[batch, H-2]`` (h >= 2) of a run: the log-prob of the clean token x_h
+    (from the output) and the attention on the clean parent pa(h) (from the captured layer-2 pattern)."""
+    H = parents.shape[1]
+    target = tokens[:, -H:, None]
+    parent = parents.clamp_min(0)[:, None, :, None]  # [batch, 1, H, 1]; row 0 (parent -1) is dropped below
+
+    def logprob(log_probs: Float[Tensor, "batch H d"]) -> Tensor:
+        return log_probs.gather(-1, target.to(log_probs.device))[:, FIRST_POSITION:, 0].double()
+
+    def parent_mass(_log_probs) -> Tensor:
+        pattern = capture["pattern"]
+        return pattern.gather(-1, parent.to(pattern.device))[:, 0, FIRST_POSITION:, 0].double()
+
+    return {"logprob": logprob, "parent_mass": parent_mass}
+
+
+def _capture(store: dict):
+    """A hook that keeps the latest layer-2 pattern in ``store``."""
+
+    def hook(pattern, hook=None):
+        store["pattern"] = pattern
+
+    return hook
+
+
+def subspace_patch_setter(d: int):
+    """Setter for index (layer, [pos,] subspace): patch ``act[:, pos, ..., s*d:(s+1)*d]`` (every
+    position when the index has no pos); works for ``[batch, H, D]`` and ``[batch, H, 1, D]``."""
+
+    def setter(corrupted, index, clean):
+        pos = index[1] if len(index) == 3 else slice(None)
+        where = (slice(None), pos, Ellipsis, slice(index[-1] * d, (index[-1] + 1) * d))
+        corrupted[where] = clean[where]
+        return corrupted
+
+    return setter
+
+
+def patch_everything(corrupted, index, clean):
+    """Setter: the whole clean activation."""
+    return clean
+
+
+def patch_nothing(corrupted, index, clean):
+    """Setter: leave the corrupted activation as it is."""
+    return corrupted
+
+
+def index_df(layer: int, *ranges: tuple[str, int]) -> pd.DataFrame:
+    """One row per cell: ``layer`` and the product of ``(name, size)`` ranges (last varies fastest)."""
+    df = make_df_from_ranges([1] + [n for _, n in ranges], ["layer"] + [name for name, _ in ranges])
+    df["layer"] = layer
+    return df
+
+
+class Patcher:
+    """Clean cache, corrupted tokens and the clean / corrupted baselines of one set of contexts."""
+
+    def __init__(self, model, clean_tokens: Int[Tensor, "batch T"], corrupted_tokens: Int[Tensor, "batch T"],
+                 clean_parents: Int[Tensor, "batch H"]):
+        if model.training:
+            raise ValueError("activation patching needs model.eval(); the model is in training mode")
+        self.model, self.corrupted_tokens = model, corrupted_tokens
+        self.store = {}
+        per_position = position_metrics(clean_tokens, clean_parents, self.store)
+        # generic_activation_patch takes one value per context: the mean over positions h >= 2.
+        self.metrics = {name: (lambda out, f=f: f(out).mean(1)) for name, f in per_position.items()}
+        with torch.no_grad(), self.capturing():
+            clean_out, self.clean_cache = model.run_with_cache(clean_tokens)
+            clean = torch.stack([f(clean_out) for f in per_position.values()])  # [metric, batch, H-2]
+            corrupted_out = model(corrupted_tokens)
+            corrupted = torch.stack([f(corrupted_out) for f in per_position.values()])
+        # Rounded to float32 as generic_activation_patch stores patched values, so equal runs compare equal.
+        self.clean, self.corrupted = (x.mean(-1).float().double() for x in (clean, corrupted))  # [metric, batch]
+        self.denominator = self.clean.mean(-1) - self.corrupted.mean(-1)
+        self.equal_share = ((clean - corrupted).abs() < EQUAL_TOL).double().mean((1, 2))
+        for name, den in zip(self.metrics, self.denominator.tolist()):
+            if abs(den) < 1e-9:
+                raise ValueError(f"clean and corrupted runs give the same mean {name} ({den:.2g} apart); "
+                                 "expected corrupted demonstrations that change the model's output")
+
+    def capturing(self):
+        """Context in which every forward pass stores its layer-2 pattern (for the attention metric)."""
+        return self.model.hooks(fwd_hooks=[(PATTERN, _capture(self.store))])
+
+    def normalise(self, values: Float[Tensor, "metric cells batch"]) -> Float[Tensor, "metric cells"]:
+        """Ratio of mean differences: (mean patched - mean corrupted) / (mean clean - mean corrupted)."""
+        return (values.double().mean(-1) - self.corrupted.mean(-1)[:, None]) / self.denominator[:, None]
+
+    def sweep(self, activation: str, setter, cells: pd.DataFrame, tokens: Tensor | None = None
+              ) -> Float[Tensor, "metric cells"]:
+        """Normalised effect of each patch in ``cells`` (an index_df), run on the corrupted tokens
+        (or on ``tokens``), through ``transformer_lens.patching.generic_activation_patch``."""
+        tokens = self.corrupted_tokens if tokens is None else tokens
+        with self.capturing():
+            result = generic_activation_patch(self.model, tokens, self.clean_cache, self.metrics, setter,
+                                              activation, index_df=cells, reduce="none")
+        return self.normalise(result.values)
+
+    @torch.no_grad()
+    def patch_together(self, activations: list[str]) -> Float[Tensor, " metric"]:
+        """Normalised effect of patching several whole activations in one forward pass."""
+        hooks = [(name, lambda act, hook, name=name: self.clean_cache[name]) for name in activations]
+        with self.capturing():
+            out = self.model.run_with_hooks(self.corrupted_tokens, fwd_hooks=hooks)
+            values = torch.stack([f(out) for f in self.metrics.values()])
+        return self.normalise(values.float()[:, None])[:, 0]
+
+
+def activation_patching(model, task, tokens: Int[Tensor, "batch T"], parents: Int[Tensor, "batch H"],
+                        generator: torch.Generator) -> dict:
+    """Every patch of the module docstring; values are ``[metric, ...]`` normalised effects, metrics
+    in the order of ``METRICS``. Corrupted demonstrations are drawn with ``generator``."""
+    cfg = model.cfg
+    K, H, d = cfg.n_copy_heads, cfg.seq_len, cfg.d_vocab
+    corrupted, corrupted_parents = corrupted_contexts(task, tokens, generator)
+    p = Patcher(model, tokens, corrupted.to(tokens.device), parents)
+    sub = subspace_patch_setter(d)
+    one = pd.DataFrame({"layer": [0]})
+    r = {
+        "heads_by_position": p.sweep("z", layer_pos_head_vector_patch_setter,
+                                     index_df(0, ("pos", H), ("head_index", K))).view(2, H, K).transpose(1, 2),
+        "heads_all_positions": p.sweep("z", layer_head_vector_patch_setter, index_df(0, ("head_index", K))),
+        "all_heads": p.sweep("z", patch_everything, one)[:, 0],
+        "nothing": p.sweep("z", patch_nothing, one)[:, 0],
+        "subspaces_by_position": p.sweep("resid_post", sub, index_df(0, ("pos", H), ("subspace", K + 1))
+                                         ).view(2, H, K + 1).transpose(1, 2),
+        "subspaces_all_positions": p.sweep("resid_post", sub, index_df(0, ("subspace", K + 1))),
+    }
+    for side, act in (("query", "q"), ("key", "k")):
+        r[f"{side}_by_position"] = p.sweep(act, sub, index_df(1, ("pos", H), ("subspace", K + 1))
+                                           ).view(2, H, K + 1).transpose(1, 2)
+        r[f"{side}_all_positions"] = p.sweep(act, sub, index_df(1, ("subspace", K + 1)))
+        r[f"{side}_all"] = p.sweep(act, patch_everything, pd.DataFrame({"layer": [1]}))[:, 0]
+    r["query_and_key_all"] = p.patch_together(["blocks.1.attn.hook_q", "blocks.1.attn.hook_k"])
+    demos, _ = head_assignment(model.copyer_pattern().detach().cpu(), cfg.n_examples)
+    r.update(demonstrations=demos, metrics=list(METRICS), clean_mean=p.clean.mean(-1),
+             corrupted_mean=p.corrupted.mean(-1), equal_share=p.equal_share,
+             same_parent_share=(parents == corrupted_parents)[:, FIRST_POSITION:].double().mean().item(),
+             excluded_positions=list(range(FIRST_POSITION)))
+    return r
+
+
+def _heatmap(fig, ax, values: np.ndarray, rows: list[str], cols: list, title: str, annotate: bool = False):
+    """A diverging heatmap centred at 0 (symmetric limits) with its own colour bar."""
+    m = max(float(np.abs(values).max()), 1e-12)
+    im = ax.imshow(values, cmap="RdBu_r", vmin=-m, vmax=m, aspect="auto")
+    ax.set(yticks=range(len(rows)), yticklabels=rows, xticks=range(len(cols)), xticklabels=cols, title=title)
+    ax.tick_params(labelsize=7)
+    ax.grid(False)
+    if annotate:
+        for (i, j), v in np.ndenumerate(values):
+            ax.text(j, i, f"{v:.3f}", ha="center", va="center", fontsize=6, color="w" if abs(v) > 0.6 * m else "k")
+    fig.colorbar(im, ax=ax, fraction=0.08, pad=0.02)
+
+
+def _by_position_figure(by_pos: Tensor, all_pos: Tensor, rows: list[str], what: str, title: str):
+    """Rows = metrics; columns = (rows x position) heatmap, all-positions column."""
+    import matplotlib.pyplot as plt
+
+    H = by_pos.shape[-1]
+    fig, axes = plt.subplots(2, 2, figsize=(12, 2.2 + 0.55 * len(rows)), gridspec_kw={"width_ratios": [H, 2.5]})
+    for i, metric in enumerate(METRICS):
+        _heatmap(fig, axes[i, 0], by_pos[i].numpy(), rows, list(range(H)),
+                 f"{METRIC_LABELS[metric]}: patch one {what} at target position p")
+        axes[i, 0].set_xlabel("target position p")
+        _heatmap(fig, axes[i, 1], all_pos[i].numpy()[:, None], rows, ["all p"], "all positions", annotate=True)
+    fig.suptitle(title)
+    fig.tight_layout()
+    return fig
+
+
+def _qk_figure(r: dict, title: str):
+    import matplotlib.pyplot as plt
+
+    K1, H = r["query_by_position"].shape[1:]
+    rows = ["token"] + [f"L0H{k} copy" for k in range(K1 - 1)]
+    fig, axes = plt.subplots(2, 4, figsize=(20, 2.2 + 0.55 * K1), gridspec_kw={"width_ratios": [H, 2.5, H, 2.5]})
+    for i, metric in enumerate(METRICS):
+        for j, side in enumerate(("query", "key")):
+            total = r[f"{side}_all"][i].item()
+            _heatmap(fig, axes[i, 2 * j], r[f"{side}_by_position"][i].numpy(), rows, list(range(H)),
+                     f"{METRIC_LABELS[metric]}\n{side} side (blocks.1.attn.hook_{side[0]}); whole {side}: {total:.3f}")
+            axes[i, 2 * j].set_xlabel("target position p")
+            _heatmap(fig, axes[i, 2 * j + 1], r[f"{side}_all_positions"][i].numpy()[:, None], rows, ["all p"],
+                     "all positions", annotate=True)
+    fig.suptitle(title + "; query + key together: "
+                 + ", ".join(f"{m} {v:.3f}" for m, v in zip(METRICS, r["query_and_key_all"].tolist())))
+    fig.tight_layout()
+    return fig
+
+
+def plot(r: dict, n: int, subject_name: str) -> dict:
+    """The three figures of the module docstring, by file name."""
+    K = r["heads_all_positions"].shape[1]
+    heads = [f"L0H{k} (demo {r['demonstrations'][k]})" for k in range(K)]
+    subspaces = ["token"] + [f"L0H{k} copy" for k in range(K)]
+    norm = "normalised: corrupted = 0, clean = 1"
+    return {
+        "heads": _by_position_figure(r["heads_by_position"], r["heads_all_positions"], heads,
+                                     "copyer head's output (hook_z)",
+                                     f"Patching clean copyer-head outputs into the corrupted run ({subject_name}, "
+                                     f"{n} contexts; {norm})"),
+        "subspaces": _by_position_figure(r["subspaces_by_position"], r["subspaces_all_positions"], subspaces,
+                                         "residual subspace (blocks.0.hook_resid_post)",
+                                         f"Patching clean residual subspaces into the corrupted run ({subject_name}, "
+                                         f"{n} contexts; {norm})"),
+        "qk": _qk_figure(r, f"Patching the layer-2 query vs key input by subspace ({subject_name}, {n} contexts; {norm})"),
+    }
+
+
+def summarise(r: dict) -> str:
+    """The short text summary printed on stdout."""
+    lines = []
+    for i, m in enumerate(METRICS):
+        heads = r["heads_all_positions"][i]
+        lines.append(
+            f"{m}: clean {r['clean_mean'][i]:.4f}, corrupted {r['corrupted_mean'][i]:.4f} "
+            f"(equal at {100 * r['equal_share'][i]:.1f}% of (context, h>=2); h<2 excluded) | all heads "
+            f"{r['all_heads'][i]:.6f}, nothing {r['nothing'][i]:.6f} | per head (all positions) "
+            f"{heads.min():.3f}..{heads.max():.3f}, sum {heads.sum():.3f} | query {r['query_all'][i]:.3f}, "
+            f"key {r['key_all'][i]:.3f}, query+key {r['query_and_key_all'][i]:.6f} | token subspace: "
+            f"query {r['query_all_positions'][i, 0]:.2g}, key {r['key_all_positions'][i, 0]:.2g}")
+    lines.append(f"true parent unchanged in G' at {100 * r['same_parent_share']:.1f}% of positions h >= 2")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> dict:
+    parser = analysis_parser(NAME, "Patch clean copyer heads, residual subspaces and the layer-2 query/key inputs "
+                             "into runs whose demonstrations come from a different tree.", n_contexts=512)
+    args = parse_common(parser, argv)
+    subject = load_subject(args.checkpoint, args.device, key_map=args.key_map, config=args.config)
+    model = subject.model.eval()
+    generator = torch.Generator().manual_seed(args.seed)
+    tokens, parents = subject.task.sample(args.n_contexts, generator)  # corrupted demos: same generator, next draws
+    with single_thread():  # ~560 small forward passes
+        r = activation_patching(model, subject.task, tokens.to(args.device), parents, generator)
+    style()
+    for name, fig in plot(r, args.n_contexts, subject.name).items():
+        save_figure(fig, args.out, f"{NAME}_{name}")
+    save_json(args.out, NAME, r, args, subject)
+    print(summarise(r))
+    return r
+
+
+if __name__ == "__main__":
+    run(main)

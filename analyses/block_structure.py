@@ -1,0 +1,221 @@
+"""Is the trained W_KQ block-diagonal on the copy subspaces, and when does that structure emerge?
+
+    python -m analyses.block_structure                               # shipped checkpoint + a short run
+    python -m analyses.block_structure --snapshots runs/x            # snapshots of `models.train --snapshot-every N`
+    python -m analyses.block_structure --checkpoint theorem1:beta=50 --train-steps 0
+
+W_KQ is a (K+1) x (K+1) grid of d x d blocks: row i = key subspace, column j = query subspace,
+subspace 0 = the target token, subspace k+1 = the copy written by copyer head k. The Theorem 1
+construction is ``blockdiag(0, log pi, ..., log pi)``. Reported: the Frobenius norm of every block; the
+ratio of the mean off-diagonal to the mean diagonal block norm on the copy subspaces (blocks 1..K);
+and the token-subspace blocks apart: the key-token row (key x_h' against query copies) and the
+query-token column (always exactly zero: the query's token subspace is masked, so it gets no gradient).
+
+Emergence: with ``--snapshots DIR`` the snapshot checkpoints of a training run are measured in step
+order; without it a short run of the subject's own training config (``--train-steps``, default 500,
+about 5 s unloaded) is trained into a temporary folder (skip with ``--train-steps 0``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import tempfile
+from pathlib import Path
+
+import numpy as np
+import torch
+from tqdm.auto import tqdm
+
+from analyses.common import analysis_parser, load_subject, parse_common, run, save_figure, save_json, style
+from probes import head_assignment
+from probes.metrics import block_norms, off_diagonal_ratio
+
+NAME = "block_structure"
+CLAIM_RATIO = 0.1  # off-diagonal / diagonal block norm on the copy subspaces of a trained model
+
+
+@torch.no_grad()
+def block_structure(model) -> dict:
+    """Block norms of W_KQ and the summary ratios.
+
+    Returns ``norms`` [(K+1), (K+1)], ``ratio`` (mean off-diagonal / mean diagonal norm over the copy
+    blocks 1..K), ``diag_mean``, ``off_mean``, ``off_max``, ``token_key_row`` [K] (norms of the blocks
+    pairing the key's token subspace with each query copy), ``token_query_column`` [K+1] (the query's
+    token subspace: masked, zero), and the head -> demonstration labels.
+    """
+    d, K = model.cfg.d_vocab, model.cfg.n_copy_heads
+    norms = block_norms(model.W_KQ.cpu(), d)
+    copy = norms[1:, 1:]
+    off = copy[~torch.eye(K, dtype=torch.bool)] if K > 1 else copy.new_zeros(0)
+    demos, _ = head_assignment(model.copyer_pattern().cpu(), model.cfg.n_examples)
+    return {
+        "norms": norms,
+        "ratio": off_diagonal_ratio(copy) if K > 1 else float("nan"),
+        "diag_mean": copy.diagonal().mean().item(),
+        "off_mean": off.mean().item() if K > 1 else float("nan"),
+        "off_max": off.max().item() if K > 1 else float("nan"),
+        "token_key_row": norms[0, 1:],
+        "token_key_row_mean_over_diag": (norms[0, 1:].mean() / copy.diagonal().mean()).item(),
+        "token_query_column": norms[:, 0],
+        "head_demo": demos,
+        "labels": ["tok"] + [f"L0H{k}\n(d{demos[k]})" for k in range(K)],
+    }
+
+
+def find_snapshots(folder: str | Path) -> list[tuple[int, Path]]:
+    """``(step, path)`` of every ``step_XXXXXX`` snapshot under ``folder`` or ``folder/snapshots``."""
+    folder = Path(folder)
+    if not folder.is_dir():
+        raise ValueError(f"--snapshots {folder} is not a folder; expected a run folder of models.train --snapshot-every N")
+    base = folder / "snapshots" if (folder / "snapshots").is_dir() else folder
+    found = []
+    for p in base.iterdir():
+        if p.is_dir() and p.name.startswith("step_") and p.name[5:].isdigit():
+            found.append((int(p.name[5:]), p))
+    if not found:
+        raise ValueError(f"no step_XXXXXX snapshot folders in {base}; write them with models.train --snapshot-every N")
+    return sorted(found)
+
+
+def emergence(snapshots: list[tuple[int, Path]], progress: bool = True) -> list[dict]:
+    """``block_structure`` of every snapshot, in step order (plus ``step``)."""
+    import models
+
+    out = []
+    for step, path in tqdm(snapshots, desc="snapshots", disable=not progress):
+        out.append({"step": step, **block_structure(models.load(path))})
+    return out
+
+
+def training_config(checkpoint: str):
+    """The ``TrainConfig`` a ``--checkpoint`` was trained with (the shipped one's for 'default' and for a
+    Theorem 1 subject, which has no training of its own)."""
+    import models
+    from models.checkpoint import read_config
+    from models.train import TrainConfig
+
+    source = models.DEFAULT_CHECKPOINT if checkpoint == "default" or checkpoint.startswith("theorem1") else Path(checkpoint)
+    saved = (read_config(source).get("training") or {}).get("config") or {}
+    known = {f.name for f in dataclasses.fields(TrainConfig)}
+    return TrainConfig(**{k: v for k, v in saved.items() if k in known})
+
+
+def train_short_run(folder: Path, checkpoint: str, steps: int, every: int, seed: int) -> Path:
+    """Train ``steps`` steps of the checkpoint's training config with snapshots every ``every`` steps
+    into ``folder``; returns the run folder."""
+    from models.train import train
+
+    cfg = dataclasses.replace(training_config(checkpoint), steps=steps, snapshot_every=every, eval_every=every,
+                              eval_contexts=256, seed=seed, out=str(folder / "run"), resume=False)
+    train(cfg, progress=False)
+    return folder / "run"
+
+
+def _grid_axes(ax, K: int, d: int, labels: list[str]):
+    for i in range(1, K + 1):
+        ax.axhline(i * d - 0.5, color="k", lw=0.4)
+        ax.axvline(i * d - 0.5, color="k", lw=0.4)
+    ax.grid(False)
+    ticks = [d * i + (d - 1) / 2 for i in range(K + 1)]
+    ax.set_xticks(ticks, [lab.replace("\n", " ") for lab in labels], rotation=90, fontsize=6)
+    ax.set_yticks(ticks, [lab.replace("\n", " ") for lab in labels], fontsize=6)
+
+
+def _plot_structure(model, res: dict, name: str):
+    import matplotlib.pyplot as plt
+
+    d, K = model.cfg.d_vocab, model.cfg.n_copy_heads
+    fig, (a0, a1) = plt.subplots(1, 2, figsize=(11, 5))
+    im = a0.imshow(model.W_KQ.detach().abs().cpu().double().numpy(), cmap="viridis")
+    _grid_axes(a0, K, d, res["labels"])
+    a0.set_xlabel("query subspace")
+    a0.set_ylabel("key subspace")
+    a0.set_title("|W_KQ|", fontsize=9)
+    fig.colorbar(im, ax=a0, shrink=0.8)
+    norms = res["norms"].numpy()
+    im = a1.imshow(norms, cmap="viridis")
+    for i in range(K + 1):
+        for j in range(K + 1):
+            a1.text(j, i, f"{norms[i, j]:.2f}", ha="center", va="center", fontsize=5,
+                    color="k" if norms[i, j] > norms.max() / 2 else "w")
+    a1.set_xticks(range(K + 1), res["labels"], rotation=90, fontsize=6)
+    a1.set_yticks(range(K + 1), res["labels"], fontsize=6)
+    a1.set_title("Frobenius norm of each d×d block", fontsize=9)
+    a1.grid(False)
+    fig.colorbar(im, ax=a1, shrink=0.8)
+    fig.suptitle(f"{name}: W_KQ blocks; copy subspaces off/diag norm ratio {res['ratio']:.3g}, "
+                 f"key-token row / diag {res['token_key_row_mean_over_diag']:.3g}", fontsize=10)
+    return fig
+
+
+def _plot_emergence(series: list[dict], source: str):
+    import matplotlib.pyplot as plt
+
+    steps = [s["step"] for s in series]
+    fig = plt.figure(figsize=(12, 4.2))
+    gs = fig.add_gridspec(2, 6)
+    a0 = fig.add_subplot(gs[:, :2])
+    a0.plot(steps, [s["diag_mean"] for s in series], "o-", ms=3, label="diagonal copy blocks (mean)")
+    a0.plot(steps, [s["off_mean"] for s in series], "o-", ms=3, label="off-diagonal copy blocks (mean)")
+    a0.plot(steps, [s["token_key_row"].mean().item() for s in series], "o-", ms=3, label="key-token row (mean)")
+    a0.set_xlabel("training step")
+    a0.set_ylabel("block Frobenius norm")
+    a0.legend(fontsize=7)
+    a1 = fig.add_subplot(gs[:, 2:4])
+    a1.semilogy(steps, [s["ratio"] for s in series], "o-", ms=3, color="C3")
+    a1.axhline(CLAIM_RATIO, color="k", ls="--", lw=1, label=f"claim {CLAIM_RATIO}")
+    a1.set_xlabel("training step")
+    a1.set_ylabel("off-diagonal / diagonal norm")
+    a1.legend(fontsize=7)
+    picks = sorted({0, len(series) // 3, 2 * len(series) // 3, len(series) - 1})
+    for n, i in enumerate(picks[:4]):
+        ax = fig.add_subplot(gs[n // 2, 4 + n % 2])
+        ax.imshow(series[i]["norms"].numpy(), cmap="viridis")
+        ax.set_title(f"step {series[i]['step']}", fontsize=7)
+        ax.grid(False)
+        ax.set_xticks([])
+        ax.set_yticks([])
+    fig.suptitle(f"Emergence of the block-diagonal W_KQ over training ({source}); right: block-norm grids", fontsize=10)
+    fig.tight_layout()
+    return fig
+
+
+def main(argv: list[str] | None = None) -> dict:
+    parser = analysis_parser(NAME, __doc__.split("\n\n")[0])
+    parser.add_argument("--snapshots", default=None, help="run folder (or its snapshots/) of models.train --snapshot-every N")
+    parser.add_argument("--train-steps", type=int, default=500,
+                        help="without --snapshots: steps of the short run to train (0: no emergence plot; default 500)")
+    parser.add_argument("--snapshot-every", type=int, default=50, help="snapshot interval of that run (default 50)")
+    args = parse_common(parser, argv)
+    if args.train_steps < 0 or args.snapshot_every < 1:
+        parser.error(f"need --train-steps >= 0 and --snapshot-every >= 1, got {args.train_steps} and {args.snapshot_every}")
+    subject = load_subject(args.checkpoint, args.device)
+    res = block_structure(subject.model)
+    style()
+    save_figure(_plot_structure(subject.model, res, subject.name), args.out, NAME)
+    series, source = None, None
+    with tempfile.TemporaryDirectory() as tmp:
+        if args.snapshots is not None:
+            snaps, source = find_snapshots(args.snapshots), f"snapshots in {args.snapshots}"
+        elif args.train_steps > 0:
+            print(f"training a {args.train_steps}-step run with snapshots every {args.snapshot_every} steps ...")
+            run_dir = train_short_run(Path(tmp), args.checkpoint, args.train_steps, args.snapshot_every, args.seed)
+            snaps, source = find_snapshots(run_dir), f"a {args.train_steps}-step run of the training config, seed {args.seed}"
+        if source is not None:
+            series = emergence(snaps)
+            save_figure(_plot_emergence(series, source), args.out, f"{NAME}_emergence")
+    results = {**{k: v for k, v in res.items() if k != "labels"}, "emergence_source": source,
+               "emergence": None if series is None else [{k: v for k, v in s.items() if k != "labels"} for s in series]}
+    save_json(args.out, NAME, results, args, subject)
+    print(f"{NAME} on {subject.name}: copy-subspace off/diag block-norm ratio {res['ratio']:.4f} (claim <= {CLAIM_RATIO}); "
+          f"diag mean {res['diag_mean']:.3f}, off mean {res['off_mean']:.4f}, off max {res['off_max']:.4f}")
+    print(f"  key-token row blocks (key x_h' vs query copies): mean {res['token_key_row'].mean():.4f} "
+          f"({res['token_key_row_mean_over_diag']:.3f} of diag); query-token column: max {res['token_query_column'].max():.2g}")
+    if series:
+        print(f"  emergence ({source}): ratio " + ", ".join(
+            f"step {s['step']}: {s['ratio']:.3f}" for s in series[:: max(1, len(series) // 6)] + series[-1:]))
+    return results
+
+
+if __name__ == "__main__":
+    run(main)

@@ -1,0 +1,164 @@
+"""Theorems 1 and 2: the Theorem 1 construction converges to BMA as beta grows, and the layer-2
+attention (BMA's and a trained model's) concentrates on the true parent as L grows.
+
+    python -m analyses.bma_agreement
+    python -m analyses.bma_agreement --train-L none          # BMA curve only, no training
+
+Part 1 (Theorem 1): on fresh contexts of the checkpoint's task, the construction
+``theorem1_model(pi, L, H, beta)`` (float64) against the BMA oracle for beta = 0.1 .. 100: the mean TV
+between its blocks.1 attention and the BMA posterior (h >= 1), and its NLL minus BMA's NLL.
+Part 2 (Theorem 2): for a range of L on the same kernel pi, the mean posterior mass on the true parent
+and parent-identification accuracy (argmax = true parent) of BMA (closed form, many L) and of models
+TRAINED for each L in ``--train-L`` (short runs of the checkpoint's training config, ``--train-steps``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import tempfile
+from pathlib import Path
+
+import numpy as np
+import torch
+from tqdm.auto import tqdm
+
+import models
+from analyses.block_structure import training_config
+from analyses.common import analysis_parser, load_subject, parse_common, run, sample_contexts, save_figure, save_json, style
+from probes import MarkovTreeTask, bma_posterior, bma_predictive, mean_tv, parent_accuracy, target_nll
+from probes.metrics import parent_mass
+
+NAME = "bma_agreement"
+BETAS = tuple(float(b) for b in np.logspace(-1, 2, 13))
+BMA_LENGTHS = (1, 2, 4, 8, 16, 32, 64)
+
+
+@torch.no_grad()
+def attention_and_nll(model, tokens: torch.Tensor) -> tuple[torch.Tensor, float]:
+    """The blocks.1 attention ``[batch, H, H]`` (float64) and the model's target NLL on ``tokens``."""
+    log_probs, cache = model.run_with_cache(tokens, names_filter="blocks.1.attn.hook_pattern")
+    return cache["blocks.1.attn.hook_pattern"][:, 0].double().cpu(), target_nll(log_probs.cpu(), tokens)
+
+
+def theorem1_sweep(task: MarkovTreeTask, tokens: torch.Tensor, betas=BETAS, progress: bool = True) -> dict:
+    """TV to the BMA posterior, max |attention - posterior| and NLL gap to BMA of the Theorem 1 model
+    at each beta (float64), on ``tokens`` of ``task``."""
+    L, H = task.n_examples, task.seq_len
+    posterior = bma_posterior(task.pi, tokens, L, H)
+    nll_bma = target_nll(bma_predictive(task.pi, tokens, L, H, task.root, log=True), tokens)
+    rows = []
+    for beta in tqdm(betas, desc="beta", disable=not progress):
+        attention, nll = attention_and_nll(models.theorem1_model(task.pi, L, H, beta, task.root), tokens)
+        rows.append({"beta": float(beta), "tv": mean_tv(attention, posterior),
+                     "max_abs": (attention - posterior)[:, 1:].abs().max().item(), "nll_gap": nll - nll_bma})
+    return {"nll_bma": nll_bma, "sweep": rows}
+
+
+def bma_vs_length(pi: torch.Tensor, seq_len: int, lengths, n_contexts: int, seed: int, root=None) -> list[dict]:
+    """BMA's mean posterior mass on the true parent and its parent accuracy for each L (fresh contexts)."""
+    rows = []
+    for L in lengths:
+        task = MarkovTreeTask(pi, L, seq_len, root)
+        tokens, parents = sample_contexts(task, n_contexts, seed)
+        post = bma_posterior(pi, tokens, L, seq_len)
+        rows.append({"L": L, "parent_mass": parent_mass(post, parents), "parent_acc": parent_accuracy(post, parents)})
+    return rows
+
+
+def trained_vs_length(train_config, lengths, steps: int, n_contexts: int, seed: int, folder: Path,
+                      progress: bool = True) -> list[dict]:
+    """Train one model per L (``train_config`` with ``n_examples = L``, K = L, ``steps`` steps) and
+    measure its attention on the true parent, parent accuracy, TV and NLL gap to BMA on fresh contexts."""
+    from models.train import train
+
+    rows = []
+    for L in tqdm(lengths, desc="train per L", disable=not progress):
+        cfg = dataclasses.replace(train_config, n_examples=L, n_copy_heads=None, steps=steps, eval_every=steps,
+                                  eval_contexts=256, snapshot_every=0, seed=seed, out=str(folder / f"L{L}"), resume=False)
+        model, _ = train(cfg, progress=False)
+        task = cfg.task()
+        tokens, parents = sample_contexts(task, n_contexts, seed + 1)
+        attention, nll = attention_and_nll(model, tokens)
+        post = bma_posterior(task.pi, tokens, L, task.seq_len)
+        nll_bma = target_nll(bma_predictive(task.pi, tokens, L, task.seq_len, task.root, log=True), tokens)
+        rows.append({"L": L, "parent_mass": parent_mass(attention, parents), "parent_acc": parent_accuracy(attention, parents),
+                     "bma_parent_mass": parent_mass(post, parents), "bma_parent_acc": parent_accuracy(post, parents),
+                     "tv_to_bma": mean_tv(attention, post), "nll_gap": nll - nll_bma})
+    return rows
+
+
+def _plot(t1: dict, bma_rows: list[dict], trained: list[dict] | None, name: str, n: int, steps: int):
+    import matplotlib.pyplot as plt
+
+    fig, (a0, a1, a2) = plt.subplots(1, 3, figsize=(15, 4.2))
+    betas = [r["beta"] for r in t1["sweep"]]
+    floor = np.finfo(np.float64).eps
+    a0.loglog(betas, [max(r["tv"], floor) for r in t1["sweep"]], "o-", label="mean TV(attention, BMA posterior)")
+    a0.loglog(betas, [max(abs(r["nll_gap"]), floor) for r in t1["sweep"]], "s-", label="|NLL − NLL_BMA| (nats)")
+    a0.axhline(floor, color="0.5", ls=":", lw=1, label="float64 eps (values below clipped)")
+    a0.set_xlabel("β")
+    a0.set_title(f"Theorem 1 model vs BMA ({name} task, {n} contexts)", fontsize=9)
+    a0.legend(fontsize=7)
+    for ax, key, label in ((a1, "parent_mass", "mean attention on the true parent"),
+                           (a2, "parent_acc", "parent-identification accuracy")):
+        ax.semilogx([r["L"] for r in bma_rows], [r[key] for r in bma_rows], "o-", color="C0", label="BMA (closed form)", base=2)
+        if trained:
+            ax.semilogx([r["L"] for r in trained], [r[key] for r in trained], "D", color="C3", ms=7,
+                        label=f"trained model ({steps} steps per L)", base=2)
+        ax.axhline(1.0, color="k", ls="--", lw=1, label="one-hot of the true parent")
+        ax.set_xlabel("number of demonstrations L")
+        ax.set_ylabel(label)
+        ax.set_ylim(0, 1.05)
+        ax.set_title(f"Theorem 2: {label} vs L ({n} contexts per L)", fontsize=9)
+        ax.legend(fontsize=7)
+    fig.tight_layout()
+    return fig
+
+
+def _lengths(parser, text: str, flag: str) -> list[int]:
+    if text.strip().lower() in ("", "none"):
+        return []
+    try:
+        values = [int(v) for v in text.split(",")]
+    except ValueError:
+        parser.error(f"{flag} {text!r}: expected comma-separated positive integers (e.g. 1,2,4,8) or 'none'")
+    if any(v < 1 for v in values):
+        parser.error(f"{flag} {text!r}: every L must be >= 1")
+    return values
+
+
+def main(argv: list[str] | None = None) -> dict:
+    parser = analysis_parser(NAME, __doc__.split("\n\n")[0])
+    parser.add_argument("--bma-L", default=",".join(map(str, BMA_LENGTHS)), help="L values for the BMA curve")
+    parser.add_argument("--train-L", default="1,4,16", help="L values to train a model for ('none': skip; default 1,4,16)")
+    parser.add_argument("--train-steps", type=int, default=300, help="training steps per L (default 300)")
+    args = parse_common(parser, argv)
+    bma_lengths, train_lengths = _lengths(parser, args.bma_L, "--bma-L"), _lengths(parser, args.train_L, "--train-L")
+    if args.train_steps < 1:
+        parser.error(f"--train-steps must be >= 1, got {args.train_steps}")
+    subject = load_subject(args.checkpoint, args.device)
+    task = subject.task
+    tokens, _ = sample_contexts(task, args.n_contexts, args.seed)
+    t1 = theorem1_sweep(task, tokens)
+    bma_rows = bma_vs_length(task.pi, task.seq_len, bma_lengths, args.n_contexts, args.seed, task.root)
+    trained = None
+    if train_lengths:
+        with tempfile.TemporaryDirectory() as tmp:
+            trained = trained_vs_length(training_config(args.checkpoint), train_lengths, args.train_steps,
+                                        args.n_contexts, args.seed, Path(tmp))
+    style()
+    save_figure(_plot(t1, bma_rows, trained, subject.name, args.n_contexts, args.train_steps), args.out, NAME)
+    results = {"theorem1": t1, "bma_vs_L": bma_rows, "trained_vs_L": trained, "train_steps": args.train_steps}
+    save_json(args.out, NAME, results, args, subject)
+    print(f"{NAME} on {subject.name} ({args.n_contexts} contexts): Theorem 1 model vs BMA")
+    for r in t1["sweep"]:
+        print(f"  beta {r['beta']:8.3f}: TV {r['tv']:.3e}  max |attn - post| {r['max_abs']:.3e}  NLL gap {r['nll_gap']:+.3e}")
+    print("  BMA vs L: " + ", ".join(f"L={r['L']}: mass {r['parent_mass']:.3f} acc {r['parent_acc']:.3f}" for r in bma_rows))
+    for r in trained or []:
+        print(f"  trained L={r['L']} ({args.train_steps} steps): mass on parent {r['parent_mass']:.3f} (BMA {r['bma_parent_mass']:.3f}), "
+              f"acc {r['parent_acc']:.3f} (BMA {r['bma_parent_acc']:.3f}), TV {r['tv_to_bma']:.3f}, NLL gap {r['nll_gap']:+.4f}")
+    return results
+
+
+if __name__ == "__main__":
+    run(main)

@@ -1,0 +1,326 @@
+"""Copyer-head ablation: knock out the copy of one demonstration, compare with BMA that never saw it.
+
+    python -m analyses.head_ablation                              # the shipped checkpoint
+    python -m analyses.head_ablation --checkpoint theorem1:beta=50
+
+The mechanism (PAPER.md section 3): copyer head k writes a soft copy of ONE demonstration l(k) into
+residual subspace k+1, and the layer-2 score sums a ``log pi`` term per copy, which is Lemma 1's sum
+over demonstrations. So removing head k's copy should turn the model into BMA computed without
+demonstration l(k). The demonstration is read from the measured head assignment
+(``probes.head_assignment`` of ``model.copyer_pattern()``), never assumed to be l = k.
+
+Ablations of ``blocks.0.attn.hook_z[:, :, k]`` (the copy u_h^k at every target position):
+- zero: u^k = 0. A zero copy adds exactly 0 to every layer-2 score ``k_h'^T W_KQ q_h`` (key AND query
+  side), which is what dropping demonstration l(k) from the Lemma 1 sum does: for the Theorem 1 model
+  this is BMA-without-l(k) exactly (up to e^{-beta}).
+- mean: u^k = its mean over the evaluated contexts, per position h. The mean copy is the token marginal
+  at position h; its score term ``m_h'^T W m_h`` varies with the candidate h', so it biases the
+  attention by position and is NOT BMA without the demonstration. In a trained model the value side
+  also reads the copies (small copy rows of W_OV): zeroing copies shifts the value distributions,
+  replacing them by their mean does not, so on the NLL mean ablation tracks BMA more closely.
+
+Heads are then ablated cumulatively in order of importance (the NLL increase of the single-head zero
+ablation), against BMA conditioned on the demonstrations that are still copied.
+
+Controls (``blocks.1.attn.hook_q`` / ``hook_k`` subspace 0, the token x_h):
+- query side: structurally zero (the query never reads x_h), so ablating it must change nothing;
+- key side: the token of the candidate parent x_h', which the Theorem 1 construction ignores (its
+  W_KQ rows are zero) but a trained W_KQ may use.
+
+Measured for every ablation: NLL of the target tokens, its gap to BMA, parent-identification accuracy
+and the TV distance of the ``blocks.1`` attention to the full BMA posterior and to BMA without the
+ablated demonstrations.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+from jaxtyping import Int
+from torch import Tensor
+from tqdm.auto import tqdm
+
+from analyses.common import (
+    analysis_parser,
+    load_subject,
+    parse_common,
+    run,
+    sample_contexts,
+    save_figure,
+    save_json,
+    single_thread,
+    style,
+)
+from probes import bma_posterior, bma_predictive, head_assignment, mean_tv, parent_accuracy, target_nll
+
+NAME = "head_ablation"
+HOOK_Z = "blocks.0.attn.hook_z"  # [batch, H, K, d]
+HOOK_Q, HOOK_K = "blocks.1.attn.hook_q", "blocks.1.attn.hook_k"  # [batch, H, 1, (K+1)d]
+PATTERN = "blocks.1.attn.hook_pattern"  # [batch, 1, H, H]
+KINDS = ("zero", "mean")
+FIGURES = {
+    f"{NAME}_per_head.png": "each copyer head zero- and mean-ablated: NLL increase (model vs BMA without the "
+    "demonstration the head copies) and TV of the layer-2 attention to BMA with and without that demonstration; "
+    "controls: the token subspace of the layer-2 query (changes nothing) and key",
+    f"{NAME}_cumulative.png": "copyer heads ablated cumulatively, most important first: NLL, parent-identification "
+    "accuracy and attention TV of the model against BMA conditioned on the demonstrations still copied",
+}
+CLAIM_THEOREM1_TV = 1e-4  # zero-ablated Theorem 1 model vs BMA without the demonstration
+CLAIM_MARGIN = 0.02  # trained model: TV to BMA-without <= intact TV to BMA + this
+
+
+def ablation_hook(index: tuple, mean: Tensor | None = None):
+    """A forward hook that sets ``act[:, *index]`` to 0 (``mean`` None) or to ``mean[index]``
+    (``mean`` is the activation averaged over contexts, without the batch axis)."""
+
+    def hook(act: Tensor, hook=None) -> Tensor:
+        act = act.clone()
+        act[(slice(None),) + index] = 0 if mean is None else mean[index]
+        return act
+
+    return hook
+
+
+@torch.no_grad()
+def run_ablated(model, tokens: Int[Tensor, "batch T"], hooks: list) -> tuple[Tensor, Tensor]:
+    """Log-probs ``[batch, H, d]`` and the ``blocks.1`` attention ``[batch, H, H]`` under ``hooks``
+    (a list of (hook name, function)); the hooks are removed afterwards, also on error."""
+    with model.hooks(fwd_hooks=hooks):
+        log_probs, cache = model.run_with_cache(tokens, names_filter=PATTERN)
+    return log_probs, cache[PATTERN][:, 0]
+
+
+class BMAReference:
+    """BMA conditioned on a subset of the demonstrations, computed once per subset."""
+
+    def __init__(self, task, tokens: Int[Tensor, "batch T"], parents: Int[Tensor, "batch H"]):
+        self.task, self.tokens, self.parents, self._memo = task, tokens, parents, {}
+
+    def __call__(self, dropped: frozenset = frozenset()) -> dict:
+        """``posterior`` [batch,H,H], ``nll``, ``parent_acc`` of BMA without the ``dropped`` demos."""
+        if dropped not in self._memo:
+            t = self.task
+            keep = [l for l in range(t.n_examples) if l not in dropped]
+            post = bma_posterior(t.pi, self.tokens, t.n_examples, t.seq_len, demonstrations=keep)
+            pred = bma_predictive(t.pi, self.tokens, t.n_examples, t.seq_len, t.root, demonstrations=keep, log=True)
+            self._memo[dropped] = {"posterior": post, "nll": target_nll(pred, self.tokens),
+                                   "parent_acc": parent_accuracy(post, self.parents), "n_demonstrations": len(keep)}
+        return self._memo[dropped]
+
+
+def measure(log_probs: Tensor, attention: Tensor, tokens: Tensor, parents: Tensor, bma: BMAReference,
+            dropped: frozenset = frozenset()) -> dict:
+    """NLL, parent accuracy, and gaps/TVs to full BMA and to BMA without the ``dropped`` demos."""
+    full, without = bma(), bma(dropped)
+    nll = target_nll(log_probs, tokens)
+    attention = attention.double().cpu()
+    return {"nll": nll, "nll_gap": nll - full["nll"], "nll_gap_without": nll - without["nll"],
+            "parent_acc": parent_accuracy(attention, parents), "tv": mean_tv(attention, full["posterior"]),
+            "tv_without": mean_tv(attention, without["posterior"]), "attention": attention}
+
+
+@torch.no_grad()
+def head_ablation(model, task, tokens: Int[Tensor, "batch T"], parents: Int[Tensor, "batch H"],
+                  progress: bool = True) -> dict:
+    """Every ablation of the module docstring on ``tokens``; see the JSON keys in ``summarise``.
+
+    Returns ``heads`` (per head: demonstration, purity, and ``zero``/``mean`` measurements),
+    ``intact``, ``bma`` (full BMA), ``bma_without`` (per head), ``order`` (heads by importance),
+    ``cumulative`` (per number of heads ablated: ``zero``/``mean`` measurements and the BMA that keeps
+    the demonstrations still copied), ``controls`` and ``claims``.
+    """
+    cfg = model.cfg
+    K, L, d = cfg.n_copy_heads, cfg.n_examples, cfg.d_vocab
+    if (task.n_examples, task.seq_len, task.d_vocab) != (L, cfg.seq_len, d):
+        raise ValueError(f"task (L={task.n_examples}, H={task.seq_len}, d={task.d_vocab}) does not match the model "
+                         f"(L={L}, H={cfg.seq_len}, d={d})")
+    demos, purity = head_assignment(model.copyer_pattern().detach().cpu(), L)
+    bma = BMAReference(task, tokens, parents)
+    log_probs, cache = model.run_with_cache(tokens, names_filter=[HOOK_Z, HOOK_Q, HOOK_K, PATTERN])
+    intact = measure(log_probs, cache[PATTERN][:, 0], tokens, parents, bma)
+    means = {name: cache[name].mean(0) for name in (HOOK_Z, HOOK_Q, HOOK_K)}
+
+    def ablate_heads(heads: list[int], kind: str) -> dict:
+        hook = ablation_hook((slice(None), heads), None if kind == "zero" else means[HOOK_Z])
+        out = run_ablated(model, tokens, [(HOOK_Z, hook)])
+        return measure(*out, tokens, parents, bma, frozenset(demos[k] for k in heads))
+
+    bar = tqdm(total=2 * K + 2 * (K + 1) + 4, desc="ablations", disable=not progress, leave=False)
+    heads = []
+    for k in range(K):
+        heads.append({"head": f"L0H{k}", "demonstration": demos[k], "purity": purity[k]})
+        for kind in KINDS:
+            heads[k][kind] = ablate_heads([k], kind)
+            bar.update()
+    order = sorted(range(K), key=lambda k: -(heads[k]["zero"]["nll"] - intact["nll"]))
+    cumulative = []
+    for n in range(K + 1):
+        dropped = frozenset(demos[k] for k in order[:n])
+        row = {"n_heads": n, "heads": [f"L0H{k}" for k in order[:n]], "dropped": sorted(dropped),
+               "bma": {key: bma(dropped)[key] for key in ("nll", "parent_acc", "n_demonstrations")}}
+        for kind in KINDS:
+            row[kind] = ablate_heads(order[:n], kind) if n else intact
+            bar.update()
+        cumulative.append(row)
+    controls = {}
+    for side, name in (("query", HOOK_Q), ("key", HOOK_K)):
+        for kind in KINDS:
+            hook = ablation_hook((slice(None), slice(None), slice(0, d)), None if kind == "zero" else means[name])
+            lp, att = run_ablated(model, tokens, [(name, hook)])
+            controls[f"{side}_token_{kind}"] = {
+                **measure(lp, att, tokens, parents, bma),
+                "max_abs_log_prob_change": (lp - log_probs)[:, 1:].abs().max().item(),
+                "tv_to_intact": mean_tv(att.double().cpu(), intact["attention"])}
+            bar.update()
+    bar.close()
+    bma_without = [{key: bma(frozenset([demos[k]]))[key] for key in ("nll", "parent_acc")}
+                   | {"tv_to_full": mean_tv(bma(frozenset([demos[k]]))["posterior"], bma()["posterior"])}
+                   for k in range(K)]
+    result = {"heads": heads, "intact": intact, "bma": {key: bma()[key] for key in ("nll", "parent_acc")},
+              "bma_without": bma_without, "order": [f"L0H{k}" for k in order], "cumulative": cumulative,
+              "controls": controls, "distinct_demonstrations": len(set(demos))}
+    result["claims"] = claims(result)
+    return result
+
+
+def claims(r: dict) -> dict:
+    """The issue's claims, per ablation kind: Theorem 1 (TV to BMA-without <= 1e-4 for every head) and
+    trained (TV to BMA-without <= intact TV + 0.02 and < TV to full BMA, for every head and on average)."""
+    out = {"intact_tv": r["intact"]["tv"]}
+    for kind in KINDS:
+        without = np.array([h[kind]["tv_without"] for h in r["heads"]])
+        full = np.array([h[kind]["tv"] for h in r["heads"]])
+        out[kind] = {
+            "mean_tv_without": without.mean(), "max_tv_without": without.max(), "mean_tv_full": full.mean(),
+            "theorem1_exact": bool(without.max() <= CLAIM_THEOREM1_TV),
+            "within_margin_every_head": bool((without <= r["intact"]["tv"] + CLAIM_MARGIN).all()),
+            "closer_to_without_every_head": bool((without < full).all()),
+            "within_margin_mean": bool(without.mean() <= r["intact"]["tv"] + CLAIM_MARGIN),
+            "closer_to_without_mean": bool(without.mean() < full.mean()),
+        }
+    return out
+
+
+def _strip(obj):
+    """The result without the [batch, H, H] attention tensors (for the JSON)."""
+    if isinstance(obj, dict):
+        return {k: _strip(v) for k, v in obj.items() if k != "attention"}
+    if isinstance(obj, list):
+        return [_strip(v) for v in obj]
+    return obj
+
+
+def plot(r: dict, n: int, subject_name: str):
+    """Per-head bars (with the controls) and the cumulative curves; returns the two figures."""
+    import matplotlib.pyplot as plt
+
+    heads, intact = r["heads"], r["intact"]
+    K = len(heads)
+    x = np.arange(K)
+    labels = [f"{h['head']}\n(demo {h['demonstration']})" for h in heads]
+    fig1, axes = plt.subplots(1, 3, figsize=(17, 4.6), gridspec_kw={"width_ratios": [K, K, 4]})
+    w = 0.27
+    ax = axes[0]
+    ax.bar(x - w, [h["zero"]["nll"] - intact["nll"] for h in heads], w, label="model, zero ablation")
+    ax.bar(x, [h["mean"]["nll"] - intact["nll"] for h in heads], w, label="model, mean ablation")
+    ax.bar(x + w, [b["nll"] - r["bma"]["nll"] for b in r["bma_without"]], w, color="k", alpha=0.6,
+           label="BMA without that demonstration")
+    ax.set(xticks=x, xticklabels=labels, ylabel="NLL increase (nats)", title="NLL increase when one head is ablated")
+    ax.set_ylim(top=1.35 * ax.get_ylim()[1])
+    ax.tick_params(axis="x", labelsize=7)
+    ax.legend(fontsize=8, loc="upper center", ncol=2)
+    ax = axes[1]
+    ax.bar(x - w, [h["zero"]["tv_without"] for h in heads], w, label="zero abl. vs BMA without demo")
+    ax.bar(x, [h["mean"]["tv_without"] for h in heads], w, label="mean abl. vs BMA without demo")
+    ax.bar(x + w, [h["zero"]["tv"] for h in heads], w, color="k", alpha=0.6, label="zero abl. vs full BMA")
+    ax.axhline(intact["tv"], color="C3", ls="--", lw=1, label=f"intact vs full BMA ({intact['tv']:.3f})")
+    ax.axhline(intact["tv"] + CLAIM_MARGIN, color="C3", ls=":", lw=1, label="intact + 0.02 (claim bound)")
+    tvs = [h[kind][key] for h in heads for kind in KINDS for key in ("tv", "tv_without")]
+    log = min(tvs) < 1e-2 * max(tvs)  # Theorem 1: exact zeros next to ~0.1
+    ax.set(xticks=x, xticklabels=labels, title="Attention after ablation: TV to BMA",
+           ylabel="mean TV of blocks.1 attention" + (" (log scale)" if log else ""), yscale="log" if log else "linear")
+    ax.set_ylim(top=max(tvs) * (1e4 if log else 1.5))
+    ax.tick_params(axis="x", labelsize=7)
+    ax.legend(fontsize=7, loc="upper center", ncol=2)
+    ax = axes[2]
+    names = list(r["controls"])
+    vals = [r["controls"][c]["tv_to_intact"] for c in names]
+    ax.bar(range(len(names)), vals, color=["C7", "C7", "C4", "C4"])
+    for i, v in enumerate(vals):
+        ax.annotate(f"{v:.1e}", (i, v), ha="center", va="bottom", fontsize=7)
+    ax.set_ylim(0, 1.3 * max(vals) if max(vals) > 0 else 1e-3)
+    ax.set(xticks=range(len(names)), xticklabels=[c.replace("_token_", "\n") for c in names],
+           ylabel="mean TV to intact attention", title="Controls: token subspace\nof layer-2 query / key")
+    ax.tick_params(axis="x", labelsize=8)
+    fig1.suptitle(f"Copyer-head ablation ({subject_name}, {n} contexts)")
+    fig1.tight_layout()
+
+    cum = r["cumulative"]
+    ns = [c["n_heads"] for c in cum]
+    fig2, axes = plt.subplots(1, 3, figsize=(15, 4.2))
+    for ax, key, ylabel in ((axes[0], "nll", "NLL (nats)"), (axes[1], "parent_acc", "parent-identification accuracy")):
+        ax.plot(ns, [c["zero"][key] for c in cum], "o-", label="model, zero ablation")
+        ax.plot(ns, [c["mean"][key] for c in cum], "s-", label="model, mean ablation")
+        ax.plot(ns, [c["bma"][key] for c in cum], "k--", label="BMA with the remaining demonstrations")
+        ax.set(xlabel="copyer heads ablated (most important first)", ylabel=ylabel)
+        ax.legend(fontsize=8)
+    axes[0].set_title("NLL of the target tokens")
+    axes[1].set_title("Parent identification")
+    ax = axes[2]
+    ax.plot(ns, [c["zero"]["tv_without"] for c in cum], "o-", label="zero abl. vs BMA with remaining demos")
+    ax.plot(ns, [c["mean"]["tv_without"] for c in cum], "s-", label="mean abl. vs BMA with remaining demos")
+    ax.plot(ns, [c["zero"]["tv"] for c in cum], "k:", label="zero abl. vs full BMA")
+    ax.set(xlabel="copyer heads ablated (most important first)", ylabel="mean TV of blocks.1 attention (log scale)",
+           yscale="log", title="Attention vs BMA with fewer demonstrations")
+    ax.legend(fontsize=8, loc="center right")
+    fig2.suptitle(f"Cumulative copyer-head ablation ({subject_name}, {n} contexts)")
+    fig2.tight_layout()
+    return fig1, fig2
+
+
+def summarise(r: dict) -> str:
+    """The short text summary printed on stdout."""
+    i, c = r["intact"], r["claims"]
+    lines = [(f"intact: NLL {i['nll']:.4f} (gap to BMA {i['nll_gap']:+.4f}), parent acc {i['parent_acc']:.4f} "
+             f"(BMA {r['bma']['parent_acc']:.4f}), TV to BMA {i['tv']:.4f}"),
+             "head  demo  zero: dNLL  TV->BMA-without  TV->BMA | mean: dNLL  TV->BMA-without  TV->BMA"]
+    for h in r["heads"]:
+        z, m = h["zero"], h["mean"]
+        lines.append(f"{h['head']:5s} {h['demonstration']:4d}  {z['nll'] - i['nll']:+10.4f}  {z['tv_without']:15.4g}  "
+                     f"{z['tv']:7.4f} | {m['nll'] - i['nll']:+10.4f}  {m['tv_without']:15.4g}  {m['tv']:7.4f}")
+    for kind in KINDS:
+        k = c[kind]
+        lines.append(f"{kind} ablation: mean TV to BMA-without {k['mean_tv_without']:.4g} (max {k['max_tv_without']:.4g})"
+                     f" vs to full BMA {k['mean_tv_full']:.4g}; intact {c['intact_tv']:.4g}; "
+                     f"<= intact+{CLAIM_MARGIN} every head: {k['within_margin_every_head']}, "
+                     f"< full every head: {k['closer_to_without_every_head']}, "
+                     f"<= {CLAIM_THEOREM1_TV:g} (Theorem 1 exact): {k['theorem1_exact']}")
+    last = r["cumulative"][-1]
+    lines.append(f"all {last['n_heads']} heads zero-ablated: NLL {last['zero']['nll']:.4f} vs BMA with no "
+                 f"demonstrations {last['bma']['nll']:.4f}; TV {last['zero']['tv_without']:.4g}")
+    for name, ctl in r["controls"].items():
+        lines.append(f"control {name}: max |d log p| {ctl['max_abs_log_prob_change']:.3g}, TV to intact attention "
+                     f"{ctl['tv_to_intact']:.3g}, NLL {ctl['nll']:.4f}, TV to BMA {ctl['tv']:.4f}")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> dict:
+    parser = analysis_parser(NAME, "Ablate each copyer head (zero and mean) and compare with BMA computed without "
+                             "the demonstration that head copies.", n_contexts=2048)
+    args = parse_common(parser, argv)
+    subject = load_subject(args.checkpoint, args.device, key_map=args.key_map, config=args.config)
+    model = subject.model.eval()
+    tokens, parents = sample_contexts(subject.task, args.n_contexts, args.seed)
+    with single_thread():  # ~50 forward passes of modest size
+        r = head_ablation(model, subject.task, tokens.to(args.device), parents)
+    style()
+    fig1, fig2 = plot(r, args.n_contexts, subject.name)
+    save_figure(fig1, args.out, f"{NAME}_per_head")
+    save_figure(fig2, args.out, f"{NAME}_cumulative")
+    save_json(args.out, NAME, _strip(r), args, subject)
+    print(summarise(r))
+    return r
+
+
+if __name__ == "__main__":
+    run(main)

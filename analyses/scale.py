@@ -1,0 +1,106 @@
+"""Training at scale: the NLL gap to BMA, TV to the BMA posterior and copyer-head purity over steps,
+old recipe against new, at d=10, L=K=32, H=24 (and how far the new one gets at d=20, L=K=64, H=32).
+
+    python -m analyses.scale                                       # the figure, from figures/scale_histories.json
+    python -m analyses.scale --from-runs "old recipe=runs/old" "new recipe=runs/new"   # collect, then plot
+
+Retraining takes tens of minutes on 2 cores, so the figure reads the evaluation histories that
+``models.train`` saved in each checkpoint (``config.json``), collected once into a small JSON file.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from analyses.common import FIGURES as FIGURE_DIR
+from analyses.common import _atomic_write, analysis_parser, parse_common, run, save_figure, save_json, style
+
+FIGURES = {"scale.png": "NLL gap to BMA, TV to the BMA posterior and the least pure copyer head over training "
+                        "steps at d=10, L=K=32, H=24: the reference recipe (PAPER.md section 5) against the scale "
+                        "recipe of `--preset medium` (and `--preset large` at d=20, L=K=64, H=32)"}
+HISTORIES = FIGURE_DIR / "scale_histories.json"
+KEPT = ("step", "seconds", "loss", "nll_gap", "tv_to_bma", "parent_acc", "parent_acc_bma", "distinct_demos")
+
+
+def collect(runs: dict[str, str | Path]) -> dict:
+    """``{label: checkpoint folder}`` -> ``{label: {"config", "history"}}`` with the per-head lists
+    reduced to the least pure head (commit-sized)."""
+    from models.checkpoint import read_config
+
+    out = {}
+    for label, folder in runs.items():
+        training = read_config(folder)["training"]
+        history = [{**{k: m.get(k) for k in KEPT}, "min_purity": min(m["head_purity"]),
+                    "n_heads": len(m["head_purity"])} for m in training["history"]]
+        out[label] = {"config": training["config"], "history": history}
+    return out
+
+
+def curves(histories: dict) -> dict:
+    """The plotted numbers: per run, steps and the three curves, plus the run's size and last point."""
+    result = {}
+    for label, run_ in histories.items():
+        h = run_["history"]
+        cfg = run_["config"]
+        result[label] = {
+            "size": f"d={cfg['d_vocab']} L=K={cfg['n_examples']} H={cfg['seq_len']}, batch {cfg['batch_size']}",
+            "eval_contexts": cfg["eval_contexts"],
+            "step": [m["step"] for m in h],
+            "nll_gap": [m["nll_gap"] for m in h],
+            "tv_to_bma": [m["tv_to_bma"] for m in h],
+            "min_purity": [m["min_purity"] for m in h],
+            "final": h[-1],
+        }
+    return result
+
+
+def plot(result: dict, out) -> list[Path]:
+    import matplotlib.pyplot as plt
+
+    style()
+    fig, axes = plt.subplots(1, 3, figsize=(14, 3.8))
+    for label, c in result.items():
+        for ax, key in zip(axes, ("nll_gap", "tv_to_bma", "min_purity")):
+            ax.plot(c["step"], c[key], marker=".",
+                    label=f"{label} ({c['size']}; {c['eval_contexts']} eval contexts)")
+    axes[0].set_yscale("log")
+    axes[0].axhline(0.01, color="k", ls=":", lw=1)
+    axes[1].axhline(0.05, color="k", ls=":", lw=1)
+    axes[2].set_ylim(0, 1.02)
+    for ax, title in zip(axes, ("NLL gap to BMA (nats; target 0.01)", "mean TV to BMA posterior (target 0.05)",
+                                "least pure copyer head (mass on its demo)")):
+        ax.set_title(title)
+        ax.set_xlabel("training step")
+    handles, labels = axes[0].get_legend_handles_labels()
+    fig.legend(handles, labels, loc="upper center", ncol=2, bbox_to_anchor=(0.5, 0.0), frameon=False)
+    fig.suptitle("Training at scale: held-out evaluation during training, old recipe against new")
+    return save_figure(fig, out, "scale")
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = analysis_parser("scale", __doc__.split("\n\n")[0])
+    parser.add_argument("--from-runs", nargs="+", metavar="LABEL=FOLDER",
+                        help=f"collect these checkpoints' histories into {HISTORIES.name} first")
+    parser.add_argument("--histories", default=str(HISTORIES), help="the collected histories (JSON)")
+    args = parse_common(parser, argv)
+    path = Path(args.histories)
+    if args.from_runs:
+        pairs = [item.rpartition("=") for item in args.from_runs]  # labels may hold "="
+        if any(not eq or not label for label, eq, _ in pairs):
+            parser.error(f"--from-runs expects LABEL=FOLDER items, got {args.from_runs}")
+        histories = collect({label: folder for label, _, folder in pairs})
+        _atomic_write(path, lambda tmp: tmp.write_text(json.dumps(histories, indent=1) + "\n"))
+    if not path.is_file():
+        parser.error(f"--histories {path} does not exist; collect it with --from-runs LABEL=FOLDER ...")
+    result = curves(json.loads(path.read_text()))
+    plot(result, args.out)
+    save_json(args.out, "scale", result, args, None)
+    for label, c in result.items():
+        f = c["final"]
+        print(f"{label:>28} ({c['size']}): step {f['step']}, gap {f['nll_gap']:+.4f}, TV {f['tv_to_bma']:.3f}, "
+              f"min purity {f['min_purity']:.3f}, {f['distinct_demos']}/{f['n_heads']} distinct demos")
+
+
+if __name__ == "__main__":
+    run(main)

@@ -1,0 +1,304 @@
+"""Benchmark the suite side by side, in one run, on this machine: ``python -m bench``.
+
+    python -m bench                       # every row (about 3 minutes on 2 cores, plus the figures)
+    python -m bench --quick               # small sizes, one repeat: a smoke run in seconds
+    python -m bench --only step cache     # a subset: step cache bma memory train figures
+    python -m bench --device cuda         # time on the GPU (memory row: torch.cuda peak allocation)
+
+Rows: a training step of our model against ``bench.reference`` (the full ((L+1)H)^2 copyer score
+matrix per head) at three sizes; ``run_with_cache`` against a plain forward; the vectorised BMA
+posterior against a per-context loop; the peak memory of a cached forward at L=K=64, H=32, batch 256;
+training steps per second at the default config; the time to regenerate every paper figure. Each
+time is the median of a few repeats after a warm-up. It measures; it asserts nothing about speed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+ROWS = ("step", "cache", "bma", "memory", "train", "figures")
+# (name, d, L = K, H, batch): the reference's full score matrix outgrows the default batch at scale.
+SIZES = [("small", 5, 10, 12, 256), ("medium", 10, 32, 24, 64), ("large", 20, 64, 32, 8)]
+MEMORY_SIZE = (20, 64, 32, 256)  # d, L = K, H, batch of the cached forward
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def machine(device: str) -> str:
+    """One line: CPU model, cores, threads, torch and Python versions (and the GPU if used)."""
+    cpu = platform.processor() or "unknown CPU"
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    text = (f"{cpu}, {os.cpu_count()} cores ({torch.get_num_threads()} torch threads), torch {torch.__version__}, "
+            f"Python {platform.python_version()}, {datetime.date.today().isoformat()}, "
+            f"load average {os.getloadavg()[0]:.1f} at the start")
+    if device.startswith("cuda"):
+        text += f", GPU {torch.cuda.get_device_name(torch.device(device))}"
+    return text
+
+
+def _median_time(fn, repeat: int, device: str, warmup: int = 1) -> float:
+    """Median wall time of ``fn()`` over ``repeat`` calls after ``warmup`` untimed ones."""
+    times = []
+    for i in range(warmup + repeat):
+        if device.startswith("cuda"):
+            torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        fn()
+        if device.startswith("cuda"):
+            torch.cuda.synchronize()
+        if i >= warmup:
+            times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+def _subject(d: int, L: int, H: int, batch: int, device: str, seed: int = 0):
+    """A model with the default initialisation and random layer-2 weights, its task and a batch."""
+    from models import CausalTransformer
+    from models.train import TrainConfig, init_copyers
+
+    cfg = TrainConfig(d_vocab=d, n_examples=L, seq_len=H, device=device, seed=seed)
+    task = cfg.task()
+    generator = torch.Generator().manual_seed(seed)
+    model = CausalTransformer(cfg.model_config())
+    init_copyers(model, cfg.init_offset, cfg.init_demo, generator)
+    with torch.no_grad():
+        model.W_KQ.normal_(0, 0.1, generator=generator)
+        model.W_OV.normal_(0, 0.1, generator=generator)
+    tokens, _ = task.sample(batch, generator)
+    return model, task, tokens
+
+
+def step_rows(sizes, repeat: int, device: str) -> list[dict]:
+    """Training step (forward, backward, Adam) of our model and of the full-matrix reference."""
+    from bench.reference import reference_model
+    from models.train import step_loss
+
+    rows = []
+    for name, d, L, H, batch in sizes:
+        torch.manual_seed(0)
+        model, _, tokens = _subject(d, L, H, batch, device)
+        reference = reference_model(model)
+        target = tokens[:, -H:].to(device)
+        with torch.no_grad():  # the reference computes the same function: check before timing it
+            err = (model(tokens[:4]) - reference(tokens[:4])).abs().max().item()
+        timed = {}
+        for label, net in (("ours", model), ("reference", reference)):
+            opt = torch.optim.Adam(net.parameters(), lr=1e-3)
+
+            def step(net=net, opt=opt):
+                loss = step_loss(net, tokens, target)
+                opt.zero_grad(set_to_none=True)
+                loss.backward()
+                opt.step()
+
+            # The reference takes seconds a step at scale: fewer repeats there (large: one step, no warm-up).
+            reps, warmup = {"small": (repeat, 1), "medium": (max(1, repeat - 1), 1)}.get(name, (1, 0))
+            if label == "ours":
+                reps, warmup = repeat, 1
+            timed[label] = _median_time(step, reps, device, warmup)
+        rows.append({"row": f"train step, {name} (d={d}, L=K={L}, H={H}, batch {batch})",
+                     "ours_s": timed["ours"], "baseline_s": timed["reference"],
+                     "baseline": "full-matrix RPE reference", "ratio": timed["reference"] / timed["ours"],
+                     "note": f"same outputs to {err:.1e}"})
+    return rows
+
+
+def cache_rows(repeat: int, device: str, batch: int = 2048) -> list[dict]:
+    """``run_with_cache`` against a plain forward at the default size: every hook, and every hook but
+    ``blocks.0.attn.hook_result`` (the per-head results, K(K+1)d numbers a position, built only when hooked)."""
+    model, _, tokens = _subject(5, 10, 12, batch, device)
+    rows = []
+    with torch.no_grad():
+        plain = _median_time(lambda: model(tokens), 3 * repeat, device)
+        for note, names in (("every hook cached", None), ("all but blocks.0.attn.hook_result",
+                                                         lambda name: name != "blocks.0.attn.hook_result")):
+            cached = _median_time(lambda names=names: model.run_with_cache(tokens, names_filter=names),
+                                  3 * repeat, device)
+            rows.append({"row": f"run_with_cache / forward (d=5, L=K=10, H=12, batch {batch})", "ours_s": cached,
+                         "baseline_s": plain, "baseline": "plain forward", "ratio": cached / plain, "note": note})
+    return rows
+
+
+def bma_row(repeat: int, batch: int = 256) -> dict:
+    """``probes.bma_posterior`` (vectorised, torch) against Lemma 1 as a per-context NumPy loop."""
+    from bench.reference import bma_posterior_loop
+    from probes import bma_posterior
+
+    _, task, tokens = _subject(5, 10, 12, batch, "cpu")
+    L, H = task.n_examples, task.seq_len
+    err = abs(bma_posterior_loop(task.pi, tokens, L, H) - bma_posterior(task.pi, tokens, L, H).numpy()).max()
+    fast = _median_time(lambda: bma_posterior(task.pi, tokens, L, H), 3 * repeat, "cpu")
+    slow = _median_time(lambda: bma_posterior_loop(task.pi, tokens, L, H), repeat, "cpu")
+    return {"row": f"BMA posterior, vectorised (d=5, L=10, H=12, {batch} contexts)", "ours_s": fast,
+            "baseline_s": slow, "baseline": "per-context loop", "ratio": slow / fast, "note": f"same to {err:.1e}"}
+
+
+def _proc_status(field: str) -> int:
+    """A memory field of /proc/self/status in bytes (Linux)."""
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith(field + ":"):
+            return int(line.split()[1]) * 1024
+    raise ValueError(f"/proc/self/status has no {field}; the memory row needs Linux")
+
+
+def _reset_peak(device: str) -> int:
+    """Reset the peak-memory counter to the current use and return that use (bytes). On CPU the
+    peak is the process's VmHWM, reset by writing 5 to /proc/self/clear_refs (ru_maxrss cannot be
+    reset and even carries the parent's peak across fork and exec)."""
+    if device.startswith("cuda"):
+        torch.cuda.reset_peak_memory_stats(torch.device(device))
+        return torch.cuda.memory_allocated(torch.device(device))
+    Path("/proc/self/clear_refs").write_text("5")
+    return _proc_status("VmRSS")
+
+
+def _peak(device: str) -> int:
+    if device.startswith("cuda"):
+        return torch.cuda.max_memory_allocated(torch.device(device))
+    return _proc_status("VmHWM")
+
+
+def _memory_child(device: str) -> None:
+    """Run in a fresh process: peak memory of a plain forward, then of ``run_with_cache``, each
+    above the memory in use just before it."""
+    d, L, H, batch = MEMORY_SIZE
+    model, _, tokens = _subject(d, L, H, batch, device)
+    with torch.no_grad():
+        before = _reset_peak(device)
+        model(tokens)
+        after_forward = _peak(device)
+        _reset_peak(device)
+        _, cache = model.run_with_cache(tokens)
+        after_cache = _peak(device)
+    storages = {t.untyped_storage().data_ptr(): t.untyped_storage().nbytes() for t in cache.values()}
+    result_bytes = cache["blocks.0.attn.hook_result"].untyped_storage().nbytes()
+    print(json.dumps({"before": before, "forward": after_forward, "cache": after_cache,
+                      "cache_tensors": sum(storages.values()), "hook_result": result_bytes}))
+
+
+def memory_row(device: str) -> dict:
+    """Peak memory of a cached forward at L=K=64, H=32, batch 256, measured in a fresh process."""
+    code = f"from bench.__main__ import _memory_child; _memory_child({device!r})"
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True)
+    m = json.loads(out.stdout.strip().splitlines()[-1])
+    gb = 2**30
+    method = "torch.cuda.max_memory_allocated" if device.startswith("cuda") else "peak RSS (VmHWM, reset before each)"
+    d, L, H, batch = MEMORY_SIZE
+    cache, forward = m["cache"] - m["before"], m["forward"] - m["before"]
+    return {"row": f"peak memory, cached forward (d={d}, L=K={L}, H={H}, batch {batch})",
+            "ours_s": None, "baseline_s": None, "baseline": "plain forward", "ratio": cache / forward,
+            "note": (f"{cache / gb:.2f} GB above the {m['before'] / gb:.2f} GB in use before, vs {forward / gb:.2f} GB "
+                     f"for a plain forward; cached tensors {m['cache_tensors'] / gb:.2f} GB, "
+                     f"of which blocks.0.attn.hook_result {m['hook_result'] / gb:.2f} GB; {method}, fresh process")}
+
+
+def train_row(device: str, steps: int) -> dict:
+    """Steps per second of ``models.train.train`` at the default config (its loop, one evaluation
+    and one checkpoint write at the end included)."""
+    from models.train import TrainConfig, train
+
+    with tempfile.TemporaryDirectory() as tmp:
+        cfg = TrainConfig(steps=steps, eval_every=steps, eval_contexts=256, device=device, out=tmp)
+        _, history = train(cfg, progress=False)
+    seconds = history[-1]["seconds"]
+    return {"row": "training, default config (d=5, L=K=10, H=12, batch 256)", "ours_s": seconds / steps,
+            "baseline_s": None, "baseline": "", "ratio": None,
+            "note": f"{steps / seconds:.0f} steps/s ({steps} steps in {seconds:.1f} s)"}
+
+
+def figures_row() -> dict:
+    """Wall time of ``python -m analyses.paper`` into a temporary folder (skipped if it is missing)."""
+    row = {"row": "regenerate all paper figures (python -m analyses.paper)", "ours_s": None, "baseline_s": None,
+           "baseline": "", "ratio": None}
+    if not (ROOT / "analyses" / "paper.py").is_file():
+        return {**row, "note": "skipped: analyses/paper.py does not exist yet"}
+    with tempfile.TemporaryDirectory() as tmp:
+        t0 = time.perf_counter()
+        proc = subprocess.run([sys.executable, "-m", "analyses.paper", "--out", tmp], cwd=ROOT,
+                              capture_output=True, text=True)
+        seconds = time.perf_counter() - t0
+    if proc.returncode != 0:
+        last = (proc.stderr.strip().splitlines() or ["no output"])[-1]
+        return {**row, "note": f"failed after {seconds:.0f} s (exit {proc.returncode}): {last}"}
+    return {**row, "ours_s": seconds, "note": f"{seconds:.0f} s, every figure, PNG + PDF + JSON"}
+
+
+def table(rows: list[dict]) -> str:
+    """A Markdown table: ours, the baseline, baseline / ours (> 1: we are faster)."""
+
+    def fmt(s):
+        return "" if s is None else f"{s * 1e3:.1f} ms" if s < 1 else f"{s:.2f} s"
+
+    lines = ["| measurement | ours | baseline | ratio | note |", "| --- | --- | --- | --- | --- |"]
+    for r in rows:
+        base = f"{fmt(r['baseline_s'])} ({r['baseline']})" if r["baseline_s"] is not None else r["baseline"]
+        ratio = "" if r["ratio"] is None else f"{r['ratio']:.1f}x"
+        lines.append(f"| {r['row']} | {fmt(r['ours_s'])} | {base} | {ratio} | {r['note']} |")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--only", nargs="+", choices=ROWS, help=f"measure only these rows (default: all of {ROWS})")
+    parser.add_argument("--quick", action="store_true",
+                        help="smoke run: small size only, one repeat, 50 training steps, no memory or figures rows")
+    parser.add_argument("--device", default="cpu", help="torch device for the model timings (default: cpu)")
+    parser.add_argument("--threads", type=int, help="torch CPU threads (default: torch's choice)")
+    parser.add_argument("--json", help="also write the rows to this JSON file")
+    args = parser.parse_args(argv)
+    if args.threads is not None:
+        if args.threads < 1:
+            parser.error(f"--threads must be >= 1, got {args.threads}")
+        torch.set_num_threads(args.threads)
+    if args.device.startswith("cuda") and not torch.cuda.is_available():
+        parser.error(f"--device {args.device}: CUDA is not available on this machine (this is a CPU-only torch "
+                     "build or there is no GPU); run on a machine with a GPU or use --device cpu")
+    try:
+        torch.device(args.device)
+    except RuntimeError:
+        parser.error(f"--device {args.device!r} is not a torch device (expected cpu, cuda, cuda:0, ...)")
+    only = set(args.only or (ROWS if not args.quick else ("step", "cache", "bma", "train")))
+    repeat = 1 if args.quick else 3
+    print(f"machine: {machine(args.device)}", flush=True)
+    rows: list[dict] = []
+    if "step" in only:
+        rows += step_rows(SIZES[:1] if args.quick else SIZES, repeat, args.device)
+    if "cache" in only:
+        rows += cache_rows(repeat, args.device)
+    if "bma" in only:
+        rows.append(bma_row(repeat))
+    if "memory" in only:
+        rows.append(memory_row(args.device))
+    if "train" in only:
+        rows.append(train_row(args.device, 50 if args.quick else 500))
+    if "figures" in only:
+        rows.append(figures_row())
+    print(table(rows))
+    if args.json:
+        from analyses.common import _atomic_write
+
+        record = {"command": "python -m bench " + " ".join(sys.argv[1:] if argv is None else argv),
+                  "machine": machine(args.device), "rows": rows}
+        path = Path(args.json)
+        _atomic_write(path, lambda tmp: tmp.write_text(json.dumps(record, indent=1) + "\n"))
+
+
+if __name__ == "__main__":
+    main()
