@@ -56,7 +56,7 @@ from transformer_lens.patching import (
 
 from analyses.common import (
     analysis_parser,
-    load_subject,
+    subject_from_args,
     parse_common,
     run,
     save_figure,
@@ -322,7 +322,7 @@ def main(argv: list[str] | None = None) -> dict:
     parser = analysis_parser(NAME, "Patch clean copyer heads, residual subspaces and the layer-2 query/key inputs "
                              "into runs whose demonstrations come from a different tree.", n_contexts=512)
     args = parse_common(parser, argv)
-    subject = load_subject(args.checkpoint, args.device, key_map=args.key_map, config=args.config)
+    subject = subject_from_args(args)
     model = subject.model.eval()
     generator = torch.Generator().manual_seed(args.seed)
     tokens, parents = subject.task.sample(args.n_contexts, generator)  # corrupted demos: same generator, next draws

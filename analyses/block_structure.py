@@ -26,7 +26,7 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
-from analyses.common import analysis_parser, load_subject, parse_common, run, save_figure, save_json, style
+from analyses.common import analysis_parser, subject_from_args, parse_common, run, save_figure, save_json, style
 from probes import head_assignment
 from probes.metrics import block_norms, off_diagonal_ratio
 
@@ -189,7 +189,7 @@ def main(argv: list[str] | None = None) -> dict:
     args = parse_common(parser, argv)
     if args.train_steps < 0 or args.snapshot_every < 1:
         parser.error(f"need --train-steps >= 0 and --snapshot-every >= 1, got {args.train_steps} and {args.snapshot_every}")
-    subject = load_subject(args.checkpoint, args.device)
+    subject = subject_from_args(args)
     res = block_structure(subject.model)
     style()
     save_figure(_plot_structure(subject.model, res, subject.name), args.out, NAME)

@@ -24,7 +24,7 @@ from tqdm.auto import tqdm
 
 import models
 from analyses.block_structure import training_config
-from analyses.common import analysis_parser, load_subject, parse_common, run, sample_contexts, save_figure, save_json, style
+from analyses.common import analysis_parser, subject_from_args, parse_common, run, sample_contexts, save_figure, save_json, style
 from probes import MarkovTreeTask, bma_posterior, bma_predictive, mean_tv, parent_accuracy, target_nll
 from probes.metrics import parent_mass
 
@@ -136,7 +136,7 @@ def main(argv: list[str] | None = None) -> dict:
     bma_lengths, train_lengths = _lengths(parser, args.bma_L, "--bma-L"), _lengths(parser, args.train_L, "--train-L")
     if args.train_steps < 1:
         parser.error(f"--train-steps must be >= 1, got {args.train_steps}")
-    subject = load_subject(args.checkpoint, args.device)
+    subject = subject_from_args(args)
     task = subject.task
     tokens, _ = sample_contexts(task, args.n_contexts, args.seed)
     t1 = theorem1_sweep(task, tokens)

@@ -94,6 +94,11 @@ def load_subject(spec: str, device: str = "cpu", key_map=None, config=None) -> S
     return Subject(model, load_task(folder), str(spec), checkpoint_hash(folder))
 
 
+def subject_from_args(args: argparse.Namespace) -> Subject:
+    """``load_subject`` with the common flags (--checkpoint, --device, --key-map, --config)."""
+    return load_subject(args.checkpoint, args.device, key_map=args.key_map, config=args.config)
+
+
 def _parse_theorem1(spec: str) -> dict:
     head, _, rest = spec.partition(":")
     options = {}

@@ -15,7 +15,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from analyses.common import analysis_parser, load_subject, parse_common, run, save_figure, save_json, style
+from analyses.common import analysis_parser, subject_from_args, parse_common, run, save_figure, save_json, style
 from probes import copy_mass, demonstration_mass, head_assignment
 
 NAME = "copyers"
@@ -102,7 +102,7 @@ def _plot(res: dict, name: str):
 def main(argv: list[str] | None = None) -> dict:
     parser = analysis_parser(NAME, __doc__.split("\n\n")[0])
     args = parse_common(parser, argv)
-    subject = load_subject(args.checkpoint, args.device)
+    subject = subject_from_args(args)
     res = copyer_report(subject.model)
     warning = duplicate_warning(res)
     res["warning"] = warning

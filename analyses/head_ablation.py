@@ -42,7 +42,7 @@ from tqdm.auto import tqdm
 
 from analyses.common import (
     analysis_parser,
-    load_subject,
+    subject_from_args,
     parse_common,
     run,
     sample_contexts,
@@ -308,7 +308,7 @@ def main(argv: list[str] | None = None) -> dict:
     parser = analysis_parser(NAME, "Ablate each copyer head (zero and mean) and compare with BMA computed without "
                              "the demonstration that head copies.", n_contexts=2048)
     args = parse_common(parser, argv)
-    subject = load_subject(args.checkpoint, args.device, key_map=args.key_map, config=args.config)
+    subject = subject_from_args(args)
     model = subject.model.eval()
     tokens, parents = sample_contexts(subject.task, args.n_contexts, args.seed)
     with single_thread():  # ~50 forward passes of modest size

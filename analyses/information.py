@@ -19,7 +19,7 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
-from analyses.common import (analysis_parser, load_subject, parse_common, run, save_figure, save_json, single_thread,
+from analyses.common import (analysis_parser, subject_from_args, parse_common, run, save_figure, save_json, single_thread,
                              style)
 from probes import MarkovTreeTask
 from probes.information import expected_log_likelihood, mutual_information, pair_joints, sdpi_report, tree_distance
@@ -134,7 +134,7 @@ def _plot(res: dict, name: str):
 def main(argv: list[str] | None = None) -> dict:
     parser = analysis_parser(NAME, __doc__.split("\n\n")[0], n_contexts=200)
     args = parse_common(parser, argv)
-    subject = load_subject(args.checkpoint, args.device)
+    subject = subject_from_args(args)
     task = subject.task
     with single_thread():  # thousands of tiny exact computations
         res = compute(args.n_contexts, task.seq_len, seed=args.seed, pi=task.pi, root=task.root, progress=True)

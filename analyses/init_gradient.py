@@ -31,7 +31,7 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
-from analyses.common import (analysis_parser, load_subject, parse_common, run, sample_contexts, save_figure,
+from analyses.common import (analysis_parser, subject_from_args, parse_common, run, sample_contexts, save_figure,
                              save_json, single_thread, style)
 from models import theorem1_model
 from probes import bma_posterior, mean_tv, parent_accuracy
@@ -287,7 +287,7 @@ def main(argv: list[str] | None = None) -> dict:
     args = parse_common(parser, argv)
     if args.n_trees < 1 or args.steps < 1:
         parser.error(f"--n-trees and --steps must be >= 1, got {args.n_trees} and {args.steps}")
-    subject = load_subject(args.checkpoint, args.device)
+    subject = subject_from_args(args)
     task = subject.task
     res = compute(task, args.n_trees, args.n_contexts, steps=args.steps, seed=args.seed, progress=True)
     style()

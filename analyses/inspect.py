@@ -308,7 +308,7 @@ def plot(r: dict, n: int, out) -> None:
 def main(argv: list[str] | None = None) -> dict:
     parser = common.analysis_parser("inspect", __doc__.split("\n\n")[0], n_contexts=512)
     args = common.parse_common(parser, argv)
-    subject = common.load_subject(args.checkpoint, args.device, key_map=args.key_map, config=args.config)
+    subject = common.subject_from_args(args)
     r = inspect_model(subject.model, subject.task, args.n_contexts, args.seed)
     print(report(r, args.n_contexts))
     plot(r, args.n_contexts, args.out)

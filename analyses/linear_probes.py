@@ -164,7 +164,7 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--standard", default=None, metavar="HF_FOLDER",
                         help="a standard transformer folder (default: train a small one here, ~100 steps)")
     args = common.parse_common(parser, argv)
-    subject = common.load_subject(args.checkpoint, args.device, key_map=args.key_map, config=args.config)
+    subject = common.subject_from_args(args)
     from models import CausalTransformer
 
     with tempfile.TemporaryDirectory() as tmp:

@@ -23,7 +23,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from analyses.common import (analysis_parser, load_subject, parse_common, run, sample_contexts, save_figure,
+from analyses.common import (analysis_parser, subject_from_args, parse_common, run, sample_contexts, save_figure,
                              save_json, style)
 from probes import head_assignment
 from probes.metrics import column_softmax_error, fit_column_shift
@@ -168,7 +168,7 @@ def _plot_errors(res: dict, name: str):
 def main(argv: list[str] | None = None) -> dict:
     parser = analysis_parser(NAME, __doc__.split("\n\n")[0])
     args = parse_common(parser, argv)
-    subject = load_subject(args.checkpoint, args.device)
+    subject = subject_from_args(args)
     res = logpi_recovery(subject.model, subject.task.pi)
     tokens, _ = sample_contexts(subject.task, args.n_contexts, args.seed)
     res["ov"]["effective_value"] = effective_value_error(subject.model, subject.task.pi, tokens)

@@ -18,7 +18,7 @@ from analyses.common import _atomic_write, analysis_parser, parse_common, run, s
 
 FIGURES = {"scale.png": "NLL gap to BMA, TV to the BMA posterior and the least pure copyer head over training "
                         "steps at d=10, L=K=32, H=24: the reference recipe (PAPER.md section 5) against the scale "
-                        "recipe of `--preset medium` (and `--preset large` at d=20, L=K=64, H=32)"}
+                        "recipe of `--preset medium`, and the first 300 steps of the scale init at d=20, L=K=64, H=32"}
 HISTORIES = FIGURE_DIR / "scale_histories.json"
 KEPT = ("step", "seconds", "loss", "nll_gap", "tv_to_bma", "parent_acc", "parent_acc_bma", "distinct_demos")
 
