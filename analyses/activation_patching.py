@@ -56,13 +56,13 @@ from transformer_lens.patching import (
 
 from analyses.common import (
     analysis_parser,
-    subject_from_args,
     parse_common,
     run,
     save_figure,
     save_json,
     single_thread,
     style,
+    subject_from_args,
 )
 from probes import head_assignment
 
@@ -86,7 +86,7 @@ FIGURES = {
 def corrupted_contexts(task, tokens: Int[Tensor, "batch T"], generator: torch.Generator):
     """The same target sequences with demonstrations from fresh trees G'; returns (tokens, parents G')."""
     corrupted, parents = task.sample(len(tokens), generator)
-    corrupted[:, -task.seq_len:] = tokens[:, -task.seq_len:]
+    corrupted[:, -task.seq_len :] = tokens[:, -task.seq_len :]
     return corrupted, parents
 
 
@@ -149,8 +149,13 @@ def index_df(layer: int, *ranges: tuple[str, int]) -> pd.DataFrame:
 class Patcher:
     """Clean cache, corrupted tokens and the clean / corrupted baselines of one set of contexts."""
 
-    def __init__(self, model, clean_tokens: Int[Tensor, "batch T"], corrupted_tokens: Int[Tensor, "batch T"],
-                 clean_parents: Int[Tensor, "batch H"]):
+    def __init__(
+        self,
+        model,
+        clean_tokens: Int[Tensor, "batch T"],
+        corrupted_tokens: Int[Tensor, "batch T"],
+        clean_parents: Int[Tensor, "batch H"],
+    ):
         if model.training:
             raise ValueError("activation patching needs model.eval(); the model is in training mode")
         self.model, self.corrupted_tokens = model, corrupted_tokens
@@ -169,8 +174,10 @@ class Patcher:
         self.equal_share = ((clean - corrupted).abs() < EQUAL_TOL).double().mean((1, 2))
         for name, den in zip(self.metrics, self.denominator.tolist()):
             if abs(den) < 1e-9:
-                raise ValueError(f"clean and corrupted runs give the same mean {name} ({den:.2g} apart); "
-                                 "expected corrupted demonstrations that change the model's output")
+                raise ValueError(
+                    f"clean and corrupted runs give the same mean {name} ({den:.2g} apart); "
+                    "expected corrupted demonstrations that change the model's output"
+                )
 
     def capturing(self):
         """Context in which every forward pass stores its layer-2 pattern (for the attention metric)."""
@@ -180,14 +187,16 @@ class Patcher:
         """Ratio of mean differences: (mean patched - mean corrupted) / (mean clean - mean corrupted)."""
         return (values.double().mean(-1) - self.corrupted.mean(-1)[:, None]) / self.denominator[:, None]
 
-    def sweep(self, activation: str, setter, cells: pd.DataFrame, tokens: Tensor | None = None
-              ) -> Float[Tensor, "metric cells"]:
+    def sweep(
+        self, activation: str, setter, cells: pd.DataFrame, tokens: Tensor | None = None
+    ) -> Float[Tensor, "metric cells"]:
         """Normalised effect of each patch in ``cells`` (an index_df), run on the corrupted tokens
         (or on ``tokens``), through ``transformer_lens.patching.generic_activation_patch``."""
         tokens = self.corrupted_tokens if tokens is None else tokens
         with self.capturing():
-            result = generic_activation_patch(self.model, tokens, self.clean_cache, self.metrics, setter,
-                                              activation, index_df=cells, reduce="none")
+            result = generic_activation_patch(
+                self.model, tokens, self.clean_cache, self.metrics, setter, activation, index_df=cells, reduce="none"
+            )
         return self.normalise(result.values)
 
     @torch.no_grad()
@@ -200,8 +209,9 @@ class Patcher:
         return self.normalise(values.float()[:, None])[:, 0]
 
 
-def activation_patching(model, task, tokens: Int[Tensor, "batch T"], parents: Int[Tensor, "batch H"],
-                        generator: torch.Generator) -> dict:
+def activation_patching(
+    model, task, tokens: Int[Tensor, "batch T"], parents: Int[Tensor, "batch H"], generator: torch.Generator
+) -> dict:
     """Every patch of the module docstring; values are ``[metric, ...]`` normalised effects, metrics
     in the order of ``METRICS``. Corrupted demonstrations are drawn with ``generator``."""
     cfg = model.cfg
@@ -211,26 +221,36 @@ def activation_patching(model, task, tokens: Int[Tensor, "batch T"], parents: In
     sub = subspace_patch_setter(d)
     one = pd.DataFrame({"layer": [0]})
     r = {
-        "heads_by_position": p.sweep("z", layer_pos_head_vector_patch_setter,
-                                     index_df(0, ("pos", H), ("head_index", K))).view(2, H, K).transpose(1, 2),
+        "heads_by_position": p.sweep(
+            "z", layer_pos_head_vector_patch_setter, index_df(0, ("pos", H), ("head_index", K))
+        )
+        .view(2, H, K)
+        .transpose(1, 2),
         "heads_all_positions": p.sweep("z", layer_head_vector_patch_setter, index_df(0, ("head_index", K))),
         "all_heads": p.sweep("z", patch_everything, one)[:, 0],
         "nothing": p.sweep("z", patch_nothing, one)[:, 0],
-        "subspaces_by_position": p.sweep("resid_post", sub, index_df(0, ("pos", H), ("subspace", K + 1))
-                                         ).view(2, H, K + 1).transpose(1, 2),
+        "subspaces_by_position": p.sweep("resid_post", sub, index_df(0, ("pos", H), ("subspace", K + 1)))
+        .view(2, H, K + 1)
+        .transpose(1, 2),
         "subspaces_all_positions": p.sweep("resid_post", sub, index_df(0, ("subspace", K + 1))),
     }
     for side, act in (("query", "q"), ("key", "k")):
-        r[f"{side}_by_position"] = p.sweep(act, sub, index_df(1, ("pos", H), ("subspace", K + 1))
-                                           ).view(2, H, K + 1).transpose(1, 2)
+        r[f"{side}_by_position"] = (
+            p.sweep(act, sub, index_df(1, ("pos", H), ("subspace", K + 1))).view(2, H, K + 1).transpose(1, 2)
+        )
         r[f"{side}_all_positions"] = p.sweep(act, sub, index_df(1, ("subspace", K + 1)))
         r[f"{side}_all"] = p.sweep(act, patch_everything, pd.DataFrame({"layer": [1]}))[:, 0]
     r["query_and_key_all"] = p.patch_together(["blocks.1.attn.hook_q", "blocks.1.attn.hook_k"])
     demos, _ = head_assignment(model.copyer_pattern().detach().cpu(), cfg.n_examples)
-    r.update(demonstrations=demos, metrics=list(METRICS), clean_mean=p.clean.mean(-1),
-             corrupted_mean=p.corrupted.mean(-1), equal_share=p.equal_share,
-             same_parent_share=(parents == corrupted_parents)[:, FIRST_POSITION:].double().mean().item(),
-             excluded_positions=list(range(FIRST_POSITION)))
+    r.update(
+        demonstrations=demos,
+        metrics=list(METRICS),
+        clean_mean=p.clean.mean(-1),
+        corrupted_mean=p.corrupted.mean(-1),
+        equal_share=p.equal_share,
+        same_parent_share=(parents == corrupted_parents)[:, FIRST_POSITION:].double().mean().item(),
+        excluded_positions=list(range(FIRST_POSITION)),
+    )
     return r
 
 
@@ -254,8 +274,14 @@ def _by_position_figure(by_pos: Tensor, all_pos: Tensor, rows: list[str], what: 
     H = by_pos.shape[-1]
     fig, axes = plt.subplots(2, 2, figsize=(12, 2.2 + 0.55 * len(rows)), gridspec_kw={"width_ratios": [H, 2.5]})
     for i, metric in enumerate(METRICS):
-        _heatmap(fig, axes[i, 0], by_pos[i].numpy(), rows, list(range(H)),
-                 f"{METRIC_LABELS[metric]}: patch one {what} at target position p")
+        _heatmap(
+            fig,
+            axes[i, 0],
+            by_pos[i].numpy(),
+            rows,
+            list(range(H)),
+            f"{METRIC_LABELS[metric]}: patch one {what} at target position p",
+        )
         axes[i, 0].set_xlabel("target position p")
         _heatmap(fig, axes[i, 1], all_pos[i].numpy()[:, None], rows, ["all p"], "all positions", annotate=True)
     fig.suptitle(title)
@@ -272,13 +298,29 @@ def _qk_figure(r: dict, title: str):
     for i, metric in enumerate(METRICS):
         for j, side in enumerate(("query", "key")):
             total = r[f"{side}_all"][i].item()
-            _heatmap(fig, axes[i, 2 * j], r[f"{side}_by_position"][i].numpy(), rows, list(range(H)),
-                     f"{METRIC_LABELS[metric]}\n{side} side (blocks.1.attn.hook_{side[0]}); whole {side}: {total:.3f}")
+            _heatmap(
+                fig,
+                axes[i, 2 * j],
+                r[f"{side}_by_position"][i].numpy(),
+                rows,
+                list(range(H)),
+                f"{METRIC_LABELS[metric]}\n{side} side (blocks.1.attn.hook_{side[0]}); whole {side}: {total:.3f}",
+            )
             axes[i, 2 * j].set_xlabel("target position p")
-            _heatmap(fig, axes[i, 2 * j + 1], r[f"{side}_all_positions"][i].numpy()[:, None], rows, ["all p"],
-                     "all positions", annotate=True)
-    fig.suptitle(title + "; query + key together: "
-                 + ", ".join(f"{m} {v:.3f}" for m, v in zip(METRICS, r["query_and_key_all"].tolist())))
+            _heatmap(
+                fig,
+                axes[i, 2 * j + 1],
+                r[f"{side}_all_positions"][i].numpy()[:, None],
+                rows,
+                ["all p"],
+                "all positions",
+                annotate=True,
+            )
+    fig.suptitle(
+        title
+        + "; query + key together: "
+        + ", ".join(f"{m} {v:.3f}" for m, v in zip(METRICS, r["query_and_key_all"].tolist()))
+    )
     fig.tight_layout()
     return fig
 
@@ -290,15 +332,23 @@ def plot(r: dict, n: int, subject_name: str) -> dict:
     subspaces = ["token"] + [f"L0H{k} copy" for k in range(K)]
     norm = "normalised: corrupted = 0, clean = 1"
     return {
-        "heads": _by_position_figure(r["heads_by_position"], r["heads_all_positions"], heads,
-                                     "copyer head's output (hook_z)",
-                                     f"Patching clean copyer-head outputs into the corrupted run ({subject_name}, "
-                                     f"{n} contexts; {norm})"),
-        "subspaces": _by_position_figure(r["subspaces_by_position"], r["subspaces_all_positions"], subspaces,
-                                         "residual subspace (blocks.0.hook_resid_post)",
-                                         f"Patching clean residual subspaces into the corrupted run ({subject_name}, "
-                                         f"{n} contexts; {norm})"),
-        "qk": _qk_figure(r, f"Patching the layer-2 query vs key input by subspace ({subject_name}, {n} contexts; {norm})"),
+        "heads": _by_position_figure(
+            r["heads_by_position"],
+            r["heads_all_positions"],
+            heads,
+            "copyer head's output (hook_z)",
+            f"Patching clean copyer-head outputs into the corrupted run ({subject_name}, {n} contexts; {norm})",
+        ),
+        "subspaces": _by_position_figure(
+            r["subspaces_by_position"],
+            r["subspaces_all_positions"],
+            subspaces,
+            "residual subspace (blocks.0.hook_resid_post)",
+            f"Patching clean residual subspaces into the corrupted run ({subject_name}, {n} contexts; {norm})",
+        ),
+        "qk": _qk_figure(
+            r, f"Patching the layer-2 query vs key input by subspace ({subject_name}, {n} contexts; {norm})"
+        ),
     }
 
 
@@ -313,14 +363,19 @@ def summarise(r: dict) -> str:
             f"{r['all_heads'][i]:.6f}, nothing {r['nothing'][i]:.6f} | per head (all positions) "
             f"{heads.min():.3f}..{heads.max():.3f}, sum {heads.sum():.3f} | query {r['query_all'][i]:.3f}, "
             f"key {r['key_all'][i]:.3f}, query+key {r['query_and_key_all'][i]:.6f} | token subspace: "
-            f"query {r['query_all_positions'][i, 0]:.2g}, key {r['key_all_positions'][i, 0]:.2g}")
+            f"query {r['query_all_positions'][i, 0]:.2g}, key {r['key_all_positions'][i, 0]:.2g}"
+        )
     lines.append(f"true parent unchanged in G' at {100 * r['same_parent_share']:.1f}% of positions h >= 2")
     return "\n".join(lines)
 
 
 def main(argv: list[str] | None = None) -> dict:
-    parser = analysis_parser(NAME, "Patch clean copyer heads, residual subspaces and the layer-2 query/key inputs "
-                             "into runs whose demonstrations come from a different tree.", n_contexts=512)
+    parser = analysis_parser(
+        NAME,
+        "Patch clean copyer heads, residual subspaces and the layer-2 query/key inputs "
+        "into runs whose demonstrations come from a different tree.",
+        n_contexts=512,
+    )
     args = parse_common(parser, argv)
     subject = subject_from_args(args)
     model = subject.model.eval()

@@ -22,15 +22,22 @@ import dataclasses
 import tempfile
 from pathlib import Path
 
-import numpy as np
 import torch
 from tqdm.auto import tqdm
 
-from analyses.common import analysis_parser, subject_from_args, parse_common, run, save_figure, save_json, style
+from analyses.common import analysis_parser, parse_common, run, save_figure, save_json, style, subject_from_args
 from probes import head_assignment
 from probes.metrics import block_norms, off_diagonal_ratio
 
 NAME = "block_structure"
+FIGURES = {
+    "block_structure.png": (
+        "|W_KQ| as a (K+1) x (K+1) grid of d x d blocks and the norm of each block; the off-diagonal / diagonal ratio on the copy subspaces is in the title."
+    ),
+    "block_structure_emergence.png": (
+        "how the block-diagonal W_KQ emerges over a short training run: diagonal, off-diagonal and key-token block norms, the ratio against the 0.1 claim, block-norm grids at four steps."
+    ),
+}
 CLAIM_RATIO = 0.1  # off-diagonal / diagonal block norm on the copy subspaces of a trained model
 
 
@@ -66,7 +73,9 @@ def find_snapshots(folder: str | Path) -> list[tuple[int, Path]]:
     """``(step, path)`` of every ``step_XXXXXX`` snapshot under ``folder`` or ``folder/snapshots``."""
     folder = Path(folder)
     if not folder.is_dir():
-        raise ValueError(f"--snapshots {folder} is not a folder; expected a run folder of models.train --snapshot-every N")
+        raise ValueError(
+            f"--snapshots {folder} is not a folder; expected a run folder of models.train --snapshot-every N"
+        )
     base = folder / "snapshots" if (folder / "snapshots").is_dir() else folder
     found = []
     for p in base.iterdir():
@@ -94,7 +103,9 @@ def training_config(checkpoint: str):
     from models.checkpoint import read_config
     from models.train import TrainConfig
 
-    source = models.DEFAULT_CHECKPOINT if checkpoint == "default" or checkpoint.startswith("theorem1") else Path(checkpoint)
+    source = (
+        models.DEFAULT_CHECKPOINT if checkpoint == "default" or checkpoint.startswith("theorem1") else Path(checkpoint)
+    )
     saved = (read_config(source).get("training") or {}).get("config") or {}
     known = {f.name for f in dataclasses.fields(TrainConfig)}
     return TrainConfig(**{k: v for k, v in saved.items() if k in known})
@@ -105,8 +116,16 @@ def train_short_run(folder: Path, checkpoint: str, steps: int, every: int, seed:
     into ``folder``; returns the run folder."""
     from models.train import train
 
-    cfg = dataclasses.replace(training_config(checkpoint), steps=steps, snapshot_every=every, eval_every=every,
-                              eval_contexts=256, seed=seed, out=str(folder / "run"), resume=False)
+    cfg = dataclasses.replace(
+        training_config(checkpoint),
+        steps=steps,
+        snapshot_every=every,
+        eval_every=every,
+        eval_contexts=256,
+        seed=seed,
+        out=str(folder / "run"),
+        resume=False,
+    )
     train(cfg, progress=False)
     return folder / "run"
 
@@ -136,15 +155,25 @@ def _plot_structure(model, res: dict, name: str):
     im = a1.imshow(norms, cmap="viridis")
     for i in range(K + 1):
         for j in range(K + 1):
-            a1.text(j, i, f"{norms[i, j]:.2f}", ha="center", va="center", fontsize=5,
-                    color="k" if norms[i, j] > norms.max() / 2 else "w")
+            a1.text(
+                j,
+                i,
+                f"{norms[i, j]:.2f}",
+                ha="center",
+                va="center",
+                fontsize=5,
+                color="k" if norms[i, j] > norms.max() / 2 else "w",
+            )
     a1.set_xticks(range(K + 1), res["labels"], rotation=90, fontsize=6)
     a1.set_yticks(range(K + 1), res["labels"], fontsize=6)
     a1.set_title("Frobenius norm of each d×d block", fontsize=9)
     a1.grid(False)
     fig.colorbar(im, ax=a1, shrink=0.8)
-    fig.suptitle(f"{name}: W_KQ blocks; copy subspaces off/diag norm ratio {res['ratio']:.3g}, "
-                 f"key-token row / diag {res['token_key_row_mean_over_diag']:.3g}", fontsize=10)
+    fig.suptitle(
+        f"{name}: W_KQ blocks; copy subspaces off/diag norm ratio {res['ratio']:.3g}, "
+        f"key-token row / diag {res['token_key_row_mean_over_diag']:.3g}",
+        fontsize=10,
+    )
     return fig
 
 
@@ -182,13 +211,21 @@ def _plot_emergence(series: list[dict], source: str):
 
 def main(argv: list[str] | None = None) -> dict:
     parser = analysis_parser(NAME, __doc__.split("\n\n")[0])
-    parser.add_argument("--snapshots", default=None, help="run folder (or its snapshots/) of models.train --snapshot-every N")
-    parser.add_argument("--train-steps", type=int, default=500,
-                        help="without --snapshots: steps of the short run to train (0: no emergence plot; default 500)")
+    parser.add_argument(
+        "--snapshots", default=None, help="run folder (or its snapshots/) of models.train --snapshot-every N"
+    )
+    parser.add_argument(
+        "--train-steps",
+        type=int,
+        default=500,
+        help="without --snapshots: steps of the short run to train (0: no emergence plot; default 500)",
+    )
     parser.add_argument("--snapshot-every", type=int, default=50, help="snapshot interval of that run (default 50)")
     args = parse_common(parser, argv)
     if args.train_steps < 0 or args.snapshot_every < 1:
-        parser.error(f"need --train-steps >= 0 and --snapshot-every >= 1, got {args.train_steps} and {args.snapshot_every}")
+        parser.error(
+            f"need --train-steps >= 0 and --snapshot-every >= 1, got {args.train_steps} and {args.snapshot_every}"
+        )
     subject = subject_from_args(args)
     res = block_structure(subject.model)
     style()
@@ -200,20 +237,34 @@ def main(argv: list[str] | None = None) -> dict:
         elif args.train_steps > 0:
             print(f"training a {args.train_steps}-step run with snapshots every {args.snapshot_every} steps ...")
             run_dir = train_short_run(Path(tmp), args.checkpoint, args.train_steps, args.snapshot_every, args.seed)
-            snaps, source = find_snapshots(run_dir), f"a {args.train_steps}-step run of the training config, seed {args.seed}"
+            snaps, source = (
+                find_snapshots(run_dir),
+                f"a {args.train_steps}-step run of the training config, seed {args.seed}",
+            )
         if source is not None:
             series = emergence(snaps)
             save_figure(_plot_emergence(series, source), args.out, f"{NAME}_emergence")
-    results = {**{k: v for k, v in res.items() if k != "labels"}, "emergence_source": source,
-               "emergence": None if series is None else [{k: v for k, v in s.items() if k != "labels"} for s in series]}
+    results = {
+        **{k: v for k, v in res.items() if k != "labels"},
+        "emergence_source": source,
+        "emergence": None if series is None else [{k: v for k, v in s.items() if k != "labels"} for s in series],
+    }
     save_json(args.out, NAME, results, args, subject)
-    print(f"{NAME} on {subject.name}: copy-subspace off/diag block-norm ratio {res['ratio']:.4f} (claim <= {CLAIM_RATIO}); "
-          f"diag mean {res['diag_mean']:.3f}, off mean {res['off_mean']:.4f}, off max {res['off_max']:.4f}")
-    print(f"  key-token row blocks (key x_h' vs query copies): mean {res['token_key_row'].mean():.4f} "
-          f"({res['token_key_row_mean_over_diag']:.3f} of diag); query-token column: max {res['token_query_column'].max():.2g}")
+    print(
+        f"{NAME} on {subject.name}: copy-subspace off/diag block-norm ratio {res['ratio']:.4f} (claim <= {CLAIM_RATIO}); "
+        f"diag mean {res['diag_mean']:.3f}, off mean {res['off_mean']:.4f}, off max {res['off_max']:.4f}"
+    )
+    print(
+        f"  key-token row blocks (key x_h' vs query copies): mean {res['token_key_row'].mean():.4f} "
+        f"({res['token_key_row_mean_over_diag']:.3f} of diag); query-token column: max {res['token_query_column'].max():.2g}"
+    )
     if series:
-        print(f"  emergence ({source}): ratio " + ", ".join(
-            f"step {s['step']}: {s['ratio']:.3f}" for s in series[:: max(1, len(series) // 6)] + series[-1:]))
+        print(
+            f"  emergence ({source}): ratio "
+            + ", ".join(
+                f"step {s['step']}: {s['ratio']:.3f}" for s in series[:: max(1, len(series) // 6)] + series[-1:]
+            )
+        )
     return results
 
 

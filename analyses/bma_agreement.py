@@ -24,11 +24,25 @@ from tqdm.auto import tqdm
 
 import models
 from analyses.block_structure import training_config
-from analyses.common import analysis_parser, subject_from_args, parse_common, run, sample_contexts, save_figure, save_json, style
+from analyses.common import (
+    analysis_parser,
+    parse_common,
+    run,
+    sample_contexts,
+    save_figure,
+    save_json,
+    style,
+    subject_from_args,
+)
 from probes import MarkovTreeTask, bma_posterior, bma_predictive, mean_tv, parent_accuracy, target_nll
 from probes.metrics import parent_mass
 
 NAME = "bma_agreement"
+FIGURES = {
+    "bma_agreement.png": (
+        "Theorem 1: TV and NLL gap to BMA against beta (log-log, down to float64 precision); Theorem 2: BMA's and trained models' attention on the true parent and parent accuracy against L."
+    ),
+}
 BETAS = tuple(float(b) for b in np.logspace(-1, 2, 13))
 BMA_LENGTHS = (1, 2, 4, 8, 16, 32, 64)
 
@@ -49,8 +63,14 @@ def theorem1_sweep(task: MarkovTreeTask, tokens: torch.Tensor, betas=BETAS, prog
     rows = []
     for beta in tqdm(betas, desc="beta", disable=not progress):
         attention, nll = attention_and_nll(models.theorem1_model(task.pi, L, H, beta, task.root), tokens)
-        rows.append({"beta": float(beta), "tv": mean_tv(attention, posterior),
-                     "max_abs": (attention - posterior)[:, 1:].abs().max().item(), "nll_gap": nll - nll_bma})
+        rows.append(
+            {
+                "beta": float(beta),
+                "tv": mean_tv(attention, posterior),
+                "max_abs": (attention - posterior)[:, 1:].abs().max().item(),
+                "nll_gap": nll - nll_bma,
+            }
+        )
     return {"nll_bma": nll_bma, "sweep": rows}
 
 
@@ -65,25 +85,44 @@ def bma_vs_length(pi: torch.Tensor, seq_len: int, lengths, n_contexts: int, seed
     return rows
 
 
-def trained_vs_length(train_config, lengths, steps: int, n_contexts: int, seed: int, folder: Path,
-                      progress: bool = True) -> list[dict]:
+def trained_vs_length(
+    train_config, lengths, steps: int, n_contexts: int, seed: int, folder: Path, progress: bool = True
+) -> list[dict]:
     """Train one model per L (``train_config`` with ``n_examples = L``, K = L, ``steps`` steps) and
     measure its attention on the true parent, parent accuracy, TV and NLL gap to BMA on fresh contexts."""
     from models.train import train
 
     rows = []
     for L in tqdm(lengths, desc="train per L", disable=not progress):
-        cfg = dataclasses.replace(train_config, n_examples=L, n_copy_heads=None, steps=steps, eval_every=steps,
-                                  eval_contexts=256, snapshot_every=0, seed=seed, out=str(folder / f"L{L}"), resume=False)
+        cfg = dataclasses.replace(
+            train_config,
+            n_examples=L,
+            n_copy_heads=None,
+            steps=steps,
+            eval_every=steps,
+            eval_contexts=256,
+            snapshot_every=0,
+            seed=seed,
+            out=str(folder / f"L{L}"),
+            resume=False,
+        )
         model, _ = train(cfg, progress=False)
         task = cfg.task()
         tokens, parents = sample_contexts(task, n_contexts, seed + 1)
         attention, nll = attention_and_nll(model, tokens)
         post = bma_posterior(task.pi, tokens, L, task.seq_len)
         nll_bma = target_nll(bma_predictive(task.pi, tokens, L, task.seq_len, task.root, log=True), tokens)
-        rows.append({"L": L, "parent_mass": parent_mass(attention, parents), "parent_acc": parent_accuracy(attention, parents),
-                     "bma_parent_mass": parent_mass(post, parents), "bma_parent_acc": parent_accuracy(post, parents),
-                     "tv_to_bma": mean_tv(attention, post), "nll_gap": nll - nll_bma})
+        rows.append(
+            {
+                "L": L,
+                "parent_mass": parent_mass(attention, parents),
+                "parent_acc": parent_accuracy(attention, parents),
+                "bma_parent_mass": parent_mass(post, parents),
+                "bma_parent_acc": parent_accuracy(post, parents),
+                "tv_to_bma": mean_tv(attention, post),
+                "nll_gap": nll - nll_bma,
+            }
+        )
     return rows
 
 
@@ -99,12 +138,23 @@ def _plot(t1: dict, bma_rows: list[dict], trained: list[dict] | None, name: str,
     a0.set_xlabel("β")
     a0.set_title(f"Theorem 1 model vs BMA ({name} task, {n} contexts)", fontsize=9)
     a0.legend(fontsize=7)
-    for ax, key, label in ((a1, "parent_mass", "mean attention on the true parent"),
-                           (a2, "parent_acc", "parent-identification accuracy")):
-        ax.semilogx([r["L"] for r in bma_rows], [r[key] for r in bma_rows], "o-", color="C0", label="BMA (closed form)", base=2)
+    for ax, key, label in (
+        (a1, "parent_mass", "mean attention on the true parent"),
+        (a2, "parent_acc", "parent-identification accuracy"),
+    ):
+        ax.semilogx(
+            [r["L"] for r in bma_rows], [r[key] for r in bma_rows], "o-", color="C0", label="BMA (closed form)", base=2
+        )
         if trained:
-            ax.semilogx([r["L"] for r in trained], [r[key] for r in trained], "D", color="C3", ms=7,
-                        label=f"trained model ({steps} steps per L)", base=2)
+            ax.semilogx(
+                [r["L"] for r in trained],
+                [r[key] for r in trained],
+                "D",
+                color="C3",
+                ms=7,
+                label=f"trained model ({steps} steps per L)",
+                base=2,
+            )
         ax.axhline(1.0, color="k", ls="--", lw=1, label="one-hot of the true parent")
         ax.set_xlabel("number of demonstrations L")
         ax.set_ylabel(label)
@@ -130,7 +180,9 @@ def _lengths(parser, text: str, flag: str) -> list[int]:
 def main(argv: list[str] | None = None) -> dict:
     parser = analysis_parser(NAME, __doc__.split("\n\n")[0])
     parser.add_argument("--bma-L", default=",".join(map(str, BMA_LENGTHS)), help="L values for the BMA curve")
-    parser.add_argument("--train-L", default="1,4,16", help="L values to train a model for ('none': skip; default 1,4,16)")
+    parser.add_argument(
+        "--train-L", default="1,4,16", help="L values to train a model for ('none': skip; default 1,4,16)"
+    )
     parser.add_argument("--train-steps", type=int, default=300, help="training steps per L (default 300)")
     args = parse_common(parser, argv)
     bma_lengths, train_lengths = _lengths(parser, args.bma_L, "--bma-L"), _lengths(parser, args.train_L, "--train-L")
@@ -144,19 +196,27 @@ def main(argv: list[str] | None = None) -> dict:
     trained = None
     if train_lengths:
         with tempfile.TemporaryDirectory() as tmp:
-            trained = trained_vs_length(training_config(args.checkpoint), train_lengths, args.train_steps,
-                                        args.n_contexts, args.seed, Path(tmp))
+            trained = trained_vs_length(
+                training_config(args.checkpoint), train_lengths, args.train_steps, args.n_contexts, args.seed, Path(tmp)
+            )
     style()
     save_figure(_plot(t1, bma_rows, trained, subject.name, args.n_contexts, args.train_steps), args.out, NAME)
     results = {"theorem1": t1, "bma_vs_L": bma_rows, "trained_vs_L": trained, "train_steps": args.train_steps}
     save_json(args.out, NAME, results, args, subject)
     print(f"{NAME} on {subject.name} ({args.n_contexts} contexts): Theorem 1 model vs BMA")
     for r in t1["sweep"]:
-        print(f"  beta {r['beta']:8.3f}: TV {r['tv']:.3e}  max |attn - post| {r['max_abs']:.3e}  NLL gap {r['nll_gap']:+.3e}")
-    print("  BMA vs L: " + ", ".join(f"L={r['L']}: mass {r['parent_mass']:.3f} acc {r['parent_acc']:.3f}" for r in bma_rows))
+        print(
+            f"  beta {r['beta']:8.3f}: TV {r['tv']:.3e}  max |attn - post| {r['max_abs']:.3e}  NLL gap {r['nll_gap']:+.3e}"
+        )
+    print(
+        "  BMA vs L: "
+        + ", ".join(f"L={r['L']}: mass {r['parent_mass']:.3f} acc {r['parent_acc']:.3f}" for r in bma_rows)
+    )
     for r in trained or []:
-        print(f"  trained L={r['L']} ({args.train_steps} steps): mass on parent {r['parent_mass']:.3f} (BMA {r['bma_parent_mass']:.3f}), "
-              f"acc {r['parent_acc']:.3f} (BMA {r['bma_parent_acc']:.3f}), TV {r['tv_to_bma']:.3f}, NLL gap {r['nll_gap']:+.4f}")
+        print(
+            f"  trained L={r['L']} ({args.train_steps} steps): mass on parent {r['parent_mass']:.3f} (BMA {r['bma_parent_mass']:.3f}), "
+            f"acc {r['parent_acc']:.3f} (BMA {r['bma_parent_acc']:.3f}), TV {r['tv_to_bma']:.3f}, NLL gap {r['nll_gap']:+.4f}"
+        )
     return results
 
 

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import torch
 
-FIGURES = Path(__file__).resolve().parent.parent / "figures"
+FIGURES_DIR = Path(__file__).resolve().parent.parent / "figures"
 
 
 @dataclass
@@ -34,16 +34,27 @@ class Subject:
 def analysis_parser(name: str, description: str, n_contexts: int = 2048) -> argparse.ArgumentParser:
     """The flags every analysis takes; add your own after."""
     p = argparse.ArgumentParser(prog=f"python -m analyses.{name}", description=description)
-    p.add_argument("--checkpoint", default="default",
-                   help="checkpoint folder, 'default' (the shipped one) or 'theorem1:beta=B' (default: default)")
-    p.add_argument("--out", default=str(FIGURES), help="output folder (default: figures/)")
+    p.add_argument(
+        "--checkpoint",
+        default="default",
+        help="checkpoint folder, 'default' (the shipped one) or 'theorem1:beta=B' (default: default)",
+    )
+    p.add_argument("--out", default=str(FIGURES_DIR), help="output folder (default: figures/)")
     p.add_argument("--seed", type=int, default=0, help="seed for the sampled contexts (default: 0)")
     p.add_argument("--n-contexts", type=int, default=n_contexts, help=f"contexts to sample (default: {n_contexts})")
     p.add_argument("--device", default="cpu", help="torch device (default: cpu)")
-    p.add_argument("--key-map", default=None, metavar="MAP.json",
-                   help="for a .pt/.pth/.bin/.safetensors --checkpoint: file key -> our key (see models.formats)")
-    p.add_argument("--config", default=None, metavar="CONFIG.json",
-                   help="for a weight-file --checkpoint: a checkpoint config.json or a task.json (models.formats)")
+    p.add_argument(
+        "--key-map",
+        default=None,
+        metavar="MAP.json",
+        help="for a .pt/.pth/.bin/.safetensors --checkpoint: file key -> our key (see models.formats)",
+    )
+    p.add_argument(
+        "--config",
+        default=None,
+        metavar="CONFIG.json",
+        help="for a weight-file --checkpoint: a checkpoint config.json or a task.json (models.formats)",
+    )
     return p
 
 

@@ -30,10 +30,21 @@ from tqdm.auto import tqdm
 
 from analyses.common import analysis_parser, parse_common, run, save_figure, save_json, single_thread, style
 from probes import mean_tv, parent_accuracy
-from probes.continuous import (ContinuousTask, gaussian_bma_posterior, gaussian_coefficients, predictive_mean,
-                               softmax_rows, target_mse)
+from probes.continuous import (
+    ContinuousTask,
+    gaussian_bma_posterior,
+    gaussian_coefficients,
+    predictive_mean,
+    softmax_rows,
+    target_mse,
+)
 
 NAME = "continuous"
+FIGURES = {
+    "continuous.png": (
+        "Proposition 2: parent accuracy and prediction error of BMA, the best bilinear score and the trained model against L; the bilinear residual to BMA (bounded away from 0 at small L); the fitted W against A."
+    ),
+}
 LS = (1, 2, 4, 8, 16)
 
 
@@ -62,8 +73,15 @@ def fit_bilinear(task: ContinuousTask, x: torch.Tensor, quadratic: bool = False,
     d = task.d_vocab
     W = torch.zeros(d, d, dtype=torch.float64, requires_grad=True)
     c = torch.zeros((), dtype=torch.float64, requires_grad=True) if quadratic else None
-    opt = torch.optim.LBFGS([W] + ([c] if quadratic else []), lr=1, max_iter=iters, tolerance_grad=1e-12,
-                            tolerance_change=1e-15, history_size=50, line_search_fn="strong_wolfe")
+    opt = torch.optim.LBFGS(
+        [W] + ([c] if quadratic else []),
+        lr=1,
+        max_iter=iters,
+        tolerance_grad=1e-12,
+        tolerance_change=1e-15,
+        history_size=50,
+        line_search_fn="strong_wolfe",
+    )
     keep = posterior[:, 1:] > 0
 
     def kl():
@@ -91,9 +109,19 @@ def _train(task: ContinuousTask, steps: int, seed: int):
     from models.train import TrainConfig, train
 
     with tempfile.TemporaryDirectory() as tmp:
-        cfg = TrainConfig(d_vocab=task.d_vocab, n_examples=task.n_examples, seq_len=task.seq_len, task_kind="continuous",
-                          rho=task.rho, task_seed=seed, seed=seed, steps=steps, eval_every=steps, eval_contexts=256,
-                          out=tmp)
+        cfg = TrainConfig(
+            d_vocab=task.d_vocab,
+            n_examples=task.n_examples,
+            seq_len=task.seq_len,
+            task_kind="continuous",
+            rho=task.rho,
+            task_seed=seed,
+            seed=seed,
+            steps=steps,
+            eval_every=steps,
+            eval_contexts=256,
+            out=tmp,
+        )
         model, _ = train(cfg, progress=False)
     return model
 
@@ -104,15 +132,37 @@ def _cosine(a: torch.Tensor, b: torch.Tensor) -> float:
 
 @torch.no_grad()
 def _measure(task, x, parents, attention) -> dict:
-    return {"parent_acc": parent_accuracy(attention, parents),
-            "mse": target_mse(predictive_mean(task, x, attention), x, task.seq_len)}
+    return {
+        "parent_acc": parent_accuracy(attention, parents),
+        "mse": target_mse(predictive_mean(task, x, attention), x, task.seq_len),
+    }
 
 
-def compute(Ls=LS, d: int = 4, seq_len: int = 8, rho: float = 0.5, n_eval: int = 1024, n_fit: int = 1024,
-            steps: int = 300, seed: int = 0, train_model: bool = True, progress: bool = False) -> dict:
+def compute(
+    Ls=LS,
+    d: int = 4,
+    seq_len: int = 8,
+    rho: float = 0.5,
+    n_eval: int = 1024,
+    n_fit: int = 1024,
+    steps: int = 300,
+    seed: int = 0,
+    train_model: bool = True,
+    progress: bool = False,
+) -> dict:
     """Per L: BMA, the best bilinear fit (and the bilinear + quadratic control), the trained model."""
-    out = {"L": list(Ls), "d": d, "seq_len": seq_len, "rho": rho, "c1": gaussian_coefficients(rho)[0],
-           "c2": gaussian_coefficients(rho)[1], "bma": [], "bilinear": [], "quadratic_control": [], "trained": []}
+    out = {
+        "L": list(Ls),
+        "d": d,
+        "seq_len": seq_len,
+        "rho": rho,
+        "c1": gaussian_coefficients(rho)[0],
+        "c2": gaussian_coefficients(rho)[1],
+        "bma": [],
+        "bilinear": [],
+        "quadratic_control": [],
+        "trained": [],
+    }
     for L in tqdm(Ls, desc="L", disable=not progress):
         task = ContinuousTask.random(d, L, seq_len, rho, seed)  # the same A for every L (seed only)
         x, parents = task.sample(n_eval, torch.Generator().manual_seed(seed + 1))
@@ -121,9 +171,16 @@ def compute(Ls=LS, d: int = 4, seq_len: int = 8, rho: float = 0.5, n_eval: int =
         out["bma"].append(_measure(task, x, parents, posterior))
         fit = fit_bilinear(task, x_fit)
         att = bilinear_attention(task, x, fit["W"])
-        out["bilinear"].append({**_measure(task, x, parents, att), "kl_fit": fit["kl"], "tv_to_bma": mean_tv(att, posterior),
-                                "W": fit["W"], "cos_W_A": _cosine(fit["W"], task.A),
-                                "scale_over_c1": ((fit["W"] * task.A).sum() / d).item() / out["c1"]})
+        out["bilinear"].append(
+            {
+                **_measure(task, x, parents, att),
+                "kl_fit": fit["kl"],
+                "tv_to_bma": mean_tv(att, posterior),
+                "W": fit["W"],
+                "cos_W_A": _cosine(fit["W"], task.A),
+                "scale_over_c1": ((fit["W"] * task.A).sum() / d).item() / out["c1"],
+            }
+        )
         ctrl = fit_bilinear(task, x_fit, quadratic=True)
         att = bilinear_attention(task, x, ctrl["W"], ctrl["c"])
         out["quadratic_control"].append({"kl_fit": ctrl["kl"], "tv_to_bma": mean_tv(att, posterior), "c": ctrl["c"]})
@@ -133,9 +190,14 @@ def compute(Ls=LS, d: int = 4, seq_len: int = 8, rho: float = 0.5, n_eval: int =
             att = cache["blocks.1.attn.hook_pattern"][:, 0].double()
             K = model.cfg.n_copy_heads
             blocks = model.W_KQ.detach().double().view(K + 1, d, K + 1, d).diagonal(dim1=0, dim2=2)[..., 1:]
-            out["trained"].append({"parent_acc": parent_accuracy(att, parents), "tv_to_bma": mean_tv(att, posterior),
-                                   "mse": target_mse(mean.detach(), x, seq_len),
-                                   "cos_blocks_A": float(np.mean([_cosine(blocks[..., k], task.A) for k in range(K)]))})
+            out["trained"].append(
+                {
+                    "parent_acc": parent_accuracy(att, parents),
+                    "tv_to_bma": mean_tv(att, posterior),
+                    "mse": target_mse(mean.detach(), x, seq_len),
+                    "cos_blocks_A": float(np.mean([_cosine(blocks[..., k], task.A) for k in range(K)])),
+                }
+            )
     out["A"] = task.A
     return out
 
@@ -145,8 +207,11 @@ def _plot(res: dict):
 
     L = res["L"]
     fig, axes = plt.subplots(1, 4, figsize=(17, 4))
-    rows = [("bma", "BMA (exact)", "k", "o--"), ("bilinear", "best bilinear W (fit to BMA)", "C0", "s-"),
-            ("trained", "trained transformer", "C3", "^-")]
+    rows = [
+        ("bma", "BMA (exact)", "k", "o--"),
+        ("bilinear", "best bilinear W (fit to BMA)", "C0", "s-"),
+        ("trained", "trained transformer", "C3", "^-"),
+    ]
     for key, label, color, fmt in rows:
         if res[key]:
             axes[0].plot(L, [r["parent_acc"] for r in res[key]], fmt, color=color, label=label)
@@ -157,8 +222,13 @@ def _plot(res: dict):
     axes[1].set_title("(b) prediction error of the target")
     ax = axes[2]
     ax.plot(L, [r["tv_to_bma"] for r in res["bilinear"]], "s-", color="C0", label="best bilinear W")
-    ax.plot(L, [max(r["tv_to_bma"], 1e-12) for r in res["quadratic_control"]], "x:", color="C2",
-            label="bilinear + quadratic (control)")
+    ax.plot(
+        L,
+        [max(r["tv_to_bma"], 1e-12) for r in res["quadratic_control"]],
+        "x:",
+        color="C2",
+        label="bilinear + quadratic (control)",
+    )
     if res["trained"]:
         ax.plot(L, [r["tv_to_bma"] for r in res["trained"]], "^-", color="C3", label="trained transformer")
     ax.set_yscale("log")
@@ -177,8 +247,10 @@ def _plot(res: dict):
     axes[3].set_yticks([])
     axes[3].set_title(f"(d) A (left) vs fitted W / c1 (right), L={L[-1]}\ncos = {res['bilinear'][-1]['cos_W_A']:.3f}")
     fig.colorbar(im, ax=axes[3], shrink=0.8)
-    fig.suptitle(f"Proposition 2, continuous task d={res['d']}, H={res['seq_len']}, ρ={res['rho']}: "
-                 f"{res['n_eval']} held-out contexts per L")
+    fig.suptitle(
+        f"Proposition 2, continuous task d={res['d']}, H={res['seq_len']}, ρ={res['rho']}: "
+        f"{res['n_eval']} held-out contexts per L"
+    )
     fig.tight_layout()
     return fig
 
@@ -198,14 +270,18 @@ def main(argv: list[str] | None = None) -> dict:
     style()
     save_figure(_plot(res), args.out, NAME)
     save_json(args.out, NAME, res, args, None)
-    print(f"{NAME}: d={res['d']}, H={res['seq_len']}, rho={res['rho']} (c1={res['c1']:.3f}, c2={res['c2']:.3f}), "
-          f"{args.n_contexts} held-out contexts per L")
+    print(
+        f"{NAME}: d={res['d']}, H={res['seq_len']}, rho={res['rho']} (c1={res['c1']:.3f}, c2={res['c2']:.3f}), "
+        f"{args.n_contexts} held-out contexts per L"
+    )
     print("   L | acc BMA  bilinear  trained | mse BMA  bilinear  trained | TV bilinear (control)  trained | cos(W,A)")
     for i, L in enumerate(res["L"]):
         b, w, q, t = res["bma"][i], res["bilinear"][i], res["quadratic_control"][i], res["trained"][i]
-        print(f"  {L:2d} | {b['parent_acc']:.3f}    {w['parent_acc']:.3f}    {t['parent_acc']:.3f} | "
-              f"{b['mse']:.4f}   {w['mse']:.4f}   {t['mse']:.4f} | {w['tv_to_bma']:.4f} ({q['tv_to_bma']:.1e})"
-              f"      {t['tv_to_bma']:.4f} | {w['cos_W_A']:.3f}")
+        print(
+            f"  {L:2d} | {b['parent_acc']:.3f}    {w['parent_acc']:.3f}    {t['parent_acc']:.3f} | "
+            f"{b['mse']:.4f}   {w['mse']:.4f}   {t['mse']:.4f} | {w['tv_to_bma']:.4f} ({q['tv_to_bma']:.1e})"
+            f"      {t['tv_to_bma']:.4f} | {w['cos_W_A']:.3f}"
+        )
     return res
 
 

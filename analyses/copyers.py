@@ -15,10 +15,15 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from analyses.common import analysis_parser, subject_from_args, parse_common, run, save_figure, save_json, style
+from analyses.common import analysis_parser, parse_common, run, save_figure, save_json, style, subject_from_args
 from probes import copy_mass, demonstration_mass, head_assignment
 
 NAME = "copyers"
+FIGURES = {
+    "copyers.png": (
+        "w^H and w^L per copyer head, attention mass per example and same-position copy mass, heads labelled with the demonstration they copy; heads that duplicate one demonstration are drawn in red."
+    ),
+}
 
 
 @torch.no_grad()
@@ -59,8 +64,10 @@ def duplicate_warning(res: dict) -> str | None:
     if not res["duplicates"]:
         return None
     parts = "; ".join(f"{' and '.join(h)} copy demonstration {l}" for l, h in res["duplicates"].items())
-    return (f"WARNING: DUPLICATE COPYERS: {parts}; demonstrations {res['uncopied_demos']} are copied by no head "
-            f"({res['distinct_demos']} distinct of {len(res['heads'])} heads)")
+    return (
+        f"WARNING: DUPLICATE COPYERS: {parts}; demonstrations {res['uncopied_demos']} are copied by no head "
+        f"({res['distinct_demos']} distinct of {len(res['heads'])} heads)"
+    )
 
 
 def _plot(res: dict, name: str):
@@ -69,7 +76,9 @@ def _plot(res: dict, name: str):
     K, H2 = res["w_H"].shape
     H = (H2 + 1) // 2
     L = res["w_L"].shape[1] - 1
-    fig, axes = plt.subplots(1, 4, figsize=(17, 0.35 * K + 2.2), gridspec_kw={"width_ratios": [2 * H - 1, L + 1, L + 1, L + 1]})
+    fig, axes = plt.subplots(
+        1, 4, figsize=(17, 0.35 * K + 2.2), gridspec_kw={"width_ratios": [2 * H - 1, L + 1, L + 1, L + 1]}
+    )
     heads = [f"{h} → d{l}" for h, l in zip(res["heads"], res["head_demo"])]
     dup_heads = {h for hs in res["duplicates"].values() for h in hs}
     panels = [
@@ -92,9 +101,12 @@ def _plot(res: dict, name: str):
         ax.set_title(title, fontsize=9)
         fig.colorbar(im, ax=ax, shrink=0.8)
     flag = f"DUPLICATES: {res['duplicates']}" if res["duplicates"] else "all heads copy distinct demonstrations"
-    fig.suptitle(f"{name}: copyer heads; {res['distinct_demos']}/{K} distinct demonstrations, "
-                 f"min purity {min(res['purity']):.3f}, min same-position copy mass {min(res['copy_purity']):.3f}; {flag}",
-                 fontsize=10, color="C3" if res["duplicates"] else "k")
+    fig.suptitle(
+        f"{name}: copyer heads; {res['distinct_demos']}/{K} distinct demonstrations, "
+        f"min purity {min(res['purity']):.3f}, min same-position copy mass {min(res['copy_purity']):.3f}; {flag}",
+        fontsize=10,
+        color="C3" if res["duplicates"] else "k",
+    )
     fig.tight_layout()
     return fig
 

@@ -42,7 +42,6 @@ from tqdm.auto import tqdm
 
 from analyses.common import (
     analysis_parser,
-    subject_from_args,
     parse_common,
     run,
     sample_contexts,
@@ -50,6 +49,7 @@ from analyses.common import (
     save_json,
     single_thread,
     style,
+    subject_from_args,
 )
 from probes import bma_posterior, bma_predictive, head_assignment, mean_tv, parent_accuracy, target_nll
 
@@ -103,25 +103,42 @@ class BMAReference:
             keep = [l for l in range(t.n_examples) if l not in dropped]
             post = bma_posterior(t.pi, self.tokens, t.n_examples, t.seq_len, demonstrations=keep)
             pred = bma_predictive(t.pi, self.tokens, t.n_examples, t.seq_len, t.root, demonstrations=keep, log=True)
-            self._memo[dropped] = {"posterior": post, "nll": target_nll(pred, self.tokens),
-                                   "parent_acc": parent_accuracy(post, self.parents), "n_demonstrations": len(keep)}
+            self._memo[dropped] = {
+                "posterior": post,
+                "nll": target_nll(pred, self.tokens),
+                "parent_acc": parent_accuracy(post, self.parents),
+                "n_demonstrations": len(keep),
+            }
         return self._memo[dropped]
 
 
-def measure(log_probs: Tensor, attention: Tensor, tokens: Tensor, parents: Tensor, bma: BMAReference,
-            dropped: frozenset = frozenset()) -> dict:
+def measure(
+    log_probs: Tensor,
+    attention: Tensor,
+    tokens: Tensor,
+    parents: Tensor,
+    bma: BMAReference,
+    dropped: frozenset = frozenset(),
+) -> dict:
     """NLL, parent accuracy, and gaps/TVs to full BMA and to BMA without the ``dropped`` demos."""
     full, without = bma(), bma(dropped)
     nll = target_nll(log_probs, tokens)
     attention = attention.double().cpu()
-    return {"nll": nll, "nll_gap": nll - full["nll"], "nll_gap_without": nll - without["nll"],
-            "parent_acc": parent_accuracy(attention, parents), "tv": mean_tv(attention, full["posterior"]),
-            "tv_without": mean_tv(attention, without["posterior"]), "attention": attention}
+    return {
+        "nll": nll,
+        "nll_gap": nll - full["nll"],
+        "nll_gap_without": nll - without["nll"],
+        "parent_acc": parent_accuracy(attention, parents),
+        "tv": mean_tv(attention, full["posterior"]),
+        "tv_without": mean_tv(attention, without["posterior"]),
+        "attention": attention,
+    }
 
 
 @torch.no_grad()
-def head_ablation(model, task, tokens: Int[Tensor, "batch T"], parents: Int[Tensor, "batch H"],
-                  progress: bool = True) -> dict:
+def head_ablation(
+    model, task, tokens: Int[Tensor, "batch T"], parents: Int[Tensor, "batch H"], progress: bool = True
+) -> dict:
     """Every ablation of the module docstring on ``tokens``; see the JSON keys in ``summarise``.
 
     Returns ``heads`` (per head: demonstration, purity, and ``zero``/``mean`` measurements),
@@ -132,8 +149,10 @@ def head_ablation(model, task, tokens: Int[Tensor, "batch T"], parents: Int[Tens
     cfg = model.cfg
     K, L, d = cfg.n_copy_heads, cfg.n_examples, cfg.d_vocab
     if (task.n_examples, task.seq_len, task.d_vocab) != (L, cfg.seq_len, d):
-        raise ValueError(f"task (L={task.n_examples}, H={task.seq_len}, d={task.d_vocab}) does not match the model "
-                         f"(L={L}, H={cfg.seq_len}, d={d})")
+        raise ValueError(
+            f"task (L={task.n_examples}, H={task.seq_len}, d={task.d_vocab}) does not match the model "
+            f"(L={L}, H={cfg.seq_len}, d={d})"
+        )
     demos, purity = head_assignment(model.copyer_pattern().detach().cpu(), L)
     bma = BMAReference(task, tokens, parents)
     log_probs, cache = model.run_with_cache(tokens, names_filter=[HOOK_Z, HOOK_Q, HOOK_K, PATTERN])
@@ -156,8 +175,12 @@ def head_ablation(model, task, tokens: Int[Tensor, "batch T"], parents: Int[Tens
     cumulative = []
     for n in range(K + 1):
         dropped = frozenset(demos[k] for k in order[:n])
-        row = {"n_heads": n, "heads": [f"L0H{k}" for k in order[:n]], "dropped": sorted(dropped),
-               "bma": {key: bma(dropped)[key] for key in ("nll", "parent_acc", "n_demonstrations")}}
+        row = {
+            "n_heads": n,
+            "heads": [f"L0H{k}" for k in order[:n]],
+            "dropped": sorted(dropped),
+            "bma": {key: bma(dropped)[key] for key in ("nll", "parent_acc", "n_demonstrations")},
+        }
         for kind in KINDS:
             row[kind] = ablate_heads(order[:n], kind) if n else intact
             bar.update()
@@ -170,15 +193,25 @@ def head_ablation(model, task, tokens: Int[Tensor, "batch T"], parents: Int[Tens
             controls[f"{side}_token_{kind}"] = {
                 **measure(lp, att, tokens, parents, bma),
                 "max_abs_log_prob_change": (lp - log_probs)[:, 1:].abs().max().item(),
-                "tv_to_intact": mean_tv(att.double().cpu(), intact["attention"])}
+                "tv_to_intact": mean_tv(att.double().cpu(), intact["attention"]),
+            }
             bar.update()
     bar.close()
-    bma_without = [{key: bma(frozenset([demos[k]]))[key] for key in ("nll", "parent_acc")}
-                   | {"tv_to_full": mean_tv(bma(frozenset([demos[k]]))["posterior"], bma()["posterior"])}
-                   for k in range(K)]
-    result = {"heads": heads, "intact": intact, "bma": {key: bma()[key] for key in ("nll", "parent_acc")},
-              "bma_without": bma_without, "order": [f"L0H{k}" for k in order], "cumulative": cumulative,
-              "controls": controls, "distinct_demonstrations": len(set(demos))}
+    bma_without = [
+        {key: bma(frozenset([demos[k]]))[key] for key in ("nll", "parent_acc")}
+        | {"tv_to_full": mean_tv(bma(frozenset([demos[k]]))["posterior"], bma()["posterior"])}
+        for k in range(K)
+    ]
+    result = {
+        "heads": heads,
+        "intact": intact,
+        "bma": {key: bma()[key] for key in ("nll", "parent_acc")},
+        "bma_without": bma_without,
+        "order": [f"L0H{k}" for k in order],
+        "cumulative": cumulative,
+        "controls": controls,
+        "distinct_demonstrations": len(set(demos)),
+    }
     result["claims"] = claims(result)
     return result
 
@@ -191,7 +224,9 @@ def claims(r: dict) -> dict:
         without = np.array([h[kind]["tv_without"] for h in r["heads"]])
         full = np.array([h[kind]["tv"] for h in r["heads"]])
         out[kind] = {
-            "mean_tv_without": without.mean(), "max_tv_without": without.max(), "mean_tv_full": full.mean(),
+            "mean_tv_without": without.mean(),
+            "max_tv_without": without.max(),
+            "mean_tv_full": full.mean(),
             "theorem1_exact": bool(without.max() <= CLAIM_THEOREM1_TV),
             "within_margin_every_head": bool((without <= r["intact"]["tv"] + CLAIM_MARGIN).all()),
             "closer_to_without_every_head": bool((without < full).all()),
@@ -223,8 +258,14 @@ def plot(r: dict, n: int, subject_name: str):
     ax = axes[0]
     ax.bar(x - w, [h["zero"]["nll"] - intact["nll"] for h in heads], w, label="model, zero ablation")
     ax.bar(x, [h["mean"]["nll"] - intact["nll"] for h in heads], w, label="model, mean ablation")
-    ax.bar(x + w, [b["nll"] - r["bma"]["nll"] for b in r["bma_without"]], w, color="k", alpha=0.6,
-           label="BMA without that demonstration")
+    ax.bar(
+        x + w,
+        [b["nll"] - r["bma"]["nll"] for b in r["bma_without"]],
+        w,
+        color="k",
+        alpha=0.6,
+        label="BMA without that demonstration",
+    )
     ax.set(xticks=x, xticklabels=labels, ylabel="NLL increase (nats)", title="NLL increase when one head is ablated")
     ax.set_ylim(top=1.35 * ax.get_ylim()[1])
     ax.tick_params(axis="x", labelsize=7)
@@ -237,8 +278,13 @@ def plot(r: dict, n: int, subject_name: str):
     ax.axhline(intact["tv"] + CLAIM_MARGIN, color="C3", ls=":", lw=1, label="intact + 0.02 (claim bound)")
     tvs = [h[kind][key] for h in heads for kind in KINDS for key in ("tv", "tv_without")]
     log = min(tvs) < 1e-2 * max(tvs)  # Theorem 1: exact zeros next to ~0.1
-    ax.set(xticks=x, xticklabels=labels, title="Attention after ablation: TV to BMA",
-           ylabel="mean TV of blocks.1 attention" + (" (log scale)" if log else ""), yscale="log" if log else "linear")
+    ax.set(
+        xticks=x,
+        xticklabels=labels,
+        title="Attention after ablation: TV to BMA",
+        ylabel="mean TV of blocks.1 attention" + (" (log scale)" if log else ""),
+        yscale="log" if log else "linear",
+    )
     ax.set_ylim(top=max(tvs) * (1e4 if log else 1.5))
     ax.tick_params(axis="x", labelsize=7)
     ax.legend(fontsize=7, loc="upper center", ncol=2)
@@ -249,8 +295,12 @@ def plot(r: dict, n: int, subject_name: str):
     for i, v in enumerate(vals):
         ax.annotate(f"{v:.1e}", (i, v), ha="center", va="bottom", fontsize=7)
     ax.set_ylim(0, 1.3 * max(vals) if max(vals) > 0 else 1e-3)
-    ax.set(xticks=range(len(names)), xticklabels=[c.replace("_token_", "\n") for c in names],
-           ylabel="mean TV to intact attention", title="Controls: token subspace\nof layer-2 query / key")
+    ax.set(
+        xticks=range(len(names)),
+        xticklabels=[c.replace("_token_", "\n") for c in names],
+        ylabel="mean TV to intact attention",
+        title="Controls: token subspace\nof layer-2 query / key",
+    )
     ax.tick_params(axis="x", labelsize=8)
     fig1.suptitle(f"Copyer-head ablation ({subject_name}, {n} contexts)")
     fig1.tight_layout()
@@ -270,8 +320,12 @@ def plot(r: dict, n: int, subject_name: str):
     ax.plot(ns, [c["zero"]["tv_without"] for c in cum], "o-", label="zero abl. vs BMA with remaining demos")
     ax.plot(ns, [c["mean"]["tv_without"] for c in cum], "s-", label="mean abl. vs BMA with remaining demos")
     ax.plot(ns, [c["zero"]["tv"] for c in cum], "k:", label="zero abl. vs full BMA")
-    ax.set(xlabel="copyer heads ablated (most important first)", ylabel="mean TV of blocks.1 attention (log scale)",
-           yscale="log", title="Attention vs BMA with fewer demonstrations")
+    ax.set(
+        xlabel="copyer heads ablated (most important first)",
+        ylabel="mean TV of blocks.1 attention (log scale)",
+        yscale="log",
+        title="Attention vs BMA with fewer demonstrations",
+    )
     ax.legend(fontsize=8, loc="center right")
     fig2.suptitle(f"Cumulative copyer-head ablation ({subject_name}, {n} contexts)")
     fig2.tight_layout()
@@ -281,32 +335,48 @@ def plot(r: dict, n: int, subject_name: str):
 def summarise(r: dict) -> str:
     """The short text summary printed on stdout."""
     i, c = r["intact"], r["claims"]
-    lines = [(f"intact: NLL {i['nll']:.4f} (gap to BMA {i['nll_gap']:+.4f}), parent acc {i['parent_acc']:.4f} "
-             f"(BMA {r['bma']['parent_acc']:.4f}), TV to BMA {i['tv']:.4f}"),
-             "head  demo  zero: dNLL  TV->BMA-without  TV->BMA | mean: dNLL  TV->BMA-without  TV->BMA"]
+    lines = [
+        (
+            f"intact: NLL {i['nll']:.4f} (gap to BMA {i['nll_gap']:+.4f}), parent acc {i['parent_acc']:.4f} "
+            f"(BMA {r['bma']['parent_acc']:.4f}), TV to BMA {i['tv']:.4f}"
+        ),
+        "head  demo  zero: dNLL  TV->BMA-without  TV->BMA | mean: dNLL  TV->BMA-without  TV->BMA",
+    ]
     for h in r["heads"]:
         z, m = h["zero"], h["mean"]
-        lines.append(f"{h['head']:5s} {h['demonstration']:4d}  {z['nll'] - i['nll']:+10.4f}  {z['tv_without']:15.4g}  "
-                     f"{z['tv']:7.4f} | {m['nll'] - i['nll']:+10.4f}  {m['tv_without']:15.4g}  {m['tv']:7.4f}")
+        lines.append(
+            f"{h['head']:5s} {h['demonstration']:4d}  {z['nll'] - i['nll']:+10.4f}  {z['tv_without']:15.4g}  "
+            f"{z['tv']:7.4f} | {m['nll'] - i['nll']:+10.4f}  {m['tv_without']:15.4g}  {m['tv']:7.4f}"
+        )
     for kind in KINDS:
         k = c[kind]
-        lines.append(f"{kind} ablation: mean TV to BMA-without {k['mean_tv_without']:.4g} (max {k['max_tv_without']:.4g})"
-                     f" vs to full BMA {k['mean_tv_full']:.4g}; intact {c['intact_tv']:.4g}; "
-                     f"<= intact+{CLAIM_MARGIN} every head: {k['within_margin_every_head']}, "
-                     f"< full every head: {k['closer_to_without_every_head']}, "
-                     f"<= {CLAIM_THEOREM1_TV:g} (Theorem 1 exact): {k['theorem1_exact']}")
+        lines.append(
+            f"{kind} ablation: mean TV to BMA-without {k['mean_tv_without']:.4g} (max {k['max_tv_without']:.4g})"
+            f" vs to full BMA {k['mean_tv_full']:.4g}; intact {c['intact_tv']:.4g}; "
+            f"<= intact+{CLAIM_MARGIN} every head: {k['within_margin_every_head']}, "
+            f"< full every head: {k['closer_to_without_every_head']}, "
+            f"<= {CLAIM_THEOREM1_TV:g} (Theorem 1 exact): {k['theorem1_exact']}"
+        )
     last = r["cumulative"][-1]
-    lines.append(f"all {last['n_heads']} heads zero-ablated: NLL {last['zero']['nll']:.4f} vs BMA with no "
-                 f"demonstrations {last['bma']['nll']:.4f}; TV {last['zero']['tv_without']:.4g}")
+    lines.append(
+        f"all {last['n_heads']} heads zero-ablated: NLL {last['zero']['nll']:.4f} vs BMA with no "
+        f"demonstrations {last['bma']['nll']:.4f}; TV {last['zero']['tv_without']:.4g}"
+    )
     for name, ctl in r["controls"].items():
-        lines.append(f"control {name}: max |d log p| {ctl['max_abs_log_prob_change']:.3g}, TV to intact attention "
-                     f"{ctl['tv_to_intact']:.3g}, NLL {ctl['nll']:.4f}, TV to BMA {ctl['tv']:.4f}")
+        lines.append(
+            f"control {name}: max |d log p| {ctl['max_abs_log_prob_change']:.3g}, TV to intact attention "
+            f"{ctl['tv_to_intact']:.3g}, NLL {ctl['nll']:.4f}, TV to BMA {ctl['tv']:.4f}"
+        )
     return "\n".join(lines)
 
 
 def main(argv: list[str] | None = None) -> dict:
-    parser = analysis_parser(NAME, "Ablate each copyer head (zero and mean) and compare with BMA computed without "
-                             "the demonstration that head copies.", n_contexts=2048)
+    parser = analysis_parser(
+        NAME,
+        "Ablate each copyer head (zero and mean) and compare with BMA computed without "
+        "the demonstration that head copies.",
+        n_contexts=2048,
+    )
     args = parse_common(parser, argv)
     subject = subject_from_args(args)
     model = subject.model.eval()

@@ -19,12 +19,25 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
-from analyses.common import (analysis_parser, subject_from_args, parse_common, run, save_figure, save_json, single_thread,
-                             style)
+from analyses.common import (
+    analysis_parser,
+    parse_common,
+    run,
+    save_figure,
+    save_json,
+    single_thread,
+    style,
+    subject_from_args,
+)
 from probes import MarkovTreeTask
 from probes.information import expected_log_likelihood, mutual_information, pair_joints, sdpi_report, tree_distance
 
 NAME = "information"
+FIGURES = {
+    "information.png": (
+        "exact mutual information against tree distance; the strong-DPI contraction against the Dobrushin coefficient and the 1 - delta*gamma bound for kernels of different floors (no DPI violation); Lemma 4 margins, all positive."
+    ),
+}
 GAMMAS = (0.02, 0.05, 0.1, 0.2, 0.4, 0.7)
 
 
@@ -79,15 +92,31 @@ def compute(
             ratios = [r for rep in reps for r in rep["ratio"].values()]
             violations += sum(rep["dpi_slack"] < 0 for rep in reps)
             checked += sum(h - 1 for rep in reps for h in rep["ratio"])
-            kernels.append({"gamma_floor": gamma, "gamma": reps[0]["gamma"], "delta": min(r["delta"] for r in reps),
-                            "bound": max(r["bound"] for r in reps), "max_ratio": max(ratios),
-                            "mean_ratio": float(np.mean(ratios)),
-                            "max_dobrushin": max(v for rep in reps for v in rep["dobrushin"].values())})
+            kernels.append(
+                {
+                    "gamma_floor": gamma,
+                    "gamma": reps[0]["gamma"],
+                    "delta": min(r["delta"] for r in reps),
+                    "bound": max(r["bound"] for r in reps),
+                    "max_ratio": max(ratios),
+                    "mean_ratio": float(np.mean(ratios)),
+                    "max_dobrushin": max(v for rep in reps for v in rep["dobrushin"].values()),
+                }
+            )
             bar.update()
     bar.close()
-    return {"d_vocab": d, "seq_len": seq_len, "n_trees": n_trees, "pairs": {"distance": dist_all, "mi": mi_all},
-            "mi_by_distance": by_dist, "kernels": kernels, "lemma4_margins": margins,
-            "lemma4_min_margin": min(margins), "dpi_violations": violations, "n_pairs_checked": checked}
+    return {
+        "d_vocab": d,
+        "seq_len": seq_len,
+        "n_trees": n_trees,
+        "pairs": {"distance": dist_all, "mi": mi_all},
+        "mi_by_distance": by_dist,
+        "kernels": kernels,
+        "lemma4_margins": margins,
+        "lemma4_min_margin": min(margins),
+        "dpi_violations": violations,
+        "n_pairs_checked": checked,
+    }
 
 
 def _plot(res: dict, name: str):
@@ -108,25 +137,41 @@ def _plot(res: dict, name: str):
     ax = axes[1]
     ks = res["kernels"]
     bound = np.array([k["bound"] for k in ks])
-    sc = ax.scatter(bound, [k["max_ratio"] for k in ks], c=[k["gamma"] for k in ks], cmap="viridis",
-                    label="max I(x_h;x_h')/I(x_h;x_pa)", marker="o")
-    ax.scatter(bound, [k["max_dobrushin"] for k in ks], c=[k["gamma"] for k in ks], cmap="viridis", marker="x",
-               label="max Dobrushin coeff. of P(x_h'|x_pa)")
+    sc = ax.scatter(
+        bound,
+        [k["max_ratio"] for k in ks],
+        c=[k["gamma"] for k in ks],
+        cmap="viridis",
+        label="max I(x_h;x_h')/I(x_h;x_pa)",
+        marker="o",
+    )
+    ax.scatter(
+        bound,
+        [k["max_dobrushin"] for k in ks],
+        c=[k["gamma"] for k in ks],
+        cmap="viridis",
+        marker="x",
+        label="max Dobrushin coeff. of P(x_h'|x_pa)",
+    )
     ax.plot([bound.min(), 1], [bound.min(), 1], "k--", lw=1, label="y = 1 − δγ")
     ax.set_xlabel("Lemma 3 bound 1 − δγ")
     ax.set_ylabel("contraction")
     ax.set_ylim(0, 1.02)
     fig.colorbar(sc, ax=ax, label="kernel floor γ = d·min π")
-    ax.set_title(f"(b) strong DPI over non-parents: {len(ks)} kernels × {res['n_trees']} trees\n"
-                 f"DPI violations: {res['dpi_violations']} of {res['n_pairs_checked']} pairs")
+    ax.set_title(
+        f"(b) strong DPI over non-parents: {len(ks)} kernels × {res['n_trees']} trees\n"
+        f"DPI violations: {res['dpi_violations']} of {res['n_pairs_checked']} pairs"
+    )
     ax.legend(fontsize=7, loc="center left")
     ax = axes[2]
     ax.hist(res["lemma4_margins"], bins=40, color="C2")
     ax.axvline(0, color="k", lw=1)
     ax.set_xlabel("E log π(x_h|x_pa(h)) − max_{h'≠pa} E log π(x_h|x_h')")
     ax.set_ylabel("(tree, h) pairs")
-    ax.set_title(f"(c) Lemma 4, exact: min margin {res['lemma4_min_margin']:.2e}\n"
-                 f"{len(res['lemma4_margins'])} (tree, h ≥ 3) pairs")
+    ax.set_title(
+        f"(c) Lemma 4, exact: min margin {res['lemma4_min_margin']:.2e}\n"
+        f"{len(res['lemma4_margins'])} (tree, h ≥ 3) pairs"
+    )
     fig.tight_layout()
     return fig
 
@@ -143,12 +188,16 @@ def main(argv: list[str] | None = None) -> dict:
     save_json(args.out, NAME, res, args, subject)
     bd = res["mi_by_distance"]
     print(f"{NAME}: exact MI on {args.n_contexts} random trees (H={task.seq_len}, d={task.d_vocab})")
-    print("  mean I(x_h; x_h') by tree distance: "
-          + ", ".join(f"{k}: {m:.2e}" for k, m in zip(bd["distance"], bd["mean"])))
+    print(
+        "  mean I(x_h; x_h') by tree distance: "
+        + ", ".join(f"{k}: {m:.2e}" for k, m in zip(bd["distance"], bd["mean"]))
+    )
     print(f"  DPI I(x_h;x_h') <= I(x_h;x_pa(h)): {res['dpi_violations']} violations of {res['n_pairs_checked']} pairs")
     for k in res["kernels"]:
-        print(f"  gamma {k['gamma']:.3f} (floor {k['gamma_floor']}): max ratio {k['max_ratio']:.4f} <= max Dobrushin "
-              f"{k['max_dobrushin']:.4f} <= 1 - delta*gamma = {k['bound']:.4f} (delta {k['delta']:.4f})")
+        print(
+            f"  gamma {k['gamma']:.3f} (floor {k['gamma_floor']}): max ratio {k['max_ratio']:.4f} <= max Dobrushin "
+            f"{k['max_dobrushin']:.4f} <= 1 - delta*gamma = {k['bound']:.4f} (delta {k['delta']:.4f})"
+        )
     print(f"  Lemma 4: min margin of E log pi(x_h|x_pa) over the best non-parent = {res['lemma4_min_margin']:.3e}")
     return res
 

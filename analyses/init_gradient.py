@@ -31,14 +31,28 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
-from analyses.common import (analysis_parser, subject_from_args, parse_common, run, sample_contexts, save_figure,
-                             save_json, single_thread, style)
+from analyses.common import (
+    analysis_parser,
+    parse_common,
+    run,
+    sample_contexts,
+    save_figure,
+    save_json,
+    single_thread,
+    style,
+    subject_from_args,
+)
 from models import theorem1_model
 from probes import bma_posterior, mean_tv, parent_accuracy
 from probes.information import chi2_mutual_information, pair_joints
 from probes.metrics import parent_mass
 
 NAME = "init_gradient"
+FIGURES = {
+    "init_gradient.png": (
+        "Theorem 3 at W_KQ = 0: expected score gradient against the exact chi-square mutual information; parent minus every other candidate with Bonferroni intervals (all above 0); single-context parent picks from one gradient step against L beside BMA; training W_KQ alone from 0."
+    ),
+}
 BETA = 30.0  # copyer sharpness: exp(-2 beta) leakage, far below float64 resolution of the gradients
 SCORES = "blocks.1.attn.hook_attn_scores"
 
@@ -64,8 +78,9 @@ def score_gradients(model, tokens: torch.Tensor) -> dict:
 
     model.zero_grad(set_to_none=True)
     with model.hooks(fwd_hooks=[(SCORES, keep)]):
-        log_probs, cache = model.run_with_cache(tokens, names_filter=["blocks.1.attn.hook_pattern",
-                                                                     "blocks.1.attn.hook_v"])
+        log_probs, cache = model.run_with_cache(
+            tokens, names_filter=["blocks.1.attn.hook_pattern", "blocks.1.attn.hook_v"]
+        )
     H = model.cfg.seq_len
     target = tokens[:, -H:].unsqueeze(-1)
     (-log_probs.gather(-1, target)[:, 1:].sum()).backward()
@@ -114,17 +129,35 @@ def gradient_by_tree(task, n_trees: int, n_samples: int, seed: int, chunk: int =
             pa = parents[h].item()
             others = [k for k in range(h) if k != pa]
             var = torch.tensor([cov[h, pa, pa] + cov[h, k, k] - 2 * cov[h, pa, k] for k in others]).clamp_min(0)
-            rows.append({"h": h, "parent": pa, "mean": mean[h, :h].tolist(), "chi2": chi2[h, :h].tolist(),
-                         "others": others, "diff": [(mean[h, pa] - mean[h, k]).item() for k in others],
-                         "diff_se": (var / n_samples).sqrt().tolist()})
+            rows.append(
+                {
+                    "h": h,
+                    "parent": pa,
+                    "mean": mean[h, :h].tolist(),
+                    "chi2": chi2[h, :h].tolist(),
+                    "others": others,
+                    "diff": [(mean[h, pa] - mean[h, k]).item() for k in others],
+                    "diff_se": (var / n_samples).sqrt().tolist(),
+                }
+            )
     n_comp = sum(len(r["others"]) for r in rows)
     z = _normal_quantile(1 - 0.025 / n_comp)  # Bonferroni over every comparison
     lower = [d - z * s for r in rows for d, s in zip(r["diff"], r["diff_se"])]
-    return {"rows": rows, "n_trees": n_trees, "n_samples": n_samples, "n_comparisons": n_comp, "z": z,
-            "min_lower": min(lower), "n_excluding_zero": sum(lo > 0 for lo in lower),
-            "parent_largest_in_expectation": sum(max(range(r["h"]), key=lambda k: r["mean"][k]) == r["parent"]
-                                                 for r in rows) / len(rows),
-            "single_context_parent_largest": single_hits / single_total, "max_abs_autograd_vs_closed": worst}
+    return {
+        "rows": rows,
+        "n_trees": n_trees,
+        "n_samples": n_samples,
+        "n_comparisons": n_comp,
+        "z": z,
+        "min_lower": min(lower),
+        "n_excluding_zero": sum(lo > 0 for lo in lower),
+        "parent_largest_in_expectation": sum(
+            max(range(r["h"]), key=lambda k: r["mean"][k]) == r["parent"] for r in rows
+        )
+        / len(rows),
+        "single_context_parent_largest": single_hits / single_total,
+        "max_abs_autograd_vs_closed": worst,
+    }
 
 
 def _normal_quantile(q: float) -> float:
@@ -136,8 +169,7 @@ def one_step_against_L(task, Ls, n_batch: int, n_eval: int, seed: int, progress:
     the score change ``Delta s = k^T (-grad) q`` it makes on ``n_eval`` held-out contexts. Reports the
     fraction of (context, h >= 2) whose largest Delta s (and largest per-context g) is at the parent,
     and BMA's parent accuracy at that L for reference."""
-    out = {"L": list(Ls), "step_parent_acc": [], "score_grad_parent_acc": [], "bma_parent_acc": [],
-           "step_margin": []}
+    out = {"L": list(Ls), "step_parent_acc": [], "score_grad_parent_acc": [], "bma_parent_acc": [], "step_margin": []}
     for L in tqdm(Ls, desc="L", disable=not progress):
         model = init_model(task, L)
         lt = type(task)(task.pi, L, task.seq_len, task.root)
@@ -173,8 +205,9 @@ def _acc_from_h2(scores: torch.Tensor, parents: torch.Tensor) -> float:
     return (scores[:, 2:].argmax(-1) == parents[:, 2:]).double().mean().item()
 
 
-def train_from_zero(task, steps: int, batch: int, lr: float, n_eval: int, seed: int, every: int = 10,
-                    progress: bool = False) -> dict:
+def train_from_zero(
+    task, steps: int, batch: int, lr: float, n_eval: int, seed: int, every: int = 10, progress: bool = False
+) -> dict:
     """Adam on W_KQ alone from 0 (copyers and W_OV frozen at Theorem 1). Every ``every`` steps on
     ``n_eval`` held-out contexts: mean score of the true parent minus the mean over other candidates,
     blocks.1 attention on the parent, parent accuracy, TV to the BMA posterior."""
@@ -209,13 +242,26 @@ def train_from_zero(task, steps: int, batch: int, lr: float, n_eval: int, seed: 
     return hist
 
 
-def compute(task, n_trees: int, n_samples: int, Ls=(1, 2, 5, 10, 20), n_batch: int = 2048, n_eval: int = 1024,
-            steps: int = 300, lr: float = 0.01, seed: int = 0, progress: bool = False) -> dict:
+def compute(
+    task,
+    n_trees: int,
+    n_samples: int,
+    Ls=(1, 2, 5, 10, 20),
+    n_batch: int = 2048,
+    n_eval: int = 1024,
+    steps: int = 300,
+    lr: float = 0.01,
+    seed: int = 0,
+    progress: bool = False,
+) -> dict:
     """All four measurements of the module docstring on ``task``."""
     with single_thread():
-        return {"n_eval": n_eval, "by_tree": gradient_by_tree(task, n_trees, n_samples, seed, progress=progress),
-                "against_L": one_step_against_L(task, Ls, n_batch, n_eval, seed + 7, progress),
-                "training": train_from_zero(task, steps, 256, lr, n_eval, seed + 11, progress=progress)}
+        return {
+            "n_eval": n_eval,
+            "by_tree": gradient_by_tree(task, n_trees, n_samples, seed, progress=progress),
+            "against_L": one_step_against_L(task, Ls, n_batch, n_eval, seed + 7, progress),
+            "training": train_from_zero(task, steps, 256, lr, n_eval, seed + 11, progress=progress),
+        }
 
 
 def _plot(res: dict, name: str, L: int):
@@ -236,7 +282,9 @@ def _plot(res: dict, name: str, L: int):
     ax.axhline(0, color="k", lw=0.8)
     ax.set_xlabel("exact χ² mutual information I_χ²(x_h; x_h')")
     ax.set_ylabel("(#candidates) · E[−dNLL/ds_{h,h'}]")
-    ax.set_title(f"(a) expected score gradient at W_KQ=0 vs χ²-MI\n{bt['n_trees']} trees × {bt['n_samples']} targets each")
+    ax.set_title(
+        f"(a) expected score gradient at W_KQ=0 vs χ²-MI\n{bt['n_trees']} trees × {bt['n_samples']} targets each"
+    )
     ax.legend(fontsize=8)
     ax = axes[0, 1]
     diffs = sorted((d, s) for r in bt["rows"] for d, s in zip(r["diff"], r["diff_se"]))
@@ -247,8 +295,10 @@ def _plot(res: dict, name: str, L: int):
     ax.axhline(0, color="k", lw=0.8)
     ax.set_xlabel("(tree, h, h' ≠ pa(h)) comparisons, sorted")
     ax.set_ylabel("paired difference of expected −dNLL/ds")
-    ax.set_title(f"(b) parent minus each other candidate: {bt['n_excluding_zero']}/{bt['n_comparisons']} CIs\n"
-                 f"exclude 0 (min lower bound {bt['min_lower']:.3g})")
+    ax.set_title(
+        f"(b) parent minus each other candidate: {bt['n_excluding_zero']}/{bt['n_comparisons']} CIs\n"
+        f"exclude 0 (min lower bound {bt['min_lower']:.3g})"
+    )
     ax.legend(fontsize=8)
     ax = axes[1, 0]
     ax.plot(al["L"], al["step_parent_acc"], "o-", label="one step on W_KQ: argmax Δs = parent")
@@ -296,17 +346,24 @@ def main(argv: list[str] | None = None) -> dict:
     save_json(args.out, NAME, res, args, subject)
     print(f"{NAME} on {subject.name} (d={task.d_vocab}, L={task.n_examples}, H={task.seq_len}), W_KQ = 0:")
     print(f"  autograd vs closed form -A(v/p - 1): max |diff| = {bt['max_abs_autograd_vs_closed']:.2e}")
-    print(f"  expected -dNLL/ds largest at the true parent for {bt['parent_largest_in_expectation']:.1%} of "
-          f"{len(bt['rows'])} (tree, h) pairs; {bt['n_excluding_zero']}/{bt['n_comparisons']} paired differences "
-          f"have a Bonferroni 95% CI above 0 (min lower bound {bt['min_lower']:.3g})")
+    print(
+        f"  expected -dNLL/ds largest at the true parent for {bt['parent_largest_in_expectation']:.1%} of "
+        f"{len(bt['rows'])} (tree, h) pairs; {bt['n_excluding_zero']}/{bt['n_comparisons']} paired differences "
+        f"have a Bonferroni 95% CI above 0 (min lower bound {bt['min_lower']:.3g})"
+    )
     print(f"  single contexts with the largest -dNLL/ds at the parent: {bt['single_context_parent_largest']:.3f}")
-    print("  one gradient step on W_KQ, parent accuracy of the score change by L: "
-          + ", ".join(f"L={L}: {a:.3f} (BMA {b:.3f})" for L, a, b in zip(al["L"], al["step_parent_acc"],
-                                                                       al["bma_parent_acc"])))
+    print(
+        "  one gradient step on W_KQ, parent accuracy of the score change by L: "
+        + ", ".join(
+            f"L={L}: {a:.3f} (BMA {b:.3f})" for L, a, b in zip(al["L"], al["step_parent_acc"], al["bma_parent_acc"])
+        )
+    )
     i = next((i for i, a in enumerate(tr["parent_acc"]) if a >= 0.9 * tr["bma_parent_acc"]), None)
-    print(f"  training W_KQ from 0: parent accuracy {tr['parent_acc'][0]:.3f} -> {tr['parent_acc'][-1]:.3f} "
-          f"(BMA {tr['bma_parent_acc']:.3f}) in {tr['step'][-1]} steps; 90% of BMA's accuracy at step "
-          f"{tr['step'][i] if i is not None else 'never'}; TV to BMA {tr['tv_to_bma'][-1]:.3f}")
+    print(
+        f"  training W_KQ from 0: parent accuracy {tr['parent_acc'][0]:.3f} -> {tr['parent_acc'][-1]:.3f} "
+        f"(BMA {tr['bma_parent_acc']:.3f}) in {tr['step'][-1]} steps; 90% of BMA's accuracy at step "
+        f"{tr['step'][i] if i is not None else 'never'}; TV to BMA {tr['tv_to_bma'][-1]:.3f}"
+    )
     return res
 
 

@@ -33,6 +33,19 @@ from tqdm.auto import tqdm
 from analyses import common
 from probes import bma_posterior, bma_predictive, parent_accuracy, target_nll, total_variation
 
+FIGURES = {
+    "inspect_heads.png": (
+        "per head of every layer of the inspected model: parent accuracy, TV to the BMA posterior and mass on the candidate parents from the query that predicts x_h, against BMA and the uniform-parent baseline, with the verdict in the title."
+    ),
+    "inspect_copy.png": (
+        "attention from the query predicting x_h to position h of each demonstration, per head (copy behaviour)."
+    ),
+    "inspect_interventions.png": (
+        "NLL change from mean-ablating each head, and the share of the clean-vs-corrupted difference restored by patching it."
+    ),
+}
+
+
 PLATEAU_PROGRESS = 0.5  # progress below this: on the plateau
 SELECT_FRACTION = 0.5  # a head must close this fraction of the uniform -> BMA parent-accuracy gap
 MIN_CANDIDATE_MASS = 0.5
@@ -120,8 +133,9 @@ def baselines(task, tokens, parents) -> dict:
     return {
         "posterior": posterior,
         "nll_bma": target_nll(bma_predictive(task.pi, tokens, L, H, task.root, log=True), tokens),
-        "nll_uniform": target_nll(bma_predictive(task.pi, tokens, L, H, task.root, demonstrations=[], log=True),
-                                  tokens),
+        "nll_uniform": target_nll(
+            bma_predictive(task.pi, tokens, L, H, task.root, demonstrations=[], log=True), tokens
+        ),
         "acc_bma": parent_accuracy(posterior, parents),
         "acc_uniform": parent_accuracy(uniform, parents),
         "tv_uniform": total_variation(uniform, posterior)[:, 1:].mean().item(),
@@ -137,13 +151,26 @@ def verdict(nll: float, base: dict, heads: list[dict]) -> dict:
         progress = (base["nll_uniform"] - nll) / gap
         on_plateau = progress < PLATEAU_PROGRESS
     bar = base["acc_uniform"] + SELECT_FRACTION * (base["acc_bma"] - base["acc_uniform"])
-    selecting = [h["label"] for h in heads if on_plateau is False and h["candidate_mass"] >= MIN_CANDIDATE_MASS
-                 and h["parent_acc"] >= bar and h["tv"] < base["tv_uniform"]]
-    copyers = {h["label"]: int(torch.tensor(h["copy_mass"]).argmax()) for h in heads
-               if max(h["copy_mass"]) >= COPY_MASS}
+    selecting = [
+        h["label"]
+        for h in heads
+        if on_plateau is False
+        and h["candidate_mass"] >= MIN_CANDIDATE_MASS
+        and h["parent_acc"] >= bar
+        and h["tv"] < base["tv_uniform"]
+    ]
+    copyers = {
+        h["label"]: int(torch.tensor(h["copy_mass"]).argmax()) for h in heads if max(h["copy_mass"]) >= COPY_MASS
+    }
     best = max(heads, key=lambda h: h["parent_acc"])["label"]
-    return {"progress": progress, "on_plateau": on_plateau, "parent_acc_bar": bar, "parent_selecting": selecting,
-            "copyers": copyers, "best_head": best}
+    return {
+        "progress": progress,
+        "on_plateau": on_plateau,
+        "parent_acc_bar": bar,
+        "parent_selecting": selecting,
+        "copyers": copyers,
+        "best_head": best,
+    }
 
 
 def interventions(model, heads: Heads, task, tokens, corrupted) -> dict:
@@ -178,8 +205,12 @@ def interventions(model, heads: Heads, task, tokens, corrupted) -> dict:
         # Undefined when the demonstrations make no difference (a model on the plateau): None.
         usable = abs(nll_corrupt - nll_clean) >= MIN_PATCH_EFFECT
         patching.append((nll_corrupt - patched) / (nll_corrupt - nll_clean) if usable else None)
-    return {"nll_clean": nll_clean, "nll_corrupted": nll_corrupt, "ablation_dnll": ablation,
-            "patching_restored": patching}
+    return {
+        "nll_clean": nll_clean,
+        "nll_corrupted": nll_corrupt,
+        "ablation_dnll": ablation,
+        "patching_restored": patching,
+    }
 
 
 def corrupt(task, tokens: Tensor, seed: int) -> Tensor:
@@ -201,8 +232,12 @@ def inspect_model(model, task, n_contexts: int = 512, seed: int = 0, batch: int 
     stats = None
     for i in range(0, n_contexts, batch):
         rows = query_rows(model, heads, tokens[i : i + batch], task)
-        part = [head_attention_stats(r, tokens[i : i + batch], parents[i : i + batch],
-                                     base["posterior"][i : i + batch], task) for r in rows]
+        part = [
+            head_attention_stats(
+                r, tokens[i : i + batch], parents[i : i + batch], base["posterior"][i : i + batch], task
+            )
+            for r in rows
+        ]
         w = len(tokens[i : i + batch]) / n_contexts
         part = [{k: torch.tensor(v, dtype=torch.float64) * w for k, v in layer.items()} for layer in part]
         stats = part if stats is None else [{k: a[k] + b[k] for k in a} for a, b in zip(stats, part)]
@@ -216,10 +251,16 @@ def inspect_model(model, task, n_contexts: int = 512, seed: int = 0, batch: int 
     inter = interventions(model, heads, task, tokens[:n_int], corrupt(task, tokens[:n_int], seed))
     for h, a, p in zip(per_head, inter["ablation_dnll"], inter["patching_restored"]):
         h.update(ablation_dnll=a, patching_restored=p)
-    return {"kind": "standard" if heads.standard else "disentangled", "nll": nll,
-            **{k: v for k, v in base.items() if k != "posterior"}, "heads": per_head,
-            "intervention_contexts": n_int, "nll_clean": inter["nll_clean"], "nll_corrupted": inter["nll_corrupted"],
-            **verdict(nll, base, per_head)}
+    return {
+        "kind": "standard" if heads.standard else "disentangled",
+        "nll": nll,
+        **{k: v for k, v in base.items() if k != "posterior"},
+        "heads": per_head,
+        "intervention_contexts": n_int,
+        "nll_clean": inter["nll_clean"],
+        "nll_corrupted": inter["nll_corrupted"],
+        **verdict(nll, base, per_head),
+    }
 
 
 def _fmt(x) -> str:
@@ -227,30 +268,45 @@ def _fmt(x) -> str:
 
 
 def report(r: dict, n: int) -> str:
-    lines = [f"{'':16s}{'NLL':>8s}{'gap':>9s}{'parent acc':>12s}{'TV to BMA':>11s}",
-             f"{'model':16s}{r['nll']:8.4f}{r['nll'] - r['nll_bma']:+9.4f}{'':>12s}{'':>11s}",
-             f"{'BMA':16s}{r['nll_bma']:8.4f}{0:+9.4f}{r['acc_bma']:12.3f}{0:11.3f}",
-             (f"{'uniform-parent':16s}{r['nll_uniform']:8.4f}{r['nll_uniform'] - r['nll_bma']:+9.4f}"
-              f"{r['acc_uniform']:12.3f}{r['tv_uniform']:11.3f}"),
-             "", (f"{'head':6s}{'cand mass':>10s}{'TV':>7s}{'parent acc':>11s}{'max copy':>9s}{'ablate dNLL':>12s}"
-                  f"{'patch':>7s}")]
+    lines = [
+        f"{'':16s}{'NLL':>8s}{'gap':>9s}{'parent acc':>12s}{'TV to BMA':>11s}",
+        f"{'model':16s}{r['nll']:8.4f}{r['nll'] - r['nll_bma']:+9.4f}{'':>12s}{'':>11s}",
+        f"{'BMA':16s}{r['nll_bma']:8.4f}{0:+9.4f}{r['acc_bma']:12.3f}{0:11.3f}",
+        (
+            f"{'uniform-parent':16s}{r['nll_uniform']:8.4f}{r['nll_uniform'] - r['nll_bma']:+9.4f}"
+            f"{r['acc_uniform']:12.3f}{r['tv_uniform']:11.3f}"
+        ),
+        "",
+        (
+            f"{'head':6s}{'cand mass':>10s}{'TV':>7s}{'parent acc':>11s}{'max copy':>9s}{'ablate dNLL':>12s}"
+            f"{'patch':>7s}"
+        ),
+    ]
     for h in r["heads"]:
-        lines.append(f"{h['label']:6s}{h['candidate_mass']:10.3f}{h['tv']:7.3f}{h['parent_acc']:11.3f}"
-                     f"{max(h['copy_mass']):9.3f}{h['ablation_dnll']:+12.4f}{_fmt(h['patching_restored']):>7s}")
+        lines.append(
+            f"{h['label']:6s}{h['candidate_mass']:10.3f}{h['tv']:7.3f}{h['parent_acc']:11.3f}"
+            f"{max(h['copy_mass']):9.3f}{h['ablation_dnll']:+12.4f}{_fmt(h['patching_restored']):>7s}"
+        )
     lines.append("")
     if r["on_plateau"] is None:
-        lines.append(f"{r['kind']} model, {n} contexts: BMA is within {MIN_PLATEAU_GAP} nats of the uniform-parent "
-                     f"plateau on these contexts, so no head can be credited (use more contexts or demonstrations)")
+        lines.append(
+            f"{r['kind']} model, {n} contexts: BMA is within {MIN_PLATEAU_GAP} nats of the uniform-parent "
+            f"plateau on these contexts, so no head can be credited (use more contexts or demonstrations)"
+        )
     else:
         lines.append(f"{r['kind']} model, {n} contexts: progress from the plateau to BMA {r['progress']:.3f}")
     if r["on_plateau"] is None:
         pass
     elif r["on_plateau"]:
-        lines.append(f"ON THE UNIFORM-PARENT PLATEAU: no head credited with parent selection "
-                     f"(best head {r['best_head']} is not evidence of a mechanism)")
+        lines.append(
+            f"ON THE UNIFORM-PARENT PLATEAU: no head credited with parent selection "
+            f"(best head {r['best_head']} is not evidence of a mechanism)"
+        )
     else:
-        lines.append(f"parent-selecting heads: {', '.join(r['parent_selecting']) or 'none'} "
-                     f"(bar: parent acc >= {r['parent_acc_bar']:.3f})")
+        lines.append(
+            f"parent-selecting heads: {', '.join(r['parent_selecting']) or 'none'} "
+            f"(bar: parent acc >= {r['parent_acc_bar']:.3f})"
+        )
     lines.append("copyers: " + (", ".join(f"{k}->demo {v}" for k, v in r["copyers"].items()) or "none"))
     return "\n".join(lines)
 
@@ -262,9 +318,13 @@ def plot(r: dict, n: int, out) -> None:
     common.style()
     labels = [h["label"] for h in r["heads"]]
     x = np.arange(len(labels))
-    verdict_text = "no verdict (BMA ~ plateau)" if r["on_plateau"] is None else \
-        "on the uniform-parent plateau" if r["on_plateau"] else \
-        f"parent-selecting: {', '.join(r['parent_selecting']) or 'none'}"
+    verdict_text = (
+        "no verdict (BMA ~ plateau)"
+        if r["on_plateau"] is None
+        else "on the uniform-parent plateau"
+        if r["on_plateau"]
+        else f"parent-selecting: {', '.join(r['parent_selecting']) or 'none'}"
+    )
     fig, axes = plt.subplots(1, 3, figsize=(max(9, 0.5 * len(labels) + 6), 3.4))
     axes[0].bar(x, [h["parent_acc"] for h in r["heads"]], color="C0")
     axes[0].axhline(r["acc_bma"], color="k", label="BMA")
@@ -278,8 +338,11 @@ def plot(r: dict, n: int, out) -> None:
     for ax in axes:
         ax.set_xticks(x, labels, rotation=90, fontsize=7)
     axes[0].legend(fontsize=7)
-    fig.suptitle(f"{r['kind']} model, {n} contexts: NLL gap to BMA {r['nll'] - r['nll_bma']:+.4f} "
-                 f"(plateau {r['nll_uniform'] - r['nll_bma']:+.4f}); {verdict_text}", fontsize=9)
+    fig.suptitle(
+        f"{r['kind']} model, {n} contexts: NLL gap to BMA {r['nll'] - r['nll_bma']:+.4f} "
+        f"(plateau {r['nll_uniform'] - r['nll_bma']:+.4f}); {verdict_text}",
+        fontsize=9,
+    )
     common.save_figure(fig, out, "inspect_heads")
 
     copy = np.array([h["copy_mass"] for h in r["heads"]])
@@ -287,21 +350,27 @@ def plot(r: dict, n: int, out) -> None:
     im = ax.imshow(copy, cmap="viridis", vmin=0, vmax=1, aspect="auto")
     ax.grid(False)
     ax.set_yticks(x, labels, fontsize=7)
-    ax.set(xlabel="demonstration l", title=f"Attention to x_h of demonstration l\nfrom the query predicting x_h ({n} ctx)")
+    ax.set(
+        xlabel="demonstration l", title=f"Attention to x_h of demonstration l\nfrom the query predicting x_h ({n} ctx)"
+    )
     fig.colorbar(im, ax=ax, label="mass")
     common.save_figure(fig, out, "inspect_copy")
 
     fig, axes = plt.subplots(1, 2, figsize=(max(8, 0.4 * len(labels) + 4), 3.2))
     axes[0].bar(x, [h["ablation_dnll"] for h in r["heads"]], color="C4")
     axes[0].set(ylabel="NLL change (nats)", title="mean-ablating the head's output")
-    axes[1].bar(x, [np.nan if h["patching_restored"] is None else h["patching_restored"] for h in r["heads"]],
-                color="C5")
+    axes[1].bar(
+        x, [np.nan if h["patching_restored"] is None else h["patching_restored"] for h in r["heads"]], color="C5"
+    )
     axes[1].axhline(0, color="k", lw=0.8)
     axes[1].set(ylabel="restored (corrupted 0, clean 1)", title="patching clean output into corrupted run")
     for ax in axes:
         ax.set_xticks(x, labels, rotation=90, fontsize=7)
-    fig.suptitle(f"Interventions per head, {r['intervention_contexts']} contexts "
-                 f"(clean NLL {r['nll_clean']:.4f}, corrupted {r['nll_corrupted']:.4f})", fontsize=9)
+    fig.suptitle(
+        f"Interventions per head, {r['intervention_contexts']} contexts "
+        f"(clean NLL {r['nll_clean']:.4f}, corrupted {r['nll_corrupted']:.4f})",
+        fontsize=9,
+    )
     common.save_figure(fig, out, "inspect_interventions")
 
 

@@ -25,6 +25,18 @@ from probes import bma_posterior
 from probes.linear import linear_probe
 from probes.metrics import parent_hits
 
+FIGURES = {
+    "linear_probe_copyers.png": (
+        "held-out accuracy decoding x_h^l from each copyer head's output, for every (head, demonstration) pair, beside the shuffled-label control."
+    ),
+    "linear_probe_parent.png": (
+        "held-out accuracy decoding pa(h) from the layer-2 query per position, against the control, chance 1/h and BMA."
+    ),
+    "linear_probe_standard.png": (
+        "held-out accuracy decoding x_h^l from a standard transformer's residual at each layer, beside the control."
+    ),
+}
+
 
 def _probe(features: Tensor, labels: Tensor, n_classes: int, seed: int) -> dict:
     return linear_probe(features, labels, n_classes, seed=seed).to_dict()
@@ -122,8 +134,11 @@ def plot(results: dict, n: int, out) -> None:
         ax.plot(r["h"], [p["control_acc"] for p in r["probe"]], "s--", label="shuffled-label control")
         ax.plot(r["h"], r["bma_acc"], "k-", label="BMA posterior argmax")
         ax.plot(r["h"], r["chance"], "k:", label="chance 1/h")
-        ax.set(xlabel="target position h", ylabel="held-out accuracy of pa(h)",
-               title=f"Decoding the parent from blocks.1.attn.hook_q alone, {n} contexts")
+        ax.set(
+            xlabel="target position h",
+            ylabel="held-out accuracy of pa(h)",
+            title=f"Decoding the parent from blocks.1.attn.hook_q alone, {n} contexts",
+        )
         ax.legend(fontsize=7)
         common.save_figure(fig, out, "linear_probe_parent")
     if "standard" in results:
@@ -138,8 +153,10 @@ def plot(results: dict, n: int, out) -> None:
             for (i, j), v in np.ndenumerate(m):
                 ax.text(j, i, f"{v:.2f}", ha="center", va="center", fontsize=7, color="w")
         fig.colorbar(im, ax=axes)
-        fig.suptitle(f"Standard transformer: decoding $x_h^l$ from the residual at the query predicting $x_h$, "
-                     f"{n} contexts", fontsize=9)
+        fig.suptitle(
+            f"Standard transformer: decoding $x_h^l$ from the residual at the query predicting $x_h$, {n} contexts",
+            fontsize=9,
+        )
         common.save_figure(fig, out, "linear_probe_standard")
 
 
@@ -161,8 +178,12 @@ def compute(subject, standard=None, n_contexts: int = 256, seed: int = 0) -> dic
 
 def main(argv: list[str] | None = None) -> dict:
     parser = common.analysis_parser("linear_probes", __doc__.split("\n\n")[0], n_contexts=256)
-    parser.add_argument("--standard", default=None, metavar="HF_FOLDER",
-                        help="a standard transformer folder (default: train a small one here, ~100 steps)")
+    parser.add_argument(
+        "--standard",
+        default=None,
+        metavar="HF_FOLDER",
+        help="a standard transformer folder (default: train a small one here, ~100 steps)",
+    )
     args = common.parse_common(parser, argv)
     subject = common.subject_from_args(args)
     from models import CausalTransformer
@@ -184,8 +205,10 @@ def main(argv: list[str] | None = None) -> dict:
                 print(f"pa({h}) from query: {p['test_acc']:.3f} (control {p['control_acc']:.3f}, chance {1 / h:.3f})")
         else:
             acc = torch.tensor(r["test_acc"])
-            print(f"{name}: best held-out accuracy per row {[round(v, 3) for v in acc.max(1).values.tolist()]}, "
-                  f"max control {torch.tensor(r['control_acc']).max().item():.3f}")
+            print(
+                f"{name}: best held-out accuracy per row {[round(v, 3) for v in acc.max(1).values.tolist()]}, "
+                f"max control {torch.tensor(r['control_acc']).max().item():.3f}"
+            )
     plot(results, args.n_contexts, args.out)
     common.save_json(args.out, "linear_probes", results, args, subject)
     return results

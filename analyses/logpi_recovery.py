@@ -23,12 +23,28 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from analyses.common import (analysis_parser, subject_from_args, parse_common, run, sample_contexts, save_figure,
-                             save_json, style)
+from analyses.common import (
+    analysis_parser,
+    parse_common,
+    run,
+    sample_contexts,
+    save_figure,
+    save_json,
+    style,
+    subject_from_args,
+)
 from probes import head_assignment
 from probes.metrics import column_softmax_error, fit_column_shift
 
 NAME = "logpi_recovery"
+FIGURES = {
+    "logpi_recovery.png": (
+        "each diagonal W_KQ block (labelled head and demonstration), column-centred and divided by its fitted scale c, beside log pi, with the leftover misfit; the W_OV token block against log pi (row-centred)."
+    ),
+    "logpi_recovery_errors.png": (
+        "column-softmax error of each diagonal block at scale 1 and at the fitted c, against the paper's 0.05 (W_OV: row softmax against pi)."
+    ),
+}
 CLAIM_FITTED_ERROR = 0.05  # the paper's column-softmax error bound for trained models
 
 
@@ -41,9 +57,18 @@ def _fit(block: torch.Tensor, log_pi: torch.Tensor) -> dict:
     # column-shift invariance does not absorb).
     row_part = residual.mean(1, keepdim=True).expand_as(residual)
     row_share = (row_part.norm() ** 2 / residual.norm() ** 2).item() if residual.norm() > 0 else 0.0
-    return {"c": c, "correlation": corr, "error_fitted_max": err_fit[0], "error_fitted_mean": err_fit[1],
-            "error_unit_max": err_unit[0], "error_unit_mean": err_unit[1], "shift": shift,
-            "residual_row_share": row_share, "block": block.double(), "residual": residual}
+    return {
+        "c": c,
+        "correlation": corr,
+        "error_fitted_max": err_fit[0],
+        "error_fitted_mean": err_fit[1],
+        "error_unit_max": err_unit[0],
+        "error_unit_mean": err_unit[1],
+        "shift": shift,
+        "residual_row_share": row_share,
+        "block": block.double(),
+        "residual": residual,
+    }
 
 
 @torch.no_grad()
@@ -68,15 +93,24 @@ def logpi_recovery(model, pi: torch.Tensor) -> dict:
         blocks.append({"head": f"L0H{k}", "demonstration": demos[k], "purity": purity[k], **_fit(W[s, s], log_pi)})
     # W_OV: softmax over each row, invariance = constant per row, i.e. the column convention on W^T.
     ov = _fit(model.W_OV.detach().cpu()[:d].T, log_pi.T)
-    ov.update(block=ov["block"].T, residual=ov["residual"].T, copy_rows_norm=model.W_OV.detach()[d:].norm().item(),
-              token_rows_norm=model.W_OV.detach()[:d].norm().item())
+    ov.update(
+        block=ov["block"].T,
+        residual=ov["residual"].T,
+        copy_rows_norm=model.W_OV.detach()[d:].norm().item(),
+        token_rows_norm=model.W_OV.detach()[:d].norm().item(),
+    )
     worst = {key: max(b[key] for b in blocks) for key in ("error_fitted_max", "error_unit_max")}
     # In W_OV the roles swap: rows = current token, the residual's share constant down each COLUMN is
     # an offset on the next-token logits shared by all tokens (what the copy rows of W_OV add on average).
     ov["residual_column_share"] = ov.pop("residual_row_share")
-    return {"log_pi": log_pi, "blocks": blocks, "ov": ov, "worst": worst,
-            "c_range": [min(b["c"] for b in blocks), max(b["c"] for b in blocks)],
-            "min_correlation": min(b["correlation"] for b in blocks)}
+    return {
+        "log_pi": log_pi,
+        "blocks": blocks,
+        "ov": ov,
+        "worst": worst,
+        "c_range": [min(b["c"] for b in blocks), max(b["c"] for b in blocks)],
+        "min_correlation": min(b["correlation"] for b in blocks),
+    }
 
 
 @torch.no_grad()
@@ -89,7 +123,7 @@ def effective_value_error(model, pi: torch.Tensor, tokens: torch.Tensor) -> dict
     """
     _, cache = model.run_with_cache(tokens, names_filter="blocks.1.attn.hook_v")
     value = cache["blocks.1.attn.hook_v"][:, :, 0].exp().double().cpu()  # [batch, H, d]
-    x = tokens[:, -model.cfg.seq_len:]
+    x = tokens[:, -model.cfg.seq_len :]
     d = model.cfg.d_vocab
     mean = torch.full((d, d), float("nan"), dtype=torch.float64)
     for a in range(d):
@@ -105,8 +139,13 @@ def _plot(res: dict, name: str):
     blocks = sorted(res["blocks"], key=lambda b: (b["demonstration"], b["head"]))
     log_pi, ov = res["log_pi"], res["ov"]
     vmax = max((log_pi - log_pi.mean(0)).abs().max().item(), (log_pi - log_pi.mean(1, keepdim=True)).abs().max().item())
-    rmax = max([b["residual"].abs().max().item() / abs(b["c"]) for b in blocks]
-               + [ov["residual"].abs().max().item() / abs(ov["c"])]) or 1.0
+    rmax = (
+        max(
+            [b["residual"].abs().max().item() / abs(b["c"]) for b in blocks]
+            + [ov["residual"].abs().max().item() / abs(ov["c"])]
+        )
+        or 1.0
+    )
     n = len(blocks) + 3
     fig, axes = plt.subplots(2, n, figsize=(1.8 * n + 1, 4.1), squeeze=False)
     panel = dict(cmap="RdBu_r", vmin=-vmax, vmax=vmax)
@@ -116,13 +155,20 @@ def _plot(res: dict, name: str):
     axes[0, 0].set_ylabel("key token", fontsize=8)
     axes[0, 0].set_xlabel("query token", fontsize=8)
     axes[1, 0].axis("off")
-    axes[1, 0].text(0.0, 0.5, f"worst W_KQ block\ncol-softmax error\nat fitted c: {res['worst']['error_fitted_max']:.3g}"
-                    f"\nat scale 1: {res['worst']['error_unit_max']:.3g}", fontsize=7, va="center")
+    axes[1, 0].text(
+        0.0,
+        0.5,
+        f"worst W_KQ block\ncol-softmax error\nat fitted c: {res['worst']['error_fitted_max']:.3g}"
+        f"\nat scale 1: {res['worst']['error_unit_max']:.3g}",
+        fontsize=7,
+        va="center",
+    )
     for i, b in enumerate(blocks, start=1):
         blk = b["block"]
         axes[0, i].imshow(((blk - blk.mean(0)) / b["c"]).numpy(), **panel)
-        axes[0, i].set_title(f"{b['head']} · demo {b['demonstration']}\nc={b['c']:.2f}, "
-                             f"err={b['error_fitted_max']:.3f}", fontsize=8)
+        axes[0, i].set_title(
+            f"{b['head']} · demo {b['demonstration']}\nc={b['c']:.2f}, err={b['error_fitted_max']:.3f}", fontsize=8
+        )
         rim = axes[1, i].imshow((b["residual"] / b["c"]).numpy(), **rpanel)
         axes[1, i].set_title("residual / c", fontsize=8)
     j = len(blocks) + 1
@@ -141,8 +187,11 @@ def _plot(res: dict, name: str):
         ax.set_yticks([])
     fig.colorbar(im, ax=axes[0, :].tolist(), shrink=0.8, pad=0.01)
     fig.colorbar(rim, ax=axes[1, :].tolist(), shrink=0.8, pad=0.01)
-    fig.suptitle(f"{name}: diagonal W_KQ blocks (column-centred, ÷ fitted c) against log π, and the W_OV token "
-                 "block against log π (row-centred); err = max column-softmax error (W_OV: row softmax)", fontsize=9)
+    fig.suptitle(
+        f"{name}: diagonal W_KQ blocks (column-centred, ÷ fitted c) against log π, and the W_OV token "
+        "block against log π (row-centred); err = max column-softmax error (W_OV: row softmax)",
+        fontsize=9,
+    )
     return fig
 
 
@@ -178,21 +227,31 @@ def main(argv: list[str] | None = None) -> dict:
     save_json(args.out, NAME, res, args, subject)
     print(f"{NAME} on {subject.name}: {len(res['blocks'])} diagonal W_KQ blocks fitted as c log pi + 1 a^T")
     for b in sorted(res["blocks"], key=lambda b: b["demonstration"]):
-        print(f"  {b['head']} (demo {b['demonstration']}, purity {b['purity']:.3f}): c={b['c']:.4f}  "
-              f"corr={b['correlation']:.4f}  col-softmax err fitted {b['error_fitted_max']:.2e} "
-              f"(mean {b['error_fitted_mean']:.2e})  scale-1 {b['error_unit_max']:.2e}")
+        print(
+            f"  {b['head']} (demo {b['demonstration']}, purity {b['purity']:.3f}): c={b['c']:.4f}  "
+            f"corr={b['correlation']:.4f}  col-softmax err fitted {b['error_fitted_max']:.2e} "
+            f"(mean {b['error_fitted_mean']:.2e})  scale-1 {b['error_unit_max']:.2e}"
+        )
     ov = res["ov"]
-    print(f"  W_OV token block (row softmax vs pi): c={ov['c']:.4f}  corr={ov['correlation']:.4f}  "
-          f"err fitted {ov['error_fitted_max']:.2e}  scale-1 {ov['error_unit_max']:.2e}  "
-          f"(copy-subspace rows norm {ov['copy_rows_norm']:.3f} vs token rows {ov['token_rows_norm']:.3f}; "
-          f"{ov['residual_column_share']:.0%} of the residual is one logit offset shared by all tokens)")
-    print(f"  effective value softmax(resid @ W_OV) given x_h' = a, copy rows included, on {args.n_contexts} "
-          f"contexts: max |mean - pi[a]| = {ov['effective_value']['error_max']:.2e}")
-    print(f"  W_KQ residuals: {min(b['residual_row_share'] for b in res['blocks']):.0%}-"
-          f"{max(b['residual_row_share'] for b in res['blocks']):.0%} of their energy is a per-key-token (row) constant")
-    print(f"  worst W_KQ block error at fitted c: {res['worst']['error_fitted_max']:.3g} "
-          f"(claim <= {CLAIM_FITTED_ERROR}); at scale 1: {res['worst']['error_unit_max']:.3g}; "
-          f"c in [{res['c_range'][0]:.3f}, {res['c_range'][1]:.3f}]")
+    print(
+        f"  W_OV token block (row softmax vs pi): c={ov['c']:.4f}  corr={ov['correlation']:.4f}  "
+        f"err fitted {ov['error_fitted_max']:.2e}  scale-1 {ov['error_unit_max']:.2e}  "
+        f"(copy-subspace rows norm {ov['copy_rows_norm']:.3f} vs token rows {ov['token_rows_norm']:.3f}; "
+        f"{ov['residual_column_share']:.0%} of the residual is one logit offset shared by all tokens)"
+    )
+    print(
+        f"  effective value softmax(resid @ W_OV) given x_h' = a, copy rows included, on {args.n_contexts} "
+        f"contexts: max |mean - pi[a]| = {ov['effective_value']['error_max']:.2e}"
+    )
+    print(
+        f"  W_KQ residuals: {min(b['residual_row_share'] for b in res['blocks']):.0%}-"
+        f"{max(b['residual_row_share'] for b in res['blocks']):.0%} of their energy is a per-key-token (row) constant"
+    )
+    print(
+        f"  worst W_KQ block error at fitted c: {res['worst']['error_fitted_max']:.3g} "
+        f"(claim <= {CLAIM_FITTED_ERROR}); at scale 1: {res['worst']['error_unit_max']:.3g}; "
+        f"c in [{res['c_range'][0]:.3f}, {res['c_range'][1]:.3f}]"
+    )
     return res
 
 

@@ -13,12 +13,14 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from analyses.common import FIGURES as FIGURE_DIR
+from analyses.common import FIGURES_DIR as FIGURE_DIR
 from analyses.common import _atomic_write, analysis_parser, parse_common, run, save_figure, save_json, style
 
-FIGURES = {"scale.png": "NLL gap to BMA, TV to the BMA posterior and the least pure copyer head over training "
-                        "steps at d=10, L=K=32, H=24: the reference recipe (PAPER.md section 5) against the scale "
-                        "recipe of `--preset medium`, and the first 300 steps of the scale init at d=20, L=K=64, H=32"}
+FIGURES = {
+    "scale.png": "NLL gap to BMA, TV to the BMA posterior and the least pure copyer head over training "
+    "steps at d=10, L=K=32, H=24: the reference recipe (PAPER.md section 5) against the scale "
+    "recipe of `--preset medium`, and the first 300 steps of the scale init at d=20, L=K=64, H=32"
+}
 HISTORIES = FIGURE_DIR / "scale_histories.json"
 KEPT = ("step", "seconds", "loss", "nll_gap", "tv_to_bma", "parent_acc", "parent_acc_bma", "distinct_demos")
 
@@ -31,8 +33,10 @@ def collect(runs: dict[str, str | Path]) -> dict:
     out = {}
     for label, folder in runs.items():
         training = read_config(folder)["training"]
-        history = [{**{k: m.get(k) for k in KEPT}, "min_purity": min(m["head_purity"]),
-                    "n_heads": len(m["head_purity"])} for m in training["history"]]
+        history = [
+            {**{k: m.get(k) for k in KEPT}, "min_purity": min(m["head_purity"]), "n_heads": len(m["head_purity"])}
+            for m in training["history"]
+        ]
         out[label] = {"config": training["config"], "history": history}
     return out
 
@@ -62,14 +66,19 @@ def plot(result: dict, out) -> list[Path]:
     fig, axes = plt.subplots(1, 3, figsize=(14, 3.8))
     for label, c in result.items():
         for ax, key in zip(axes, ("nll_gap", "tv_to_bma", "min_purity")):
-            ax.plot(c["step"], c[key], marker=".",
-                    label=f"{label} ({c['size']}; {c['eval_contexts']} eval contexts)")
+            ax.plot(c["step"], c[key], marker=".", label=f"{label} ({c['size']}; {c['eval_contexts']} eval contexts)")
     axes[0].set_yscale("log")
     axes[0].axhline(0.01, color="k", ls=":", lw=1)
     axes[1].axhline(0.05, color="k", ls=":", lw=1)
     axes[2].set_ylim(0, 1.02)
-    for ax, title in zip(axes, ("NLL gap to BMA (nats; target 0.01)", "mean TV to BMA posterior (target 0.05)",
-                                "least pure copyer head (mass on its demo)")):
+    for ax, title in zip(
+        axes,
+        (
+            "NLL gap to BMA (nats; target 0.01)",
+            "mean TV to BMA posterior (target 0.05)",
+            "least pure copyer head (mass on its demo)",
+        ),
+    ):
         ax.set_title(title)
         ax.set_xlabel("training step")
     handles, labels = axes[0].get_legend_handles_labels()
@@ -80,8 +89,12 @@ def plot(result: dict, out) -> list[Path]:
 
 def main(argv: list[str] | None = None) -> None:
     parser = analysis_parser("scale", __doc__.split("\n\n")[0])
-    parser.add_argument("--from-runs", nargs="+", metavar="LABEL=FOLDER",
-                        help=f"collect these checkpoints' histories into {HISTORIES.name} first")
+    parser.add_argument(
+        "--from-runs",
+        nargs="+",
+        metavar="LABEL=FOLDER",
+        help=f"collect these checkpoints' histories into {HISTORIES.name} first",
+    )
     parser.add_argument("--histories", default=str(HISTORIES), help="the collected histories (JSON)")
     args = parse_common(parser, argv)
     path = Path(args.histories)
@@ -98,8 +111,10 @@ def main(argv: list[str] | None = None) -> None:
     save_json(args.out, "scale", result, args, None)
     for label, c in result.items():
         f = c["final"]
-        print(f"{label:>28} ({c['size']}): step {f['step']}, gap {f['nll_gap']:+.4f}, TV {f['tv_to_bma']:.3f}, "
-              f"min purity {f['min_purity']:.3f}, {f['distinct_demos']}/{f['n_heads']} distinct demos")
+        print(
+            f"{label:>28} ({c['size']}): step {f['step']}, gap {f['nll_gap']:+.4f}, TV {f['tv_to_bma']:.3f}, "
+            f"min purity {f['min_purity']:.3f}, {f['distinct_demos']}/{f['n_heads']} distinct demos"
+        )
 
 
 if __name__ == "__main__":

@@ -45,9 +45,11 @@ def machine(device: str) -> str:
                 break
     except OSError:
         pass
-    text = (f"{cpu}, {os.cpu_count()} cores ({torch.get_num_threads()} torch threads), torch {torch.__version__}, "
-            f"Python {platform.python_version()}, {datetime.date.today().isoformat()}, "
-            f"load average {os.getloadavg()[0]:.1f} at the start")
+    text = (
+        f"{cpu}, {os.cpu_count()} cores ({torch.get_num_threads()} torch threads), torch {torch.__version__}, "
+        f"Python {platform.python_version()}, {datetime.date.today().isoformat()}, "
+        f"load average {os.getloadavg()[0]:.1f} at the start"
+    )
     if device.startswith("cuda"):
         text += f", GPU {torch.cuda.get_device_name(torch.device(device))}"
     return text
@@ -113,26 +115,39 @@ def step_rows(sizes, repeat: int, device: str) -> list[dict]:
             if label == "ours":
                 reps, warmup = repeat, 1
             timed[label] = _median_time(step, reps, device, warmup)
-        rows.append({"row": f"train step, {name} (d={d}, L=K={L}, H={H}, batch {batch})",
-                     "ours_s": timed["ours"], "baseline_s": timed["reference"],
-                     "baseline": "full-matrix RPE reference", "ratio": timed["reference"] / timed["ours"],
-                     "note": f"same outputs to {err:.1e}"})
+        rows.append(
+            {
+                "row": f"train step, {name} (d={d}, L=K={L}, H={H}, batch {batch})",
+                "ours_s": timed["ours"],
+                "baseline_s": timed["reference"],
+                "baseline": "full-matrix RPE reference",
+                "ratio": timed["reference"] / timed["ours"],
+                "note": f"same outputs to {err:.1e}",
+            }
+        )
     return rows
 
 
 def cache_rows(repeat: int, device: str, batch: int = 2048) -> list[dict]:
-    """``run_with_cache`` against a plain forward at the default size: every hook, and every hook but
-    ``blocks.0.attn.hook_result`` (the per-head results, K(K+1)d numbers a position, built only when hooked)."""
+    """``run_with_cache`` against a plain forward at the default size: every hook (the default), and
+    with ``cfg.use_attn_result`` on (per-head results ``blocks.0.attn.hook_result``, K(K+1)d numbers a position)."""
     model, _, tokens = _subject(5, 10, 12, batch, device)
     rows = []
     with torch.no_grad():
         plain = _median_time(lambda: model(tokens), 3 * repeat, device)
-        for note, names in (("every hook cached", None), ("all but blocks.0.attn.hook_result",
-                                                         lambda name: name != "blocks.0.attn.hook_result")):
-            cached = _median_time(lambda names=names: model.run_with_cache(tokens, names_filter=names),
-                                  3 * repeat, device)
-            rows.append({"row": f"run_with_cache / forward (d=5, L=K=10, H=12, batch {batch})", "ours_s": cached,
-                         "baseline_s": plain, "baseline": "plain forward", "ratio": cached / plain, "note": note})
+        for note, per_head in (("every hook (default)", False), ("every hook, use_attn_result on", True)):
+            model.cfg.use_attn_result = per_head
+            cached = _median_time(lambda: model.run_with_cache(tokens), 3 * repeat, device)
+            rows.append(
+                {
+                    "row": f"run_with_cache / forward (d=5, L=K=10, H=12, batch {batch})",
+                    "ours_s": cached,
+                    "baseline_s": plain,
+                    "baseline": "plain forward",
+                    "ratio": cached / plain,
+                    "note": note,
+                }
+            )
     return rows
 
 
@@ -146,8 +161,14 @@ def bma_row(repeat: int, batch: int = 256) -> dict:
     err = abs(bma_posterior_loop(task.pi, tokens, L, H) - bma_posterior(task.pi, tokens, L, H).numpy()).max()
     fast = _median_time(lambda: bma_posterior(task.pi, tokens, L, H), 3 * repeat, "cpu")
     slow = _median_time(lambda: bma_posterior_loop(task.pi, tokens, L, H), repeat, "cpu")
-    return {"row": f"BMA posterior, vectorised (d=5, L=10, H=12, {batch} contexts)", "ours_s": fast,
-            "baseline_s": slow, "baseline": "per-context loop", "ratio": slow / fast, "note": f"same to {err:.1e}"}
+    return {
+        "row": f"BMA posterior, vectorised (d=5, L=10, H=12, {batch} contexts)",
+        "ours_s": fast,
+        "baseline_s": slow,
+        "baseline": "per-context loop",
+        "ratio": slow / fast,
+        "note": f"same to {err:.1e}",
+    }
 
 
 def _proc_status(field: str) -> int:
@@ -180,6 +201,7 @@ def _memory_child(device: str) -> None:
     above the memory in use just before it."""
     d, L, H, batch = MEMORY_SIZE
     model, _, tokens = _subject(d, L, H, batch, device)
+    model.cfg.use_attn_result = True  # the worst case: every hook, per-head results included
     with torch.no_grad():
         before = _reset_peak(device)
         model(tokens)
@@ -189,8 +211,17 @@ def _memory_child(device: str) -> None:
         after_cache = _peak(device)
     storages = {t.untyped_storage().data_ptr(): t.untyped_storage().nbytes() for t in cache.values()}
     result_bytes = cache["blocks.0.attn.hook_result"].untyped_storage().nbytes()
-    print(json.dumps({"before": before, "forward": after_forward, "cache": after_cache,
-                      "cache_tensors": sum(storages.values()), "hook_result": result_bytes}))
+    print(
+        json.dumps(
+            {
+                "before": before,
+                "forward": after_forward,
+                "cache": after_cache,
+                "cache_tensors": sum(storages.values()),
+                "hook_result": result_bytes,
+            }
+        )
+    )
 
 
 def memory_row(device: str) -> dict:
@@ -202,11 +233,18 @@ def memory_row(device: str) -> dict:
     method = "torch.cuda.max_memory_allocated" if device.startswith("cuda") else "peak RSS (VmHWM, reset before each)"
     d, L, H, batch = MEMORY_SIZE
     cache, forward = m["cache"] - m["before"], m["forward"] - m["before"]
-    return {"row": f"peak memory, cached forward (d={d}, L=K={L}, H={H}, batch {batch})",
-            "ours_s": None, "baseline_s": None, "baseline": "plain forward", "ratio": cache / forward,
-            "note": (f"{cache / gb:.2f} GB above the {m['before'] / gb:.2f} GB in use before, vs {forward / gb:.2f} GB "
-                     f"for a plain forward; cached tensors {m['cache_tensors'] / gb:.2f} GB, "
-                     f"of which blocks.0.attn.hook_result {m['hook_result'] / gb:.2f} GB; {method}, fresh process")}
+    return {
+        "row": f"peak memory, cached forward (d={d}, L=K={L}, H={H}, batch {batch})",
+        "ours_s": None,
+        "baseline_s": None,
+        "baseline": "plain forward",
+        "ratio": cache / forward,
+        "note": (
+            f"{cache / gb:.2f} GB above the {m['before'] / gb:.2f} GB in use before, vs {forward / gb:.2f} GB "
+            f"for a plain forward; cached tensors {m['cache_tensors'] / gb:.2f} GB, "
+            f"of which blocks.0.attn.hook_result {m['hook_result'] / gb:.2f} GB; {method}, fresh process"
+        ),
+    }
 
 
 def train_row(device: str, steps: int) -> dict:
@@ -218,21 +256,36 @@ def train_row(device: str, steps: int) -> dict:
         cfg = TrainConfig(steps=steps, eval_every=steps, eval_contexts=256, device=device, out=tmp)
         _, history = train(cfg, progress=False)
     seconds = history[-1]["seconds"]
-    return {"row": "training, default config (d=5, L=K=10, H=12, batch 256)", "ours_s": seconds / steps,
-            "baseline_s": None, "baseline": "", "ratio": None,
-            "note": f"{steps / seconds:.0f} steps/s ({steps} steps in {seconds:.1f} s)"}
+    return {
+        "row": "training, default config (d=5, L=K=10, H=12, batch 256)",
+        "ours_s": seconds / steps,
+        "baseline_s": None,
+        "baseline": "",
+        "ratio": None,
+        "note": f"{steps / seconds:.0f} steps/s ({steps} steps in {seconds:.1f} s)",
+    }
 
 
 def figures_row() -> dict:
     """Wall time of ``python -m analyses.paper`` into a temporary folder (skipped if it is missing)."""
-    row = {"row": "regenerate all paper figures (python -m analyses.paper)", "ours_s": None, "baseline_s": None,
-           "baseline": "", "ratio": None}
+    row = {
+        "row": "regenerate all paper figures (python -m analyses.paper)",
+        "ours_s": None,
+        "baseline_s": None,
+        "baseline": "",
+        "ratio": None,
+    }
     if not (ROOT / "analyses" / "paper.py").is_file():
         return {**row, "note": "skipped: analyses/paper.py does not exist yet"}
     with tempfile.TemporaryDirectory() as tmp:
         t0 = time.perf_counter()
-        proc = subprocess.run([sys.executable, "-m", "analyses.paper", "--out", tmp], cwd=ROOT,
-                              capture_output=True, text=True, check=False)
+        proc = subprocess.run(
+            [sys.executable, "-m", "analyses.paper", "--out", tmp],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            check=False,
+        )
         seconds = time.perf_counter() - t0
     if proc.returncode != 0:
         last = (proc.stderr.strip().splitlines() or ["no output"])[-1]
@@ -257,8 +310,11 @@ def table(rows: list[dict]) -> str:
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__.split("\n\n")[0])
     parser.add_argument("--only", nargs="+", choices=ROWS, help=f"measure only these rows (default: all of {ROWS})")
-    parser.add_argument("--quick", action="store_true",
-                        help="smoke run: small size only, one repeat, 50 training steps, no memory or figures rows")
+    parser.add_argument(
+        "--quick",
+        action="store_true",
+        help="smoke run: small size only, one repeat, 50 training steps, no memory or figures rows",
+    )
     parser.add_argument("--device", default="cpu", help="torch device for the model timings (default: cpu)")
     parser.add_argument("--threads", type=int, help="torch CPU threads (default: torch's choice)")
     parser.add_argument("--json", help="also write the rows to this JSON file")
@@ -268,8 +324,10 @@ def main(argv: list[str] | None = None) -> None:
             parser.error(f"--threads must be >= 1, got {args.threads}")
         torch.set_num_threads(args.threads)
     if args.device.startswith("cuda") and not torch.cuda.is_available():
-        parser.error(f"--device {args.device}: CUDA is not available on this machine (this is a CPU-only torch "
-                     "build or there is no GPU); run on a machine with a GPU or use --device cpu")
+        parser.error(
+            f"--device {args.device}: CUDA is not available on this machine (this is a CPU-only torch "
+            "build or there is no GPU); run on a machine with a GPU or use --device cpu"
+        )
     try:
         torch.device(args.device)
     except RuntimeError:
@@ -294,8 +352,11 @@ def main(argv: list[str] | None = None) -> None:
     if args.json:
         from analyses.common import _atomic_write
 
-        record = {"command": "python -m bench " + " ".join(sys.argv[1:] if argv is None else argv),
-                  "machine": machine(args.device), "rows": rows}
+        record = {
+            "command": "python -m bench " + " ".join(sys.argv[1:] if argv is None else argv),
+            "machine": machine(args.device),
+            "rows": rows,
+        }
         path = Path(args.json)
         _atomic_write(path, lambda tmp: tmp.write_text(json.dumps(record, indent=1) + "\n"))
 

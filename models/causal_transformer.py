@@ -39,6 +39,9 @@ class CausalTransformerConfig:
     n_copy_heads: int | None = None  # K, copyer heads in blocks.0; None means K = L
     dtype: str = "float32"
     device: str = "cpu"
+    # As in TransformerLens: compute blocks.0.attn.hook_result, the per-head contributions in residual
+    # space. Off by default: they are K(K+1)d numbers a position (2.5 GB for a batch of 256 at L=K=64).
+    use_attn_result: bool = False
 
     def __post_init__(self):
         if self.n_copy_heads is None:
@@ -49,6 +52,8 @@ class CausalTransformerConfig:
                 raise ValueError(f"config field {name} must be a positive integer, got {value!r}")
         if self.d_vocab < 2 or self.seq_len < 2:
             raise ValueError(f"need d_vocab >= 2 and seq_len >= 2, got {self.d_vocab} and {self.seq_len}")
+        if not isinstance(self.use_attn_result, bool):
+            raise ValueError(f"use_attn_result must be true or false, got {self.use_attn_result!r}")
         if self.dtype not in DTYPES:
             raise ValueError(f"dtype must be one of {sorted(DTYPES)}, got {self.dtype!r}")
 
@@ -87,16 +92,22 @@ class CausalTransformerConfig:
         return cls(**d)
 
 
-def _hooked_result(hook: HookPoint, per_head: Float[Tensor, "batch pos head d"], d_model: int) -> Tensor | None:
-    """Per-head contributions in residual space, ``[batch, pos, head, d_model]``, when anything is
-    hooked there; None otherwise (they are large, K(K+1)d per position, and only sum to the output)."""
-    if not hook.fwd_hooks:
+RESULT_HOOK = "blocks.0.attn.hook_result"
+
+
+def _hooked_result(hook: HookPoint, per_head: Float[Tensor, "batch pos head d"], cfg) -> Tensor | None:
+    """Per-head contributions in residual space, ``[batch, pos, head, d_model]``, when
+    ``cfg.use_attn_result``; None otherwise. A hook attached while it is off is an error, not a no-op."""
+    if not cfg.use_attn_result:
+        if hook.fwd_hooks:
+            raise ValueError(f"{RESULT_HOOK} is off: set model.cfg.use_attn_result = True to hook per-head results")
         return None
+    d_model = cfg.d_model
     b, p, k, d = per_head.shape
-    result = per_head.new_zeros(b, p, k, d_model)
-    for i in range(k):  # head i writes subspace i+1; subspace 0 is the token
-        result[:, :, i, (i + 1) * d : (i + 2) * d] = per_head[:, :, i]
-    return hook(result)
+    result = per_head.new_zeros(b, p, k, d_model // d, d)
+    heads = torch.arange(k, device=per_head.device)
+    result[:, :, heads, heads + 1] = per_head  # head i writes subspace i+1; subspace 0 is the token
+    return hook(result.flatten(3))
 
 
 def _unbroadcast(t: Tensor, broadcast: Tensor | None, base: Tensor | None) -> Tensor | None:
@@ -106,6 +117,17 @@ def _unbroadcast(t: Tensor, broadcast: Tensor | None, base: Tensor | None) -> Te
     if t.stride(0) != 0:
         return None
     return base if t is broadcast else t[0]
+
+
+def _without_result(names_filter):
+    """A TransformerLens ``names_filter`` (None, str, list or callable) that also drops RESULT_HOOK."""
+    if names_filter is None:
+        return lambda name: name != RESULT_HOOK
+    if isinstance(names_filter, str):
+        names_filter = [names_filter]
+    if callable(names_filter):
+        return lambda name: name != RESULT_HOOK and names_filter(name)
+    return [name for name in names_filter if name != RESULT_HOOK]
 
 
 class CopyerAttention(nn.Module):
@@ -158,7 +180,7 @@ class CopyerAttention(nn.Module):
         else:
             z = torch.einsum("bkhT,bTd->bhkd", pattern, x)
         z = self.hook_z(z)
-        return z, _hooked_result(self.hook_result, z, self.cfg.d_model)
+        return z, _hooked_result(self.hook_result, z, self.cfg)
 
 
 class BilinearAttention(nn.Module):
@@ -253,7 +275,10 @@ class CausalTransformer(HookedRootModule):
         return select_block.hook_resid_post(mixture.squeeze(2))
 
     def run_with_cache(self, *args, **kwargs) -> tuple[Float[Tensor, "batch H d"], ActivationCache]:
-        """As ``HookedRootModule.run_with_cache``, with the cache wrapped in an ``ActivationCache``."""
+        """As ``HookedRootModule.run_with_cache``, with the cache wrapped in an ``ActivationCache``.
+        ``blocks.0.attn.hook_result`` is cached only when ``cfg.use_attn_result`` is on."""
+        if not self.cfg.use_attn_result:
+            kwargs["names_filter"] = _without_result(kwargs.get("names_filter"))
         out, cache = super().run_with_cache(*args, **kwargs)
         return out, cache if isinstance(cache, ActivationCache) else ActivationCache(cache, self)
 

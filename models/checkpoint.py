@@ -29,11 +29,16 @@ TRAIN_STATE, TRAIN_META = "train_state.safetensors", "train_state.json"
 
 
 def versions() -> dict:
-    import transformer_lens  # noqa: F401  (version lookup only)
     from importlib.metadata import version
 
-    return {"python": platform.python_version(), "torch": torch.__version__,
-            "transformer_lens": version("transformer-lens"), "safetensors": version("safetensors")}
+    import transformer_lens  # noqa: F401  (version lookup only)
+
+    return {
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "transformer_lens": version("transformer-lens"),
+        "safetensors": version("safetensors"),
+    }
 
 
 def read_config(path: str | Path) -> dict:
@@ -57,8 +62,11 @@ def check_state_dict(state: dict[str, Tensor], model: torch.nn.Module, source: s
     expected = {k: tuple(v.shape) for k, v in model.state_dict().items()}
     missing = sorted(set(expected) - set(state))
     unexpected = sorted(set(state) - set(expected))
-    wrong = [f"{k}: got {tuple(state[k].shape)}, expected {expected[k]}"
-             for k in sorted(set(expected) & set(state)) if tuple(state[k].shape) != expected[k]]
+    wrong = [
+        f"{k}: got {tuple(state[k].shape)}, expected {expected[k]}"
+        for k in sorted(set(expected) & set(state))
+        if tuple(state[k].shape) != expected[k]
+    ]
     problems = []
     if missing:
         problems.append("missing " + ", ".join(f"{k} {expected[k]}" for k in missing))
@@ -130,8 +138,9 @@ def save(
         safetensors.torch.save_file(state, folder / WEIGHTS)
         (folder / CONFIG).write_text(json.dumps(config, indent=1) + "\n")
         if train_state is not None:
-            safetensors.torch.save_file({k: v.detach().cpu().contiguous() for k, v in train_state.items()},
-                                        folder / TRAIN_STATE)
+            safetensors.torch.save_file(
+                {k: v.detach().cpu().contiguous() for k, v in train_state.items()}, folder / TRAIN_STATE
+            )
             (folder / TRAIN_META).write_text(json.dumps(train_meta or {}, indent=1) + "\n")
 
     write_folder_atomically(path, write)

@@ -26,8 +26,14 @@ from transformer_lens.hook_points import HookPoint
 
 from models.causal_transformer import BilinearAttention, CausalTransformer, CausalTransformerConfig
 from probes import head_assignment, mean_tv, parent_accuracy
-from probes.continuous import (ContinuousTask, check_vectors, gaussian_bma_posterior, gaussian_coefficients,
-                               predictive_mean, target_mse)
+from probes.continuous import (
+    ContinuousTask,
+    check_vectors,
+    gaussian_bma_posterior,
+    gaussian_coefficients,
+    predictive_mean,
+    target_mse,
+)
 
 
 class MeanAttention(BilinearAttention):
@@ -117,9 +123,16 @@ def evaluate(model: ContinuousTransformer, task: ContinuousTask, x: Tensor, pare
     posterior = gaussian_bma_posterior(task, x)
     demos, purity = head_assignment(model.copyer_pattern().cpu(), task.n_examples)
     nll, nll_bma = gaussian_nll(mean.cpu(), x, task), bma_nll(task, x)
-    return {"nll": nll, "nll_bma": nll_bma, "nll_gap": nll - nll_bma,
-            "mse": target_mse(mean.cpu(), x, task.seq_len),
-            "mse_bma": target_mse(predictive_mean(task, x, posterior), x, task.seq_len),
-            "tv_to_bma": mean_tv(attention, posterior), "parent_acc": parent_accuracy(attention, parents),
-            "parent_acc_bma": parent_accuracy(posterior, parents), "head_demo": demos, "head_purity": purity,
-            "distinct_demos": len(set(demos))}
+    return {
+        "nll": nll,
+        "nll_bma": nll_bma,
+        "nll_gap": nll - nll_bma,
+        "mse": target_mse(mean.cpu(), x, task.seq_len),
+        "mse_bma": target_mse(predictive_mean(task, x, posterior), x, task.seq_len),
+        "tv_to_bma": mean_tv(attention, posterior),
+        "parent_acc": parent_accuracy(attention, parents),
+        "parent_acc_bma": parent_accuracy(posterior, parents),
+        "head_demo": demos,
+        "head_purity": purity,
+        "distinct_demos": len(set(demos)),
+    }

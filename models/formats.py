@@ -71,8 +71,10 @@ def load_foreign(path: str | Path, device: str | None = None, *, key_map=None, c
     path = Path(path)
     if path.is_dir():
         if key_map is not None or config is not None:
-            raise ValueError(f"{path} is a Hugging Face folder: its config.json and task.json define it; "
-                             f"--key-map and --config apply to weight files only")
+            raise ValueError(
+                f"{path} is a Hugging Face folder: its config.json and task.json define it; "
+                f"--key-map and --config apply to weight files only"
+            )
         return load_hf(path, device)
     state = read_weights(path)
     state = apply_key_map(strip_prefixes(state), read_key_map(key_map))
@@ -101,8 +103,11 @@ def foreign_hash(path: str | Path, key_map=None, config=None) -> str:
     for f in files:
         h.update(f.name.encode() + f.read_bytes())
     if not path.is_dir():
-        h.update(json.dumps(_json_arg(config, "config", path) if config is not None else
-                            _read_json(_find_config(path), "config")).encode())
+        h.update(
+            json.dumps(
+                _json_arg(config, "config", path) if config is not None else _read_json(_find_config(path), "config")
+            ).encode()
+        )
     if key_map is not None:
         h.update(json.dumps(_json_arg(key_map, "key map")).encode())
     return h.hexdigest()[:16]
@@ -119,8 +124,9 @@ def read_weights(path: Path) -> dict[str, Tensor]:
             blocked = [line.strip() for line in str(e).splitlines() if "GLOBAL" in line]
             if not blocked:  # not a pickle at all
                 raise ValueError(f"{path} is not a readable PyTorch file (not a state-dict archive)") from None
-            raise ValueError(f"{path} is not a plain state dict: refusing to unpickle it, it would load code "
-                             f"({blocked[0][:160]})") from None
+            raise ValueError(
+                f"{path} is not a plain state dict: refusing to unpickle it, it would load code ({blocked[0][:160]})"
+            ) from None
         except Exception as e:  # truncated or corrupt archives raise RuntimeError, EOFError, ...
             raise ValueError(f"{path} is not a readable PyTorch file ({_first_line(e)})") from None
         return _as_state_dict(obj, path)
@@ -129,8 +135,10 @@ def read_weights(path: Path) -> dict[str, Tensor]:
             return safetensors.torch.load_file(path)
         except Exception as e:
             raise ValueError(f"{path} is not a readable safetensors file ({_first_line(e)})") from None
-    raise ValueError(f"{path}: unknown weight format {suffix!r}; expected one of "
-                     f"{', '.join(TORCH_SUFFIXES + (SAFETENSORS_SUFFIX,))}, or a checkpoint folder")
+    raise ValueError(
+        f"{path}: unknown weight format {suffix!r}; expected one of "
+        f"{', '.join(TORCH_SUFFIXES + (SAFETENSORS_SUFFIX,))}, or a checkpoint folder"
+    )
 
 
 def _as_state_dict(obj, path: Path) -> dict[str, Tensor]:
@@ -166,8 +174,10 @@ def read_key_map(key_map) -> dict[str, dict]:
         return {}
     raw = _json_arg(key_map, "key map")
     if not isinstance(raw, dict):
-        raise ValueError(f"key map must be a JSON object {{file key: our key or {{to, transpose, reshape}}}}, "
-                         f"got {type(raw).__name__}")
+        raise ValueError(
+            f"key map must be a JSON object {{file key: our key or {{to, transpose, reshape}}}}, "
+            f"got {type(raw).__name__}"
+        )
     spec = {}
     for src, entry in raw.items():
         entry = {"to": entry} if isinstance(entry, str) else entry
@@ -175,14 +185,16 @@ def read_key_map(key_map) -> dict[str, dict]:
             raise ValueError(f"key map entry {src!r} must be a key name or an object with a 'to' name")
         unknown = set(entry) - {"to", "transpose", "reshape"}
         if unknown:
-            raise ValueError(f"key map entry {src!r} has unknown fields {sorted(unknown)}; "
-                             f"expected to, transpose, reshape")
+            raise ValueError(
+                f"key map entry {src!r} has unknown fields {sorted(unknown)}; expected to, transpose, reshape"
+            )
         t = entry.get("transpose", False)
         if not (isinstance(t, bool) or (isinstance(t, list) and len(t) == 2 and all(isinstance(i, int) for i in t))):
             raise ValueError(f"key map entry {src!r}: transpose must be true/false or two dims, got {t!r}")
         r = entry.get("reshape")
-        if r is not None and not (isinstance(r, list) and all(isinstance(i, int) and not isinstance(i, bool)
-                                                               for i in r)):
+        if r is not None and not (
+            isinstance(r, list) and all(isinstance(i, int) and not isinstance(i, bool) for i in r)
+        ):
             raise ValueError(f"key map entry {src!r}: reshape must be a list of ints, got {r!r}")
         spec[src] = {"to": entry["to"], "transpose": t, "reshape": r}
     return spec
@@ -233,8 +245,12 @@ def read_file_config(path: Path, config=None) -> tuple[dict, MarkovTreeTask]:
         model_cfg, task = dict(raw["model"]), task_from_dict(raw["task"], str(where))
     else:
         task = task_from_dict(raw, str(where))
-        model_cfg = {"d_vocab": task.d_vocab, "n_examples": task.n_examples, "seq_len": task.seq_len,
-                     "n_copy_heads": raw.get("n_copy_heads")}
+        model_cfg = {
+            "d_vocab": task.d_vocab,
+            "n_examples": task.n_examples,
+            "seq_len": task.seq_len,
+            "n_copy_heads": raw.get("n_copy_heads"),
+        }
     for field, value in (("d_vocab", task.d_vocab), ("n_examples", task.n_examples), ("seq_len", task.seq_len)):
         if model_cfg.get(field) != value:
             raise ValueError(f"config {where}: model {field}={model_cfg.get(field)} disagrees with the task's {value}")
@@ -246,8 +262,10 @@ def _find_config(path: Path) -> Path:
     for candidate in tried:
         if candidate.is_file():
             return candidate
-    raise ValueError(f"{path} needs a config: pass --config (a checkpoint config.json or a task.json); "
-                     f"none found at {', '.join(str(t) for t in tried)}")
+    raise ValueError(
+        f"{path} needs a config: pass --config (a checkpoint config.json or a task.json); "
+        f"none found at {', '.join(str(t) for t in tried)}"
+    )
 
 
 def read_task_json(path: str | Path) -> MarkovTreeTask:

@@ -36,6 +36,14 @@ from probes import MarkovTreeTask, bma_predictive, check_tokens, target_nll
 TRAINING_JSON = "training.json"
 
 
+FIGURES = {
+    "standard_vs_disentangled.png": (
+        "training curves (NLL gap to BMA) of a small pre-norm GPT-2 and of the disentangled model on the same "
+        "task, with BMA and the uniform-parent plateau as horizontal lines"
+    ),
+}
+
+
 @dataclass
 class StandardConfig:
     # task (the same sampler as models.train; defaults: the issue's d=5, L=6, H=8)
@@ -74,16 +82,29 @@ class StandardConfig:
             raise ValueError(f"loss_on must be 'target' or 'all', got {self.loss_on!r}")
 
     def task(self) -> MarkovTreeTask:
-        return MarkovTreeTask.random(self.d_vocab, self.n_examples, self.seq_len, self.alpha, self.gamma, self.task_seed)
+        return MarkovTreeTask.random(
+            self.d_vocab, self.n_examples, self.seq_len, self.alpha, self.gamma, self.task_seed
+        )
 
 
 def build_gpt2(cfg: StandardConfig, n_tokens: int):
     """An untrained ``GPT2LMHeadModel`` (no dropout) with ``cfg.d_vocab`` tokens and n_tokens positions."""
     from transformers import GPT2Config, GPT2LMHeadModel
 
-    hf = GPT2Config(vocab_size=cfg.d_vocab, n_positions=n_tokens, n_embd=cfg.d_model, n_layer=cfg.n_layers,
-                    n_head=cfg.n_heads, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0,
-                    initializer_range=cfg.init_std, bos_token_id=0, eos_token_id=0, tie_word_embeddings=False)
+    hf = GPT2Config(
+        vocab_size=cfg.d_vocab,
+        n_positions=n_tokens,
+        n_embd=cfg.d_model,
+        n_layer=cfg.n_layers,
+        n_head=cfg.n_heads,
+        resid_pdrop=0.0,
+        embd_pdrop=0.0,
+        attn_pdrop=0.0,
+        initializer_range=cfg.init_std,
+        bos_token_id=0,
+        eos_token_id=0,
+        tie_word_embeddings=False,
+    )
     return GPT2LMHeadModel(hf)
 
 
@@ -128,8 +149,13 @@ def evaluate(model, task: MarkovTreeTask, tokens: Tensor) -> dict:
     model.train(was_training)
     nll_bma = target_nll(bma_predictive(task.pi, tokens, task.n_examples, task.seq_len, task.root, log=True), tokens)
     nll_uniform = target_nll(uniform_parent_predictive(task, tokens), tokens)
-    return {"nll": nll, "nll_bma": nll_bma, "nll_uniform": nll_uniform, "nll_gap": nll - nll_bma,
-            "plateau_gap": nll_uniform - nll_bma}
+    return {
+        "nll": nll,
+        "nll_bma": nll_bma,
+        "nll_uniform": nll_uniform,
+        "nll_gap": nll - nll_bma,
+        "plateau_gap": nll_uniform - nll_bma,
+    }
 
 
 def train_standard(cfg: StandardConfig, progress: bool = True, save: bool = True):
@@ -151,8 +177,12 @@ def train_standard(cfg: StandardConfig, progress: bool = True, save: bool = True
             loss = _loss(model, task.sample(cfg.batch_size, data_gen)[0], cfg)
             _descend(loss, opt, sched)
             if done % cfg.eval_every == 0 or done == cfg.steps:
-                m = {"step": done, "loss": loss.item(), "seconds": time.perf_counter() - t0,
-                     **evaluate(model, task, eval_tokens)}
+                m = {
+                    "step": done,
+                    "loss": loss.item(),
+                    "seconds": time.perf_counter() - t0,
+                    **evaluate(model, task, eval_tokens),
+                }
                 history.append(m)
                 bar.set_postfix(gap=f"{m['nll_gap']:.4f}", plateau=f"{m['plateau_gap']:.4f}")
         bar.close()
@@ -207,31 +237,58 @@ def compare_figure(cfg: StandardConfig, history: list[dict], out: str | Path, pr
     from models.train import TrainConfig, train
 
     with tempfile.TemporaryDirectory() as tmp:
-        tcfg = TrainConfig(d_vocab=cfg.d_vocab, n_examples=cfg.n_examples, seq_len=cfg.seq_len, alpha=cfg.alpha,
-                           gamma=cfg.gamma, task_seed=cfg.task_seed, seed=cfg.seed, steps=cfg.steps,
-                           batch_size=cfg.batch_size, eval_every=cfg.eval_every, eval_contexts=cfg.eval_contexts,
-                           out=str(Path(tmp) / "disentangled"))
+        tcfg = TrainConfig(
+            d_vocab=cfg.d_vocab,
+            n_examples=cfg.n_examples,
+            seq_len=cfg.seq_len,
+            alpha=cfg.alpha,
+            gamma=cfg.gamma,
+            task_seed=cfg.task_seed,
+            seed=cfg.seed,
+            steps=cfg.steps,
+            batch_size=cfg.batch_size,
+            eval_every=cfg.eval_every,
+            eval_contexts=cfg.eval_contexts,
+            out=str(Path(tmp) / "disentangled"),
+        )
         _, disentangled = train(tcfg, progress=progress)
     plateau = history[-1]["plateau_gap"]
     style()
     fig, ax = plt.subplots(figsize=(6, 3.6))
-    ax.plot([m["step"] for m in history], [m["nll_gap"] for m in history], "o-", ms=3,
-            label=f"standard GPT-2 ({cfg.n_layers} layers, {cfg.n_heads} heads, width {cfg.d_model})")
-    ax.plot([m["step"] for m in disentangled], [m["nll_gap"] for m in disentangled], "s-", ms=3,
-            label="disentangled two-layer model")
+    ax.plot(
+        [m["step"] for m in history],
+        [m["nll_gap"] for m in history],
+        "o-",
+        ms=3,
+        label=f"standard GPT-2 ({cfg.n_layers} layers, {cfg.n_heads} heads, width {cfg.d_model})",
+    )
+    ax.plot(
+        [m["step"] for m in disentangled],
+        [m["nll_gap"] for m in disentangled],
+        "s-",
+        ms=3,
+        label="disentangled two-layer model",
+    )
     ax.axhline(0, color="k", lw=1, label="BMA")
     ax.axhline(plateau, color="C3", ls="--", lw=1, label="uniform-parent plateau")
     ax.set_yscale("symlog", linthresh=1e-3)
     ax.set_ylim(bottom=0)
-    ax.set(xlabel="training step", ylabel="NLL - NLL(BMA) (nats)",
-           title=f"Training curves, d={cfg.d_vocab} L={cfg.n_examples} H={cfg.seq_len}, "
-                 f"{cfg.eval_contexts} held-out contexts")
+    ax.set(
+        xlabel="training step",
+        ylabel="NLL - NLL(BMA) (nats)",
+        title=f"Training curves, d={cfg.d_vocab} L={cfg.n_examples} H={cfg.seq_len}, "
+        f"{cfg.eval_contexts} held-out contexts",
+    )
     ax.legend(fontsize=7)
     save_figure(fig, out, "standard_vs_disentangled")
-    result = {"standard": history, "disentangled": [{k: m[k] for k in ("step", "nll", "nll_bma", "nll_gap")}
-                                                    for m in disentangled], "plateau_gap": plateau}
-    save_json(out, "standard_vs_disentangled", result, SimpleNamespace(seed=cfg.seed, n_contexts=cfg.eval_contexts),
-              None)
+    result = {
+        "standard": history,
+        "disentangled": [{k: m[k] for k in ("step", "nll", "nll_bma", "nll_gap")} for m in disentangled],
+        "plateau_gap": plateau,
+    }
+    save_json(
+        out, "standard_vs_disentangled", result, SimpleNamespace(seed=cfg.seed, n_contexts=cfg.eval_contexts), None
+    )
     return result
 
 
@@ -239,10 +296,15 @@ def parse_args(argv: list[str] | None = None) -> tuple[StandardConfig, argparse.
     parser = argparse.ArgumentParser(prog="python -m models.standard", description=__doc__.split("\n\n")[0])
     for f in dataclasses.fields(StandardConfig):
         kind = {"int": int, "float": float, "str": str}[f.type]
-        parser.add_argument("--" + f.name.replace("_", "-"), type=kind, default=f.default,
-                            help=f"(default: {f.default})")
-    parser.add_argument("--compare", metavar="FIGURES_DIR", default=None,
-                        help="also train the disentangled model and write standard_vs_disentangled.png there")
+        parser.add_argument(
+            "--" + f.name.replace("_", "-"), type=kind, default=f.default, help=f"(default: {f.default})"
+        )
+    parser.add_argument(
+        "--compare",
+        metavar="FIGURES_DIR",
+        default=None,
+        help="also train the disentangled model and write standard_vs_disentangled.png there",
+    )
     args = parser.parse_args(argv)
     try:
         cfg = StandardConfig(**{f.name: getattr(args, f.name) for f in dataclasses.fields(StandardConfig)})
@@ -263,9 +325,11 @@ def main(argv: list[str] | None = None) -> None:
     try:
         _, history = train_standard(cfg)
         last = history[-1]
-        print(f"wrote {cfg.out} ({last['seconds']:.1f} s): NLL {last['nll']:.4f}, BMA {last['nll_bma']:.4f}, "
-              f"uniform-parent plateau {last['nll_uniform']:.4f} (gap to BMA {last['nll_gap']:+.4f}, "
-              f"plateau's {last['plateau_gap']:+.4f})")
+        print(
+            f"wrote {cfg.out} ({last['seconds']:.1f} s): NLL {last['nll']:.4f}, BMA {last['nll_bma']:.4f}, "
+            f"uniform-parent plateau {last['nll_uniform']:.4f} (gap to BMA {last['nll_gap']:+.4f}, "
+            f"plateau's {last['plateau_gap']:+.4f})"
+        )
         if args.compare is not None:
             compare_figure(cfg, history, args.compare)
             print(f"wrote {Path(args.compare) / 'standard_vs_disentangled.png'}")

@@ -79,11 +79,14 @@ class TrainConfig:
             from probes.continuous import ContinuousTask
 
             return ContinuousTask.random(self.d_vocab, self.n_examples, self.seq_len, self.rho, self.task_seed)
-        return MarkovTreeTask.random(self.d_vocab, self.n_examples, self.seq_len, self.alpha, self.gamma, self.task_seed)
+        return MarkovTreeTask.random(
+            self.d_vocab, self.n_examples, self.seq_len, self.alpha, self.gamma, self.task_seed
+        )
 
     def model_config(self) -> CausalTransformerConfig:
-        return CausalTransformerConfig(self.d_vocab, self.n_examples, self.seq_len, self.n_copy_heads,
-                                       self.dtype, self.device)
+        return CausalTransformerConfig(
+            self.d_vocab, self.n_examples, self.seq_len, self.n_copy_heads, self.dtype, self.device
+        )
 
 
 # --preset NAME sets these fields (explicit flags still override them). The scale recipe (README,
@@ -93,10 +96,28 @@ class TrainConfig:
 # Measured: medium reaches gap < 0.01 and TV <= 0.05 by step 1000, 32/32 distinct heads (purity 0.95).
 PRESETS: dict[str, dict] = {
     "small": {},  # the defaults above: d=5, L=K=10, H=12
-    "medium": {"d_vocab": 10, "n_examples": 32, "seq_len": 24, "init_demo": 6.5, "init_offset": 2.0,
-               "copyer_lr_scale": 0.3, "steps": 1500, "eval_every": 100, "eval_contexts": 1024},
-    "large": {"d_vocab": 20, "n_examples": 64, "seq_len": 32, "init_demo": 7.5, "init_offset": 2.0,
-              "copyer_lr_scale": 0.3, "steps": 3000, "eval_every": 100, "eval_contexts": 512},
+    "medium": {
+        "d_vocab": 10,
+        "n_examples": 32,
+        "seq_len": 24,
+        "init_demo": 6.5,
+        "init_offset": 2.0,
+        "copyer_lr_scale": 0.3,
+        "steps": 1500,
+        "eval_every": 100,
+        "eval_contexts": 1024,
+    },
+    "large": {
+        "d_vocab": 20,
+        "n_examples": 64,
+        "seq_len": 32,
+        "init_demo": 7.5,
+        "init_offset": 2.0,
+        "copyer_lr_scale": 0.3,
+        "steps": 3000,
+        "eval_every": 100,
+        "eval_contexts": 512,
+    },
 }
 
 
@@ -235,8 +256,12 @@ def _train(cfg: TrainConfig, progress: bool, place: distributed.Rank, device: st
             loss = distributed.mean_over_ranks(loss, place).item()  # the only host-device sync: at evaluation
             if not place.is_main:
                 continue
-            m = {"step": done, "loss": loss, "seconds": time.perf_counter() - t0,
-                 **evaluate(model, task, eval_tokens, eval_parents)}
+            m = {
+                "step": done,
+                "loss": loss,
+                "seconds": time.perf_counter() - t0,
+                **evaluate(model, task, eval_tokens, eval_parents),
+            }
             history.append(m)
             bar.set_postfix(gap=f"{m['nll_gap']:.4f}", tv=f"{m['tv_to_bma']:.3f}")
             if progress:
@@ -296,8 +321,12 @@ def _resume(out: Path, cfg: TrainConfig, model, opt, sched, data_gen) -> tuple[i
 
 def parse_args(argv: list[str] | None = None) -> TrainConfig:
     parser = argparse.ArgumentParser(prog="python -m models.train", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--preset", choices=sorted(PRESETS), default="small",
-                        help="model size and recipe; other flags override its fields (default: small)")
+    parser.add_argument(
+        "--preset",
+        choices=sorted(PRESETS),
+        default="small",
+        help="model size and recipe; other flags override its fields (default: small)",
+    )
     for f in dataclasses.fields(TrainConfig):
         flag = "--" + f.name.replace("_", "-")
         if f.type == "bool":

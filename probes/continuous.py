@@ -40,8 +40,10 @@ def check_vectors(x: Tensor, d: int, n_examples: int, seq_len: int) -> Float[Ten
     if not x.dtype.is_floating_point:
         raise ValueError(f"continuous contexts must be real vectors, got dtype {x.dtype}")
     if x.ndim != 3 or x.shape[1:] != (T, d):
-        raise ValueError(f"contexts must have shape [batch, (L+1)*H, d] = [batch, {T}, {d}] "
-                         f"(L={n_examples}, H={seq_len}), got {tuple(x.shape)}")
+        raise ValueError(
+            f"contexts must have shape [batch, (L+1)*H, d] = [batch, {T}, {d}] "
+            f"(L={n_examples}, H={seq_len}), got {tuple(x.shape)}"
+        )
     if not torch.isfinite(x).all():
         raise ValueError("contexts contain NaN or Inf; expected finite vectors")
     return x
@@ -94,9 +96,15 @@ class ContinuousTask:
         return x.reshape(batch, L1 * H, d), parents
 
     def to_dict(self) -> dict:
-        return {"kind": "continuous", "d_vocab": self.d_vocab, "n_examples": self.n_examples,
-                "seq_len": self.seq_len, "rho": self.rho, "A": self.A.tolist(),
-                "layout": "example-major: flat index l*H + h, l = n_examples is the target; x is [batch, T, d]"}
+        return {
+            "kind": "continuous",
+            "d_vocab": self.d_vocab,
+            "n_examples": self.n_examples,
+            "seq_len": self.seq_len,
+            "rho": self.rho,
+            "A": self.A.tolist(),
+            "layout": "example-major: flat index l*H + h, l = n_examples is the target; x is [batch, T, d]",
+        }
 
     @classmethod
     def from_dict(cls, d: dict) -> ContinuousTask:

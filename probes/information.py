@@ -134,8 +134,14 @@ def sdpi_report(pi: Float[Tensor, "d d"], root: Float[Tensor, " d"], parents: Te
     channel = joint[pa[rows]] / marg[pa[rows]].view(-1, 1, marg.shape[1], 1)  # [h, g, a, b] = P(x_g=b | x_pa(h)=a)
     dob = torch.where(cand, dobrushin(channel), -torch.inf).amax(-1)
     slack = torch.where(cand, mi_pa - mi[rows], torch.inf).min().item() if H > 2 else float("inf")
-    return {"ratio": dict(zip(rows.tolist(), ratio.tolist())), "dobrushin": dict(zip(rows.tolist(), dob.tolist())),
-            "bound": 1 - delta * gamma, "delta": delta, "gamma": gamma, "dpi_slack": slack}
+    return {
+        "ratio": dict(zip(rows.tolist(), ratio.tolist())),
+        "dobrushin": dict(zip(rows.tolist(), dob.tolist())),
+        "bound": 1 - delta * gamma,
+        "delta": delta,
+        "gamma": gamma,
+        "dpi_slack": slack,
+    }
 
 
 def expected_log_likelihood(

@@ -34,8 +34,14 @@ def fit_ridge(x: Float[Tensor, "n f"], y: Int[Tensor, " n"], n_classes: int, l2:
     return torch.linalg.solve(gram, x1.T @ target)
 
 
-def linear_probe(features: Float[Tensor, "n f"], labels: Int[Tensor, " n"], n_classes: int, seed: int = 0,
-                 test_fraction: float = 0.25, l2: float = 1e-3) -> ProbeResult:
+def linear_probe(
+    features: Float[Tensor, "n f"],
+    labels: Int[Tensor, " n"],
+    n_classes: int,
+    seed: int = 0,
+    test_fraction: float = 0.25,
+    l2: float = 1e-3,
+) -> ProbeResult:
     """Fit on a random (seeded) split, standardising with training statistics; report held-out accuracy
     next to the shuffled-label control and the majority baseline."""
     features, labels = torch.as_tensor(features).double(), torch.as_tensor(labels).long()
@@ -64,5 +70,6 @@ def linear_probe(features: Float[Tensor, "n f"], labels: Int[Tensor, " n"], n_cl
     train_acc, test_acc = accuracy(labels)
     _, control_acc = accuracy(shuffled)
     majority = torch.bincount(labels[train], minlength=n_classes).argmax()
-    return ProbeResult(train_acc, test_acc, control_acc, (labels[test] == majority).double().mean().item(),
-                       len(train), n_test)
+    return ProbeResult(
+        train_acc, test_acc, control_acc, (labels[test] == majority).double().mean().item(), len(train), n_test
+    )

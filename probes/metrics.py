@@ -6,7 +6,6 @@ candidates and is excluded from every average, as is everything at positions h =
 
 from __future__ import annotations
 
-import torch
 from jaxtyping import Float, Int
 from torch import Tensor
 
@@ -77,7 +76,9 @@ def fit_column_shift(
     """
     b, r = block.double(), reference.double()
     if b.shape != r.shape or b.ndim != 2:
-        raise ValueError(f"block and reference must be matrices of one shape, got {tuple(b.shape)} and {tuple(r.shape)}")
+        raise ValueError(
+            f"block and reference must be matrices of one shape, got {tuple(b.shape)} and {tuple(r.shape)}"
+        )
     bc, rc = b - b.mean(0), r - r.mean(0)
     if rc.norm() == 0:
         raise ValueError("reference is constant down every column; the scale c is not identifiable")

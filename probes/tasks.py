@@ -186,4 +186,3 @@ def load_task(checkpoint_path: str | Path) -> MarkovTreeTask:
     from models.checkpoint import read_config
 
     return MarkovTreeTask.from_dict(read_config(checkpoint_path)["task"])
-

@@ -26,6 +26,7 @@ def _one_thread():
     with single_thread():
         yield
 
+
 @pytest.fixture(scope="module")
 def theorem1_run():
     task = build_task(d_vocab=4, n_examples=L, seq_len=H, seed=2)
@@ -62,8 +63,9 @@ def test_corrupted_contexts_share_the_target_and_change_the_demonstrations():
 def test_shipped_checkpoint_all_heads_restore_clean_and_nothing_gives_zero(checkpoint_patcher):
     p, _, _ = checkpoint_patcher
     one = ap.pd.DataFrame({"layer": [0]})
-    torch.testing.assert_close(p.sweep("z", ap.patch_everything, one), torch.ones(2, 1, dtype=torch.float64),
-                               atol=1e-6, rtol=0)
+    torch.testing.assert_close(
+        p.sweep("z", ap.patch_everything, one), torch.ones(2, 1, dtype=torch.float64), atol=1e-6, rtol=0
+    )
     assert torch.equal(p.sweep("z", ap.patch_nothing, one), torch.zeros(2, 1, dtype=torch.float64))
     assert (p.denominator > 0).all()  # clean is better than corrupted on both metrics
 

@@ -18,7 +18,9 @@ from probes.metrics import block_norms
 
 def test_block_norms_match_numpy_loop():
     W = torch.randn(12, 8, dtype=torch.float64)
-    ref = np.array([[np.linalg.norm(W.numpy()[4 * i:4 * i + 4, 4 * j:4 * j + 4]) for j in range(2)] for i in range(3)])
+    ref = np.array(
+        [[np.linalg.norm(W.numpy()[4 * i : 4 * i + 4, 4 * j : 4 * j + 4]) for j in range(2)] for i in range(3)]
+    )
     np.testing.assert_allclose(block_norms(W, 4).numpy(), ref, rtol=1e-12)
     with pytest.raises(ValueError, match="does not split"):
         block_norms(W, 5)
@@ -45,13 +47,24 @@ def test_shipped_checkpoint_is_block_diagonal():
     res = bs.block_structure(models.load(models.DEFAULT_CHECKPOINT))
     assert res["ratio"] <= bs.CLAIM_RATIO
     assert res["token_query_column"].abs().max() == 0  # the query's token subspace is masked
-    assert res["head_demo"] == json.loads((models.DEFAULT_CHECKPOINT / "config.json").read_text())[
-        "training"]["history"][-1]["head_demo"]
+    assert (
+        res["head_demo"]
+        == json.loads((models.DEFAULT_CHECKPOINT / "config.json").read_text())["training"]["history"][-1]["head_demo"]
+    )
 
 
 def test_snapshots_of_a_training_run_survive_and_are_measured(tmp_path):
-    cfg = TrainConfig(d_vocab=3, n_examples=2, seq_len=4, steps=30, batch_size=32, eval_every=10,
-                      eval_contexts=32, snapshot_every=10, out=str(tmp_path / "run"))
+    cfg = TrainConfig(
+        d_vocab=3,
+        n_examples=2,
+        seq_len=4,
+        steps=30,
+        batch_size=32,
+        eval_every=10,
+        eval_contexts=32,
+        snapshot_every=10,
+        out=str(tmp_path / "run"),
+    )
     model, _ = train(cfg, progress=False)
     snaps = bs.find_snapshots(tmp_path / "run")
     assert [s for s, _ in snaps] == [10, 20, 30]
@@ -64,8 +77,17 @@ def test_snapshots_of_a_training_run_survive_and_are_measured(tmp_path):
 
 
 def test_cli_with_snapshots(tmp_path):
-    cfg = TrainConfig(d_vocab=3, n_examples=2, seq_len=4, steps=20, batch_size=32, eval_every=10,
-                      eval_contexts=32, snapshot_every=10, out=str(tmp_path / "run"))
+    cfg = TrainConfig(
+        d_vocab=3,
+        n_examples=2,
+        seq_len=4,
+        steps=20,
+        batch_size=32,
+        eval_every=10,
+        eval_contexts=32,
+        snapshot_every=10,
+        out=str(tmp_path / "run"),
+    )
     train(cfg, progress=False)
     out = tmp_path / "figs"
     bs.main(["--checkpoint", str(tmp_path / "run"), "--snapshots", str(tmp_path / "run"), "--out", str(out)])

@@ -8,7 +8,6 @@ import json
 
 import numpy as np
 import pytest
-import torch
 from conftest import build_task
 
 from analyses import bma_agreement as ba
@@ -54,12 +53,35 @@ def test_bma_parent_mass_matches_brute_force_and_grows_with_L():
 
 
 def test_cli_trains_per_L_and_tracks_bma(tmp_path):
-    cfg = TrainConfig(d_vocab=4, n_examples=2, seq_len=4, alpha=0.3, steps=10, batch_size=64, eval_every=10, eval_contexts=32,
-                      out=str(tmp_path / "ck"))
+    cfg = TrainConfig(
+        d_vocab=4,
+        n_examples=2,
+        seq_len=4,
+        alpha=0.3,
+        steps=10,
+        batch_size=64,
+        eval_every=10,
+        eval_contexts=32,
+        out=str(tmp_path / "ck"),
+    )
     train(cfg, progress=False)
     out = tmp_path / "figs"
-    ba.main(["--checkpoint", str(tmp_path / "ck"), "--out", str(out), "--n-contexts", "512",
-             "--bma-L", "1,4,16", "--train-L", "4", "--train-steps", "150"])
+    ba.main(
+        [
+            "--checkpoint",
+            str(tmp_path / "ck"),
+            "--out",
+            str(out),
+            "--n-contexts",
+            "512",
+            "--bma-L",
+            "1,4,16",
+            "--train-L",
+            "4",
+            "--train-steps",
+            "150",
+        ]
+    )
     res = json.loads((out / "bma_agreement.json").read_text())["results"]
     assert res["theorem1"]["sweep"][-1]["tv"] < 1e-6
     trained = res["trained_vs_L"]

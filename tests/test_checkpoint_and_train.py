@@ -113,8 +113,16 @@ def test_truncated_weights_file_gives_a_clear_error(tmp_path):
 
 
 def tiny_config(tmp_path, **kw) -> TrainConfig:
-    base = dict(d_vocab=3, n_examples=2, seq_len=4, steps=12, batch_size=16, eval_every=6, eval_contexts=32,
-                out=str(tmp_path / "run"))
+    base = dict(
+        d_vocab=3,
+        n_examples=2,
+        seq_len=4,
+        steps=12,
+        batch_size=16,
+        eval_every=6,
+        eval_contexts=32,
+        out=str(tmp_path / "run"),
+    )
     return TrainConfig(**{**base, **kw})
 
 
@@ -146,7 +154,9 @@ def test_shipped_checkpoint_meets_the_training_targets_on_fresh_contexts():
         log_probs, cache = model.run_with_cache(tokens, names_filter="blocks.1.attn.hook_pattern")
     bma = bma_predictive(task.pi, tokens, task.n_examples, task.seq_len, task.root, log=True)
     gap = target_nll(log_probs, tokens) - target_nll(bma, tokens)
-    tv = mean_tv(cache["blocks.1.attn.hook_pattern"][:, 0], bma_posterior(task.pi, tokens, task.n_examples, task.seq_len))
+    tv = mean_tv(
+        cache["blocks.1.attn.hook_pattern"][:, 0], bma_posterior(task.pi, tokens, task.n_examples, task.seq_len)
+    )
     demos, purity = head_assignment(model.copyer_pattern(), task.n_examples)
     assert gap <= 0.01, gap
     assert tv <= 0.05, tv

@@ -22,7 +22,7 @@ def tree_covariance(parents, A, rho):
     D = np.eye(H * d) * (1 - rho**2)
     D[:d, :d] = np.eye(d)
     for h in range(1, H):
-        B[h * d:(h + 1) * d, parents[h] * d:(parents[h] + 1) * d] = rho * A.T
+        B[h * d : (h + 1) * d, parents[h] * d : (parents[h] + 1) * d] = rho * A.T
     inv = np.linalg.inv(np.eye(H * d) - B)
     return inv @ D @ inv.T
 
@@ -45,13 +45,14 @@ def test_gaussian_bma_matches_brute_force_over_all_trees():
         seqs = x[b].numpy().reshape(L + 1, H * d)
         for h in range(1, H):
             n = h * d  # the target prefix x_{<h}
-            logw = np.array([sum(mvn_logpdf(seqs[l], c) for l in range(L)) + mvn_logpdf(seqs[L, :n], c[:n, :n])
-                             for c in covs])
+            logw = np.array(
+                [sum(mvn_logpdf(seqs[l], c) for l in range(L)) + mvn_logpdf(seqs[L, :n], c[:n, :n]) for c in covs]
+            )
             w = np.exp(logw - logw.max())
             w /= w.sum()
             for g in range(h):
                 assert post[b, h, g] == pytest.approx(sum(wi for wi, t in zip(w, trees) if t[h] == g), abs=1e-10)
-            cond = [c[n:n + d, :n] @ np.linalg.solve(c[:n, :n], seqs[L, :n]) for c in covs]
+            cond = [c[n : n + d, :n] @ np.linalg.solve(c[:n, :n], seqs[L, :n]) for c in covs]
             assert np.abs(mean[b, h] - sum(wi * ci for wi, ci in zip(w, cond))).max() < 1e-10
 
 
@@ -95,8 +96,18 @@ def test_accuracy_gap_closes_at_large_L():
 
 
 def test_trains_with_models_train_and_reloads(tmp_path):
-    cfg = TrainConfig(d_vocab=3, n_examples=2, seq_len=4, task_kind="continuous", rho=0.6, steps=40, eval_every=40,
-                      eval_contexts=128, batch_size=64, out=str(tmp_path / "run"))
+    cfg = TrainConfig(
+        d_vocab=3,
+        n_examples=2,
+        seq_len=4,
+        task_kind="continuous",
+        rho=0.6,
+        steps=40,
+        eval_every=40,
+        eval_contexts=128,
+        batch_size=64,
+        out=str(tmp_path / "run"),
+    )
     model, history = train(cfg, progress=False)
     assert history[-1]["nll_gap"] < history[0]["nll_gap"]
     loaded = models.load(tmp_path / "run")

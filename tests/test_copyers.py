@@ -35,7 +35,9 @@ def test_assignment_and_purity_match_numpy_on_random_copyers():
     with torch.no_grad():
         model.blocks[0].attn.w_H.normal_(0, 1.0)
         model.blocks[0].attn.w_L.normal_(0, 2.0)
-    p = _np_pattern(model.blocks[0].attn.w_H.detach().numpy(), model.blocks[0].attn.w_L.detach().numpy(), L, H).reshape(L, H, L + 1, H)
+    p = _np_pattern(model.blocks[0].attn.w_H.detach().numpy(), model.blocks[0].attn.w_L.detach().numpy(), L, H).reshape(
+        L, H, L + 1, H
+    )
     mass = p.sum(-1).mean(1)  # [K, L+1]
     same = np.stack([[p[k, np.arange(H), l, np.arange(H)].mean() for l in range(L + 1)] for k in range(L)])
     res = copyers.copyer_report(model)

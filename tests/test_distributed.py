@@ -17,8 +17,17 @@ from models.train import TrainConfig, init_copyers, train
 ROOT = Path(__file__).resolve().parent.parent
 # float64: Adam divides by sqrt(v), so on near-zero gradients it amplifies float32 differences in the
 # order of the gradient reduction (measured: 1e-4 after 4 steps); in float64 they stay near 1e-14.
-TINY = {"d_vocab": 3, "n_examples": 2, "seq_len": 4, "steps": 4, "batch_size": 8, "eval_every": 2,
-        "eval_contexts": 16, "seed": 3, "dtype": "float64"}
+TINY = {
+    "d_vocab": 3,
+    "n_examples": 2,
+    "seq_len": 4,
+    "steps": 4,
+    "batch_size": 8,
+    "eval_every": 2,
+    "eval_contexts": 16,
+    "seed": 3,
+    "dtype": "float64",
+}
 
 
 def _flags(cfg: dict) -> list[str]:
@@ -27,8 +36,19 @@ def _flags(cfg: dict) -> list[str]:
 
 def test_two_gloo_processes_match_one_process(tmp_path):
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
-           "-m", "models.train", *_flags(TINY), "--out", str(tmp_path / "ddp")]
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc_per_node",
+        "2",
+        "-m",
+        "models.train",
+        *_flags(TINY),
+        "--out",
+        str(tmp_path / "ddp"),
+    ]
     proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=120, check=False)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert proc.stdout.count("wrote ") == 1  # rank 0 alone writes and reports

@@ -31,8 +31,15 @@ def file_config(model, task) -> dict:
 def hf_folder(tmp_path, task=None, name: str = "hf"):
     """An untrained GPT-2 saved as a Hugging Face folder with task.json; returns (folder, hf model, task)."""
     task = task or build_task()
-    cfg = StandardConfig(d_vocab=task.d_vocab, n_examples=task.n_examples, seq_len=task.seq_len,
-                         n_layers=2, n_heads=2, d_model=8, init_std=0.3)
+    cfg = StandardConfig(
+        d_vocab=task.d_vocab,
+        n_examples=task.n_examples,
+        seq_len=task.seq_len,
+        n_layers=2,
+        n_heads=2,
+        d_model=8,
+        init_std=0.3,
+    )
     torch.manual_seed(0)
     hf = build_gpt2(cfg, task.n_tokens).eval()
     save_standard(hf, tmp_path / name, task, {"config": {}, "history": []})
@@ -52,13 +59,20 @@ def test_pt_with_prefixes_round_trips(tmp_path):
 def test_key_map_transposes_and_reshapes(tmp_path):
     model, task = small_model()
     sd = model.state_dict()
-    theirs = {"copy.pos": sd["blocks.0.attn.w_H"], "copy.demo": sd["blocks.0.attn.w_L"].flatten(),
-              "select.W": sd["blocks.1.attn.W_KQ"].T.contiguous(), "select.V": sd["blocks.1.attn.W_OV"],
-              "b_root": sd["b_root"]}
+    theirs = {
+        "copy.pos": sd["blocks.0.attn.w_H"],
+        "copy.demo": sd["blocks.0.attn.w_L"].flatten(),
+        "select.W": sd["blocks.1.attn.W_KQ"].T.contiguous(),
+        "select.V": sd["blocks.1.attn.W_OV"],
+        "b_root": sd["b_root"],
+    }
     safetensors.torch.save_file(theirs, tmp_path / "w.safetensors")
-    key_map = {"copy.pos": "blocks.0.attn.w_H",
-               "copy.demo": {"to": "blocks.0.attn.w_L", "reshape": list(sd["blocks.0.attn.w_L"].shape)},
-               "select.W": {"to": "blocks.1.attn.W_KQ", "transpose": True}, "select.V": "blocks.1.attn.W_OV"}
+    key_map = {
+        "copy.pos": "blocks.0.attn.w_H",
+        "copy.demo": {"to": "blocks.0.attn.w_L", "reshape": list(sd["blocks.0.attn.w_L"].shape)},
+        "select.W": {"to": "blocks.1.attn.W_KQ", "transpose": True},
+        "select.V": "blocks.1.attn.W_OV",
+    }
     (tmp_path / "map.json").write_text(json.dumps(key_map))
     (tmp_path / "task.json").write_text(json.dumps(task.to_dict()))  # bare task.json: K = L
     loaded = models.load(tmp_path / "w.safetensors", key_map=tmp_path / "map.json")

@@ -25,6 +25,7 @@ def _one_thread():
     with single_thread():
         yield
 
+
 def permuted_theorem1(task, beta=50.0) -> CausalTransformer:
     """Theorem 1 model whose head k copies demonstration PERM[k] (not k)."""
     model = models.theorem1_model(task.pi, L, H, beta)

@@ -15,7 +15,7 @@ def test_autograd_matches_a_numpy_closed_form():
     model = init_model(task)
     tokens, _ = task.sample(16, torch.Generator().manual_seed(0))
     grad = score_gradients(model, tokens)["autograd"].numpy()
-    pi, x = task.pi.numpy(), tokens[:, -task.seq_len:].numpy()
+    pi, x = task.pi.numpy(), tokens[:, -task.seq_len :].numpy()
     for b in range(16):
         for h in range(1, task.seq_len):
             v = pi[x[b, :h], x[b, h]]  # pi(x_h | x_h') for every candidate h' < h

@@ -81,8 +81,18 @@ def test_cli_on_a_pt_file_writes_the_report(tmp_path, capsys):
     model = models.theorem1_model(task.pi, 4, 6, beta=50)
     torch.save(model.state_dict(), tmp_path / "w.pt")
     (tmp_path / "cfg.json").write_text(json.dumps(file_config(model, task)))
-    r = inspect.main(["--checkpoint", str(tmp_path / "w.pt"), "--config", str(tmp_path / "cfg.json"),
-                      "--n-contexts", "128", "--out", str(tmp_path / "out")])
+    r = inspect.main(
+        [
+            "--checkpoint",
+            str(tmp_path / "w.pt"),
+            "--config",
+            str(tmp_path / "cfg.json"),
+            "--n-contexts",
+            "128",
+            "--out",
+            str(tmp_path / "out"),
+        ]
+    )
     assert r["parent_selecting"] == ["L1H0"]
     saved = json.loads((tmp_path / "out" / "inspect.json").read_text())
     assert saved["results"]["progress"] == r["progress"] and saved["checkpoint_hash"]

@@ -98,12 +98,17 @@ def test_per_head_results_sum_to_the_residual_and_turning_them_on_changes_nothin
     model = random_model()
     tokens, _ = build_task().sample(5)
     plain = model(tokens)
-    out, cache = model.run_with_cache(tokens)  # caches blocks.0.attn.hook_result, so it is computed
+    assert "blocks.0.attn.hook_result" not in model.run_with_cache(tokens)[1]
+    with pytest.raises(ValueError, match="use_attn_result"):  # a hook on it while off is an error, not a no-op
+        model.run_with_hooks(tokens, fwd_hooks=[("blocks.0.attn.hook_result", lambda act, hook: None)])
+    model.cfg.use_attn_result = True
+    out, cache = model.run_with_cache(tokens)
     assert torch.equal(out, plain), "computing per-head results changed the output"
     d = model.cfg.d_vocab
     token_part = torch.nn.functional.pad(cache["hook_embed"][:, -model.cfg.seq_len :], (0, model.cfg.d_model - d))
-    torch.testing.assert_close(token_part + cache["blocks.0.attn.hook_result"].sum(2), cache["blocks.0.hook_resid_post"],
-                               rtol=0, atol=0)
+    torch.testing.assert_close(
+        token_part + cache["blocks.0.attn.hook_result"].sum(2), cache["blocks.0.hook_resid_post"], rtol=0, atol=0
+    )
     # head k writes only its own subspace k+1
     result = cache["blocks.0.attn.hook_result"].view(5, model.cfg.seq_len, model.cfg.n_heads, -1, d)
     for k in range(model.cfg.n_heads):
@@ -193,11 +198,13 @@ def test_generic_activation_patch_runs_and_self_patching_gives_metric_one():
     def all_heads(act, index, clean_act):
         return clean_act.clone()
 
-    everything = generic_activation_patch(model, corrupted, clean_cache, metric, all_heads, "z",
-                                          index_df=pd.DataFrame({"layer": [0]}))
+    everything = generic_activation_patch(
+        model, corrupted, clean_cache, metric, all_heads, "z", index_df=pd.DataFrame({"layer": [0]})
+    )
     torch.testing.assert_close(everything, torch.ones(1), atol=1e-6, rtol=0)
-    itself = generic_activation_patch(model, clean, clean_cache, metric, all_heads, "z",
-                                      index_df=pd.DataFrame({"layer": [0]}))
+    itself = generic_activation_patch(
+        model, clean, clean_cache, metric, all_heads, "z", index_df=pd.DataFrame({"layer": [0]})
+    )
     torch.testing.assert_close(itself, torch.ones(1), atol=1e-6, rtol=0)
 
 
@@ -237,9 +244,13 @@ def test_config_round_trip_and_bad_values():
 
 @pytest.mark.parametrize(
     "tokens, match",
-    [(torch.full((2, 20), 4), r"\[0, 4\)"), (torch.full((2, 20), -1), r"\[0, 4\)"),
-     (torch.zeros(2, 21, dtype=torch.long), "shape"), (torch.zeros(20, dtype=torch.long), "shape"),
-     (torch.zeros(2, 20), "integer")],
+    [
+        (torch.full((2, 20), 4), r"\[0, 4\)"),
+        (torch.full((2, 20), -1), r"\[0, 4\)"),
+        (torch.zeros(2, 21, dtype=torch.long), "shape"),
+        (torch.zeros(20, dtype=torch.long), "shape"),
+        (torch.zeros(2, 20), "integer"),
+    ],
 )
 def test_bad_tokens_give_one_line_errors(tokens, match):
     with pytest.raises(ValueError, match=match) as e:

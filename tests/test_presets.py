@@ -35,8 +35,10 @@ def _closed_form_purity(demo: float, offset: float, L: int, H: int) -> float:
     """Mass a freshly initialised head puts on its demonstration, averaged over target rows h: every
     example has one key at offset 0 (e^offset) and H-1 others (e^-offset); the target has h keys."""
     per_example = math.exp(offset) + (H - 1) * math.exp(-offset)
-    masses = [math.exp(demo) * per_example / ((math.exp(demo) + L - 1) * per_example + h * math.exp(-offset))
-              for h in range(H)]
+    masses = [
+        math.exp(demo) * per_example / ((math.exp(demo) + L - 1) * per_example + h * math.exp(-offset))
+        for h in range(H)
+    ]
     return sum(masses) / H
 
 

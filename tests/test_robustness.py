@@ -56,8 +56,9 @@ def files(tmp_path):
     (tmp_path / "truncated.safetensors").write_bytes(st[: len(st) - 7])
     torch.save(Evil(tmp_path / "PWNED"), tmp_path / "evil.pt")
     torch.save({**sd, "blocks.1.attn.W_KQ": sd["blocks.1.attn.W_KQ"] * float("nan")}, tmp_path / "nan.pt")
-    safetensors.torch.save_file({**sd, "b_root": torch.tensor([float("inf")] * task.d_vocab)},
-                                tmp_path / "inf.safetensors")
+    safetensors.torch.save_file(
+        {**sd, "b_root": torch.tensor([float("inf")] * task.d_vocab)}, tmp_path / "inf.safetensors"
+    )
     torch.save({**sd, "blocks.0.attn.w_L": torch.zeros(2, 2)}, tmp_path / "shape.pt")
     torch.save({k: v for k, v in sd.items() if k != "b_root"}, tmp_path / "missing.pt")
     torch.save({**sd, "bogus": torch.zeros(1)}, tmp_path / "unexpected.pt")
@@ -80,8 +81,11 @@ def _bad_task(**change) -> dict:
 CATALOGUE = [
     ("truncated .pt", lambda t, c, k: models.load(t / "truncated.pt", config=c), "not a readable PyTorch file"),
     ("corrupt .pt", lambda t, c, k: models.load(t / "corrupt.pt", config=c), "not a readable PyTorch file"),
-    ("truncated .safetensors", lambda t, c, k: models.load(t / "truncated.safetensors", config=c),
-     "not a readable safetensors file"),
+    (
+        "truncated .safetensors",
+        lambda t, c, k: models.load(t / "truncated.safetensors", config=c),
+        "not a readable safetensors file",
+    ),
     ("pickle that runs code", lambda t, c, k: models.load(t / "evil.pt", config=c), "refusing to unpickle"),
     ("NaN weights", lambda t, c, k: models.load(t / "nan.pt", config=c), "NaN or Inf"),
     ("Inf weights", lambda t, c, k: models.load(t / "inf.safetensors", config=c), "NaN or Inf"),
@@ -92,34 +96,63 @@ CATALOGUE = [
     ("unknown suffix", lambda t, c, k: models.load(t / "w.npz", config=c), "unknown weight format"),
     ("no config", lambda t, c, k: models.load(t / "lonely" / "w.pt"), "needs a config"),
     ("config not JSON", lambda t, c, k: models.load(t / "good.pt", config=t / "notjson.json"), "not valid JSON"),
-    ("vocab disagrees with task", lambda t, c, k: models.load(t / "good.pt", config=t / "vocab.json"),
-     "d_vocab=7 disagrees"),
-    ("config K != L but weights K = L", lambda t, c, k: models.load(
-        t / "good.pt", config={**c, "model": {**c["model"], "n_copy_heads": 2}}),
-     "wrong shape blocks.0.attn.w_H: got (3, 9), expected (2, 9)"),
+    (
+        "vocab disagrees with task",
+        lambda t, c, k: models.load(t / "good.pt", config=t / "vocab.json"),
+        "d_vocab=7 disagrees",
+    ),
+    (
+        "config K != L but weights K = L",
+        lambda t, c, k: models.load(t / "good.pt", config={**c, "model": {**c["model"], "n_copy_heads": 2}}),
+        "wrong shape blocks.0.attn.w_H: got (3, 9), expected (2, 9)",
+    ),
     ("missing checkpoint", lambda t, c, k: models.load(t / "nothing_here"), "does not exist"),
-    ("key map names absent key", lambda t, c, k: models.load(t / "good.pt", config=c, key_map={"zz": "b_root"}),
-     "not in the file"),
-    ("key map transposes a vector", lambda t, c, k: models.load(
-        t / "good.pt", config=c, key_map={"b_root": {"to": "b_root", "transpose": True}}), "cannot transpose"),
-    ("key map bad reshape", lambda t, c, k: models.load(
-        t / "good.pt", config=c, key_map={"b_root": {"to": "b_root", "reshape": [7, 7]}}), "cannot reshape"),
-    ("key map not JSON", lambda t, c, k: models.load(t / "good.pt", config=c, key_map=t / "notjson.json"),
-     "not valid JSON"),
+    (
+        "key map names absent key",
+        lambda t, c, k: models.load(t / "good.pt", config=c, key_map={"zz": "b_root"}),
+        "not in the file",
+    ),
+    (
+        "key map transposes a vector",
+        lambda t, c, k: models.load(t / "good.pt", config=c, key_map={"b_root": {"to": "b_root", "transpose": True}}),
+        "cannot transpose",
+    ),
+    (
+        "key map bad reshape",
+        lambda t, c, k: models.load(t / "good.pt", config=c, key_map={"b_root": {"to": "b_root", "reshape": [7, 7]}}),
+        "cannot reshape",
+    ),
+    (
+        "key map not JSON",
+        lambda t, c, k: models.load(t / "good.pt", config=c, key_map=t / "notjson.json"),
+        "not valid JSON",
+    ),
     ("key map malformed entry", lambda t, c, k: read_key_map({"a": 3}), "must be a key name"),
     ("task kind", lambda t, c, k: task_from_dict(_bad_task(kind="gaussian"), "task.json"), "kind 'gaussian'"),
     ("task layout", lambda t, c, k: task_from_dict(_bad_task(layout="position-major"), "task.json"), "layout"),
-    ("task non-stochastic pi", lambda t, c, k: task_from_dict(_bad_task(pi=[[0.5, 0.6], [0.5, 0.5]], d_vocab=2),
-                                                                "task.json"), "row-stochastic"),
+    (
+        "task non-stochastic pi",
+        lambda t, c, k: task_from_dict(_bad_task(pi=[[0.5, 0.6], [0.5, 0.5]], d_vocab=2), "task.json"),
+        "row-stochastic",
+    ),
     ("task ragged pi", lambda t, c, k: task_from_dict(_bad_task(pi=[[1.0], [0.5, 0.5]]), "task.json"), "pi"),
-    ("task bad n_examples", lambda t, c, k: task_from_dict(_bad_task(n_examples="ten"), "task.json"),
-     "n_examples must be a positive integer"),
-    ("task d_vocab disagrees with pi", lambda t, c, k: task_from_dict(_bad_task(d_vocab=9), "task.json"),
-     "d_vocab=9 disagrees"),
+    (
+        "task bad n_examples",
+        lambda t, c, k: task_from_dict(_bad_task(n_examples="ten"), "task.json"),
+        "n_examples must be a positive integer",
+    ),
+    (
+        "task d_vocab disagrees with pi",
+        lambda t, c, k: task_from_dict(_bad_task(d_vocab=9), "task.json"),
+        "d_vocab=9 disagrees",
+    ),
     ("zeros in pi for Theorem 1", lambda t, c, k: models.theorem1_model(torch.eye(3), 2, 3, 10.0), "zero entries"),
     ("negative pi", lambda t, c, k: MarkovTreeTask(torch.tensor([[1.5, -0.5], [0.5, 0.5]]), 2, 3), "negative"),
-    ("tokens outside the vocabulary", lambda t, c, k: models.load(t / "good.pt", config=c)(
-        torch.full((1, k.n_tokens), k.d_vocab)), "token ids must lie"),
+    (
+        "tokens outside the vocabulary",
+        lambda t, c, k: models.load(t / "good.pt", config=c)(torch.full((1, k.n_tokens), k.d_vocab)),
+        "token ids must lie",
+    ),
     ("standard d_model vs heads", lambda t, c, k: standard.StandardConfig(d_model=30, n_heads=4), "multiple of"),
     ("theorem1 spec", lambda t, c, k: load_subject("theorem1:gamma=2"), "expected theorem1:beta=B"),
 ]
@@ -140,9 +173,10 @@ def test_bad_input_gives_one_line_error_and_changes_nothing(files, name, call, e
 def test_hf_folder_bad_inputs(tmp_path):
     folder, _, _ = hf_folder(tmp_path)
     bad_vocab = json.loads((folder / "task.json").read_text())
-    for change, expected in (({"d_vocab": 7, "pi": torch.full((7, 7), 1 / 7).tolist(), "root": None},
-                              "vocab_size=4 disagrees"),
-                             ({"seq_len": 50}, "positions")):
+    for change, expected in (
+        ({"d_vocab": 7, "pi": torch.full((7, 7), 1 / 7).tolist(), "root": None}, "vocab_size=4 disagrees"),
+        ({"seq_len": 50}, "positions"),
+    ):
         (folder / "task.json").write_text(json.dumps({**bad_vocab, **change}))
         with pytest.raises(ValueError, match=expected):
             models.load(folder)
@@ -168,11 +202,32 @@ def test_cli_errors_exit_2_with_one_line_and_keep_existing_files(files, capsys):
         (inspect.main, ["--n-contexts", "0"], "--n-contexts must be >= 1"),
         (inspect.main, ["--out", str(tmp / "no" / "such" / "dir")], "does not exist"),
         (inspect.main, ["--out", str(tmp / "cfg.json")], "is a file"),
-        (inspect.main, ["--checkpoint", str(tmp / "corrupt.pt"), "--config", str(tmp / "cfg.json"),
-                        "--out", str(tmp / "o")], "not a readable PyTorch file"),
+        (
+            inspect.main,
+            ["--checkpoint", str(tmp / "corrupt.pt"), "--config", str(tmp / "cfg.json"), "--out", str(tmp / "o")],
+            "not a readable PyTorch file",
+        ),
         (standard.main, ["--d-model", "30", "--n-heads", "4", "--out", str(tmp / "s")], "multiple of"),
-        (standard.main, ["--steps", "1", "--eval-every", "1", "--eval-contexts", "8", "--batch-size", "2",
-                         "--d-model", "8", "--n-heads", "2", "--out", str(keep)], "refusing to overwrite"),
+        (
+            standard.main,
+            [
+                "--steps",
+                "1",
+                "--eval-every",
+                "1",
+                "--eval-contexts",
+                "8",
+                "--batch-size",
+                "2",
+                "--d-model",
+                "8",
+                "--n-heads",
+                "2",
+                "--out",
+                str(keep),
+            ],
+            "refusing to overwrite",
+        ),
         (train.main, ["--steps", "0", "--out", str(tmp / "t")], "steps must be >= 1"),
     ]
     for main, argv, expected in cases:
@@ -189,17 +244,39 @@ def test_cli_errors_exit_2_with_one_line_and_keep_existing_files(files, capsys):
 
 def test_cli_subprocess_stderr_is_one_line(files):
     tmp, _, _ = files
-    proc = subprocess.run([sys.executable, "-m", "analyses.inspect", "--checkpoint", str(tmp / "evil.pt"),
-                           "--config", str(tmp / "cfg.json"), "--out", str(tmp / "o")],
-                          cwd=ROOT, capture_output=True, text=True, timeout=120, check=False)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "analyses.inspect",
+            "--checkpoint",
+            str(tmp / "evil.pt"),
+            "--config",
+            str(tmp / "cfg.json"),
+            "--out",
+            str(tmp / "o"),
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
     assert proc.returncode == 2
     assert proc.stderr.strip().count("\n") == 0 and "refusing to unpickle" in proc.stderr
     assert not (tmp / "PWNED").exists()
 
 
 def test_resume_after_a_kill_ends_with_the_same_weights(tmp_path, monkeypatch):
-    common = {"d_vocab": 3, "n_examples": 2, "seq_len": 3, "steps": 6, "batch_size": 8, "eval_every": 3,
-              "eval_contexts": 16}
+    common = {
+        "d_vocab": 3,
+        "n_examples": 2,
+        "seq_len": 3,
+        "steps": 6,
+        "batch_size": 8,
+        "eval_every": 3,
+        "eval_contexts": 16,
+    }
     full, full_history = train.train(train.TrainConfig(**common, out=str(tmp_path / "full")), progress=False)
 
     original = train._save
@@ -214,8 +291,9 @@ def test_resume_after_a_kill_ends_with_the_same_weights(tmp_path, monkeypatch):
         train.train(train.TrainConfig(**common, out=str(tmp_path / "killed")), progress=False)
     monkeypatch.setattr(train, "_save", original)
     assert json.loads((tmp_path / "killed" / "train_state.json").read_text())["step"] == 3
-    resumed, history = train.train(train.TrainConfig(**common, out=str(tmp_path / "killed"), resume=True),
-                                   progress=False)
+    resumed, history = train.train(
+        train.TrainConfig(**common, out=str(tmp_path / "killed"), resume=True), progress=False
+    )
     assert [m["step"] for m in history] == [m["step"] for m in full_history]  # no eval lost or repeated
     assert history[-1]["nll"] == full_history[-1]["nll"]
     for k, v in full.state_dict().items():
@@ -239,7 +317,10 @@ def test_no_hook_survives_an_exception_in_a_hook(tmp_path):
         with pytest.raises(RuntimeError, match="hook failed"):
             m.run_with_hooks(tokens, fwd_hooks=[("blocks.0.attn.hook_z", boom)])
         assert _attached(m) == 0
-        with pytest.raises(RuntimeError, match="hook failed"), m.hooks(fwd_hooks=[("blocks.0.attn.hook_pattern", boom)]):
+        with (
+            pytest.raises(RuntimeError, match="hook failed"),
+            m.hooks(fwd_hooks=[("blocks.0.attn.hook_pattern", boom)]),
+        ):
             m(tokens)
         assert _attached(m) == 0
         before = m(tokens)
