@@ -153,7 +153,8 @@ def save_figure(fig, out: str | Path, name: str) -> list[Path]:
     out = Path(out)
     out.mkdir(exist_ok=True)
     paths = []
-    for ext, kw in (("png", {"dpi": 150}), ("pdf", {})):
+    # No creation date in the PDF: regenerating a figure with the same numbers gives the same bytes.
+    for ext, kw in (("png", {"dpi": 150}), ("pdf", {"metadata": {"CreationDate": None}})):
         path = out / f"{name}.{ext}"
         _atomic_write(path, lambda tmp, kw=kw, ext=ext: fig.savefig(tmp, format=ext, bbox_inches="tight", **kw))
         paths.append(path)

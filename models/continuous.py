@@ -25,7 +25,6 @@ from torch import Tensor
 from transformer_lens.hook_points import HookPoint
 
 from models.causal_transformer import BilinearAttention, CausalTransformer, CausalTransformerConfig
-from probes import head_assignment, mean_tv, parent_accuracy
 from probes.continuous import (
     ContinuousTask,
     check_vectors,
@@ -115,24 +114,11 @@ def evaluate(model: ContinuousTransformer, task: ContinuousTask, x: Tensor, pare
     """Held-out metrics with the keys of ``models.train.evaluate``: ``nll`` is the Gaussian NLL of the
     target under the model's mean and the known noise variance, ``nll_bma`` BMA's exact mixture NLL;
     plus ``mse`` and ``mse_bma``."""
-    was_training = model.training
-    model.eval()
-    mean, cache = model.run_with_cache(x, names_filter="blocks.1.attn.hook_pattern")
-    model.train(was_training)
-    attention = cache["blocks.1.attn.hook_pattern"][:, 0].double().cpu()
+    from models.train import eval_metrics, run_for_eval
+
+    mean, attention = run_for_eval(model, x)
     posterior = gaussian_bma_posterior(task, x)
-    demos, purity = head_assignment(model.copyer_pattern().cpu(), task.n_examples)
-    nll, nll_bma = gaussian_nll(mean.cpu(), x, task), bma_nll(task, x)
-    return {
-        "nll": nll,
-        "nll_bma": nll_bma,
-        "nll_gap": nll - nll_bma,
-        "mse": target_mse(mean.cpu(), x, task.seq_len),
-        "mse_bma": target_mse(predictive_mean(task, x, posterior), x, task.seq_len),
-        "tv_to_bma": mean_tv(attention, posterior),
-        "parent_acc": parent_accuracy(attention, parents),
-        "parent_acc_bma": parent_accuracy(posterior, parents),
-        "head_demo": demos,
-        "head_purity": purity,
-        "distinct_demos": len(set(demos)),
-    }
+    metrics = eval_metrics(model, gaussian_nll(mean.cpu(), x, task), bma_nll(task, x), attention, posterior, parents)
+    metrics["mse"] = target_mse(mean.cpu(), x, task.seq_len)
+    metrics["mse_bma"] = target_mse(predictive_mean(task, x, posterior), x, task.seq_len)
+    return metrics

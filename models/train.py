@@ -21,6 +21,8 @@ from pathlib import Path
 
 import safetensors.torch
 import torch
+from jaxtyping import Float
+from torch import Tensor
 from tqdm.auto import tqdm
 
 from models import distributed
@@ -157,23 +159,19 @@ def init_copyers(model: CausalTransformer, offset: float, demo: float, generator
     return perm.tolist()
 
 
-@torch.no_grad()
-def evaluate(model: CausalTransformer, task: MarkovTreeTask, tokens, parents) -> dict:
-    """Held-out metrics: NLL (h >= 1) of model and BMA, TV to the BMA posterior, parent accuracy,
-    and the copyer head assignment."""
-    if not isinstance(task, MarkovTreeTask):  # the continuous task: the same keys (models.continuous)
-        from models.continuous import evaluate as evaluate_continuous
-
-        return evaluate_continuous(model, task, tokens, parents)
+def run_for_eval(model, inputs) -> tuple[Tensor, Float[Tensor, "batch H H"]]:
+    """The model's output and its blocks.1 attention (float64, CPU), in eval mode, training mode restored."""
     was_training = model.training
     model.eval()
-    log_probs, cache = model.run_with_cache(tokens, names_filter="blocks.1.attn.hook_pattern")
+    out, cache = model.run_with_cache(inputs, names_filter="blocks.1.attn.hook_pattern")
     model.train(was_training)
-    attention = cache["blocks.1.attn.hook_pattern"][:, 0].double().cpu()
-    posterior = bma_posterior(task.pi, tokens, task.n_examples, task.seq_len)
-    nll_bma = target_nll(bma_predictive(task.pi, tokens, task.n_examples, task.seq_len, task.root, log=True), tokens)
-    demos, purity = head_assignment(model.copyer_pattern().cpu(), task.n_examples)
-    nll = target_nll(log_probs.cpu(), tokens)
+    return out, cache["blocks.1.attn.hook_pattern"][:, 0].double().cpu()
+
+
+def eval_metrics(model, nll: float, nll_bma: float, attention, posterior, parents) -> dict:
+    """The evaluation record shared by every task kind: NLL gap, TV to the BMA posterior, parent
+    accuracy beside BMA's, and the copyer head assignment."""
+    demos, purity = head_assignment(model.copyer_pattern().detach().cpu(), model.cfg.n_examples)
     return {
         "nll": nll,
         "nll_bma": nll_bma,
@@ -185,6 +183,20 @@ def evaluate(model: CausalTransformer, task: MarkovTreeTask, tokens, parents) ->
         "head_purity": purity,
         "distinct_demos": len(set(demos)),
     }
+
+
+@torch.no_grad()
+def evaluate(model: CausalTransformer, task: MarkovTreeTask, tokens, parents) -> dict:
+    """Held-out metrics: NLL (h >= 1) of model and BMA, TV to the BMA posterior, parent accuracy,
+    and the copyer head assignment."""
+    if not isinstance(task, MarkovTreeTask):  # the continuous task: the same keys (models.continuous)
+        from models.continuous import evaluate as evaluate_continuous
+
+        return evaluate_continuous(model, task, tokens, parents)
+    log_probs, attention = run_for_eval(model, tokens)
+    posterior = bma_posterior(task.pi, tokens, task.n_examples, task.seq_len)
+    nll_bma = target_nll(bma_predictive(task.pi, tokens, task.n_examples, task.seq_len, task.root, log=True), tokens)
+    return eval_metrics(model, target_nll(log_probs.cpu(), tokens), nll_bma, attention, posterior, parents)
 
 
 def _optimizer_state(opt: torch.optim.Optimizer) -> tuple[dict, dict]:
@@ -210,7 +222,9 @@ def train(cfg: TrainConfig, progress: bool = True) -> tuple[CausalTransformer, l
     rank 0 evaluates, writes the checkpoints and returns the history (the other ranks return [])."""
     place, device = distributed.setup(cfg.device)
     try:
-        return _train(cfg, progress and place.is_main, place, device)
+        result = _train(cfg, progress and place.is_main, place, device)
+        distributed.wait_for_all(place)  # not on an error: a rank stuck in a collective would hang
+        return result
     finally:
         distributed.teardown(place)
 

