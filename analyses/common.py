@@ -61,6 +61,8 @@ def analysis_parser(name: str, description: str, n_contexts: int = 2048) -> argp
 def parse_common(parser: argparse.ArgumentParser, argv: list[str] | None) -> argparse.Namespace:
     """Parse and validate; bad values exit with code 2 and a one-line message (argparse style)."""
     args = parser.parse_args(argv)
+    # The command that reproduces this run, recorded in the JSON (also when called from analyses.paper).
+    args.command = " ".join([parser.prog, *(sys.argv[1:] if argv is None else argv)])
     if args.n_contexts < 1:
         parser.error(f"--n-contexts must be >= 1, got {args.n_contexts}")
     if args.device.startswith("cuda") and not torch.cuda.is_available():
@@ -167,7 +169,7 @@ def save_json(out: str | Path, name: str, results: dict, args: argparse.Namespac
     out = Path(out)
     out.mkdir(exist_ok=True)
     record = {
-        "command": "python -m " + " ".join([_module_name()] + sys.argv[1:]),
+        "command": getattr(args, "command", None) or "python -m " + " ".join([_module_name(), *sys.argv[1:]]),
         "seed": args.seed,
         "n_contexts": args.n_contexts,
         "checkpoint": None if subject is None else subject.name,
