@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import time
 from pathlib import Path
 
@@ -41,10 +42,12 @@ def run_one(name: str, out: Path, seed: int):
         from models import standard
 
         with tempfile.TemporaryDirectory() as tmp:
-            standard.main(["--out", str(Path(tmp) / "standard"), "--compare", str(out), "--seed", str(seed)])
+            standard.main(
+                ["--out", str(Path(tmp) / "standard"), "--compare", os.path.relpath(out), "--seed", str(seed)]
+            )
         return standard
     module = importlib.import_module(f"analyses.{name}")
-    module.main(["--out", str(out), "--seed", str(seed)])
+    module.main(["--out", os.path.relpath(out), "--seed", str(seed)])
     return module
 
 

@@ -201,12 +201,12 @@ def _memory_child(device: str) -> None:
     above the memory in use just before it."""
     d, L, H, batch = MEMORY_SIZE
     model, _, tokens = _subject(d, L, H, batch, device)
-    model.cfg.use_attn_result = True  # the worst case: every hook, per-head results included
     with torch.no_grad():
         before = _reset_peak(device)
         model(tokens)
         after_forward = _peak(device)
         _reset_peak(device)
+        model.cfg.use_attn_result = True  # the worst case: every hook, per-head results included
         _, cache = model.run_with_cache(tokens)
         after_cache = _peak(device)
     storages = {t.untyped_storage().data_ptr(): t.untyped_storage().nbytes() for t in cache.values()}
