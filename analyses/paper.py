@@ -30,6 +30,8 @@ ANALYSES = [
     "inspect",
     "linear_probes",
     "scale",
+    "cape_structure",
+    "cape_properties",
     "standard",  # models.standard: a GPT-2 trained on the same task against the disentangled model
 ]
 
