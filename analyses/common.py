@@ -188,8 +188,7 @@ def _module_name() -> str:
 
 
 def _to_json(obj):
-    if isinstance(obj, torch.Tensor):
-        return obj.tolist()
+    """Tensors and NumPy values become lists or numbers."""
     if hasattr(obj, "tolist"):
         return obj.tolist()
     raise TypeError(f"not JSON serialisable: {type(obj)}")

@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import json
+import math
 import sys
 import time
 from dataclasses import asdict, dataclass
@@ -298,8 +300,6 @@ def _describe(m: dict) -> str:
 
 def _lr_factor(step: int, cfg: TrainConfig) -> float:
     """Cosine decay from 1 to final_lr_fraction over the run."""
-    import math
-
     progress = min(step / cfg.steps, 1.0)
     return cfg.final_lr_fraction + (1 - cfg.final_lr_fraction) * 0.5 * (1 + math.cos(math.pi * progress))
 
@@ -317,10 +317,11 @@ def _save(model, task, cfg, history, opt, sched, data_gen, step, path) -> None:
 
 
 def _resume(out: Path, cfg: TrainConfig, model, opt, sched, data_gen) -> tuple[int, list[dict]]:
-    import json
-
-    saved = read_config(out)["training"]["config"]
-    differ = {k for k in asdict(cfg) if k not in ("resume", "steps", "compile") and saved.get(k) != asdict(cfg)[k]}
+    training = read_config(out)["training"]
+    current = asdict(cfg)
+    differ = {
+        k for k, v in current.items() if k not in ("resume", "steps", "compile") and training["config"].get(k) != v
+    }
     if differ:
         raise ValueError(f"cannot resume {out}: its training config differs in {sorted(differ)}")
     model.load_state_dict(load(out, device=cfg.device).state_dict())
@@ -330,7 +331,7 @@ def _resume(out: Path, cfg: TrainConfig, model, opt, sched, data_gen) -> tuple[i
     sched.load_state_dict(meta["scheduler"])
     data_gen.set_state(tensors["data_generator"])
     torch.set_rng_state(tensors["torch_rng"])
-    return int(meta["step"]), read_config(out)["training"]["history"]
+    return int(meta["step"]), training["history"]
 
 
 def parse_args(argv: list[str] | None = None) -> TrainConfig:
