@@ -1,29 +1,33 @@
-"""CAPE step 1 against in-context inference: how many samples each needs to find ONE fixed tree's parents.
+"""CAPE step 1 against in-context inference: how many samples each needs to find a fixed tree's parents.
 
-    python -m analyses.cape_structure                  # default task (d=5, H=12), one tree, N in 20..1000
-    python -m analyses.cape_structure --seed 1
+    python -m analyses.cape_structure                  # default task (d=5, H=12), 3 trees, N in 20..500
+    python -m analyses.cape_structure --n-trees 10 --seed 1
 
-One tree G (``parents``) is drawn from ``--seed`` and held fixed. For each N on one axis:
+``--n-trees`` trees G are drawn from ``--seed``; each is held fixed while N (= L) varies, and every number is
+the mean over the trees. On each tree:
 
-- CAPE step 1 (``probes.cape_structure``, linear f): structure learning from N i.i.d. sequences of the
-  Markov-tree task on G (the H positions are the M features, each ONE-HOT encoded, d columns) and from N
-  sequences of the continuous system (``probes.continuous``, d=4, rho=0.5) on G. Metrics against G: SHD,
-  skeleton F1, parent accuracy (each node's incoming edge of largest |A|) and parent accuracy with the
-  order given (the skeleton weight over i < j, the prior BMA has).
-- BMA (``probes.bma_posterior``) on L = N demonstrations of G: argmax of the posterior, averaged over
-  ``--n-contexts`` contexts; it knows pi and that pa(h) < h.
-- The two-layer transformer: the shipped checkpoint at its L = 10, and Theorem 1 models
+- CAPE step 1 (``probes.cape_structure``) with the linear f and the MLP f (not on one-hot features, where it
+  can only overfit: any function of a one-hot vector is linear in it), from N i.i.d. samples of three
+  systems on G (the H positions are the M features): the Markov-tree task (each feature ONE-HOT, d columns);
+  the continuous system (``probes.continuous``, d=4, rho=0.5); and a scalar system whose edges are linear or
+  quadratic (``nonlinear_tree_data``; a squared parent is uncorrelated with its child, so only the MLP f can
+  see those edges). Metrics against G: SHD, skeleton F1, parent accuracy (each node's incoming edge of largest
+  |A|) and parent accuracy with the order given (the skeleton weight over i < j, the prior BMA has).
+- BMA on L = N demonstrations of G: the Markov task's (``probes.bma_posterior``) and the continuous system's
+  Gaussian one (``probes.continuous.gaussian_bma_posterior``): argmax of the posterior, ``--n-contexts``
+  contexts per tree and L. Both know the mechanism and that pa(h) < h.
+- The two-layer transformer on the Markov task: the shipped checkpoint at its L = 10, and Theorem 1 models
   ``models.theorem1_model(pi, L, H, 50)`` (the construction, not a trained model) at the other L.
 
-BMA needs far fewer samples: it knows the mechanism pi and the tree prior (one parent per node, before it),
-so each demonstration is a full likelihood term; structure learning must estimate the mechanism as well, and
+BMA needs far fewer samples: it knows the mechanism and the tree prior (one parent per node, before it), so
+each demonstration is a full likelihood term; structure learning must estimate the mechanism as well, and
 its orientation is not identified in general (a tree has no v-structure, so only the skeleton is): the
-"order given" curves hand it the order BMA's prior has.
-``--checkpoint`` selects the task and the L = 10 model.
+"order given" curves hand it the order BMA's prior has. ``--checkpoint`` selects the task and the L = 10 model.
 """
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 from tqdm.auto import tqdm
 
@@ -38,19 +42,30 @@ from analyses.common import (
     subject_from_args,
 )
 from probes import bma_posterior, parent_accuracy
-from probes.cape_structure import StructureConfig, continuous_data, learn_structure, markov_tree_data, structure_metrics
-from probes.continuous import ContinuousTask
+from probes.cape_structure import (
+    StructureConfig,
+    continuous_data,
+    learn_structure,
+    markov_tree_data,
+    nonlinear_tree_data,
+    structure_metrics,
+)
+from probes.continuous import ContinuousTask, gaussian_bma_posterior
 
 NAME = "cape_structure"
 FIGURES = {
     "cape_structure.png": (
-        "CAPE step 1 (structure learning, linear SEM + NOTEARS constraint) against BMA and the two-layer model "
-        "on one fixed tree: parent accuracy, skeleton F1 and SHD against the number of samples N = L."
+        "CAPE step 1 (structure learning: SEM with a linear or an MLP f + NOTEARS constraint) against BMA and the "
+        "two-layer model, averaged over fixed trees: parent accuracy against the number of samples N = L on the "
+        "Markov task, the continuous system and a system with quadratic edges, and skeleton F1."
     ),
 }
-NS = (20, 50, 200, 1000)
+NS = (20, 100, 500)
 LS = (2, 5, 10, 20, 50)
-TAU = {"markov": 0.15, "continuous": 0.3}  # one-hot edge norms are smaller (pi is near uniform)
+KINDS = ("markov", "continuous", "nonlinear")
+ENCODERS = ("linear", "mlp")
+TAU = {"markov": 0.15, "continuous": 0.3, "nonlinear": 0.3}  # one-hot edge norms are smaller (pi is near uniform)
+METRICS = ("shd", "skeleton_f1", "parent_accuracy", "ordered_parent_accuracy", "n_edges")
 
 
 def model_parent_accuracy(model, tokens, parents) -> float:
@@ -60,118 +75,163 @@ def model_parent_accuracy(model, tokens, parents) -> float:
     return parent_accuracy(cache["blocks.1.attn.hook_pattern"][:, 0].double().cpu(), parents)
 
 
+def _data(kind: str, task, ctask, parents, N: int, seed: int) -> torch.Tensor:
+    if kind == "markov":
+        return markov_tree_data(task, parents, N, seed)
+    if kind == "continuous":
+        return continuous_data(ctask, parents, N, seed)
+    return nonlinear_tree_data(parents, N, seed)
+
+
+def _mean(rows: list[dict], keys) -> dict:
+    return {k: float(np.mean([r[k] for r in rows])) for k in keys}
+
+
 def compute(
-    subject, seed: int = 0, n_contexts: int = 256, Ns=NS, Ls=LS, inner_steps: int = 50, repeats: int = 3, progress=True
+    subject,
+    seed: int = 0,
+    n_contexts: int = 128,
+    Ns=NS,
+    Ls=LS,
+    n_trees: int = 3,
+    inner_steps: int = 50,
+    encoders=ENCODERS,
+    progress=True,
 ) -> dict:
     """Every plotted number; ``subject`` gives the task (pi, H) and the L = n_examples model. Structure
-    learning is run on ``repeats`` independent data draws per N (same tree); its metrics are their means."""
+    learning gets one data draw per (tree, N); every metric is the mean over the ``n_trees`` trees, with the
+    per-tree values kept under ``"per_tree"``."""
     import models
     from probes import MarkovTreeTask
 
     task = subject.task
     H = task.seq_len
-    parents = task.sample_parents(1, torch.Generator().manual_seed(seed))[0]
-    ctask = ContinuousTask.random(4, 1, H, rho=0.5, seed=seed)
-    res = {"parents": parents.tolist(), "Ns": list(Ns), "Ls": list(Ls), "structure": {}, "bma": [], "model": []}
-    for kind in ("markov", "continuous"):
+    trees = task.sample_parents(n_trees, torch.Generator().manual_seed(seed))
+    ctasks = [ContinuousTask.random(4, 1, H, rho=0.5, seed=seed + t) for t in range(n_trees)]
+    res = {"trees": trees.tolist(), "Ns": list(Ns), "Ls": list(Ls), "structure": {}, "bma": {}, "model": []}
+    # On one-hot features any function of a node is linear in it, so the MLP f adds parameters, not
+    # expressiveness (measured: it overfits, SHD 52 vs 23 at N = 100); it is skipped there.
+    jobs = [(kind, f) for kind in KINDS for f in encoders if (kind, f) != ("markov", "mlp")]
+    for kind, f in tqdm(jobs, desc="structure learning", disable=not progress):
         rows = []
-        for N in tqdm(Ns, desc=f"structure learning ({kind})", disable=not progress):
-            draws = []
-            for r in range(repeats):
-                data_seed = seed + 1 + 1000 * r
-                X = (
-                    markov_tree_data(task, parents, N, data_seed)
-                    if kind == "markov"
-                    else continuous_data(ctask, parents, N, data_seed)
-                )
-                out = learn_structure(X, StructureConfig(tau=TAU[kind], inner_steps=inner_steps, seed=seed))
-                draws.append(structure_metrics(out["A"], parents))
-            mean = {k: sum(d[k] for d in draws) / repeats for k in draws[0]}
-            rows.append({"N": N, **mean, "draws": draws})
-        res["structure"][kind] = rows
-    fixed = parents.view(1, -1).expand(n_contexts, -1)
+        for N in Ns:
+            per_tree = []
+            for t, parents in enumerate(trees):
+                X = _data(kind, task, ctasks[t], parents, N, seed + 1 + 1000 * t)
+                out = learn_structure(X, StructureConfig(tau=TAU[kind], inner_steps=inner_steps, seed=seed, f=f))
+                per_tree.append(structure_metrics(out["A"], parents))
+            rows.append({"N": N, **_mean(per_tree, METRICS), "per_tree": per_tree})
+        res["structure"][f"{kind}/{f}"] = rows
+    res["bma"] = {"markov": [], "continuous": []}
     for L in tqdm(Ls, desc="BMA and model", disable=not progress):
-        t = MarkovTreeTask(task.pi, L, H, task.root)
-        tokens, _ = t.sample(n_contexts, torch.Generator().manual_seed(seed + 2 + L), parents=fixed)
-        res["bma"].append({"L": L, "parent_accuracy": parent_accuracy(bma_posterior(task.pi, tokens, L, H), fixed)})
-        if L == task.n_examples:
-            m, label = subject.model, f"trained ({subject.name})"
-        else:
-            m, label = models.theorem1_model(task.pi, L, H, 50.0, task.root), "Theorem 1 construction"
-        res["model"].append({"L": L, "source": label, "parent_accuracy": model_parent_accuracy(m, tokens, fixed)})
+        markov, gauss, model, source = [], [], [], ""
+        for t, parents in enumerate(trees):
+            fixed = parents.view(1, -1).expand(n_contexts, -1)
+            g = torch.Generator().manual_seed(seed + 2 + L + 1000 * t)
+            tokens, _ = MarkovTreeTask(task.pi, L, H, task.root).sample(n_contexts, g, parents=fixed)
+            markov.append(parent_accuracy(bma_posterior(task.pi, tokens, L, H), fixed))
+            ct = ContinuousTask(ctasks[t].A, ctasks[t].rho, L, H)
+            x, _ = ct.sample(n_contexts, g, parents=fixed)
+            gauss.append(parent_accuracy(gaussian_bma_posterior(ct, x), fixed))
+            if L == task.n_examples:
+                m, source = subject.model, f"trained ({subject.name})"
+            else:
+                m, source = models.theorem1_model(task.pi, L, H, 50.0, task.root), "Theorem 1 construction"
+            model.append(model_parent_accuracy(m, tokens, fixed))
+        res["bma"]["markov"].append({"L": L, "parent_accuracy": float(np.mean(markov)), "per_tree": markov})
+        res["bma"]["continuous"].append({"L": L, "parent_accuracy": float(np.mean(gauss)), "per_tree": gauss})
+        res["model"].append({"L": L, "source": source, "parent_accuracy": float(np.mean(model)), "per_tree": model})
     return res
 
 
 def _plot(res: dict, n_contexts: int):
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(1, 3, figsize=(14, 4))
-    colours = {"markov": "C0", "continuous": "C1"}
-    for kind, rows in res["structure"].items():
-        N = [r["N"] for r in rows]
-        c = colours[kind]
-        axes[0].plot(N, [r["parent_accuracy"] for r in rows], "o-", color=c, label=f"CAPE step 1, {kind}")
-        axes[0].plot(
-            N, [r["ordered_parent_accuracy"] for r in rows], "o:", color=c, label=f"CAPE step 1, {kind}, order given"
-        )
-        axes[1].plot(N, [r["skeleton_f1"] for r in rows], "o-", color=c, label=f"CAPE step 1, {kind}")
-        axes[2].plot(N, [r["shd"] for r in rows], "o-", color=c, label=f"CAPE step 1, {kind}")
-    axes[0].plot(
-        [r["L"] for r in res["bma"]],
-        [r["parent_accuracy"] for r in res["bma"]],
-        "s-",
-        color="k",
-        label="BMA, Markov task (knows pi, pa(h) < h)",
-    )
-    for r in res["model"]:
-        marker = "*" if r["source"].startswith("trained") else "^"
-        axes[0].plot(r["L"], r["parent_accuracy"], marker, color="C3", ms=11 if marker == "*" else 7)
-    axes[0].plot([], [], "^", color="C3", label="two-layer: Theorem 1 construction")
-    axes[0].plot([], [], "*", color="C3", ms=11, label="two-layer: trained checkpoint (L=10)")
-    H = len(res["parents"])
-    axes[0].axhline(1 / (H - 1), color="grey", lw=0.8, ls="--", label="chance (1/(H-1))")
-    for ax, title in zip(
-        axes, ("parent accuracy", "skeleton F1 (structure learning)", f"SHD (true tree: {H - 1} edges)")
-    ):
+    fig, axes = plt.subplots(1, 4, figsize=(19, 4.3))
+    colours = {"linear": "C0", "mlp": "C1"}
+    titles = {
+        "markov": "Markov task (one-hot features)",
+        "continuous": "continuous system (d=4, rho=0.5)",
+        "nonlinear": "scalar system, half the edges quadratic",
+    }
+    for ax, kind in zip(axes, KINDS):
+        for key, rows in res["structure"].items():
+            k, f = key.split("/")
+            if k != kind:
+                continue
+            N = [r["N"] for r in rows]
+            ax.plot(N, [r["parent_accuracy"] for r in rows], "o-", color=colours[f], label=f"CAPE step 1, {f} f")
+            ax.plot(
+                N, [r["ordered_parent_accuracy"] for r in rows], "o:", color=colours[f], label=f"{f} f, order given"
+            )
+            style_ = ("o-" if f == "linear" else "s--", {"markov": "C2", "continuous": "C4", "nonlinear": "C5"}[kind])
+            axes[3].plot(N, [r["skeleton_f1"] for r in rows], style_[0], color=style_[1], label=f"{kind}, {f} f")
+        if kind in res["bma"]:
+            rows = res["bma"][kind]
+            ax.plot(
+                [r["L"] for r in rows],
+                [r["parent_accuracy"] for r in rows],
+                "s-",
+                color="k",
+                label="BMA (knows mechanism, pa(h) < h)",
+            )
+        if kind == "markov":
+            for r in res["model"]:
+                marker = "*" if r["source"].startswith("trained") else "^"
+                ax.plot(r["L"], r["parent_accuracy"], marker, color="C3", ms=11 if marker == "*" else 7)
+            ax.plot([], [], "^", color="C3", label="two-layer: Theorem 1 construction")
+            ax.plot([], [], "*", color="C3", ms=11, label="two-layer: trained checkpoint (L=10)")
+        H = len(res["trees"][0])
+        ax.axhline(1 / (H - 1), color="grey", lw=0.8, ls="--")
+        ax.set_title(titles[kind], fontsize=10)
+        ax.set_ylabel("parent accuracy")
+        ax.set_ylim(0, 1.02)
+        ax.legend(fontsize=7, loc="lower right")
+    axes[3].set_title("skeleton F1 (structure learning)", fontsize=10)
+    axes[3].legend(fontsize=7, loc="lower right")
+    ticks = sorted({*res["Ns"], *res["Ls"]})
+    for ax in axes:
         ax.set_xscale("log")
+        ax.set_xticks(ticks, [str(t) for t in ticks])
+        ax.minorticks_off()
+        ax.set_xlim(min(ticks) / 1.3, max(ticks) * 1.3)
         ax.set_xlabel("samples N (= demonstrations L)")
-        ax.set_title(title)
-    handles, labels = axes[0].get_legend_handles_labels()
     fig.suptitle(
-        f"One fixed tree (H={H}): CAPE step 1 from N samples (mean of {len(res['structure']['markov'][0]['draws'])} draws) "
-        f"vs in-context BMA / two-layer model from L demonstrations ({n_contexts} contexts per L)"
+        f"CAPE step 1 from N samples vs in-context BMA / two-layer model from L demonstrations: mean over "
+        f"{len(res['trees'])} fixed trees (H={len(res['trees'][0])}; {n_contexts} contexts per tree and L; grey: chance)"
     )
     fig.tight_layout()
-    fig.legend(handles, labels, fontsize=8, loc="upper center", bbox_to_anchor=(0.5, 0.0), ncol=5)
     return fig
 
 
 def main(argv: list[str] | None = None) -> dict:
-    parser = analysis_parser(NAME, __doc__.split("\n\n")[0], n_contexts=256)
-    parser.add_argument("--repeats", type=int, default=3, help="data draws per N for structure learning (default: 3)")
+    parser = analysis_parser(NAME, __doc__.split("\n\n")[0], n_contexts=128)
+    parser.add_argument("--n-trees", type=int, default=3, help="fixed trees to average over (default: 3)")
     parser.add_argument(
         "--inner-steps", type=int, default=50, help="L-BFGS iterations per augmented-Lagrangian step (default: 50)"
     )
     args = parse_common(parser, argv)
-    if args.repeats < 1:
-        parser.error(f"--repeats must be >= 1, got {args.repeats}")
+    if args.n_trees < 1:
+        parser.error(f"--n-trees must be >= 1, got {args.n_trees}")
     if args.inner_steps < 1:
         parser.error(f"--inner-steps must be >= 1, got {args.inner_steps}")
     subject = subject_from_args(args)
     with single_thread():
-        res = compute(subject, args.seed, args.n_contexts, inner_steps=args.inner_steps, repeats=args.repeats)
+        res = compute(subject, args.seed, args.n_contexts, n_trees=args.n_trees, inner_steps=args.inner_steps)
     style()
     save_figure(_plot(res, args.n_contexts), args.out, NAME)
     save_json(args.out, NAME, res, args, subject)
-    for kind, rows in res["structure"].items():
+    for key, rows in res["structure"].items():
         print(
-            f"CAPE step 1 ({kind}): "
+            f"CAPE step 1 ({key}): "
             + ", ".join(
-                f"N={r['N']}: parent {r['parent_accuracy']:.2f} / ordered {r['ordered_parent_accuracy']:.2f}, skeleton F1 {r['skeleton_f1']:.2f}, SHD {r['shd']:.1f}"
+                f"N={r['N']}: parent {r['parent_accuracy']:.2f} / ordered {r['ordered_parent_accuracy']:.2f}, "
+                f"skeleton F1 {r['skeleton_f1']:.2f}, SHD {r['shd']:.1f}"
                 for r in rows
             )
         )
-    print("BMA: " + ", ".join(f"L={r['L']}: {r['parent_accuracy']:.3f}" for r in res["bma"]))
+    for kind, rows in res["bma"].items():
+        print(f"BMA ({kind}): " + ", ".join(f"L={r['L']}: {r['parent_accuracy']:.3f}" for r in rows))
     print("two-layer: " + ", ".join(f"L={r['L']}: {r['parent_accuracy']:.3f} ({r['source']})" for r in res["model"]))
     return res
 

@@ -1,12 +1,22 @@
 """CAPE step 1 (arXiv 2509.16629): causal structure learning from a data matrix, on this suite's tasks.
 
-The structural-equation model is CAPE's VAE form ``Z = f(X)(I - A)``, ``X = f^{-1}(Z (I - A)^{-1})``
-in its documented simplest case: ``f`` linear (the identity after centring), a deterministic encoder and
-a unit-variance Gaussian prior on Z, for which the negative ELBO is ``||Z||^2 / 2N`` up to constants
-(the decoder reconstructs X exactly, so the reconstruction term vanishes). The learned MLP ``f`` of the
-paper is NOT implemented here. Nodes may carry vectors (``X [N, M, d]``): the equation of node j is
-``x_j = sum_i x_i W_ij + z_j`` with one ``d x d`` block per edge, and the edge weight is the block's
-Frobenius norm ``A_ij = ||W_ij||_F`` (for d = 1 the signed scalar ``W_ij``). The loss
+The structural-equation model is CAPE's VAE form ``Z = f(X)(I - A)``, ``X = f^{-1}(Z (I - A)^{-1})`` with a
+deterministic encoder and a unit-variance Gaussian prior on Z, for which the negative ELBO is
+``||Z||^2 / 2N`` up to constants. Nodes may carry vectors (``X [N, M, d]``). Two encoders ``f``:
+
+- ``f='linear'``: the identity (after standardising), the paper's simplest case: ``x_j = sum_i x_i W_ij + z_j``
+  with one ``d x d`` block per edge.
+- ``f='mlp'``: ``f_j(x) = [x, m_j(x)]``, the node's own value next to ``extra`` learned features ``m_j`` (a
+  per-node one-hidden-layer tanh MLP, batch-standardised to total variance 1 so they cannot shrink Z by
+  scaling). The SEM is linear in these features, so an edge can act through a non-monotone function of the
+  parent (``x_j = x_i^2 + z`` is ``x_j`` regressed on ``m_i(x_i) ~ x_i^2``), which the linear f cannot see
+  (x_i and x_i^2 are uncorrelated). ``f^{-1}`` is the projection on the first d coordinates: it inverts f
+  exactly on its image, so the decoder reconstructs X exactly, as in the linear case, and the reconstruction
+  term of the ELBO vanishes. With ``extra = 0`` the objective is the linear one. (The paper's f is an MLP
+  with a learned decoder; this exactly invertible form is our choice, and it contains the linear model.)
+
+The edge weight is the Frobenius norm of the edge's block, ``A_ij = ||W_ij||_F`` (for the linear f and d = 1
+the signed scalar ``W_ij``). The loss
 
     ||Z||^2 / 2N  +  lambda ||A||_1  +  rho/2 h(A)^2  +  alpha h(A),   h(A) = tr(exp(A o A)) - M,
 
@@ -53,13 +63,40 @@ class StructureConfig:
     rho_max: float = 1e6  # beyond this Adam oscillates and shrinks every edge to 0
     seed: int = 0  # initial weights ~ N(0, init^2) from this seed
     init: float = 0.1  # breaks the i->j / j->i symmetry of an unorientable edge
+    f: str = "linear"  # the encoder: 'linear' (identity) or 'mlp' (x next to learned features; module note)
+    extra: int = 2  # f='mlp': learned features per node
+    hidden: int = 16  # f='mlp': hidden units of each node's MLP
 
 
-def edge_weights(W: Float[Tensor, "M M d d"]) -> Float[Tensor, "M M"]:
-    """``A_ij``: the signed scalar for d = 1, else the smoothed Frobenius norm of the block ``W_ij``."""
-    if W.shape[-1] == 1:
+def edge_weights(W: Float[Tensor, "M M k k"], signed: bool = False) -> Float[Tensor, "M M"]:
+    """``A_ij``: the signed scalar when ``signed`` (1 x 1 blocks), else the smoothed Frobenius norm of ``W_ij``."""
+    if signed:
         return W[..., 0, 0]
     return (W.pow(2).sum((-1, -2)) + EPS).sqrt()
+
+
+class NodeEncoder(torch.nn.Module):
+    """``f``: ``[N, M, d] -> [N, M, d + extra]``, each node's value next to its own ``extra`` learned tanh-MLP
+    features, batch-standardised to total variance 1 per node (``extra = 0``: the identity)."""
+
+    def __init__(self, M: int, d: int, extra: int, hidden: int, generator: torch.Generator):
+        super().__init__()
+        self.extra = extra
+        if extra == 0:
+            return
+
+        def init(*shape, fan_in):
+            return torch.nn.Parameter(torch.randn(*shape, dtype=torch.float64, generator=generator) / fan_in**0.5)
+
+        self.W1, self.b1 = init(M, d, hidden, fan_in=d), init(M, hidden, fan_in=1)
+        self.W2 = init(M, hidden, extra, fan_in=hidden)
+
+    def forward(self, X: Float[Tensor, "N M d"]) -> Float[Tensor, "N M k"]:
+        if self.extra == 0:
+            return X
+        m = torch.einsum("nmh,mhe->nme", torch.tanh(torch.einsum("nmd,mdh->nmh", X, self.W1) + self.b1), self.W2)
+        m = m - m.mean(0)
+        return torch.cat([X, m / (m.pow(2).sum(-1).mean(0).sqrt()[None, :, None] + 1e-8)], -1)
 
 
 def _check_data(X: Tensor) -> Float[Tensor, "N M d"]:
@@ -92,32 +129,45 @@ def learn_structure(X: Tensor, config: StructureConfig | None = None) -> dict:
     cfg = config or StructureConfig()
     if cfg.tau < 0 or cfg.lambda1 < 0 or cfg.inner_steps < 1 or cfg.max_outer < 1:
         raise ValueError("need tau >= 0, lambda1 >= 0, inner_steps >= 1 and max_outer >= 1")
+    if cfg.f not in ("linear", "mlp") or cfg.extra < 0 or cfg.hidden < 1:
+        raise ValueError(
+            f"need f in ('linear', 'mlp'), extra >= 0 and hidden >= 1; got {cfg.f!r}, {cfg.extra}, {cfg.hidden}"
+        )
     X = standardise(_check_data(X))
     N, M, d = X.shape
     g = torch.Generator().manual_seed(cfg.seed)
-    W = (cfg.init * torch.randn(M, M, d, d, dtype=torch.float64, generator=g)).requires_grad_()
-    off_diag = (1 - torch.eye(M, dtype=torch.float64))[:, :, None, None]
+    extra = cfg.extra if cfg.f == "mlp" else 0
+    W = (cfg.init * torch.randn(M, M, d + extra, d + extra, dtype=torch.float64, generator=g)).requires_grad_()
+    encoder = NodeEncoder(M, d, extra, cfg.hidden, g)
+    params = [W, *encoder.parameters()]
+    eye = torch.eye(M, dtype=torch.float64)
+    off_diag = (1 - eye)[:, :, None, None]
+    signed = cfg.f == "linear" and d == 1
     rho, alpha, h_prev = 1.0, 0.0, float("inf")
 
-    eye = torch.eye(M, dtype=torch.float64)
+    def residual_and_A() -> tuple[Tensor, Tensor]:
+        F = encoder(X)  # [N, M, k]
+        Wm = W * off_diag
+        A = edge_weights(Wm, signed) * (1 - eye)
+        return F - torch.einsum("nik,ijkl->njl", F, Wm), A  # Z = f(X)(I - A)
 
     def objective(rho: float, alpha: float) -> Tensor:
-        Wm = W * off_diag
-        residual = X - torch.einsum("nid,ijde->nje", X, Wm)  # Z = f(X)(I - A), f = identity
-        A = edge_weights(Wm) * (1 - eye)
+        Z, A = residual_and_A()
         h = acyclicity(A)
         l1 = (A * A + EPS).sqrt().sum()  # smoothed |A| so that L-BFGS sees a differentiable objective
-        return 0.5 * residual.pow(2).sum() / N + cfg.lambda1 * l1 + 0.5 * rho * h * h + alpha * h
+        return 0.5 * Z.pow(2).sum() / N + cfg.lambda1 * l1 + 0.5 * rho * h * h + alpha * h
 
     def fit(rho: float, alpha: float) -> float:
         if cfg.optimizer == "adam":
-            opt = torch.optim.Adam([W], lr=cfg.lr)
+            opt = torch.optim.Adam(params, lr=cfg.lr)
             for _ in range(cfg.inner_steps):
                 opt.zero_grad()
                 objective(rho, alpha).backward()
                 opt.step()
         else:
-            opt = torch.optim.LBFGS([W], max_iter=cfg.inner_steps, line_search_fn="strong_wolfe", tolerance_grad=1e-9)
+            opt = torch.optim.LBFGS(
+                params, max_iter=cfg.inner_steps, line_search_fn="strong_wolfe", tolerance_grad=1e-9
+            )
 
             def closure():
                 opt.zero_grad()
@@ -127,7 +177,7 @@ def learn_structure(X: Tensor, config: StructureConfig | None = None) -> dict:
 
             opt.step(closure)
         with torch.no_grad():
-            return acyclicity(edge_weights(W * off_diag) * (1 - eye)).item()
+            return acyclicity(edge_weights(W * off_diag, signed) * (1 - eye)).item()
 
     outer = 0
     for outer in range(1, cfg.max_outer + 1):
@@ -140,13 +190,12 @@ def learn_structure(X: Tensor, config: StructureConfig | None = None) -> dict:
         if h <= cfg.h_tol or rho >= cfg.rho_max:
             break
     with torch.no_grad():
-        Wm = W * off_diag
-        A_raw = edge_weights(Wm) * (1 - torch.eye(M, dtype=torch.float64))
-        loss = 0.5 * (X - torch.einsum("nid,ijde->nje", X, Wm)).pow(2).sum().item() / N
-    A = A_raw.detach().clone()
+        Z, A_raw = residual_and_A()
+        loss = 0.5 * Z.pow(2).sum().item() / N
+    A = A_raw.clone()
     A[A.abs() < cfg.tau] = 0
     A = break_cycles(A)
-    return {"A": A, "A_raw": A_raw.detach(), "h": acyclicity(A_raw).item(), "loss": loss, "outer": outer}
+    return {"A": A, "A_raw": A_raw, "h": acyclicity(A_raw).item(), "loss": loss, "outer": outer}
 
 
 def break_cycles(A: Float[Tensor, "M M"]) -> Float[Tensor, "M M"]:
@@ -260,3 +309,24 @@ def continuous_data(task, parents: Int[Tensor, " H"], n: int, seed: int) -> Floa
     one_tree = ContinuousTask(task.A, task.rho, n - 1, task.seq_len)
     x, _ = one_tree.sample(1, torch.Generator().manual_seed(seed), parents=parents.view(1, -1))
     return x.view(n, task.seq_len, task.d_vocab)
+
+
+def nonlinear_tree_data(
+    parents: Int[Tensor, " M"], n: int, seed: int, rho: float = 0.8, quadratic: float = 0.5
+) -> Float[Tensor, "n M 1"]:
+    """``n`` samples of a scalar SEM on the tree ``parents``: ``x_root ~ N(0, 1)``,
+    ``x_j = rho std(q_j(x_pa)) + sqrt(1 - rho^2) eta`` where ``q_j`` is the identity or, for a fraction
+    ``quadratic`` of the edges (drawn from ``seed``), the square (``std`` standardises over the n samples).
+    A squared Gaussian parent is uncorrelated with it, so a linear f cannot see those edges."""
+    parents = torch.as_tensor(parents).long()
+    if not 0 < rho < 1 or not 0 <= quadratic <= 1 or n < 2:
+        raise ValueError(f"need 0 < rho < 1, 0 <= quadratic <= 1 and n >= 2; got {rho}, {quadratic}, {n}")
+    g = torch.Generator().manual_seed(seed)
+    M = parents.numel()
+    squared = torch.rand(M, generator=g, dtype=torch.float64) < quadratic
+    x = torch.randn(n, M, dtype=torch.float64, generator=g)
+    for j, p in enumerate(parents.tolist()):
+        if p >= 0:
+            u = x[:, p] ** 2 if squared[j] else x[:, p]
+            x[:, j] = rho * (u - u.mean()) / u.std() + (1 - rho**2) ** 0.5 * x[:, j]
+    return x.unsqueeze(-1)
