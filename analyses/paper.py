@@ -32,6 +32,7 @@ ANALYSES = [
     "scale",
     "cape_structure",
     "cape_properties",
+    "cape_downstream",
     "standard",  # models.standard: a GPT-2 trained on the same task against the disentangled model
 ]
 

@@ -3,6 +3,7 @@ old recipe against new, at d=10, L=K=32, H=24 (and how far the new one gets at d
 
     python -m analyses.scale                                       # the figure, from figures/scale_histories.json
     python -m analyses.scale --from-runs "old recipe=runs/old" "new recipe=runs/new"   # collect, then plot
+    python -m analyses.scale --from-runs "large preset=runs/large"  # add (or replace) one run, keep the rest
 
 Retraining takes tens of minutes on 2 cores, so the figure reads the evaluation histories that
 ``models.train`` saved in each checkpoint (``config.json``), collected once into a small JSON file.
@@ -93,7 +94,7 @@ def main(argv: list[str] | None = None) -> None:
         "--from-runs",
         nargs="+",
         metavar="LABEL=FOLDER",
-        help=f"collect these checkpoints' histories into {HISTORIES.name} first",
+        help=f"collect these checkpoints' histories into {HISTORIES.name} first (added to the runs already there)",
     )
     parser.add_argument("--histories", default=str(HISTORIES), help="the collected histories (JSON)")
     args = parse_common(parser, argv)
@@ -102,7 +103,9 @@ def main(argv: list[str] | None = None) -> None:
         pairs = [item.rpartition("=") for item in args.from_runs]  # labels may hold "="
         if any(not eq or not label for label, eq, _ in pairs):
             parser.error(f"--from-runs expects LABEL=FOLDER items, got {args.from_runs}")
-        histories = collect({label: folder for label, _, folder in pairs})
+        # Merge into what was collected before: earlier runs' folders need not exist any more.
+        histories = json.loads(path.read_text()) if path.is_file() else {}
+        histories.update(collect({label: folder for label, _, folder in pairs}))
         _atomic_write(path, lambda tmp: tmp.write_text(json.dumps(histories, indent=1) + "\n"))
     if not path.is_file():
         parser.error(f"--histories {path} does not exist; collect it with --from-runs LABEL=FOLDER ...")

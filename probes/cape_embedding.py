@@ -163,8 +163,21 @@ def cape_loss(
     p: Float[Tensor, "M n1"], W: Float[Tensor, "M M"], pi: Float[Tensor, " M"], lambda_g: float
 ) -> Float[Tensor, ""]:
     """``(1/M) sum_v L_con(v) + lambda_g sum_v pi_v d_L^2(p_v, o)`` (see the module docstring)."""
-    M = p.shape[0]
     D = sq_lorentz(p.unsqueeze(1), p.unsqueeze(0))  # [M,M]
+    return contrastive_loss(D, W, pi, 2 * (p[:, 0] - 1), lambda_g)  # d_L^2(p, o) = 2 (p_0 - 1)
+
+
+def contrastive_loss(
+    D: Float[Tensor, "M M"],
+    W: Float[Tensor, "M M"],
+    pi: Float[Tensor, " M"],
+    to_origin: Float[Tensor, " M"],
+    lambda_g: float,
+) -> Float[Tensor, ""]:
+    """The step-2 loss for any geometry, from the squared distances ``D`` between points and ``to_origin``
+    of each point to the origin: an InfoNCE on ``exp(-D)`` with positives weighted by ``W`` (k-hop weights)
+    and negatives where ``W = 0``, averaged over anchors, plus ``lambda_g sum_v pi_v to_origin_v``."""
+    M = D.shape[0]
     eye = torch.eye(M, dtype=torch.bool)
     negative = (W == 0) & ~eye
     # log of sum over negatives of exp(-d), per anchor; -inf when the anchor has none.
@@ -172,8 +185,7 @@ def cape_loss(
     log_ratio = -D - torch.logaddexp(-D, neg_lse)  # log e^{-D_ij} / (e^{-D_ij} + sum_neg e^{-D_il})
     total = W.sum(1, keepdim=True)
     con = -(torch.where(W > 0, W * log_ratio, 0.0) / total.clamp_min(1e-300)).sum(1)
-    reg = (pi * 2 * (p[:, 0] - 1)).sum()  # d_L^2(p, o) = 2 (p_0 - 1)
-    return con.mean() + lambda_g * reg
+    return con.mean() + lambda_g * (pi * to_origin).sum()
 
 
 def initial_points(M: int, dim: int, seed: int = 0, scale: float = 1e-2) -> Float[Tensor, "M dim"]:

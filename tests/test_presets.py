@@ -53,3 +53,23 @@ def test_preset_initialisation_assigns_heads_one_to_one_and_purely(name):
     expected = _closed_form_purity(cfg.init_demo, cfg.init_offset, cfg.n_examples, cfg.seq_len)
     assert purity == pytest.approx([expected] * len(purity), abs=1e-5)
     assert min(purity) >= 0.93  # the scale recipe: purity at init does not fall as L grows
+
+
+def test_scale_collects_a_run_into_the_histories_and_keeps_earlier_runs(tmp_path):
+    import json
+
+    from analyses import scale
+    from models.train import train
+
+    cfg = TrainConfig(steps=4, eval_every=2, eval_contexts=16, batch_size=8, out=str(tmp_path / "run"))
+    train(cfg)
+    saved = json.loads((tmp_path / "run" / "config.json").read_text())["training"]["history"]
+    histories = tmp_path / "h.json"
+    earlier = {"config": {**cfg.__dict__}, "history": [{**saved[0], "min_purity": 0.5, "n_heads": 12}]}
+    histories.write_text(json.dumps({"earlier": earlier}))
+    scale.main(["--histories", str(histories), "--from-runs", f"new=run={tmp_path / 'run'}", "--out", str(tmp_path)])
+    got = json.loads(histories.read_text())
+    assert set(got) == {"earlier", "new=run"}  # merged; the label may hold "="
+    assert [m["step"] for m in got["new=run"]["history"]] == [m["step"] for m in saved]
+    assert [m["min_purity"] for m in got["new=run"]["history"]] == [min(m["head_purity"]) for m in saved]
+    assert (tmp_path / "scale.png").is_file()
