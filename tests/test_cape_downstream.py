@@ -181,3 +181,25 @@ def test_tiny_run_identity_beats_no_position_and_is_seeded():
     short = cd.DownstreamConfig(**{**cfg.__dict__, "steps": 10, "eval_every": 5})
     curves = [cd.train_variant(short, "identity", X, test, s)[1] for s in (3, 3, 4)]
     assert curves[0] == curves[1] != curves[2]
+
+
+def test_blanket_attention_matches_a_loop_over_samples_and_heads():
+    cfg = cd.DownstreamConfig(M=6, d=2, d_model=16, n_heads=2, d_head=4, d_mlp=16)
+    model = _model("identity_cape", cfg)
+    g = torch.Generator().manual_seed(5)
+    B = 10
+    x = torch.randn(B, cfg.M, cfg.d, dtype=torch.float64, generator=g)
+    feat, slot = cd.sample_views(B, cfg.M, g)
+    got = cd.blanket_attention(model, x, feat, slot, PARENTS)
+    # brute force: recompute each layer's pattern by hand from the hook's inputs, one sample and head at a time
+    _, cache = model.run_with_cache(x, feat, slot)
+    neighbours = {v: {int(PARENTS[v])} - {-1} | {u for u in range(6) if PARENTS[u] == v} for v in range(6)}
+    for layer in range(cfg.n_layers):
+        pattern = cache[f"blocks.{layer}.attn.hook_pattern"]
+        torch.testing.assert_close(pattern.sum(-1), torch.ones(B, cfg.n_heads, cfg.M, dtype=torch.float64))
+        total = 0.0
+        for b in range(B):
+            v = int(feat[b, slot[b]])
+            for h in range(cfg.n_heads):
+                total += sum(float(pattern[b, h, slot[b], s]) for s in range(cfg.M) if int(feat[b, s]) in neighbours[v])
+        assert got[layer] == pytest.approx(total / (B * cfg.n_heads), abs=1e-12)
