@@ -177,3 +177,24 @@ def test_model_with_more_heads_than_demonstrations_builds():
     model = CausalTransformer(CausalTransformerConfig(3, 2, 4, n_copy_heads=4))
     tokens, _ = build_task(d_vocab=3, n_examples=2, seq_len=4).sample(2)
     assert model(tokens).shape == (2, 4, 3)
+
+
+def test_evaluate_cli_weights_chunks_by_size_and_rejects_bad_sizes(tmp_path, capsys):
+    from analyses.common import load_subject
+    from models.evaluate import evaluate_checkpoint, main
+    from models.train import evaluate
+
+    subject = load_subject("default")
+    got = evaluate_checkpoint(subject, 500, seed=3, batch_size=300)  # chunks of 300 and 200
+    g = torch.Generator().manual_seed(3)
+    parts = [evaluate(subject.model, subject.task, *subject.task.sample(n, g)) for n in (300, 200)]
+    for key in ("nll_gap", "tv_to_bma", "parent_acc", "parent_acc_bma"):
+        assert got[key] == pytest.approx((300 * parts[0][key] + 200 * parts[1][key]) / 500, abs=1e-12)
+    assert got["head_demo"] == parts[1]["head_demo"] and got["n_contexts"] == 500
+    out = tmp_path / "m.json"
+    main(["default", "--n-contexts", "64", "--json", str(out)])
+    assert json.loads(out.read_text())["n_contexts"] == 64
+    for bad in (["default", "--n-contexts", "0"], ["default", "--batch-size", "-1"], [str(tmp_path / "missing")]):
+        with pytest.raises(SystemExit) as e:
+            main(bad)
+        assert e.value.code == 2
