@@ -3,7 +3,7 @@ figures (PNG + PDF) and the JSON of every plotted number atomically.
 
 Every analysis is ``python -m analyses.<name>`` with the same flags: ``--checkpoint`` (a folder written
 by ``models.train``, or ``theorem1:beta=50`` for the Theorem 1 construction on the default task),
-``--out`` (default ``figures/``), ``--seed``, ``--n-contexts``, ``--device``.
+``--out`` (default ``figures/``), ``--seed``, ``--n-contexts``, ``--device``, ``--threads`` (default 1).
 """
 
 from __future__ import annotations
@@ -44,6 +44,12 @@ def analysis_parser(name: str, description: str, n_contexts: int = 2048) -> argp
     p.add_argument("--n-contexts", type=int, default=n_contexts, help=f"contexts to sample (default: {n_contexts})")
     p.add_argument("--device", default="cpu", help="torch device (default: cpu)")
     p.add_argument(
+        "--threads",
+        type=int,
+        default=1,
+        help="torch CPU threads (default: 1, so the numbers do not depend on the machine's core count)",
+    )
+    p.add_argument(
         "--key-map",
         default=None,
         metavar="MAP.json",
@@ -65,6 +71,9 @@ def parse_common(parser: argparse.ArgumentParser, argv: list[str] | None) -> arg
     args.command = " ".join([parser.prog, *(sys.argv[1:] if argv is None else argv)])
     if args.n_contexts < 1:
         parser.error(f"--n-contexts must be >= 1, got {args.n_contexts}")
+    if args.threads < 1:
+        parser.error(f"--threads must be >= 1, got {args.threads}")
+    torch.set_num_threads(args.threads)  # float reductions depend on the thread count; fix it for reproducibility
     if args.device.startswith("cuda") and not torch.cuda.is_available():
         parser.error(f"--device {args.device}: CUDA is not available on this machine")
     try:

@@ -23,3 +23,19 @@ def test_jobs_must_be_positive(capsys):
         paper.main(["--jobs", "0", "--only", "copyers"])
     assert e.value.code == 2
     assert "--jobs must be >= 1" in capsys.readouterr().err
+
+
+def test_analyses_fix_the_thread_count_and_reject_a_bad_one(tmp_path, capsys):
+    import torch
+
+    from analyses import copyers
+
+    before = torch.get_num_threads()
+    try:
+        with pytest.raises(SystemExit) as e:
+            copyers.main(["--threads", "0", "--out", str(tmp_path)])
+        assert e.value.code == 2 and "--threads must be >= 1" in capsys.readouterr().err
+        copyers.main(["--threads", "1", "--n-contexts", "16", "--out", str(tmp_path)])
+        assert torch.get_num_threads() == 1
+    finally:
+        torch.set_num_threads(before)
