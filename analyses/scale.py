@@ -1,5 +1,5 @@
 """Training at scale: the NLL gap to BMA, TV to the BMA posterior and copyer-head purity over steps,
-old recipe against new, at d=10, L=K=32, H=24 (and how far the new one gets at d=20, L=K=64, H=32).
+old recipe against new, at d=10, L=K=32, H=24, and the large preset at d=20, L=K=64, H=32.
 
     python -m analyses.scale                                       # the figure, from figures/scale_histories.json
     python -m analyses.scale --from-runs "old recipe=runs/old" "new recipe=runs/new"   # collect, then plot
@@ -20,7 +20,8 @@ from analyses.common import _atomic_write, analysis_parser, parse_common, run, s
 FIGURES = {
     "scale.png": "NLL gap to BMA, TV to the BMA posterior and the least pure copyer head over training "
     "steps at d=10, L=K=32, H=24: the reference recipe (PAPER.md section 5) against the scale "
-    "recipe of `--preset medium`, and the first 300 steps of the scale init at d=20, L=K=64, H=32"
+    "recipe of `--preset medium`; and at d=20, L=K=64, H=32 the full `--preset large` run (3000 steps) "
+    "beside the first 300 steps at full copyer rate"
 }
 HISTORIES = FIGURE_DIR / "scale_histories.json"
 KEPT = ("step", "seconds", "loss", "nll_gap", "tv_to_bma", "parent_acc", "parent_acc_bma", "distinct_demos")
