@@ -60,7 +60,6 @@ from analyses.common import (
     run,
     save_figure,
     save_json,
-    single_thread,
     style,
     subject_from_args,
 )
@@ -381,8 +380,7 @@ def main(argv: list[str] | None = None) -> dict:
     model = subject.model.eval()
     generator = torch.Generator().manual_seed(args.seed)
     tokens, parents = subject.task.sample(args.n_contexts, generator)  # corrupted demos: same generator, next draws
-    with single_thread():  # ~560 small forward passes
-        r = activation_patching(model, subject.task, tokens.to(args.device), parents, generator)
+    r = activation_patching(model, subject.task, tokens.to(args.device), parents, generator)
     style()
     for name, fig in plot(r, args.n_contexts, subject.name).items():
         save_figure(fig, args.out, f"{NAME}_{name}")

@@ -65,10 +65,16 @@ from torch import Tensor, nn
 from transformer_lens import HookedRootModule
 from transformer_lens.hook_points import HookPoint
 
-from analyses.common import analysis_parser, parse_common, run, save_figure, save_json, single_thread, style
+from analyses.common import analysis_parser, parse_common, run, save_figure, save_json, style
 from models.cape import rotate
 from probes.cape_embedding import contrastive_loss, embed, generality, hop_weights, random_tree
-from probes.cape_structure import StructureConfig, continuous_data, learn_structure, structure_metrics
+from probes.cape_structure import (
+    StructureConfig,
+    continuous_data,
+    learn_structure,
+    structure_metrics,
+    tree_adjacency,
+)
 from probes.continuous import ContinuousTask
 
 NAME = "cape_downstream"
@@ -376,13 +382,8 @@ def train_variant(
 def markov_blanket(parents: Int[Tensor, " M"]) -> Float[Tensor, "M M"]:
     """``[v, u] = 1`` when u is v's parent or child: the features the Bayes predictor of x_v uses (on a
     Gaussian tree, E[x_v | x_-v] depends on these only)."""
-    parents = torch.as_tensor(parents).long()
-    M = parents.numel()
-    out = torch.zeros(M, M, dtype=torch.float64)
-    for v, p in enumerate(parents.tolist()):
-        if p >= 0:
-            out[v, p] = out[p, v] = 1.0
-    return out
+    adj = tree_adjacency(parents)
+    return (adj | adj.T).double()
 
 
 @torch.no_grad()
@@ -415,10 +416,7 @@ def positional_inputs(cfg: DownstreamConfig, Xtr, parents, seed: int, structure:
     n = cfg.d_head // 2
     learned = learn_structure(Xtr, structure or StructureConfig(seed=seed))
     A_learned = learned["A"]
-    A_true = torch.zeros(cfg.M, cfg.M, dtype=torch.float64)
-    for j, p in enumerate(parents.tolist()):
-        if p >= 0:
-            A_true[p, j] = cfg.rho * math.sqrt(cfg.d)  # ||rho A^T||_F: the edge weight step 1 estimates
+    A_true = tree_adjacency(parents).double() * cfg.rho * math.sqrt(cfg.d)  # ||rho A^T||_F, as step 1 estimates
     A_random = random_dag_like(A_learned, torch.Generator().manual_seed(seed + 7))
     emb = embed(A_learned, dim=n, steps=cfg.embed_steps, seed=seed)
     emb_true = embed(A_true, dim=n, steps=cfg.embed_steps, seed=seed)
@@ -446,7 +444,6 @@ def angle_geometry(phi: Float[Tensor, "M n"], parents: Int[Tensor, " M"]) -> dic
     """Largest |angle|, smallest and mean distance between two features' angle vectors, and the Pearson
     correlation of that distance with the hop distance in the TRUE tree (how much of G the angles carry)."""
     from probes.cape_embedding import hop_distance
-    from probes.cape_structure import tree_adjacency
 
     M = phi.shape[0]
     iu = torch.triu_indices(M, M, 1)
@@ -502,8 +499,8 @@ def compute(
     res["blanket_chance"] = (masked_blanket / cfg.M).mean().item()  # uniform attention over the M slots
     for variant in variants:
         runs, curves, blanket = [], [], []
+        _, part = variant_parts(variant)
         for s in range(model_seeds):
-            _, part = variant_parts(variant)
             model, curve = train_variant(
                 cfg, variant, Xtr, test, seed * 1000 + s, phi.get(part), coords if part == "cape_additive" else None
             )
@@ -607,8 +604,7 @@ def main(argv: list[str] | None = None) -> dict:
     if unknown:
         parser.error(f"--variants: unknown {unknown}; expected names from {','.join(ALL_VARIANTS)}")
     cfg = DownstreamConfig(n_train=args.n_train, n_test=args.n_contexts, steps=args.steps)
-    with single_thread():
-        res = compute(cfg, args.seed, args.model_seeds, variants)
+    res = compute(cfg, args.seed, args.model_seeds, variants)
     style()
     save_figure(_plot(res), args.out, NAME)
     save_json(args.out, NAME, res, args, None)

@@ -26,7 +26,7 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
-from analyses.common import analysis_parser, parse_common, run, save_figure, save_json, single_thread, style
+from analyses.common import analysis_parser, parse_common, run, save_figure, save_json, style
 from models.cape import CapeAttention, rotary_scores
 from probes.cape_embedding import depth, embed, generality, hop_distance, initial_points, random_dag, random_tree
 
@@ -273,16 +273,15 @@ def main(argv: list[str] | None = None) -> dict:
     args = parse_common(parser, argv)
     if args.n_contexts < 2 or args.nodes < 3 or args.dim < 1 or args.n_queries < 1 or args.n_perm < 1:
         parser.error("need --n-contexts >= 2, --nodes >= 3, --dim >= 1, --n-queries >= 1, --n-perm >= 1")
-    with single_thread():
-        res = compute(
-            args.n_contexts,
-            args.nodes,
-            args.dim,
-            args.n_queries,
-            min(args.n_perm, args.n_contexts),
-            args.seed,
-            progress=True,
-        )
+    res = compute(
+        args.n_contexts,
+        args.nodes,
+        args.dim,
+        args.n_queries,
+        min(args.n_perm, args.n_contexts),
+        args.seed,
+        progress=True,
+    )
     style()
     save_figure(_plot_distance(res), args.out, "cape_distance")
     save_figure(_plot_generality(res), args.out, "cape_generality")

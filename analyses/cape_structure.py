@@ -37,7 +37,6 @@ from analyses.common import (
     run,
     save_figure,
     save_json,
-    single_thread,
     style,
     subject_from_args,
 )
@@ -216,8 +215,7 @@ def main(argv: list[str] | None = None) -> dict:
     if args.inner_steps < 1:
         parser.error(f"--inner-steps must be >= 1, got {args.inner_steps}")
     subject = subject_from_args(args)
-    with single_thread():
-        res = compute(subject, args.seed, args.n_contexts, n_trees=args.n_trees, inner_steps=args.inner_steps)
+    res = compute(subject, args.seed, args.n_contexts, n_trees=args.n_trees, inner_steps=args.inner_steps)
     style()
     save_figure(_plot(res, args.n_contexts), args.out, NAME)
     save_json(args.out, NAME, res, args, subject)

@@ -223,8 +223,8 @@ def run(main, argv: list[str] | None = None) -> None:
 
 
 class single_thread:
-    """``with single_thread():`` run torch on one intra-op thread, then restore the previous count.
-    Analyses made of many tiny tensor ops run several times faster this way on a loaded machine."""
+    """``with single_thread():`` run torch on one intra-op thread, then restore the previous count: for
+    calling an analysis's ``compute`` from Python (its CLI sets ``--threads``, default 1, itself)."""
 
     def __enter__(self):
         self.previous = torch.get_num_threads()

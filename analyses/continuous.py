@@ -28,7 +28,7 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
-from analyses.common import analysis_parser, parse_common, run, save_figure, save_json, single_thread, style
+from analyses.common import analysis_parser, parse_common, run, save_figure, save_json, style
 from probes import mean_tv, parent_accuracy
 from probes.continuous import (
     ContinuousTask,
@@ -264,8 +264,7 @@ def main(argv: list[str] | None = None) -> dict:
         parser.error(f"--rho must lie in (0, 1), got {args.rho}")
     if args.steps < 1:
         parser.error(f"--steps must be >= 1, got {args.steps}")
-    with single_thread():
-        res = compute(rho=args.rho, n_eval=args.n_contexts, steps=args.steps, seed=args.seed, progress=True)
+    res = compute(rho=args.rho, n_eval=args.n_contexts, steps=args.steps, seed=args.seed, progress=True)
     res["n_eval"] = args.n_contexts
     style()
     save_figure(_plot(res), args.out, NAME)

@@ -47,7 +47,6 @@ from analyses.common import (
     sample_contexts,
     save_figure,
     save_json,
-    single_thread,
     style,
     subject_from_args,
 )
@@ -381,8 +380,7 @@ def main(argv: list[str] | None = None) -> dict:
     subject = subject_from_args(args)
     model = subject.model.eval()
     tokens, parents = sample_contexts(subject.task, args.n_contexts, args.seed)
-    with single_thread():  # ~50 forward passes of modest size
-        r = head_ablation(model, subject.task, tokens.to(args.device), parents)
+    r = head_ablation(model, subject.task, tokens.to(args.device), parents)
     style()
     fig1, fig2 = plot(r, args.n_contexts, subject.name)
     save_figure(fig1, args.out, f"{NAME}_per_head")

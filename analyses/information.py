@@ -25,7 +25,6 @@ from analyses.common import (
     run,
     save_figure,
     save_json,
-    single_thread,
     style,
     subject_from_args,
 )
@@ -181,8 +180,7 @@ def main(argv: list[str] | None = None) -> dict:
     args = parse_common(parser, argv)
     subject = subject_from_args(args)
     task = subject.task
-    with single_thread():  # thousands of tiny exact computations
-        res = compute(args.n_contexts, task.seq_len, seed=args.seed, pi=task.pi, root=task.root, progress=True)
+    res = compute(args.n_contexts, task.seq_len, seed=args.seed, pi=task.pi, root=task.root, progress=True)
     style()
     save_figure(_plot(res, subject.name), args.out, NAME)
     save_json(args.out, NAME, res, args, subject)

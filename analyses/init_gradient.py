@@ -38,7 +38,6 @@ from analyses.common import (
     sample_contexts,
     save_figure,
     save_json,
-    single_thread,
     style,
     subject_from_args,
 )
@@ -255,13 +254,12 @@ def compute(
     progress: bool = False,
 ) -> dict:
     """All four measurements of the module docstring on ``task``."""
-    with single_thread():
-        return {
-            "n_eval": n_eval,
-            "by_tree": gradient_by_tree(task, n_trees, n_samples, seed, progress=progress),
-            "against_L": one_step_against_L(task, Ls, n_batch, n_eval, seed + 7, progress),
-            "training": train_from_zero(task, steps, 256, lr, n_eval, seed + 11, progress=progress),
-        }
+    return {
+        "n_eval": n_eval,
+        "by_tree": gradient_by_tree(task, n_trees, n_samples, seed, progress=progress),
+        "against_L": one_step_against_L(task, Ls, n_batch, n_eval, seed + 7, progress),
+        "training": train_from_zero(task, steps, 256, lr, n_eval, seed + 11, progress=progress),
+    }
 
 
 def _plot(res: dict, name: str, L: int):

@@ -145,11 +145,12 @@ def learn_structure(X: Tensor, config: StructureConfig | None = None) -> dict:
     signed = cfg.f == "linear" and d == 1
     rho, alpha, h_prev = 1.0, 0.0, float("inf")
 
+    def weighted_graph() -> Tensor:
+        return edge_weights(W * off_diag, signed) * (1 - eye)
+
     def residual_and_A() -> tuple[Tensor, Tensor]:
         F = encoder(X)  # [N, M, k]
-        Wm = W * off_diag
-        A = edge_weights(Wm, signed) * (1 - eye)
-        return F - torch.einsum("nik,ijkl->njl", F, Wm), A  # Z = f(X)(I - A)
+        return F - torch.einsum("nik,ijkl->njl", F, W * off_diag), weighted_graph()  # Z = f(X)(I - A)
 
     def objective(rho: float, alpha: float) -> Tensor:
         Z, A = residual_and_A()
@@ -177,7 +178,7 @@ def learn_structure(X: Tensor, config: StructureConfig | None = None) -> dict:
 
             opt.step(closure)
         with torch.no_grad():
-            return acyclicity(edge_weights(W * off_diag, signed) * (1 - eye)).item()
+            return acyclicity(weighted_graph()).item()
 
     outer = 0
     for outer in range(1, cfg.max_outer + 1):
