@@ -294,9 +294,3 @@ class CausalTransformer(HookedRootModule):
     @property
     def W_OV(self) -> Float[Tensor, "D d"]:
         return self.blocks[1].attn.W_OV
-
-    def save(self, path, **extra) -> None:
-        """Write a checkpoint folder atomically (see ``models.checkpoint.save``)."""
-        from models.checkpoint import save
-
-        save(self, path, **extra)

@@ -21,7 +21,7 @@ from tests.test_model import random_model
 def test_save_load_round_trip_is_exact(tmp_path):
     model = random_model(dtype="float32")
     task = build_task()
-    model.save(tmp_path / "ckpt", task=task, training={"note": "test"})
+    models.save(model, tmp_path / "ckpt", task=task, training={"note": "test"})
     loaded = models.load(tmp_path / "ckpt")
     a, b = model.state_dict(), loaded.state_dict()
     assert a.keys() == b.keys()
@@ -37,7 +37,7 @@ def test_save_load_round_trip_is_exact(tmp_path):
 def test_a_crash_while_saving_leaves_the_previous_checkpoint_intact(tmp_path, monkeypatch):
     path = tmp_path / "ckpt"
     first = random_model(seed=1, dtype="float32")
-    first.save(path, task=build_task())
+    models.save(first, path, task=build_task())
     before = {f.name: f.read_bytes() for f in path.iterdir()}
 
     def crash(*args, **kwargs):
@@ -46,7 +46,7 @@ def test_a_crash_while_saving_leaves_the_previous_checkpoint_intact(tmp_path, mo
 
     monkeypatch.setattr(safetensors.torch, "save_file", crash)
     with pytest.raises(OSError, match="disk full"):
-        random_model(seed=2, dtype="float32").save(path, task=build_task())
+        models.save(random_model(seed=2, dtype="float32"), path, task=build_task())
     assert {f.name: f.read_bytes() for f in path.iterdir()} == before
     assert [p.name for p in tmp_path.iterdir()] == ["ckpt"], "temporary folder left behind"
     assert torch.equal(models.load(path).W_KQ, first.W_KQ)
@@ -55,13 +55,13 @@ def test_a_crash_while_saving_leaves_the_previous_checkpoint_intact(tmp_path, mo
 def test_save_refuses_to_replace_a_folder_that_is_not_a_checkpoint(tmp_path):
     (tmp_path / "notes.txt").write_text("precious")
     with pytest.raises(ValueError, match="not a checkpoint folder"):
-        random_model().save(tmp_path)
+        models.save(random_model(), tmp_path)
     assert (tmp_path / "notes.txt").read_text() == "precious"
 
 
 def _saved(tmp_path, model=None):
     path = tmp_path / "ckpt"
-    (model or random_model(dtype="float32")).save(path, task=build_task())
+    models.save(model or random_model(dtype="float32"), path, task=build_task())
     return path
 
 

@@ -64,7 +64,7 @@ def test_two_heads_on_one_demonstration_are_flagged(tmp_path, capsys):
     assert res["distinct_demos"] == 2
     assert "L0H0 and L0H2 copy demonstration 0" in copyers.duplicate_warning(res)
     # Through the CLI: loud on stdout and recorded in the JSON.
-    model.save(tmp_path / "dup", task=task)
+    models.save(model, tmp_path / "dup", task=task)
     copyers.main(["--checkpoint", str(tmp_path / "dup"), "--out", str(tmp_path / "figs")])
     assert "WARNING: DUPLICATE COPYERS" in capsys.readouterr().out
     record = json.loads((tmp_path / "figs" / "copyers.json").read_text())
