@@ -4,9 +4,9 @@ on random DAGs whose structure is known.
     python -m analyses.cape_properties                     # 40 graphs (half trees, half DAGs), M=15, n=4
     python -m analyses.cape_properties --n-contexts 100 --nodes 20 --dim 8
 
-``--n-contexts`` is the number of random graphs (``probes.cape_embedding.random_tree`` / ``random_dag``);
-``--checkpoint`` is not used. Each graph is embedded (``probes.cape_embedding.embed``, seeded), turned
-into angles ``phi = (pi/4) e`` and scored with ``models.cape.rotary_scores``.
+``--n-contexts`` is the number of random graphs (``cape.embedding.random_tree`` / ``random_dag``);
+``--checkpoint`` is not used. Each graph is embedded (``cape.embedding.embed``, seeded), turned
+into angles ``phi = (pi/4) e`` and scored with ``cape.attention.rotary_scores``.
 
 1. Causal distance: ``S[m, n] = E_q q^T R(phi_n - phi_m) q`` for q ~ N(0, I) (Monte Carlo over
    ``--n-queries`` vectors through ``rotary_scores``; closed form ``2 sum_b cos(phi_nb - phi_mb)``) against
@@ -27,8 +27,8 @@ import torch
 from tqdm.auto import tqdm
 
 from analyses.common import analysis_parser, parse_common, run, save_figure, save_json, style
-from models.cape import CapeAttention, rotary_scores
-from probes.cape_embedding import depth, embed, generality, hop_distance, initial_points, random_dag, random_tree
+from cape.attention import CapeAttention, rotary_scores
+from cape.embedding import depth, embed, generality, hop_distance, initial_points, random_dag, random_tree
 
 NAME = "cape_properties"
 FIGURES = {

@@ -6,7 +6,7 @@
 ``--n-trees`` trees G are drawn from ``--seed``; each is held fixed while N (= L) varies, and every number is
 the mean over the trees. On each tree:
 
-- CAPE step 1 (``probes.cape_structure``) with the linear f and the MLP f (not on one-hot features, where it
+- CAPE step 1 (``cape.structure``) with the linear f and the MLP f (not on one-hot features, where it
   can only overfit: any function of a one-hot vector is linear in it), from N i.i.d. samples of three
   systems on G (the H positions are the M features): the Markov-tree task (each feature ONE-HOT, d columns);
   the continuous system (``probes.continuous``, d=4, rho=0.5); and a scalar system whose edges are linear or
@@ -40,8 +40,7 @@ from analyses.common import (
     style,
     subject_from_args,
 )
-from probes import bma_posterior, parent_accuracy
-from probes.cape_structure import (
+from cape.structure import (
     StructureConfig,
     continuous_data,
     learn_structure,
@@ -49,6 +48,7 @@ from probes.cape_structure import (
     nonlinear_tree_data,
     structure_metrics,
 )
+from probes import bma_posterior, parent_accuracy
 from probes.continuous import ContinuousTask, gaussian_bma_posterior
 
 NAME = "cape_structure"

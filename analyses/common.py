@@ -1,142 +1,226 @@
-"""What every analysis shares: the flags, loading the subject model, sampling contexts, and writing
-figures (PNG + PDF) and the JSON of every plotted number atomically.
+"""What every analysis shares: one ``main`` for parsing, loading the subject, seeding, computing, saving
+PNG + PDF + JSON as one set, printing a summary, and errors.
 
-Every analysis is ``python -m analyses.<name>`` with the same flags: ``--checkpoint`` (a folder written
-by ``models.train``, or ``theorem1:beta=50`` for the Theorem 1 construction on the default task),
-``--out`` (default ``figures/``), ``--seed``, ``--n-contexts``, ``--device``, ``--threads`` (default 1).
+An analysis module declares ``ANALYSIS = Analysis(name, doc, compute, figures, summary, ...)``:
+``compute(subject, args) -> result`` (plain data; ``subject`` is a ``models.Subject``, or None for an
+analysis of its own synthetic tasks), ``figures(result, args) -> {stem: matplotlib figure}``, and
+``summary(result) -> str``; ``FIGURES`` describes each file for the gallery. ``main`` does the rest:
+
+    python -m analyses.<name> [--checkpoint default] [--out figures/] [--seed 0] [--n-contexts N]
+                              [--device cpu] [--threads 1] [--key-map MAP.json] [--config CONFIG.json]
+
+What an analysis needs of its subject beyond the common interface is ``REQUIRES[name]`` (capabilities of
+``models.subject``); a subject that lacks one is refused with one line naming the need and the analyses
+that do apply to it (exit code 2).
 """
 
 from __future__ import annotations
 
 import argparse
-import json
+import contextlib
+import fcntl
 import os
-import sys
 import tempfile
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 
+from models import cli
+from models.io import atomic_write, write_json
+from models.subject import CONTENT_FREE_COPYERS, DISENTANGLED, MARKOV_TASK, Subject
+
 FIGURES_DIR = Path(__file__).resolve().parent.parent / "figures"
+
+# Every analysis, in the order of the paper's argument (mechanism, theory, other models, scale, CAPE), with
+# what it needs of its subject. None: it studies synthetic tasks of its own and takes no --checkpoint.
+REQUIRES: dict[str, frozenset[str] | None] = {
+    "head_ablation": frozenset({DISENTANGLED, MARKOV_TASK}),
+    "activation_patching": frozenset({DISENTANGLED, MARKOV_TASK}),
+    "copyers": frozenset({CONTENT_FREE_COPYERS}),
+    "logpi_recovery": frozenset({DISENTANGLED, MARKOV_TASK}),
+    "block_structure": frozenset({DISENTANGLED}),
+    "bma_agreement": frozenset({DISENTANGLED, MARKOV_TASK}),
+    "init_gradient": None,
+    "information": None,
+    "continuous": None,
+    "inspect": frozenset({MARKOV_TASK}),
+    "linear_probes": frozenset({MARKOV_TASK}),
+    "standard_vs_disentangled": None,
+    "phase_diagram": None,
+    "attention_view": frozenset({MARKOV_TASK}),
+    "scale": None,
+    "cape_structure": frozenset({MARKOV_TASK}),
+    "cape_properties": None,
+    "cape_downstream": None,
+}
+
+
+def applicable(subject: Subject) -> list[str]:
+    """The analyses whose needs ``subject`` meets."""
+    return [name for name, needs in REQUIRES.items() if needs is not None and needs <= subject.capabilities]
+
+
+def check_requirements(name: str, subject: Subject) -> None:
+    """One-line ``ValueError`` if ``subject`` lacks what analysis ``name`` needs."""
+    missing = sorted((REQUIRES.get(name) or frozenset()) - subject.capabilities)
+    if missing:
+        others = ", ".join(applicable(subject)) or "none"
+        raise ValueError(
+            f"analyses.{name} needs a model with {' and '.join(missing)}; --checkpoint {subject.name} is a "
+            f"{subject.describe()}. Analyses that apply to it: {others}"
+        )
 
 
 @dataclass
-class Subject:
-    """The model an analysis probes, the task it was trained on, and how to cite it."""
+class Analysis:
+    """One analysis: what is particular to it. ``main(analysis, argv)`` runs it."""
 
-    model: object  # models.CausalTransformer
-    task: object  # probes.MarkovTreeTask
-    name: str  # what --checkpoint said
-    hash: str  # content hash of the weights and config (or of the construction)
+    name: str
+    doc: str  # the module docstring: its first paragraph is the --help description
+    compute: Callable  # (subject | None, args) -> result
+    figures: Callable  # (result, args) -> {file stem: figure}
+    summary: Callable  # (result) -> str
+    n_contexts: int | None = 2048  # default --n-contexts (None: no such flag)
+    add_flags: Callable | None = None  # (parser) -> None: flags of its own
+    check_flags: Callable | None = None  # (parser, args) -> None: validate them (parser.error)
+    record: Callable = field(default=lambda result: result)  # result -> what the JSON keeps
 
 
-def analysis_parser(name: str, description: str, n_contexts: int = 2048) -> argparse.ArgumentParser:
-    """The flags every analysis takes; add your own after."""
-    p = argparse.ArgumentParser(prog=f"python -m analyses.{name}", description=description)
-    p.add_argument(
-        "--checkpoint",
-        default="default",
-        help="checkpoint folder, 'default' (the shipped one) or 'theorem1:beta=B' (default: default)",
-    )
+def parser_for(analysis: Analysis) -> argparse.ArgumentParser:
+    p = cli.parser(f"python -m analyses.{analysis.name}", analysis.doc)
+    if REQUIRES.get(analysis.name) is not None:
+        cli.add_subject_flags(p)
     p.add_argument("--out", default=str(FIGURES_DIR), help="output folder (default: figures/)")
-    p.add_argument("--seed", type=int, default=0, help="seed for the sampled contexts (default: 0)")
-    p.add_argument("--n-contexts", type=int, default=n_contexts, help=f"contexts to sample (default: {n_contexts})")
-    p.add_argument("--device", default="cpu", help="torch device (default: cpu)")
-    p.add_argument(
-        "--threads",
-        type=int,
-        default=1,
-        help="torch CPU threads (default: 1, so the numbers do not depend on the machine's core count)",
-    )
-    p.add_argument(
-        "--key-map",
-        default=None,
-        metavar="MAP.json",
-        help="for a .pt/.pth/.bin/.safetensors --checkpoint: file key -> our key (see models.formats)",
-    )
-    p.add_argument(
-        "--config",
-        default=None,
-        metavar="CONFIG.json",
-        help="for a weight-file --checkpoint: a checkpoint config.json or a task.json (models.formats)",
-    )
+    cli.add_run_flags(p, n_contexts=analysis.n_contexts)
+    if REQUIRES.get(analysis.name) is None:
+        p.add_argument("--device", default="cpu", help="torch device (default: cpu)")
+    if analysis.add_flags is not None:
+        analysis.add_flags(p)
     return p
 
 
-def parse_common(parser: argparse.ArgumentParser, argv: list[str] | None) -> argparse.Namespace:
-    """Parse and validate; bad values exit with code 2 and a one-line message (argparse style)."""
-    args = parser.parse_args(argv)
-    # The command that reproduces this run, recorded in the JSON (also when called from analyses.paper).
-    args.command = " ".join([parser.prog, *(sys.argv[1:] if argv is None else argv)])
-    if args.n_contexts < 1:
-        parser.error(f"--n-contexts must be >= 1, got {args.n_contexts}")
-    if args.threads < 1:
-        parser.error(f"--threads must be >= 1, got {args.threads}")
-    torch.set_num_threads(args.threads)  # float reductions depend on the thread count; fix it for reproducibility
-    if args.device.startswith("cuda") and not torch.cuda.is_available():
-        parser.error(f"--device {args.device}: CUDA is not available on this machine")
+def check_out(p: argparse.ArgumentParser, out: str) -> None:
+    """``--out`` must be a writable folder (or creatable inside an existing one): checked before any work."""
+    path = Path(out)
+    if path.exists() and not path.is_dir():
+        p.error(f"--out {out} is a file; expected a folder")
+    if not path.exists() and not path.parent.is_dir():
+        p.error(f"--out {out}: parent folder {path.parent} does not exist")
+    probe = path if path.exists() else path.parent
     try:
-        torch.device(args.device)
-    except RuntimeError:
-        parser.error(f"--device {args.device!r} is not a torch device (expected cpu, cuda, cuda:0, ...)")
-    out = Path(args.out)
-    if out.exists() and not out.is_dir():
-        parser.error(f"--out {out} is a file; expected a folder")
-    if not out.exists() and not out.parent.is_dir():
-        parser.error(f"--out {out}: parent folder {out.parent} does not exist")
-    if not os.access(out if out.exists() else out.parent, os.W_OK):
-        parser.error(f"--out {out} is not writable")
-    return args
+        with tempfile.TemporaryFile(dir=probe):
+            pass
+    except OSError as e:
+        p.error(f"--out {out} is not writable ({e.strerror or e})")
 
 
-def load_subject(spec: str, device: str = "cpu", key_map=None, config=None) -> Subject:
-    """Resolve ``--checkpoint``: 'default', a checkpoint folder, or 'theorem1:beta=B[,from=FOLDER]'."""
-    import hashlib
-
-    import models
-    from models.checkpoint import checkpoint_hash
-    from probes import load_task
-
-    if spec.startswith("theorem1"):
-        options = _parse_theorem1(spec)
-        folder = options.get("from", str(models.DEFAULT_CHECKPOINT))
-        task = load_task(folder)
-        beta = float(options.get("beta", 50))
-        model = models.theorem1_model(task.pi, task.n_examples, task.seq_len, beta, task.root).to(device)
-        digest = hashlib.sha256(f"{spec}|{task.pi.tolist()}".encode()).hexdigest()[:16]
-        return Subject(model, task, spec, digest)
-    folder = models.DEFAULT_CHECKPOINT if spec == "default" else Path(spec)
-    from models.formats import foreign_hash, is_foreign, load_foreign_task
-
-    if is_foreign(folder):  # weight files and Hugging Face folders (models.formats)
-        model = models.load(folder, device=device, key_map=key_map, config=config)
-        return Subject(model, load_foreign_task(folder, config), str(spec), foreign_hash(folder, key_map, config))
-    model = models.load(folder, device=device)
-    return Subject(model, load_task(folder), str(spec), checkpoint_hash(folder))
-
-
-def subject_from_args(args: argparse.Namespace) -> Subject:
-    """``load_subject`` with the common flags (--checkpoint, --device, --key-map, --config)."""
-    return load_subject(args.checkpoint, args.device, key_map=args.key_map, config=args.config)
+def main(analysis: Analysis, argv: list[str] | None = None) -> dict:
+    """Parse, load, compute, save the figures and JSON as one set, print the summary; returns the result."""
+    p = parser_for(analysis)
+    args = p.parse_args(argv)
+    cli.check_run_flags(p, args, argv)
+    check_out(p, args.out)
+    if analysis.check_flags is not None:
+        analysis.check_flags(p, args)
+    subject = None
+    if REQUIRES.get(analysis.name) is not None:
+        subject = cli.subject_or_exit(p, args)
+        try:
+            check_requirements(analysis.name, subject)
+        except ValueError as e:
+            p.error(str(e))
+        if hasattr(subject.model, "eval"):
+            subject.model.eval()
+    args.subject_name = None if subject is None else subject.name
+    torch.manual_seed(args.seed)
+    result = analysis.compute(subject, args)
+    style()
+    save_set(args.out, analysis.name, analysis.figures(result, args), analysis.record(result), args, subject)
+    print(analysis.summary(result))
+    return result
 
 
-def _parse_theorem1(spec: str) -> dict:
-    head, _, rest = spec.partition(":")
-    options = {}
-    for item in filter(None, rest.split(",")):
-        key, eq, value = item.partition("=")
-        if not eq or key not in ("beta", "from"):
-            raise ValueError(f"bad --checkpoint {spec!r}; expected theorem1:beta=B[,from=FOLDER]")
-        options[key] = value
-    if head != "theorem1":
-        raise ValueError(f"bad --checkpoint {spec!r}; expected theorem1:beta=B[,from=FOLDER]")
+def run(main_fn, argv: list[str] | None = None):
+    """``python -m analyses.<name>``: a ValueError becomes one line and exit code 2."""
+    return cli.run_cli(main_fn, argv)
+
+
+# Saving -----------------------------------------------------------------------------------------------
+def json_record(args: argparse.Namespace, subject: Subject | None, results) -> dict:
+    """Every plotted number with the command line, seed and checkpoint hash that reproduce it."""
+    return {
+        "command": getattr(args, "command", None),
+        "seed": args.seed,
+        "n_contexts": getattr(args, "n_contexts", None),
+        "checkpoint": None if subject is None else subject.name,
+        "checkpoint_hash": None if subject is None else subject.hash,
+        "results": results,
+    }
+
+
+def render_figure(fig, path: Path) -> None:
+    """Write one figure to ``path`` (format from the suffix); no creation date, so the same numbers give
+    the same bytes."""
+    ext = path.suffix[1:]
+    kw = {"dpi": 150} if ext == "png" else {"metadata": {"CreationDate": None}}
+    fig.savefig(path, format=ext, bbox_inches="tight", **kw)
+
+
+@contextlib.contextmanager
+def locked(out: Path, name: str):
+    """Hold an exclusive lock on ``out/.name.lock`` (two runs into one --out take turns)."""
+    with open(out / f".{name}.lock", "w") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def save_set(out: str | Path, name: str, figures: dict, results, args, subject: Subject | None) -> list[Path]:
+    """Write every figure (PNG + PDF) and ``name.json`` as one set: all of them are rendered to temporary
+    files first, and only then renamed into place, under a lock; an error before the renames leaves the
+    old set untouched."""
+    import matplotlib.pyplot as plt  # plotting stays off the import path of the CLIs' --help
+
+    out = Path(out)
+    out.mkdir(exist_ok=True)
+    targets = [out / f"{stem}.{ext}" for stem in figures for ext in ("png", "pdf")] + [out / f"{name}.json"]
+    temps: list[Path] = []
     try:
-        if float(options.get("beta", 50)) <= 0:
-            raise ValueError
-    except ValueError:
-        raise ValueError(f"bad beta in --checkpoint {spec!r}; expected a positive number") from None
-    return options
+        for target in targets:
+            fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=target.suffix, dir=out)
+            os.close(fd)
+            temps.append(Path(tmp))
+            if target.suffix == ".json":
+                write_json(temps[-1], json_record(args, subject, results))
+            else:
+                render_figure(figures[target.stem], temps[-1])
+        with locked(out, name):
+            for tmp, target in zip(temps, targets):
+                os.chmod(tmp, 0o644)
+                os.replace(tmp, target)
+    finally:
+        for tmp in temps:
+            tmp.unlink(missing_ok=True)
+        for fig in figures.values():
+            plt.close(fig)
+    return targets
+
+
+def save_figure(fig, out: str | Path, name: str) -> list[Path]:
+    """Write one figure as ``name.png`` and ``name.pdf`` atomically (for figures outside an analysis set)."""
+    import matplotlib.pyplot as plt  # plotting stays off the import path of the CLIs' --help
+
+    out = Path(out)
+    out.mkdir(exist_ok=True)
+    paths = [out / f"{name}.{ext}" for ext in ("png", "pdf")]
+    for path in paths:
+        atomic_write(path, lambda tmp: render_figure(fig, tmp))  # the temporary file keeps the suffix
+    plt.close(fig)
+    return paths
 
 
 def sample_contexts(task, n: int, seed: int):
@@ -144,82 +228,14 @@ def sample_contexts(task, n: int, seed: int):
     return task.sample(n, torch.Generator().manual_seed(seed))
 
 
-def _atomic_write(path: Path, write) -> None:
-    """``write(tmp_path)`` then rename over ``path``: readers never see a half-written file."""
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=path.suffix, dir=path.parent)
-    os.close(fd)
-    try:
-        write(Path(tmp))
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-
-
-def save_figure(fig, out: str | Path, name: str) -> list[Path]:
-    """Write ``name.png`` (README) and ``name.pdf`` (papers) atomically; closes the figure."""
-    import matplotlib.pyplot as plt
-
-    out = Path(out)
-    out.mkdir(exist_ok=True)
-    paths = []
-    # No creation date in the PDF: regenerating a figure with the same numbers gives the same bytes.
-    for ext, kw in (("png", {"dpi": 150}), ("pdf", {"metadata": {"CreationDate": None}})):
-        path = out / f"{name}.{ext}"
-        _atomic_write(path, lambda tmp, kw=kw, ext=ext: fig.savefig(tmp, format=ext, bbox_inches="tight", **kw))
-        paths.append(path)
-    plt.close(fig)
-    return paths
-
-
-def save_json(out: str | Path, name: str, results: dict, args: argparse.Namespace, subject: Subject | None) -> Path:
-    """Write ``name.json``: every plotted number plus the command line, seed and checkpoint hash."""
-    out = Path(out)
-    out.mkdir(exist_ok=True)
-    record = {
-        "command": getattr(args, "command", None) or "python -m " + " ".join([_module_name(), *sys.argv[1:]]),
-        "seed": args.seed,
-        "n_contexts": args.n_contexts,
-        "checkpoint": None if subject is None else subject.name,
-        "checkpoint_hash": None if subject is None else subject.hash,
-        "results": results,
-    }
-    path = out / f"{name}.json"
-    _atomic_write(path, lambda tmp: tmp.write_text(json.dumps(record, indent=1, default=_to_json) + "\n"))
-    return path
-
-
-def _module_name() -> str:
-    main = sys.modules.get("__main__")
-    spec = getattr(main, "__spec__", None)
-    return spec.name if spec is not None else Path(sys.argv[0]).stem
-
-
-def _to_json(obj):
-    """Tensors and NumPy values become lists or numbers."""
-    if hasattr(obj, "tolist"):
-        return obj.tolist()
-    raise TypeError(f"not JSON serialisable: {type(obj)}")
-
-
 def style():
     """The suite's matplotlib style (call once before plotting)."""
-    import matplotlib
+    import matplotlib  # plotting stays off the import path of the CLIs' --help
 
     matplotlib.use("Agg")
     import seaborn as sns
 
     sns.set_theme(context="paper", style="whitegrid", font_scale=1.1)
-
-
-def run(main, argv: list[str] | None = None) -> None:
-    """Run an analysis ``main(argv)``; a ValueError becomes a one-line error with exit code 2."""
-    try:
-        main(argv)
-    except ValueError as e:
-        print(f"error: {e}", file=sys.stderr)
-        raise SystemExit(2) from None
 
 
 class single_thread:

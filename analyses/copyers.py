@@ -15,7 +15,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from analyses.common import analysis_parser, parse_common, run, save_figure, save_json, style, subject_from_args
+from analyses import common
 from probes import copy_mass, demonstration_mass, head_assignment
 
 NAME = "copyers"
@@ -111,23 +111,29 @@ def _plot(res: dict, name: str):
     return fig
 
 
-def main(argv: list[str] | None = None) -> dict:
-    parser = analysis_parser(NAME, __doc__.split("\n\n")[0])
-    args = parse_common(parser, argv)
-    subject = subject_from_args(args)
+def compute(subject, args) -> dict:
     res = copyer_report(subject.model)
-    warning = duplicate_warning(res)
-    res["warning"] = warning
-    style()
-    save_figure(_plot(res, subject.name), args.out, NAME)
-    save_json(args.out, NAME, res, args, subject)
-    print(f"{NAME} on {subject.name}: {res['distinct_demos']} distinct demonstrations for {len(res['heads'])} heads")
-    for h, l, p, c in zip(res["heads"], res["head_demo"], res["purity"], res["copy_purity"]):
-        print(f"  {h} -> demonstration {l}: mass {p:.3f}, same-position copy {c:.3f}")
-    if warning:
-        print("!" * 80 + "\n" + warning + "\n" + "!" * 80)
+    res["warning"] = duplicate_warning(res)
     return res
 
 
+def summary(res: dict) -> str:
+    lines = [f"{NAME}: {res['distinct_demos']} distinct demonstrations for {len(res['heads'])} heads"]
+    for h, l, p, c in zip(res["heads"], res["head_demo"], res["purity"], res["copy_purity"]):
+        lines.append(f"  {h} -> demonstration {l}: mass {p:.3f}, same-position copy {c:.3f}")
+    if res["warning"]:
+        lines.append("!" * 80 + "\n" + res["warning"] + "\n" + "!" * 80)
+    return "\n".join(lines)
+
+
+ANALYSIS = common.Analysis(
+    NAME, __doc__, compute, lambda res, args: {NAME: _plot(res, args.subject_name)}, summary, n_contexts=2048
+)
+
+
+def main(argv: list[str] | None = None) -> dict:
+    return common.main(ANALYSIS, argv)
+
+
 if __name__ == "__main__":
-    run(main)
+    common.run(main)

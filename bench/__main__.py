@@ -350,15 +350,14 @@ def main(argv: list[str] | None = None) -> None:
         rows.append(figures_row())
     print(table(rows))
     if args.json:
-        from analyses.common import _atomic_write
+        from models.io import write_json
 
         record = {
             "command": "python -m bench " + " ".join(sys.argv[1:] if argv is None else argv),
             "machine": machine(args.device),
             "rows": rows,
         }
-        path = Path(args.json)
-        _atomic_write(path, lambda tmp: tmp.write_text(json.dumps(record, indent=1) + "\n"))
+        write_json(args.json, record)
 
 
 if __name__ == "__main__":

@@ -1,11 +1,29 @@
-"""The hooked two-layer model, Theorem 1, checkpoints (training: ``python -m models.train``)."""
+"""Model code: the hooked disentangled model (``causal_transformer``), its continuous variant, the
+Theorem 1 construction, standard transformers, loading every format, training and evaluation.
 
-from pathlib import Path
+Public names: ``models.load``, ``models.save``, ``models.load_task``, ``models.load_layout``,
+``models.load_subject`` (what every analysis probes), ``models.theorem1_model``, and the shipped
+checkpoints ``models.DEFAULT_CHECKPOINT`` and ``models.STANDARD_CHECKPOINT``.
+"""
 
 from models.causal_transformer import CausalTransformer, CausalTransformerConfig
-from models.checkpoint import load, save
+from models.checkpoint import DEFAULT_CHECKPOINT, STANDARD_CHECKPOINT, save
+from models.loading import load, load_layout, load_task
+from models.subject import DisentangledSubject, StandardSubject, Subject, load_subject
 from models.theorem1 import theorem1_model
 
-DEFAULT_CHECKPOINT = Path(__file__).parent / "checkpoints" / "default"
-
-__all__ = ["DEFAULT_CHECKPOINT", "CausalTransformer", "CausalTransformerConfig", "load", "save", "theorem1_model"]
+__all__ = [
+    "DEFAULT_CHECKPOINT",
+    "STANDARD_CHECKPOINT",
+    "CausalTransformer",
+    "CausalTransformerConfig",
+    "DisentangledSubject",
+    "StandardSubject",
+    "Subject",
+    "load",
+    "load_layout",
+    "load_subject",
+    "load_task",
+    "save",
+    "theorem1_model",
+]

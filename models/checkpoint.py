@@ -22,8 +22,12 @@ import torch
 from torch import Tensor
 
 from models.causal_transformer import CausalTransformer, CausalTransformerConfig
+from models.continuous import ContinuousTransformer
 
 FORMAT = "causal-transformer-checkpoint/1"
+CHECKPOINTS = Path(__file__).resolve().parent / "checkpoints"
+DEFAULT_CHECKPOINT = CHECKPOINTS / "default"  # the shipped disentangled model (README)
+STANDARD_CHECKPOINT = CHECKPOINTS / "standard"  # the shipped standard GPT-2 (models.standard)
 CONFIG, WEIGHTS = "config.json", "model.safetensors"
 TRAIN_STATE, TRAIN_META = "train_state.safetensors", "train_state.json"
 
@@ -83,21 +87,12 @@ def check_state_dict(state: dict[str, Tensor], model: torch.nn.Module, source: s
 
 def model_class(task_kind: str) -> type[CausalTransformer]:
     """The architecture for a task kind: token inputs, or real vectors (``models.continuous``)."""
-    if task_kind == "continuous":
-        from models.continuous import ContinuousTransformer
-
-        return ContinuousTransformer
-    return CausalTransformer
+    return ContinuousTransformer if task_kind == "continuous" else CausalTransformer
 
 
-def load(path: str | Path, device: str | None = None, *, key_map=None, config=None) -> CausalTransformer:
-    """Rebuild a ``CausalTransformer`` from a checkpoint folder (eval mode). Weight files (.pt, .pth,
-    .bin, .safetensors, with ``key_map``/``config``) and Hugging Face folders: ``models.formats``."""
-    from models.formats import is_foreign, load_foreign
-
+def load_checkpoint(path: str | Path, device: str | None = None) -> CausalTransformer:
+    """Rebuild a ``CausalTransformer`` from one of our checkpoint folders (eval mode)."""
     path = Path(path)
-    if is_foreign(path):
-        return load_foreign(path, device, key_map=key_map, config=config)
     config = read_config(path)
     cfg_dict = dict(config["model"])
     if device is not None:

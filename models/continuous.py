@@ -30,8 +30,6 @@ from probes.continuous import (
     check_vectors,
     gaussian_bma_posterior,
     gaussian_coefficients,
-    predictive_mean,
-    target_mse,
 )
 
 
@@ -107,18 +105,3 @@ def bma_nll(task: ContinuousTask, x: Tensor) -> float:
     log_post = gaussian_bma_posterior(task, x).log()  # -inf off the candidates
     log_mix = (log_post - 0.5 * sq / s2).logsumexp(-1) - 0.5 * d * math.log(2 * math.pi * s2)
     return -log_mix[:, 1:].mean().item()
-
-
-@torch.no_grad()
-def evaluate(model: ContinuousTransformer, task: ContinuousTask, x: Tensor, parents: Tensor) -> dict:
-    """Held-out metrics with the keys of ``models.train.evaluate``: ``nll`` is the Gaussian NLL of the
-    target under the model's mean and the known noise variance, ``nll_bma`` BMA's exact mixture NLL;
-    plus ``mse`` and ``mse_bma``."""
-    from models.train import eval_metrics, run_for_eval
-
-    mean, attention = run_for_eval(model, x)
-    posterior = gaussian_bma_posterior(task, x)
-    metrics = eval_metrics(model, gaussian_nll(mean.cpu(), x, task), bma_nll(task, x), attention, posterior, parents)
-    metrics["mse"] = target_mse(mean.cpu(), x, task.seq_len)
-    metrics["mse_bma"] = target_mse(predictive_mean(task, x, posterior), x, task.seq_len)
-    return metrics

@@ -1,29 +1,82 @@
-"""Evaluate a checkpoint on fresh contexts: the training targets' metrics, measured after the fact.
+"""A trained model's metrics on held-out contexts: what training reports every ``eval_every`` steps, and
+``python -m models.evaluate`` measures after the fact.
 
-    python -m models.evaluate runs/medium                      # 4096 fresh contexts, seed 12345
-    python -m models.evaluate default --n-contexts 8192 --seed 1 --json out.json
+    python -m models.evaluate --checkpoint runs/medium            # 4096 fresh contexts, seed 12345
+    python -m models.evaluate --checkpoint default --n-contexts 8192 --seed 1 --json out.json
 
-Prints the NLL gap to BMA, the mean TV between the layer-2 attention and the BMA posterior, parent
-accuracy beside BMA's and the copyer-head assignment (``models.train.evaluate``), on contexts drawn from
-the checkpoint's own task with a seed that training does not use (its data and eval seeds derive from
-``seed``), in chunks of ``--batch-size`` so large models fit in memory.
+The NLL gap to BMA, the mean TV between the layer-2 attention and the BMA posterior, parent accuracy
+beside BMA's and the copyer-head assignment, on contexts drawn from the checkpoint's own task with a
+seed that training does not use (its data and eval seeds derive from ``seed``), in chunks of
+``--batch-size`` so large models fit in memory.
 """
 
 from __future__ import annotations
 
-import argparse
-import json
 from pathlib import Path
 
 import torch
+from jaxtyping import Float
+from torch import Tensor
 
-from analyses.common import _atomic_write, load_subject, run
-from models.train import evaluate
+from models import cli
+from models.causal_transformer import CausalTransformer
+from models.continuous import bma_nll, gaussian_nll
+from models.io import write_json
+from models.subject import DisentangledSubject
+from probes import MarkovTreeTask, bma_posterior, bma_predictive, head_assignment, mean_tv, parent_accuracy, target_nll
+from probes.continuous import gaussian_bma_posterior, predictive_mean, target_mse
+
+EVAL_SEED = 12345  # fresh contexts: training derives its data and eval seeds from its own seed
 
 
-def evaluate_checkpoint(subject, n_contexts: int, seed: int, batch_size: int) -> dict:
-    """``models.train.evaluate`` over ``n_contexts`` fresh contexts, averaged over chunks (weighted by size);
-    the head assignment is the model's, the same for every chunk."""
+def output_and_pattern(model: CausalTransformer, inputs) -> tuple[Tensor, Float[Tensor, "batch H H"]]:
+    """The model's output and its blocks.1 attention (float64, CPU), in eval mode, training mode restored."""
+    was_training = model.training
+    model.eval()
+    out, cache = model.run_with_cache(inputs, names_filter="blocks.1.attn.hook_pattern")
+    model.train(was_training)
+    return out, cache["blocks.1.attn.hook_pattern"][:, 0].double().cpu()
+
+
+def eval_metrics(model: CausalTransformer, nll: float, nll_bma: float, attention, posterior, parents) -> dict:
+    """The evaluation record shared by every task kind: NLL gap, TV to the BMA posterior, parent
+    accuracy beside BMA's, and the copyer head assignment."""
+    demos, purity = head_assignment(model.copyer_pattern().detach().cpu(), model.cfg.n_examples)
+    return {
+        "nll": nll,
+        "nll_bma": nll_bma,
+        "nll_gap": nll - nll_bma,
+        "tv_to_bma": mean_tv(attention, posterior),
+        "parent_acc": parent_accuracy(attention, parents),
+        "parent_acc_bma": parent_accuracy(posterior, parents),
+        "head_demo": demos,
+        "head_purity": purity,
+        "distinct_demos": len(set(demos)),
+    }
+
+
+@torch.no_grad()
+def evaluate(model: CausalTransformer, task, inputs, parents) -> dict:
+    """Held-out metrics of the disentangled model on either task kind. Markov task: NLL (h >= 1) of the
+    model and of BMA. Continuous task: ``nll`` is the Gaussian NLL of the target under the model's mean
+    and the known noise variance, ``nll_bma`` BMA's exact mixture NLL, plus ``mse`` and ``mse_bma``."""
+    out, attention = output_and_pattern(model, inputs)
+    if isinstance(task, MarkovTreeTask):
+        posterior = bma_posterior(task.pi, inputs, task.n_examples, task.seq_len)
+        bma = bma_predictive(task.pi, inputs, task.n_examples, task.seq_len, task.root, log=True)
+        return eval_metrics(model, target_nll(out.cpu(), inputs), target_nll(bma, inputs), attention, posterior, parents)
+    posterior = gaussian_bma_posterior(task, inputs)
+    metrics = eval_metrics(
+        model, gaussian_nll(out.cpu(), inputs, task), bma_nll(task, inputs), attention, posterior, parents
+    )
+    metrics["mse"] = target_mse(out.cpu(), inputs, task.seq_len)
+    metrics["mse_bma"] = target_mse(predictive_mean(task, inputs, posterior), inputs, task.seq_len)
+    return metrics
+
+
+def evaluate_subject(subject: DisentangledSubject, n_contexts: int, seed: int, batch_size: int) -> dict:
+    """``evaluate`` over ``n_contexts`` fresh contexts, averaged over chunks (weighted by size); the head
+    assignment is the model's, the same for every chunk."""
     g = torch.Generator().manual_seed(seed)
     total, sums, last = 0, {}, {}
     for start in range(0, n_contexts, batch_size):
@@ -38,21 +91,24 @@ def evaluate_checkpoint(subject, n_contexts: int, seed: int, batch_size: int) ->
 
 
 def main(argv: list[str] | None = None) -> dict:
-    parser = argparse.ArgumentParser(prog="python -m models.evaluate", description=__doc__.split("\n\n")[0])
-    parser.add_argument("checkpoint", help="checkpoint folder, 'default' or 'theorem1:beta=B'")
-    parser.add_argument("--n-contexts", type=int, default=4096, help="fresh contexts (default: 4096)")
-    parser.add_argument("--seed", type=int, default=12345, help="seed of the contexts (default: 12345)")
+    parser = cli.parser("python -m models.evaluate", __doc__)
+    cli.add_subject_flags(parser)
+    cli.add_run_flags(parser, seed=EVAL_SEED, n_contexts=4096)
     parser.add_argument("--batch-size", type=int, default=1024, help="contexts per chunk (default: 1024)")
-    parser.add_argument("--device", default="cpu", help="torch device (default: cpu)")
-    parser.add_argument("--json", help="also write the metrics to this JSON file")
+    parser.add_argument("--json", metavar="FILE", help="also write the metrics to this JSON file")
     args = parser.parse_args(argv)
-    if args.n_contexts < 1 or args.batch_size < 1:
-        parser.error(f"--n-contexts and --batch-size must be >= 1, got {args.n_contexts} and {args.batch_size}")
-    try:
-        subject = load_subject(args.checkpoint, args.device)
-    except (FileNotFoundError, ValueError) as e:
-        parser.error(str(e))
-    m = evaluate_checkpoint(subject, args.n_contexts, args.seed, args.batch_size)
+    cli.check_run_flags(parser, args, argv)
+    if args.batch_size < 1:
+        parser.error(f"--batch-size must be >= 1, got {args.batch_size}")
+    if args.json and not Path(args.json).resolve().parent.is_dir():
+        parser.error(f"--json {args.json}: folder {Path(args.json).resolve().parent} does not exist")
+    subject = cli.subject_or_exit(parser, args)
+    if not isinstance(subject, DisentangledSubject):
+        parser.error(
+            f"--checkpoint {args.checkpoint} is a {subject.family} model: models.evaluate reports the disentangled "
+            f"model's training targets; use python -m analyses.inspect --checkpoint {args.checkpoint}"
+        )
+    m = evaluate_subject(subject, args.n_contexts, args.seed, args.batch_size)
     print(
         f"{args.checkpoint}: {m['n_contexts']} fresh contexts (seed {m['seed']}): NLL {m['nll']:.4f} "
         f"(BMA {m['nll_bma']:.4f}, gap {m['nll_gap']:+.4f}), TV {m['tv_to_bma']:.4f}, parent acc "
@@ -60,9 +116,9 @@ def main(argv: list[str] | None = None) -> dict:
         f"{len(m['head_demo'])} distinct demos, min purity {min(m['head_purity']):.3f}"
     )
     if args.json:
-        _atomic_write(Path(args.json), lambda tmp: tmp.write_text(json.dumps(m, indent=1) + "\n"))
+        write_json(args.json, m)
     return m
 
 
 if __name__ == "__main__":
-    run(main)
+    cli.run_cli(main)

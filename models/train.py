@@ -23,14 +23,15 @@ from pathlib import Path
 
 import safetensors.torch
 import torch
-from jaxtyping import Float
-from torch import Tensor
 from tqdm.auto import tqdm
 
 from models import distributed
 from models.causal_transformer import CausalTransformer, CausalTransformerConfig
-from models.checkpoint import TRAIN_META, TRAIN_STATE, load, model_class, read_config, save
-from probes import MarkovTreeTask, bma_posterior, bma_predictive, head_assignment, mean_tv, parent_accuracy, target_nll
+from models.checkpoint import TRAIN_META, TRAIN_STATE, load_checkpoint, model_class, read_config, save
+from models.continuous import mse_loss
+from models.evaluate import evaluate
+from probes import MarkovTreeTask
+from probes.continuous import ContinuousTask
 
 
 @dataclass
@@ -80,8 +81,6 @@ class TrainConfig:
 
     def task(self) -> MarkovTreeTask:
         if self.task_kind == "continuous":  # d_vocab is the vector dimension; A is drawn from task_seed
-            from probes.continuous import ContinuousTask
-
             return ContinuousTask.random(self.d_vocab, self.n_examples, self.seq_len, self.rho, self.task_seed)
         return MarkovTreeTask.random(
             self.d_vocab, self.n_examples, self.seq_len, self.alpha, self.gamma, self.task_seed
@@ -130,8 +129,6 @@ def step_loss(model, tokens: torch.Tensor, target: torch.Tensor) -> torch.Tensor
     """The training loss: mean NLL of the H target tokens ``target [batch, H]`` over the batch (row 0
     through the root prior). ``model`` may be the ``CausalTransformer`` or a DDP/compiled wrapper."""
     if target.is_floating_point():  # the continuous task: target vectors, squared error of the means
-        from models.continuous import mse_loss
-
         return mse_loss(model, tokens, target)
     return -model(tokens).gather(-1, target.unsqueeze(-1)).mean()
 
@@ -160,46 +157,6 @@ def init_copyers(model: CausalTransformer, offset: float, demo: float, generator
     perm = torch.randperm(max(K, L), generator=generator)[:K] % L
     attn.w_L[torch.arange(K), perm] = demo
     return perm.tolist()
-
-
-def run_for_eval(model, inputs) -> tuple[Tensor, Float[Tensor, "batch H H"]]:
-    """The model's output and its blocks.1 attention (float64, CPU), in eval mode, training mode restored."""
-    was_training = model.training
-    model.eval()
-    out, cache = model.run_with_cache(inputs, names_filter="blocks.1.attn.hook_pattern")
-    model.train(was_training)
-    return out, cache["blocks.1.attn.hook_pattern"][:, 0].double().cpu()
-
-
-def eval_metrics(model, nll: float, nll_bma: float, attention, posterior, parents) -> dict:
-    """The evaluation record shared by every task kind: NLL gap, TV to the BMA posterior, parent
-    accuracy beside BMA's, and the copyer head assignment."""
-    demos, purity = head_assignment(model.copyer_pattern().detach().cpu(), model.cfg.n_examples)
-    return {
-        "nll": nll,
-        "nll_bma": nll_bma,
-        "nll_gap": nll - nll_bma,
-        "tv_to_bma": mean_tv(attention, posterior),
-        "parent_acc": parent_accuracy(attention, parents),
-        "parent_acc_bma": parent_accuracy(posterior, parents),
-        "head_demo": demos,
-        "head_purity": purity,
-        "distinct_demos": len(set(demos)),
-    }
-
-
-@torch.no_grad()
-def evaluate(model: CausalTransformer, task: MarkovTreeTask, tokens, parents) -> dict:
-    """Held-out metrics: NLL (h >= 1) of model and BMA, TV to the BMA posterior, parent accuracy,
-    and the copyer head assignment."""
-    if not isinstance(task, MarkovTreeTask):  # the continuous task: the same keys (models.continuous)
-        from models.continuous import evaluate as evaluate_continuous
-
-        return evaluate_continuous(model, task, tokens, parents)
-    log_probs, attention = run_for_eval(model, tokens)
-    posterior = bma_posterior(task.pi, tokens, task.n_examples, task.seq_len)
-    nll_bma = target_nll(bma_predictive(task.pi, tokens, task.n_examples, task.seq_len, task.root, log=True), tokens)
-    return eval_metrics(model, target_nll(log_probs.cpu(), tokens), nll_bma, attention, posterior, parents)
 
 
 def _optimizer_state(opt: torch.optim.Optimizer) -> tuple[dict, dict]:
@@ -325,7 +282,7 @@ def _resume(out: Path, cfg: TrainConfig, model, opt, sched, data_gen) -> tuple[i
     }
     if differ:
         raise ValueError(f"cannot resume {out}: its training config differs in {sorted(differ)}")
-    model.load_state_dict(load(out, device=cfg.device).state_dict())
+    model.load_state_dict(load_checkpoint(out, device=cfg.device).state_dict())
     tensors = safetensors.torch.load_file(out / TRAIN_STATE)
     meta = json.loads((out / TRAIN_META).read_text())
     _load_optimizer_state(opt, tensors, meta)

@@ -1,6 +1,7 @@
 """Tasks, the BMA oracle and measurements (see ``probes.tasks`` for the token layout)."""
 
 from probes.bma import bma_log_posterior, bma_posterior, bma_predictive, bma_scores, check_tokens
+from probes.layout import Layout
 from probes.metrics import (
     copy_mass,
     demonstration_mass,
@@ -10,9 +11,10 @@ from probes.metrics import (
     target_nll,
     total_variation,
 )
-from probes.tasks import MarkovTreeTask, dirichlet_kernel, load_task
+from probes.tasks import MarkovTreeTask, dirichlet_kernel
 
 __all__ = [
+    "Layout",
     "MarkovTreeTask",
     "bma_log_posterior",
     "bma_posterior",
@@ -23,7 +25,6 @@ __all__ = [
     "demonstration_mass",
     "dirichlet_kernel",
     "head_assignment",
-    "load_task",
     "mean_tv",
     "parent_accuracy",
     "target_nll",

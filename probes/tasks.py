@@ -9,7 +9,6 @@ example-major, flat index ``l * H + h`` (0-based). Examples ``l = 0 .. L-1`` are
 from __future__ import annotations
 
 from dataclasses import dataclass
-from pathlib import Path
 
 import torch
 from jaxtyping import Float, Int
@@ -179,10 +178,3 @@ def _inverse_cdf(cdf: Float[Tensor, "... d"], u: Float[Tensor, "..."]) -> Int[Te
     """Index of the first cdf entry above u (sampling by inverse CDF), clamped for round-off."""
     idx = torch.searchsorted(cdf.contiguous(), u.unsqueeze(-1).contiguous(), right=True).squeeze(-1)
     return idx.clamp_max(cdf.shape[-1] - 1)
-
-
-def load_task(checkpoint_path: str | Path) -> MarkovTreeTask:
-    """The task a checkpoint folder (``config.json``) was trained on."""
-    from models.checkpoint import read_config
-
-    return MarkovTreeTask.from_dict(read_config(checkpoint_path)["task"])

@@ -9,9 +9,10 @@ import numpy as np
 import pytest
 import torch
 
-from analyses import cape_downstream as cd
-from probes.cape_embedding import check_dag, hop_distance
-from probes.cape_structure import continuous_data
+from analyses import cape_downstream
+from cape import downstream as cd
+from cape.embedding import check_dag, hop_distance
+from cape.structure import continuous_data
 from probes.continuous import ContinuousTask
 
 PARENTS = torch.tensor([-1, 0, 0, 1, 1, 2])  # root with 2 children; node 1 with 2 children; 3 leaves
@@ -152,14 +153,14 @@ def test_bad_input_is_rejected_with_a_message(tmp_path):
     with pytest.raises(ValueError, match="phi must have shape"):
         cd.MaskedFeatureModel(cfg, "cape", phi=torch.zeros(5, 3))
     with pytest.raises(ValueError, match="0 < rho < 1"):
-        cd.compute(cd.DownstreamConfig(rho=1.0))
+        cape_downstream.compute(cd.DownstreamConfig(rho=1.0))
     with pytest.raises(ValueError, match="unknown variants"):
-        cd.compute(cfg, variants=("none", "rope"))
+        cape_downstream.compute(cfg, variants=("none", "rope"))
     with pytest.raises(SystemExit) as e:
-        cd.main(["--variants", "none,rope", "--out", str(tmp_path)])
+        cape_downstream.main(["--variants", "none,rope", "--out", str(tmp_path)])
     assert e.value.code == 2
     with pytest.raises(SystemExit) as e:
-        cd.main(["--model-seeds", "0", "--out", str(tmp_path)])
+        cape_downstream.main(["--model-seeds", "0", "--out", str(tmp_path)])
     assert e.value.code == 2
 
 
@@ -169,7 +170,7 @@ def test_tiny_run_identity_beats_no_position_and_is_seeded():
     cfg = cd.DownstreamConfig(
         M=6, n_train=400, n_test=400, d_model=16, n_heads=2, d_head=4, d_mlp=32, steps=150, batch=32, embed_steps=50
     )
-    res = cd.compute(cfg, seed=0, model_seeds=1, variants=("none", "identity"), progress=False)
+    res = cape_downstream.compute(cfg, seed=0, model_seeds=1, variants=("none", "identity"), progress=False)
     v = res["variants"]
     assert res["bayes_mse"] < v["identity"]["mean"] < v["none"]["mean"] - 0.15 < 1.0
     assert res["bayes_mse_test"] == pytest.approx(res["bayes_mse"], rel=0.15)

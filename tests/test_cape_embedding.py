@@ -10,8 +10,8 @@ import pytest
 import torch
 
 from analyses import cape_properties
-from models.cape import CapeAttention, rotary_scores, rotate
-from probes.cape_embedding import (
+from cape.attention import CapeAttention, rotary_scores, rotate
+from cape.embedding import (
     check_dag,
     depth,
     distance,

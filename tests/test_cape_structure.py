@@ -6,7 +6,7 @@ import math
 
 import torch
 
-from probes.cape_structure import StructureConfig, acyclicity, learn_structure, shd, skeleton_f1
+from cape.structure import StructureConfig, acyclicity, learn_structure, shd, skeleton_f1
 
 
 def test_acyclicity_zero_on_dag_and_closed_form_on_two_cycle():
@@ -91,7 +91,7 @@ def test_quadratic_edges_are_invisible_to_the_linear_f_and_found_by_the_mlp_f():
     # can. Measured at H = 10, N = 500, data seed 7 on trees 0..3: skeleton F1 linear 0.80 / 0.75 / 0.67 / 0.71,
     # mlp 0.94 each; data seed 8: linear mean 0.57, mlp 0.84. Asserted on trees 0 and 2 (linear mean 0.73, mlp
     # 0.94): mlp mean >= 0.85 and a margin of 0.1 (half the measured one).
-    from probes.cape_structure import nonlinear_tree_data, structure_metrics
+    from cape.structure import nonlinear_tree_data, structure_metrics
     from probes.tasks import MarkovTreeTask
 
     task = MarkovTreeTask.random(5, 10, 10, 1.0, 0.2, 0)
@@ -107,7 +107,7 @@ def test_quadratic_edges_are_invisible_to_the_linear_f_and_found_by_the_mlp_f():
 
 
 def test_a_squared_gaussian_parent_is_uncorrelated_with_its_child():
-    from probes.cape_structure import nonlinear_tree_data
+    from cape.structure import nonlinear_tree_data
 
     X = nonlinear_tree_data(torch.tensor([-1, 0, 0]), 20000, seed=0, quadratic=1.0)[..., 0]
     corr = torch.corrcoef(X.T)

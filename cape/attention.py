@@ -1,6 +1,6 @@
 """CAPE step 3 (arXiv 2509.16629): the rotary form of causality-induced positional encoding.
 
-Each feature v has angles ``phi_v`` [n] (``probes.cape_embedding``: ``phi_v = (pi/4) e_v`` from its
+Each feature v has angles ``phi_v`` [n] (``cape.embedding``: ``phi_v = (pi/4) e_v`` from its
 Poincare-ball embedding). ``R(phi)`` is block diagonal with 2x2 blocks
 ``[[cos phi_b, -sin phi_b], [sin phi_b, cos phi_b]]`` acting on coordinates (2b, 2b+1) of a 2n-vector.
 Since ``R(a)^T R(b) = R(b - a)``, the score ``q_m^T R(phi_n - phi_m) k_n`` is computed as RoPE does,

@@ -16,7 +16,7 @@ Poincare ball, and read off rotary angles.
   reprojection onto the sheet against round-off). Full batch, float64, seeded: deterministic on CPU.
 - Step 3: ``e_v = x_{1:} / (1 + x_0)`` in the unit Poincare ball, ``phi_v = c e_v`` with ``c = pi/4``.
 
-``A[i, j] != 0`` means an edge ``i -> j`` (the convention of CAPE step 1, ``probes.cape_structure``).
+``A[i, j] != 0`` means an edge ``i -> j`` (the convention of CAPE step 1, ``cape.structure``).
 """
 
 from __future__ import annotations
