@@ -21,9 +21,17 @@ __all__ = ["run_cli", "parser", "add_subject_flags", "add_run_flags", "check_run
 MAX_SEED = 2**63 - 1
 
 
+class OneLineParser(argparse.ArgumentParser):
+    """argparse, except that an error is one line on stderr (``prog: error: message``; ``--help`` shows
+    the usage) and exit code 2."""
+
+    def error(self, message: str):
+        self.exit(2, f"{self.prog}: error: {' '.join(str(message).split())}\n")
+
+
 def parser(prog: str, doc: str | None) -> argparse.ArgumentParser:
-    """An ``ArgumentParser`` whose description is the first paragraph of ``doc``; ``--debug`` is documented."""
-    p = argparse.ArgumentParser(prog=prog, description=(doc or "").strip().split("\n\n")[0])
+    """A ``OneLineParser`` whose description is the first paragraph of ``doc``; ``--debug`` is documented."""
+    p = OneLineParser(prog=prog, description=(doc or "").strip().split("\n\n")[0])
     p.add_argument("--debug", action="store_true", help="show the traceback of an error")
     return p
 
