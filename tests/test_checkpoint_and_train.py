@@ -11,9 +11,9 @@ import safetensors.torch
 import torch
 
 import models
-from models import CausalTransformer, CausalTransformerConfig
+from models import CausalTransformer, CausalTransformerConfig, load_task
 from models.train import TrainConfig, train
-from probes import MarkovTreeTask, bma_posterior, bma_predictive, head_assignment, load_task, mean_tv, target_nll
+from probes import MarkovTreeTask, bma_posterior, bma_predictive, head_assignment, mean_tv, target_nll
 from tests.conftest import build_task
 from tests.test_model import random_model
 
@@ -180,21 +180,21 @@ def test_model_with_more_heads_than_demonstrations_builds():
 
 
 def test_evaluate_cli_weights_chunks_by_size_and_rejects_bad_sizes(tmp_path, capsys):
-    from analyses.common import load_subject
-    from models.evaluate import evaluate_checkpoint, main
-    from models.train import evaluate
+    from models import load_subject
+    from models.evaluate import evaluate, evaluate_subject, main
 
     subject = load_subject("default")
-    got = evaluate_checkpoint(subject, 500, seed=3, batch_size=300)  # chunks of 300 and 200
+    got = evaluate_subject(subject, 500, seed=3, batch_size=300)  # chunks of 300 and 200
     g = torch.Generator().manual_seed(3)
     parts = [evaluate(subject.model, subject.task, *subject.task.sample(n, g)) for n in (300, 200)]
     for key in ("nll_gap", "tv_to_bma", "parent_acc", "parent_acc_bma"):
         assert got[key] == pytest.approx((300 * parts[0][key] + 200 * parts[1][key]) / 500, abs=1e-12)
     assert got["head_demo"] == parts[1]["head_demo"] and got["n_contexts"] == 500
     out = tmp_path / "m.json"
-    main(["default", "--n-contexts", "64", "--json", str(out)])
+    main(["--checkpoint", "default", "--n-contexts", "64", "--json", str(out)])
     assert json.loads(out.read_text())["n_contexts"] == 64
-    for bad in (["default", "--n-contexts", "0"], ["default", "--batch-size", "-1"], [str(tmp_path / "missing")]):
+    bad_runs = (["--n-contexts", "0"], ["--batch-size", "-1"], ["--checkpoint", str(tmp_path / "missing")], ["x"])
+    for bad in bad_runs:
         with pytest.raises(SystemExit) as e:
             main(bad)
         assert e.value.code == 2
