@@ -1,11 +1,12 @@
 """Theorem 3: at initialisation (W_KQ = 0) the loss gradient already points at the true parent.
 
-    python -m analyses.init_gradient                   # the shipped task (pi, L, H of the checkpoint)
+    python -m analyses.init_gradient                   # the shipped task (pi, L, H of models.DEFAULT_CHECKPOINT)
     python -m analyses.init_gradient --n-contexts 4096 # target samples per tree
 
 Subject: the Theorem 1 copyers (beta = 30, sharp copies) with ``W_KQ = 0`` and the ``W_OV`` token
-block ``log pi``, on the checkpoint's task. At W_KQ = 0 the blocks.1 attention A is uniform over
-h' < h and the prediction is the mixture ``p = sum_h' A_h' v_h'`` with ``v_h' = pi(. | x_h')``, so
+block ``log pi``, on the shipped checkpoint's task (no --checkpoint: nothing trained is probed). At
+W_KQ = 0 the blocks.1 attention A is uniform over h' < h and the prediction is the mixture
+``p = sum_h' A_h' v_h'`` with ``v_h' = pi(. | x_h')``, so
 
     d NLL / d s_{h,h'} = -A_h' (v_h'(x_h) / p(x_h) - 1),
 
@@ -31,16 +32,9 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
-from analyses.common import (
-    analysis_parser,
-    parse_common,
-    run,
-    sample_contexts,
-    save_figure,
-    save_json,
-    style,
-    subject_from_args,
-)
+import models
+from analyses import common
+from analyses.common import sample_contexts
 from models import theorem1_model
 from probes import bma_posterior, mean_tv, parent_accuracy
 from probes.information import chi2_mutual_information, pair_joints
@@ -54,6 +48,7 @@ FIGURES = {
 }
 BETA = 30.0  # copyer sharpness: exp(-2 beta) leakage, far below float64 resolution of the gradients
 SCORES = "blocks.1.attn.hook_attn_scores"
+TASK_NAME = "default"  # the task is models.DEFAULT_CHECKPOINT's
 
 
 def init_model(task, n_examples: int | None = None):
@@ -241,7 +236,7 @@ def train_from_zero(
     return hist
 
 
-def compute(
+def measure(
     task,
     n_trees: int,
     n_samples: int,
@@ -328,42 +323,62 @@ def _plot(res: dict, name: str, L: int):
     return fig
 
 
-def main(argv: list[str] | None = None) -> dict:
-    parser = analysis_parser(NAME, __doc__.split("\n\n")[0], n_contexts=2048)
+def compute(subject, args) -> dict:
+    """``measure`` on the shipped task with the CLI's --n-trees, --n-contexts (targets per tree), --steps."""
+    task = models.load_task(models.DEFAULT_CHECKPOINT)
+    res = measure(task, args.n_trees, args.n_contexts, steps=args.steps, seed=args.seed, progress=True)
+    return {**res, "task": {"d": task.d_vocab, "L": task.n_examples, "H": task.seq_len}}  # for the titles
+
+
+def summary(res: dict) -> str:
+    bt, al, tr = res["by_tree"], res["against_L"], res["training"]
+    d, L, H = res["task"]["d"], res["task"]["L"], res["task"]["H"]
+    i = next((i for i, a in enumerate(tr["parent_acc"]) if a >= 0.9 * tr["bma_parent_acc"]), None)
+    return "\n".join(
+        [
+            f"{NAME} on {TASK_NAME} (d={d}, L={L}, H={H}), W_KQ = 0:",
+            f"  autograd vs closed form -A(v/p - 1): max |diff| = {bt['max_abs_autograd_vs_closed']:.2e}",
+            f"  expected -dNLL/ds largest at the true parent for {bt['parent_largest_in_expectation']:.1%} of "
+            f"{len(bt['rows'])} (tree, h) pairs; {bt['n_excluding_zero']}/{bt['n_comparisons']} paired differences "
+            f"have a Bonferroni 95% CI above 0 (min lower bound {bt['min_lower']:.3g})",
+            f"  single contexts with the largest -dNLL/ds at the parent: {bt['single_context_parent_largest']:.3f}",
+            "  one gradient step on W_KQ, parent accuracy of the score change by L: "
+            + ", ".join(
+                f"L={L}: {a:.3f} (BMA {b:.3f})" for L, a, b in zip(al["L"], al["step_parent_acc"], al["bma_parent_acc"])
+            ),
+            f"  training W_KQ from 0: parent accuracy {tr['parent_acc'][0]:.3f} -> {tr['parent_acc'][-1]:.3f} "
+            f"(BMA {tr['bma_parent_acc']:.3f}) in {tr['step'][-1]} steps; 90% of BMA's accuracy at step "
+            f"{tr['step'][i] if i is not None else 'never'}; TV to BMA {tr['tv_to_bma'][-1]:.3f}",
+        ]
+    )
+
+
+def add_flags(parser) -> None:
     parser.add_argument("--n-trees", type=int, default=32, help="random trees for the expected gradient (default: 32)")
     parser.add_argument("--steps", type=int, default=300, help="Adam steps on W_KQ from 0 (default: 300)")
-    args = parse_common(parser, argv)
+
+
+def check_flags(parser, args) -> None:
     if args.n_trees < 1 or args.steps < 1:
         parser.error(f"--n-trees and --steps must be >= 1, got {args.n_trees} and {args.steps}")
-    subject = subject_from_args(args)
-    task = subject.task
-    res = compute(task, args.n_trees, args.n_contexts, steps=args.steps, seed=args.seed, progress=True)
-    style()
-    save_figure(_plot(res, subject.name, task.n_examples), args.out, NAME)
-    bt, al, tr = res["by_tree"], res["against_L"], res["training"]
-    save_json(args.out, NAME, res, args, subject)
-    print(f"{NAME} on {subject.name} (d={task.d_vocab}, L={task.n_examples}, H={task.seq_len}), W_KQ = 0:")
-    print(f"  autograd vs closed form -A(v/p - 1): max |diff| = {bt['max_abs_autograd_vs_closed']:.2e}")
-    print(
-        f"  expected -dNLL/ds largest at the true parent for {bt['parent_largest_in_expectation']:.1%} of "
-        f"{len(bt['rows'])} (tree, h) pairs; {bt['n_excluding_zero']}/{bt['n_comparisons']} paired differences "
-        f"have a Bonferroni 95% CI above 0 (min lower bound {bt['min_lower']:.3g})"
-    )
-    print(f"  single contexts with the largest -dNLL/ds at the parent: {bt['single_context_parent_largest']:.3f}")
-    print(
-        "  one gradient step on W_KQ, parent accuracy of the score change by L: "
-        + ", ".join(
-            f"L={L}: {a:.3f} (BMA {b:.3f})" for L, a, b in zip(al["L"], al["step_parent_acc"], al["bma_parent_acc"])
-        )
-    )
-    i = next((i for i, a in enumerate(tr["parent_acc"]) if a >= 0.9 * tr["bma_parent_acc"]), None)
-    print(
-        f"  training W_KQ from 0: parent accuracy {tr['parent_acc'][0]:.3f} -> {tr['parent_acc'][-1]:.3f} "
-        f"(BMA {tr['bma_parent_acc']:.3f}) in {tr['step'][-1]} steps; 90% of BMA's accuracy at step "
-        f"{tr['step'][i] if i is not None else 'never'}; TV to BMA {tr['tv_to_bma'][-1]:.3f}"
-    )
-    return res
+
+
+ANALYSIS = common.Analysis(
+    NAME,
+    __doc__,
+    compute,
+    lambda res, args: {NAME: _plot(res, TASK_NAME, res["task"]["L"])},
+    summary,
+    n_contexts=2048,
+    add_flags=add_flags,
+    check_flags=check_flags,
+    record=lambda res: {k: v for k, v in res.items() if k != "task"},  # the command determines the task
+)
+
+
+def main(argv: list[str] | None = None) -> dict:
+    return common.main(ANALYSIS, argv)
 
 
 if __name__ == "__main__":
-    run(main)
+    common.run(main)

@@ -5,7 +5,6 @@ import torch
 import models
 from analyses.common import single_thread
 from analyses.init_gradient import gradient_by_tree, init_model, score_gradients, train_from_zero
-from probes import load_task
 from tests.conftest import build_task
 
 
@@ -26,7 +25,7 @@ def test_autograd_matches_a_numpy_closed_form():
 
 
 def test_expected_parent_gradient_exceeds_every_other_on_the_shipped_task():
-    task = load_task(models.DEFAULT_CHECKPOINT)
+    task = models.load_task(models.DEFAULT_CHECKPOINT)
     res = gradient_by_tree(task, n_trees=3, n_samples=1024, seed=5)
     assert res["n_excluding_zero"] == res["n_comparisons"] > 100
     assert res["min_lower"] > 0
@@ -34,7 +33,7 @@ def test_expected_parent_gradient_exceeds_every_other_on_the_shipped_task():
 
 
 def test_training_w_kq_from_zero_separates_the_parent_quickly():
-    task = load_task(models.DEFAULT_CHECKPOINT)
+    task = models.load_task(models.DEFAULT_CHECKPOINT)
     with single_thread():  # many small steps: far faster on one thread
         hist = train_from_zero(task, steps=60, batch=128, lr=0.01, n_eval=256, seed=0, every=30)
     chance = hist["parent_acc"][0]
