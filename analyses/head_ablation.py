@@ -40,16 +40,10 @@ from jaxtyping import Int
 from torch import Tensor
 from tqdm.auto import tqdm
 
-from analyses.common import (
-    analysis_parser,
-    parse_common,
-    run,
-    sample_contexts,
-    save_figure,
-    save_json,
-    style,
-    subject_from_args,
-)
+from analyses import common
+from models.evaluate import output_and_pattern
+from models.interventions import ablate, ablate_subspace
+from models.subject import DisentangledSubject, head_label
 from probes import bma_posterior, bma_predictive, head_assignment, mean_tv, parent_accuracy, target_nll
 
 NAME = "head_ablation"
@@ -68,25 +62,12 @@ CLAIM_THEOREM1_TV = 1e-4  # zero-ablated Theorem 1 model vs BMA without the demo
 CLAIM_MARGIN = 0.02  # trained model: TV to BMA-without <= intact TV to BMA + this
 
 
-def ablation_hook(index: tuple, mean: Tensor | None = None):
-    """A forward hook that sets ``act[:, *index]`` to 0 (``mean`` None) or to ``mean[index]``
-    (``mean`` is the activation averaged over contexts, without the batch axis)."""
-
-    def hook(act: Tensor, hook=None) -> Tensor:
-        act = act.clone()
-        act[(slice(None),) + index] = 0 if mean is None else mean[index]
-        return act
-
-    return hook
-
-
 @torch.no_grad()
-def run_ablated(model, tokens: Int[Tensor, "batch T"], hooks: list) -> tuple[Tensor, Tensor]:
-    """Log-probs ``[batch, H, d]`` and the ``blocks.1`` attention ``[batch, H, H]`` under ``hooks``
-    (a list of (hook name, function)); the hooks are removed afterwards, also on error."""
-    with model.hooks(fwd_hooks=hooks):
-        log_probs, cache = model.run_with_cache(tokens, names_filter=PATTERN)
-    return log_probs, cache[PATTERN][:, 0]
+def run_ablated(subject: DisentangledSubject, tokens: Int[Tensor, "batch T"], hooks: list) -> tuple[Tensor, Tensor]:
+    """Log-probs ``[batch, H, d]`` and the ``blocks.1`` attention ``[batch, H, H]`` (float64, CPU) under
+    ``hooks`` (a list of (hook name, function)); the hooks are removed afterwards, also on error."""
+    with subject.model.hooks(fwd_hooks=hooks):
+        return output_and_pattern(subject.model, tokens)
 
 
 class BMAReference:
@@ -136,7 +117,7 @@ def measure(
 
 @torch.no_grad()
 def head_ablation(
-    model, task, tokens: Int[Tensor, "batch T"], parents: Int[Tensor, "batch H"], progress: bool = True
+    subject: DisentangledSubject, tokens: Int[Tensor, "batch T"], parents: Int[Tensor, "batch H"], progress: bool = True
 ) -> dict:
     """Every ablation of the module docstring on ``tokens``; see the JSON keys in ``summarise``.
 
@@ -145,6 +126,7 @@ def head_ablation(
     ``cumulative`` (per number of heads ablated: ``zero``/``mean`` measurements and the BMA that keeps
     the demonstrations still copied), ``controls`` and ``claims``.
     """
+    model, task = subject.model, subject.task
     cfg = model.cfg
     K, L, d = cfg.n_copy_heads, cfg.n_examples, cfg.d_vocab
     if (task.n_examples, task.seq_len, task.d_vocab) != (L, cfg.seq_len, d):
@@ -154,19 +136,18 @@ def head_ablation(
         )
     demos, purity = head_assignment(model.copyer_pattern().detach().cpu(), L)
     bma = BMAReference(task, tokens, parents)
-    log_probs, cache = model.run_with_cache(tokens, names_filter=[HOOK_Z, HOOK_Q, HOOK_K, PATTERN])
+    log_probs, cache = model.run_with_cache(tokens, names_filter=[HOOK_Z, HOOK_Q, HOOK_K, PATTERN])  # once: means too
     intact = measure(log_probs, cache[PATTERN][:, 0], tokens, parents, bma)
     means = {name: cache[name].mean(0) for name in (HOOK_Z, HOOK_Q, HOOK_K)}
 
     def ablate_heads(heads: list[int], kind: str) -> dict:
-        hook = ablation_hook((slice(None), heads), None if kind == "zero" else means[HOOK_Z])
-        out = run_ablated(model, tokens, [(HOOK_Z, hook)])
+        out = run_ablated(subject, tokens, ablate(subject, 0, heads, kind, means[HOOK_Z]))
         return measure(*out, tokens, parents, bma, frozenset(demos[k] for k in heads))
 
     bar = tqdm(total=2 * K + 2 * (K + 1) + 4, desc="ablations", disable=not progress, leave=False)
     heads = []
     for k in range(K):
-        heads.append({"head": f"L0H{k}", "demonstration": demos[k], "purity": purity[k]})
+        heads.append({"head": head_label(0, k), "demonstration": demos[k], "purity": purity[k]})
         for kind in KINDS:
             heads[k][kind] = ablate_heads([k], kind)
             bar.update()
@@ -176,7 +157,7 @@ def head_ablation(
         dropped = frozenset(demos[k] for k in order[:n])
         row = {
             "n_heads": n,
-            "heads": [f"L0H{k}" for k in order[:n]],
+            "heads": [head_label(0, k) for k in order[:n]],
             "dropped": sorted(dropped),
             "bma": {key: bma(dropped)[key] for key in ("nll", "parent_acc", "n_demonstrations")},
         }
@@ -187,8 +168,7 @@ def head_ablation(
     controls = {}
     for side, name in (("query", HOOK_Q), ("key", HOOK_K)):
         for kind in KINDS:
-            hook = ablation_hook((slice(None), slice(None), slice(0, d)), None if kind == "zero" else means[name])
-            lp, att = run_ablated(model, tokens, [(name, hook)])
+            lp, att = run_ablated(subject, tokens, ablate_subspace(name, slice(0, d), kind, means[name]))
             controls[f"{side}_token_{kind}"] = {
                 **measure(lp, att, tokens, parents, bma),
                 "max_abs_log_prob_change": (lp - log_probs)[:, 1:].abs().max().item(),
@@ -206,7 +186,7 @@ def head_ablation(
         "intact": intact,
         "bma": {key: bma()[key] for key in ("nll", "parent_acc")},
         "bma_without": bma_without,
-        "order": [f"L0H{k}" for k in order],
+        "order": [head_label(0, k) for k in order],
         "cumulative": cumulative,
         "controls": controls,
         "distinct_demonstrations": len(set(demos)),
@@ -331,7 +311,7 @@ def plot(r: dict, n: int, subject_name: str):
     return fig1, fig2
 
 
-def summarise(r: dict) -> str:
+def summary(r: dict) -> str:
     """The short text summary printed on stdout."""
     i, c = r["intact"], r["claims"]
     lines = [
@@ -369,26 +349,22 @@ def summarise(r: dict) -> str:
     return "\n".join(lines)
 
 
+def compute(subject: DisentangledSubject, args) -> dict:
+    tokens, parents = common.sample_contexts(subject.task, args.n_contexts, args.seed)
+    return head_ablation(subject, tokens.to(args.device), parents)
+
+
+def figures(r: dict, args) -> dict:
+    per_head, cumulative = plot(r, args.n_contexts, args.subject_name)
+    return {f"{NAME}_per_head": per_head, f"{NAME}_cumulative": cumulative}
+
+
+ANALYSIS = common.Analysis(NAME, __doc__, compute, figures, summary, n_contexts=2048, record=_strip)
+
+
 def main(argv: list[str] | None = None) -> dict:
-    parser = analysis_parser(
-        NAME,
-        "Ablate each copyer head (zero and mean) and compare with BMA computed without "
-        "the demonstration that head copies.",
-        n_contexts=2048,
-    )
-    args = parse_common(parser, argv)
-    subject = subject_from_args(args)
-    model = subject.model.eval()
-    tokens, parents = sample_contexts(subject.task, args.n_contexts, args.seed)
-    r = head_ablation(model, subject.task, tokens.to(args.device), parents)
-    style()
-    fig1, fig2 = plot(r, args.n_contexts, subject.name)
-    save_figure(fig1, args.out, f"{NAME}_per_head")
-    save_figure(fig2, args.out, f"{NAME}_cumulative")
-    save_json(args.out, NAME, _strip(r), args, subject)
-    print(summarise(r))
-    return r
+    return common.main(ANALYSIS, argv)
 
 
 if __name__ == "__main__":
-    run(main)
+    common.run(main)

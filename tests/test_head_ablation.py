@@ -10,8 +10,8 @@ import torch
 
 import models
 from analyses import head_ablation as ha
-from analyses.common import load_subject, run, sample_contexts, single_thread
-from models import CausalTransformer, CausalTransformerConfig
+from analyses.common import run, sample_contexts, single_thread
+from models import CausalTransformer, CausalTransformerConfig, DisentangledSubject, load_subject
 from probes import bma_posterior, bma_predictive, mean_tv, target_nll
 from tests.conftest import build_task
 
@@ -35,12 +35,16 @@ def permuted_theorem1(task, beta=50.0) -> CausalTransformer:
     return model
 
 
+def subject(model, task) -> DisentangledSubject:
+    return DisentangledSubject(model, task, "test", "")
+
+
 @pytest.fixture(scope="module")
 def theorem1_result():
     task = build_task(d_vocab=4, n_examples=L, seq_len=H, seed=1)
     tokens, parents = task.sample(256, torch.Generator().manual_seed(3))
     model = permuted_theorem1(task)
-    return task, model, tokens, parents, ha.head_ablation(model, task, tokens, parents, progress=False)
+    return task, model, tokens, parents, ha.head_ablation(subject(model, task), tokens, parents, progress=False)
 
 
 def test_theorem1_zero_ablation_is_bma_without_the_copied_demonstration(theorem1_result):
@@ -92,17 +96,17 @@ def test_controls_query_token_changes_nothing_key_token_only_where_w_kq_reads_it
     with torch.no_grad():
         for p in random.parameters():
             p.copy_(torch.randn(p.shape, generator=torch.Generator().manual_seed(5), dtype=p.dtype))
-    c = ha.head_ablation(random, task, tokens[:64], parents[:64], progress=False)["controls"]
+    c = ha.head_ablation(subject(random, task), tokens[:64], parents[:64], progress=False)["controls"]
     assert c["query_token_zero"]["max_abs_log_prob_change"] == 0 and c["query_token_mean"]["tv_to_intact"] == 0
     assert c["key_token_zero"]["tv_to_intact"] > 1e-3 and c["key_token_mean"]["tv_to_intact"] > 1e-3
 
 
 def test_shipped_checkpoint_ablated_head_looks_like_bma_without_its_demonstration():
-    subject = load_subject("default")
-    tokens, parents = sample_contexts(subject.task, 512, seed=1)
-    r = ha.head_ablation(subject.model.eval(), subject.task, tokens, parents, progress=False)
+    shipped = load_subject("default")
+    tokens, parents = sample_contexts(shipped.task, 512, seed=1)
+    r = ha.head_ablation(shipped, tokens, parents, progress=False)
     intact = r["intact"]["tv"]
-    assert len({h["demonstration"] for h in r["heads"]}) == subject.task.n_examples
+    assert len({h["demonstration"] for h in r["heads"]}) == shipped.task.n_examples
     for head in r["heads"]:
         assert head["zero"]["tv_without"] <= intact + ha.CLAIM_MARGIN, head["head"]
         assert head["zero"]["tv_without"] < head["zero"]["tv"], head["head"]
@@ -133,4 +137,4 @@ def test_task_that_does_not_match_the_model_is_refused():
     model = models.theorem1_model(build_task(d_vocab=4, n_examples=L + 1, seq_len=H).pi, L + 1, H, 10.0)
     tokens, parents = task.sample(4)
     with pytest.raises(ValueError, match="does not match the model"):
-        ha.head_ablation(model, task, tokens, parents, progress=False)
+        ha.head_ablation(subject(model, task), tokens, parents, progress=False)
