@@ -1,16 +1,16 @@
 """Lemmas 2 to 4, exactly: mutual information on causal trees, the (strong) data-processing inequality,
 and the expected log-likelihood that makes the true parent identifiable.
 
-    python -m analyses.information                    # pi and root of the shipped task
+    python -m analyses.information                    # pi, root and H of the shipped task
     python -m analyses.information --n-contexts 400   # random trees per kernel
 
 No sampling of tokens: every number is computed from pi, the root distribution and the tree
 (``probes.information``). ``--n-contexts`` is the number of random trees. Three measurements:
-(1) I(x_h; x_h') against tree distance on the checkpoint's kernel; (2) the strong-DPI contraction
+(1) I(x_h; x_h') against tree distance on the shipped checkpoint's kernel; (2) the strong-DPI contraction
 max over non-parents of I(x_h; x_h') / I(x_h; x_pa(h)) per kernel, for Dirichlet kernels with several
 floors gamma, against its exact Dobrushin bound and Lemma 3's 1 - delta gamma (delta = smallest node
 marginal, see ``probes.information``); (3) Lemma 4: E log pi(x_h | x_pa(h)) - max over non-parents of
-E log pi(x_h | x_h') on the checkpoint's kernel.
+E log pi(x_h | x_h') on that kernel. No --checkpoint: the kernel is ``models.DEFAULT_CHECKPOINT``'s.
 """
 
 from __future__ import annotations
@@ -19,15 +19,8 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
-from analyses.common import (
-    analysis_parser,
-    parse_common,
-    run,
-    save_figure,
-    save_json,
-    style,
-    subject_from_args,
-)
+import models
+from analyses import common
 from probes import MarkovTreeTask
 from probes.information import expected_log_likelihood, mutual_information, pair_joints, sdpi_report, tree_distance
 
@@ -38,13 +31,14 @@ FIGURES = {
     ),
 }
 GAMMAS = (0.02, 0.05, 0.1, 0.2, 0.4, 0.7)
+TASK_NAME = "default"  # the kernel is models.DEFAULT_CHECKPOINT's
 
 
 def _trees(task: MarkovTreeTask, n: int, seed: int) -> torch.Tensor:
     return task.sample_parents(n, torch.Generator().manual_seed(seed))
 
 
-def compute(
+def measure(
     n_trees: int = 200,
     seq_len: int = 12,
     gammas=GAMMAS,
@@ -175,30 +169,39 @@ def _plot(res: dict, name: str):
     return fig
 
 
-def main(argv: list[str] | None = None) -> dict:
-    parser = analysis_parser(NAME, __doc__.split("\n\n")[0], n_contexts=200)
-    args = parse_common(parser, argv)
-    subject = subject_from_args(args)
-    task = subject.task
-    res = compute(args.n_contexts, task.seq_len, seed=args.seed, pi=task.pi, root=task.root, progress=True)
-    style()
-    save_figure(_plot(res, subject.name), args.out, NAME)
-    save_json(args.out, NAME, res, args, subject)
+def compute(subject, args) -> dict:
+    """``measure`` on the shipped task's kernel, root and H, with --n-contexts random trees."""
+    task = models.load_task(models.DEFAULT_CHECKPOINT)
+    return measure(args.n_contexts, task.seq_len, seed=args.seed, pi=task.pi, root=task.root, progress=True)
+
+
+def summary(res: dict) -> str:
     bd = res["mi_by_distance"]
-    print(f"{NAME}: exact MI on {args.n_contexts} random trees (H={task.seq_len}, d={task.d_vocab})")
-    print(
+    lines = [
+        f"{NAME}: exact MI on {res['n_trees']} random trees (H={res['seq_len']}, d={res['d_vocab']})",
         "  mean I(x_h; x_h') by tree distance: "
-        + ", ".join(f"{k}: {m:.2e}" for k, m in zip(bd["distance"], bd["mean"]))
-    )
-    print(f"  DPI I(x_h;x_h') <= I(x_h;x_pa(h)): {res['dpi_violations']} violations of {res['n_pairs_checked']} pairs")
+        + ", ".join(f"{k}: {m:.2e}" for k, m in zip(bd["distance"], bd["mean"])),
+        f"  DPI I(x_h;x_h') <= I(x_h;x_pa(h)): {res['dpi_violations']} violations of {res['n_pairs_checked']} pairs",
+    ]
     for k in res["kernels"]:
-        print(
+        lines.append(
             f"  gamma {k['gamma']:.3f} (floor {k['gamma_floor']}): max ratio {k['max_ratio']:.4f} <= max Dobrushin "
             f"{k['max_dobrushin']:.4f} <= 1 - delta*gamma = {k['bound']:.4f} (delta {k['delta']:.4f})"
         )
-    print(f"  Lemma 4: min margin of E log pi(x_h|x_pa) over the best non-parent = {res['lemma4_min_margin']:.3e}")
-    return res
+    lines.append(
+        f"  Lemma 4: min margin of E log pi(x_h|x_pa) over the best non-parent = {res['lemma4_min_margin']:.3e}"
+    )
+    return "\n".join(lines)
+
+
+ANALYSIS = common.Analysis(
+    NAME, __doc__, compute, lambda res, args: {NAME: _plot(res, TASK_NAME)}, summary, n_contexts=200
+)
+
+
+def main(argv: list[str] | None = None) -> dict:
+    return common.main(ANALYSIS, argv)
 
 
 if __name__ == "__main__":
-    run(main)
+    common.run(main)

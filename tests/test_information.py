@@ -5,7 +5,7 @@ import itertools
 import pytest
 import torch
 
-from analyses.information import compute
+from analyses.information import measure
 from probes import MarkovTreeTask, dirichlet_kernel
 from probes.information import (
     chi2_mutual_information,
@@ -79,7 +79,7 @@ def test_lemma4_expected_log_likelihood_peaks_at_the_parent():
 
 
 def test_analysis_claims_on_a_small_config():
-    res = compute(n_trees=6, seq_len=7, gammas=(0.05, 0.5), kernels_per_gamma=2, seed=0)
+    res = measure(n_trees=6, seq_len=7, gammas=(0.05, 0.5), kernels_per_gamma=2, seed=0)
     assert res["dpi_violations"] == 0 and res["n_pairs_checked"] > 0
     assert all(k["max_ratio"] <= k["bound"] for k in res["kernels"])
     assert res["lemma4_min_margin"] > 0
