@@ -239,7 +239,7 @@ def test_config_round_trip_and_bad_values():
     with pytest.raises(ValueError, match="positive integer"):
         CausalTransformerConfig(5, 0, 6)
     with pytest.raises(ValueError, match="dtype"):
-        CausalTransformerConfig(5, 4, 6, dtype="float16")
+        CausalTransformerConfig(5, 4, 6, dtype="int32")
 
 
 @pytest.mark.parametrize(
