@@ -54,15 +54,9 @@ from transformer_lens.patching import (
     make_df_from_ranges,
 )
 
-from analyses.common import (
-    analysis_parser,
-    parse_common,
-    run,
-    save_figure,
-    save_json,
-    style,
-    subject_from_args,
-)
+from analyses import common
+from models.interventions import corrupted_contexts
+from models.subject import DisentangledSubject, head_label
 from probes import head_assignment
 
 NAME = "activation_patching"
@@ -80,13 +74,6 @@ FIGURES = {
     f"{NAME}_qk.png": "the same on the layer-2 query side vs key side by subspace: either side alone restores "
     "almost none of the attention on the clean parent, both together restore all of it",
 }
-
-
-def corrupted_contexts(task, tokens: Int[Tensor, "batch T"], generator: torch.Generator):
-    """The same target sequences with demonstrations from fresh trees G'; returns (tokens, parents G')."""
-    corrupted, parents = task.sample(len(tokens), generator)
-    corrupted[:, -task.seq_len :] = tokens[:, -task.seq_len :]
-    return corrupted, parents
 
 
 def position_metrics(tokens: Int[Tensor, "batch T"], parents: Int[Tensor, "batch H"], capture: dict) -> dict:
@@ -209,10 +196,14 @@ class Patcher:
 
 
 def activation_patching(
-    model, task, tokens: Int[Tensor, "batch T"], parents: Int[Tensor, "batch H"], generator: torch.Generator
+    subject: DisentangledSubject,
+    tokens: Int[Tensor, "batch T"],
+    parents: Int[Tensor, "batch H"],
+    generator: torch.Generator,
 ) -> dict:
     """Every patch of the module docstring; values are ``[metric, ...]`` normalised effects, metrics
     in the order of ``METRICS``. Corrupted demonstrations are drawn with ``generator``."""
+    model, task = subject.model, subject.task
     cfg = model.cfg
     K, H, d = cfg.n_copy_heads, cfg.seq_len, cfg.d_vocab
     corrupted, corrupted_parents = corrupted_contexts(task, tokens, generator)
@@ -251,6 +242,11 @@ def activation_patching(
         excluded_positions=list(range(FIRST_POSITION)),
     )
     return r
+
+
+def subspace_labels(K: int) -> list[str]:
+    """Residual subspaces: the token, then the copy of each copyer head."""
+    return ["token"] + [f"{head_label(0, k)} copy" for k in range(K)]
 
 
 def _heatmap(fig, ax, values: np.ndarray, rows: list[str], cols: list, title: str, annotate: bool = False):
@@ -292,7 +288,7 @@ def _qk_figure(r: dict, title: str):
     import matplotlib.pyplot as plt
 
     K1, H = r["query_by_position"].shape[1:]
-    rows = ["token"] + [f"L0H{k} copy" for k in range(K1 - 1)]
+    rows = subspace_labels(K1 - 1)
     fig, axes = plt.subplots(2, 4, figsize=(20, 2.2 + 0.55 * K1), gridspec_kw={"width_ratios": [H, 2.5, H, 2.5]})
     for i, metric in enumerate(METRICS):
         for j, side in enumerate(("query", "key")):
@@ -327,8 +323,8 @@ def _qk_figure(r: dict, title: str):
 def plot(r: dict, n: int, subject_name: str) -> dict:
     """The three figures of the module docstring, by file name."""
     K = r["heads_all_positions"].shape[1]
-    heads = [f"L0H{k} (demo {r['demonstrations'][k]})" for k in range(K)]
-    subspaces = ["token"] + [f"L0H{k} copy" for k in range(K)]
+    heads = [f"{head_label(0, k)} (demo {r['demonstrations'][k]})" for k in range(K)]
+    subspaces = subspace_labels(K)
     norm = "normalised: corrupted = 0, clean = 1"
     return {
         "heads": _by_position_figure(
@@ -351,7 +347,7 @@ def plot(r: dict, n: int, subject_name: str) -> dict:
     }
 
 
-def summarise(r: dict) -> str:
+def summary(r: dict) -> str:
     """The short text summary printed on stdout."""
     lines = []
     for i, m in enumerate(METRICS):
@@ -368,26 +364,22 @@ def summarise(r: dict) -> str:
     return "\n".join(lines)
 
 
-def main(argv: list[str] | None = None) -> dict:
-    parser = analysis_parser(
-        NAME,
-        "Patch clean copyer heads, residual subspaces and the layer-2 query/key inputs "
-        "into runs whose demonstrations come from a different tree.",
-        n_contexts=512,
-    )
-    args = parse_common(parser, argv)
-    subject = subject_from_args(args)
-    model = subject.model.eval()
+def compute(subject: DisentangledSubject, args) -> dict:
     generator = torch.Generator().manual_seed(args.seed)
     tokens, parents = subject.task.sample(args.n_contexts, generator)  # corrupted demos: same generator, next draws
-    r = activation_patching(model, subject.task, tokens.to(args.device), parents, generator)
-    style()
-    for name, fig in plot(r, args.n_contexts, subject.name).items():
-        save_figure(fig, args.out, f"{NAME}_{name}")
-    save_json(args.out, NAME, r, args, subject)
-    print(summarise(r))
-    return r
+    return activation_patching(subject, tokens.to(args.device), parents, generator)
+
+
+def figures(r: dict, args) -> dict:
+    return {f"{NAME}_{name}": fig for name, fig in plot(r, args.n_contexts, args.subject_name).items()}
+
+
+ANALYSIS = common.Analysis(NAME, __doc__, compute, figures, summary, n_contexts=512)
+
+
+def main(argv: list[str] | None = None) -> dict:
+    return common.main(ANALYSIS, argv)
 
 
 if __name__ == "__main__":
-    run(main)
+    common.run(main)

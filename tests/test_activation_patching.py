@@ -12,7 +12,9 @@ from transformer_lens.patching import layer_pos_head_vector_patch_setter
 
 import models
 from analyses import activation_patching as ap
-from analyses.common import load_subject, single_thread
+from analyses.common import single_thread
+from models import DisentangledSubject, load_subject
+from models.interventions import corrupted_contexts
 from probes import bma_posterior, bma_predictive
 from tests.conftest import build_task
 
@@ -37,9 +39,9 @@ def theorem1_run():
     g = torch.Generator().manual_seed(7)
     tokens, parents = task.sample(N, g)
     state = g.get_state()
-    r = ap.activation_patching(model, task, tokens, parents, g)
+    r = ap.activation_patching(DisentangledSubject(model, task, "test", ""), tokens, parents, g)
     g.set_state(state)
-    corrupted, _ = ap.corrupted_contexts(task, tokens, g)  # the same corrupted contexts
+    corrupted, _ = corrupted_contexts(task, tokens, g)  # the same corrupted contexts
     return task, model, tokens, parents, corrupted, r, state
 
 
@@ -48,14 +50,14 @@ def checkpoint_patcher():
     subject = load_subject("default")
     g = torch.Generator().manual_seed(0)
     tokens, parents = subject.task.sample(64, g)
-    corrupted, _ = ap.corrupted_contexts(subject.task, tokens, g)
+    corrupted, _ = corrupted_contexts(subject.task, tokens, g)
     return ap.Patcher(subject.model.eval(), tokens, corrupted, parents), tokens, subject.model.cfg
 
 
 def test_corrupted_contexts_share_the_target_and_change_the_demonstrations():
     task = build_task(n_examples=L, seq_len=H)
     tokens, _ = task.sample(50, torch.Generator().manual_seed(0))
-    corrupted, _ = ap.corrupted_contexts(task, tokens, torch.Generator().manual_seed(1))
+    corrupted, _ = corrupted_contexts(task, tokens, torch.Generator().manual_seed(1))
     assert torch.equal(corrupted[:, -H:], tokens[:, -H:])
     assert (corrupted[:, :-H] != tokens[:, :-H]).any(1).all()
 
@@ -136,6 +138,7 @@ def test_cli_writes_heatmaps_and_json(tmp_path, capsys):
 
 def test_same_seed_same_numbers(theorem1_run):
     task, model, tokens, parents, _, r, state = theorem1_run
-    again = ap.activation_patching(model, task, tokens, parents, torch.Generator().set_state(state))
+    subject = DisentangledSubject(model, task, "test", "")
+    again = ap.activation_patching(subject, tokens, parents, torch.Generator().set_state(state))
     for key in ("heads_by_position", "subspaces_by_position", "query_by_position", "key_by_position"):
         assert torch.equal(again[key], r[key]), key
