@@ -17,7 +17,7 @@ is ``c1 sum_l x_h'^l . A x_h^l + c2 sum_l ||x_h'^l||^2``. For each L, on the sam
 The fitted W is compared with A: cosine similarity and scale against c1. Why the gap closes: every
 marginal is N(0, I), so ``sum_l ||x_h'^l||^2 = L d + O(sqrt(L))`` for every candidate; the quadratic
 term becomes a shared constant plus O(sqrt L) noise while the bilinear term separates the parent by O(L).
-``--checkpoint`` is not used (the task is synthetic); the JSON records the task instead.
+It takes no ``--checkpoint`` (the task is synthetic); the JSON records the task instead.
 """
 
 from __future__ import annotations
@@ -28,7 +28,9 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
-from analyses.common import analysis_parser, parse_common, run, save_figure, save_json, style
+from analyses import common
+from models.evaluate import output_and_pattern
+from models.train import TrainConfig, train
 from probes import mean_tv, parent_accuracy
 from probes.continuous import (
     ContinuousTask,
@@ -106,8 +108,6 @@ def bilinear_attention(task: ContinuousTask, x: torch.Tensor, W: torch.Tensor, c
 
 
 def _train(task: ContinuousTask, steps: int, seed: int):
-    from models.train import TrainConfig, train
-
     with tempfile.TemporaryDirectory() as tmp:
         cfg = TrainConfig(
             d_vocab=task.d_vocab,
@@ -138,7 +138,7 @@ def _measure(task, x, parents, attention) -> dict:
     }
 
 
-def compute(
+def measure(
     Ls=LS,
     d: int = 4,
     seq_len: int = 8,
@@ -186,8 +186,7 @@ def compute(
         out["quadratic_control"].append({"kl_fit": ctrl["kl"], "tv_to_bma": mean_tv(att, posterior), "c": ctrl["c"]})
         if train_model:
             model = _train(task, steps, seed)
-            mean, cache = model.run_with_cache(x, names_filter="blocks.1.attn.hook_pattern")
-            att = cache["blocks.1.attn.hook_pattern"][:, 0].double()
+            mean, att = output_and_pattern(model, x)
             K = model.cfg.n_copy_heads
             blocks = model.W_KQ.detach().double().view(K + 1, d, K + 1, d).diagonal(dim1=0, dim2=2)[..., 1:]
             out["trained"].append(
@@ -255,34 +254,55 @@ def _plot(res: dict):
     return fig
 
 
-def main(argv: list[str] | None = None) -> dict:
-    parser = analysis_parser(NAME, __doc__.split("\n\n")[0], n_contexts=1024)
-    parser.add_argument("--rho", type=float, default=0.5, help="parent-to-child correlation (default: 0.5)")
-    parser.add_argument("--steps", type=int, default=300, help="training steps per L (default: 300)")
-    args = parse_common(parser, argv)
-    if not 0 < args.rho < 1:
-        parser.error(f"--rho must lie in (0, 1), got {args.rho}")
-    if args.steps < 1:
-        parser.error(f"--steps must be >= 1, got {args.steps}")
-    res = compute(rho=args.rho, n_eval=args.n_contexts, steps=args.steps, seed=args.seed, progress=True)
-    res["n_eval"] = args.n_contexts
-    style()
-    save_figure(_plot(res), args.out, NAME)
-    save_json(args.out, NAME, res, args, None)
-    print(
+def compute(subject, args) -> dict:
+    """``measure`` with the CLI's --rho, --n-contexts (held-out contexts per L) and --steps."""
+    res = measure(rho=args.rho, n_eval=args.n_contexts, steps=args.steps, seed=args.seed, progress=True)
+    return {**res, "n_eval": args.n_contexts}
+
+
+def summary(res: dict) -> str:
+    lines = [
         f"{NAME}: d={res['d']}, H={res['seq_len']}, rho={res['rho']} (c1={res['c1']:.3f}, c2={res['c2']:.3f}), "
-        f"{args.n_contexts} held-out contexts per L"
-    )
-    print("   L | acc BMA  bilinear  trained | mse BMA  bilinear  trained | TV bilinear (control)  trained | cos(W,A)")
+        f"{res['n_eval']} held-out contexts per L",
+        "   L | acc BMA  bilinear  trained | mse BMA  bilinear  trained | TV bilinear (control)  trained | cos(W,A)",
+    ]
     for i, L in enumerate(res["L"]):
         b, w, q, t = res["bma"][i], res["bilinear"][i], res["quadratic_control"][i], res["trained"][i]
-        print(
+        lines.append(
             f"  {L:2d} | {b['parent_acc']:.3f}    {w['parent_acc']:.3f}    {t['parent_acc']:.3f} | "
             f"{b['mse']:.4f}   {w['mse']:.4f}   {t['mse']:.4f} | {w['tv_to_bma']:.4f} ({q['tv_to_bma']:.1e})"
             f"      {t['tv_to_bma']:.4f} | {w['cos_W_A']:.3f}"
         )
-    return res
+    return "\n".join(lines)
+
+
+def add_flags(parser) -> None:
+    parser.add_argument("--rho", type=float, default=0.5, help="parent-to-child correlation (default: 0.5)")
+    parser.add_argument("--steps", type=int, default=300, help="training steps per L (default: 300)")
+
+
+def check_flags(parser, args) -> None:
+    if not 0 < args.rho < 1:
+        parser.error(f"--rho must lie in (0, 1), got {args.rho}")
+    if args.steps < 1:
+        parser.error(f"--steps must be >= 1, got {args.steps}")
+
+
+ANALYSIS = common.Analysis(
+    NAME,
+    __doc__,
+    compute,
+    lambda res, args: {NAME: _plot(res)},
+    summary,
+    n_contexts=1024,
+    add_flags=add_flags,
+    check_flags=check_flags,
+)
+
+
+def main(argv: list[str] | None = None) -> dict:
+    return common.main(ANALYSIS, argv)
 
 
 if __name__ == "__main__":
-    run(main)
+    common.run(main)

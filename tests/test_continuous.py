@@ -9,7 +9,7 @@ import torch
 
 import models
 from analyses.common import single_thread
-from analyses.continuous import compute, fit_bilinear
+from analyses.continuous import fit_bilinear, measure
 from models.continuous import bma_bilinear_model
 from models.train import TrainConfig, train
 from probes.continuous import ContinuousTask, gaussian_bma_mean, gaussian_bma_posterior
@@ -88,7 +88,7 @@ def test_accuracy_gap_closes_at_large_L():
     """Threshold 0.02 on the bilinear accuracy gap at L=16 (measured 0.005 with d=4, H=8, rho=0.5;
     1024 contexts); at L=2 the gap is larger than at L=16."""
     with single_thread():
-        res = compute(Ls=(2, 16), n_eval=1024, n_fit=512, train_model=False, seed=0)
+        res = measure(Ls=(2, 16), n_eval=1024, n_fit=512, train_model=False, seed=0)
     gap = [b["parent_acc"] - w["parent_acc"] for b, w in zip(res["bma"], res["bilinear"])]
     assert gap[1] < 0.02
     assert gap[0] > gap[1]
