@@ -23,16 +23,8 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from analyses.common import (
-    analysis_parser,
-    parse_common,
-    run,
-    sample_contexts,
-    save_figure,
-    save_json,
-    style,
-    subject_from_args,
-)
+from analyses import common
+from models.subject import head_label
 from probes import head_assignment
 from probes.metrics import column_softmax_error, fit_column_shift
 
@@ -90,7 +82,9 @@ def logpi_recovery(model, pi: torch.Tensor) -> dict:
     blocks = []
     for k in range(K):
         s = slice((k + 1) * d, (k + 2) * d)
-        blocks.append({"head": f"L0H{k}", "demonstration": demos[k], "purity": purity[k], **_fit(W[s, s], log_pi)})
+        blocks.append(
+            {"head": head_label(0, k), "demonstration": demos[k], "purity": purity[k], **_fit(W[s, s], log_pi)}
+        )
     # W_OV: softmax over each row, invariance = constant per row, i.e. the column convention on W^T.
     ov = _fit(model.W_OV.detach().cpu()[:d].T, log_pi.T)
     ov.update(
@@ -214,46 +208,48 @@ def _plot_errors(res: dict, name: str):
     return fig
 
 
-def main(argv: list[str] | None = None) -> dict:
-    parser = analysis_parser(NAME, __doc__.split("\n\n")[0])
-    args = parse_common(parser, argv)
-    subject = subject_from_args(args)
+def compute(subject, args) -> dict:
     res = logpi_recovery(subject.model, subject.task.pi)
-    tokens, _ = sample_contexts(subject.task, args.n_contexts, args.seed)
+    tokens, _ = common.sample_contexts(subject.task, args.n_contexts, args.seed)
     res["ov"]["effective_value"] = effective_value_error(subject.model, subject.task.pi, tokens)
-    style()
-    save_figure(_plot(res, subject.name), args.out, NAME)
-    save_figure(_plot_errors(res, subject.name), args.out, f"{NAME}_errors")
-    save_json(args.out, NAME, res, args, subject)
-    print(f"{NAME} on {subject.name}: {len(res['blocks'])} diagonal W_KQ blocks fitted as c log pi + 1 a^T")
+    return res
+
+
+def figures(res: dict, args) -> dict:
+    return {NAME: _plot(res, args.subject_name), f"{NAME}_errors": _plot_errors(res, args.subject_name)}
+
+
+def summary(res: dict) -> str:
+    lines = [f"{NAME}: {len(res['blocks'])} diagonal W_KQ blocks fitted as c log pi + 1 a^T"]
     for b in sorted(res["blocks"], key=lambda b: b["demonstration"]):
-        print(
+        lines.append(
             f"  {b['head']} (demo {b['demonstration']}, purity {b['purity']:.3f}): c={b['c']:.4f}  "
             f"corr={b['correlation']:.4f}  col-softmax err fitted {b['error_fitted_max']:.2e} "
             f"(mean {b['error_fitted_mean']:.2e})  scale-1 {b['error_unit_max']:.2e}"
         )
     ov = res["ov"]
-    print(
+    lines += [
         f"  W_OV token block (row softmax vs pi): c={ov['c']:.4f}  corr={ov['correlation']:.4f}  "
         f"err fitted {ov['error_fitted_max']:.2e}  scale-1 {ov['error_unit_max']:.2e}  "
         f"(copy-subspace rows norm {ov['copy_rows_norm']:.3f} vs token rows {ov['token_rows_norm']:.3f}; "
-        f"{ov['residual_column_share']:.0%} of the residual is one logit offset shared by all tokens)"
-    )
-    print(
-        f"  effective value softmax(resid @ W_OV) given x_h' = a, copy rows included, on {args.n_contexts} "
-        f"contexts: max |mean - pi[a]| = {ov['effective_value']['error_max']:.2e}"
-    )
-    print(
+        f"{ov['residual_column_share']:.0%} of the residual is one logit offset shared by all tokens)",
+        f"  effective value softmax(resid @ W_OV) given x_h' = a, copy rows included, on the sampled contexts: "
+        f"max |mean - pi[a]| = {ov['effective_value']['error_max']:.2e}",
         f"  W_KQ residuals: {min(b['residual_row_share'] for b in res['blocks']):.0%}-"
-        f"{max(b['residual_row_share'] for b in res['blocks']):.0%} of their energy is a per-key-token (row) constant"
-    )
-    print(
+        f"{max(b['residual_row_share'] for b in res['blocks']):.0%} of their energy is a per-key-token (row) constant",
         f"  worst W_KQ block error at fitted c: {res['worst']['error_fitted_max']:.3g} "
         f"(claim <= {CLAIM_FITTED_ERROR}); at scale 1: {res['worst']['error_unit_max']:.3g}; "
-        f"c in [{res['c_range'][0]:.3f}, {res['c_range'][1]:.3f}]"
-    )
-    return res
+        f"c in [{res['c_range'][0]:.3f}, {res['c_range'][1]:.3f}]",
+    ]
+    return "\n".join(lines)
+
+
+ANALYSIS = common.Analysis(NAME, __doc__, compute, figures, summary, n_contexts=2048)
+
+
+def main(argv: list[str] | None = None) -> dict:
+    return common.main(ANALYSIS, argv)
 
 
 if __name__ == "__main__":
-    run(main)
+    common.run(main)

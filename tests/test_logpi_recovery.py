@@ -12,6 +12,7 @@ from conftest import build_task
 
 import models
 from analyses import logpi_recovery as lr
+from analyses.common import run
 from probes.metrics import column_softmax_error, fit_column_shift
 
 
@@ -79,9 +80,7 @@ def test_permuted_heads_and_scaled_blocks_are_labelled_and_fitted():
 
 def test_shipped_checkpoint_within_paper_bound():
     model = models.load(models.DEFAULT_CHECKPOINT)
-    from probes import load_task
-
-    res = lr.logpi_recovery(model, load_task(models.DEFAULT_CHECKPOINT).pi)
+    res = lr.logpi_recovery(model, models.load_task(models.DEFAULT_CHECKPOINT).pi)
     assert res["worst"]["error_fitted_max"] <= lr.CLAIM_FITTED_ERROR
     assert res["min_correlation"] > 0.95
     # Soft copies shrink the scale: the raw blocks are far from log pi at scale 1.
@@ -99,6 +98,6 @@ def test_cli_theorem1_writes_numbers(tmp_path):
 
 def test_cli_bad_checkpoint_exits_2(tmp_path, capsys):
     with pytest.raises(SystemExit) as e:
-        lr.run(lr.main, ["--checkpoint", str(tmp_path / "nope"), "--out", str(tmp_path)])
+        run(lr.main, ["--checkpoint", str(tmp_path / "nope"), "--out", str(tmp_path)])
     assert e.value.code == 2
     assert "does not exist" in capsys.readouterr().err
