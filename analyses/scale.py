@@ -6,7 +6,8 @@ old recipe against new, at d=10, L=K=32, H=24, and the large preset at d=20, L=K
     python -m analyses.scale --from-runs "large preset=runs/large"  # add (or replace) one run, keep the rest
 
 Retraining takes tens of minutes on 2 cores, so the figure reads the evaluation histories that
-``models.train`` saved in each checkpoint (``config.json``), collected once into a small JSON file.
+``models.train`` saved in each checkpoint (``config.json``), collected once into a small JSON file
+(``--histories``, default ``figures/scale_histories.json``, beside the figure). It takes no --checkpoint.
 """
 
 from __future__ import annotations
@@ -14,24 +15,24 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from analyses.common import FIGURES_DIR as FIGURE_DIR
-from analyses.common import _atomic_write, analysis_parser, parse_common, run, save_figure, save_json, style
+from analyses import common
+from models.checkpoint import read_config
+from models.io import write_json
 
+NAME = "scale"
 FIGURES = {
     "scale.png": "NLL gap to BMA, TV to the BMA posterior and the least pure copyer head over training "
     "steps at d=10, L=K=32, H=24: the reference recipe (PAPER.md section 5) against the scale "
     "recipe of `--preset medium`; and at d=20, L=K=64, H=32 the full `--preset large` run (3000 steps) "
     "beside the first 300 steps at full copyer rate"
 }
-HISTORIES = FIGURE_DIR / "scale_histories.json"
+HISTORIES = common.FIGURES_DIR / "scale_histories.json"
 KEPT = ("step", "seconds", "loss", "nll_gap", "tv_to_bma", "parent_acc", "parent_acc_bma", "distinct_demos")
 
 
 def collect(runs: dict[str, str | Path]) -> dict:
     """``{label: checkpoint folder}`` -> ``{label: {"config", "history"}}`` with the per-head lists
     reduced to the least pure head (commit-sized)."""
-    from models.checkpoint import read_config
-
     out = {}
     for label, folder in runs.items():
         training = read_config(folder)["training"]
@@ -61,10 +62,9 @@ def curves(histories: dict) -> dict:
     return result
 
 
-def plot(result: dict, out) -> list[Path]:
-    import matplotlib.pyplot as plt
+def plot(result: dict):
+    import matplotlib.pyplot as plt  # plotting stays off the import path of the CLI's --help
 
-    style()
     fig, axes = plt.subplots(1, 3, figsize=(14, 3.8))
     for label, c in result.items():
         for ax, key in zip(axes, ("nll_gap", "tv_to_bma", "min_purity")):
@@ -86,11 +86,40 @@ def plot(result: dict, out) -> list[Path]:
     handles, labels = axes[0].get_legend_handles_labels()
     fig.legend(handles, labels, loc="upper center", ncol=2, bbox_to_anchor=(0.5, 0.0), frameon=False)
     fig.suptitle("Training at scale: held-out evaluation during training, old recipe against new")
-    return save_figure(fig, out, "scale")
+    return fig
 
 
-def main(argv: list[str] | None = None) -> None:
-    parser = analysis_parser("scale", __doc__.split("\n\n")[0])
+def run_pairs(items: list[str]) -> list[tuple[str, str]]:
+    """``["LABEL=FOLDER", ...]`` -> ``[(label, folder), ...]``, split at the last "=" (labels may hold "=")."""
+    pairs = [item.rpartition("=") for item in items]
+    if any(not eq or not label for label, eq, _ in pairs):
+        raise ValueError(f"--from-runs expects LABEL=FOLDER items, got {items}")
+    return [(label, folder) for label, _, folder in pairs]
+
+
+def compute(subject, args) -> dict:
+    """Collect ``--from-runs`` into ``--histories`` (merged into the runs already there: earlier runs'
+    folders need not exist any more), then the curves of every run in it."""
+    path = Path(args.histories)
+    if args.from_runs:
+        histories = json.loads(path.read_text()) if path.is_file() else {}
+        histories.update(collect(dict(run_pairs(args.from_runs))))
+        write_json(path, histories)
+    return curves(json.loads(path.read_text()))
+
+
+def summary(result: dict) -> str:
+    lines = []
+    for label, c in result.items():
+        f = c["final"]
+        lines.append(
+            f"{label:>28} ({c['size']}): step {f['step']}, gap {f['nll_gap']:+.4f}, TV {f['tv_to_bma']:.3f}, "
+            f"min purity {f['min_purity']:.3f}, {f['distinct_demos']}/{f['n_heads']} distinct demos"
+        )
+    return "\n".join(lines)
+
+
+def add_flags(parser) -> None:
     parser.add_argument(
         "--from-runs",
         nargs="+",
@@ -98,28 +127,33 @@ def main(argv: list[str] | None = None) -> None:
         help=f"collect these checkpoints' histories into {HISTORIES.name} first (added to the runs already there)",
     )
     parser.add_argument("--histories", default=str(HISTORIES), help="the collected histories (JSON)")
-    args = parse_common(parser, argv)
-    path = Path(args.histories)
+
+
+def check_flags(parser, args) -> None:
     if args.from_runs:
-        pairs = [item.rpartition("=") for item in args.from_runs]  # labels may hold "="
-        if any(not eq or not label for label, eq, _ in pairs):
-            parser.error(f"--from-runs expects LABEL=FOLDER items, got {args.from_runs}")
-        # Merge into what was collected before: earlier runs' folders need not exist any more.
-        histories = json.loads(path.read_text()) if path.is_file() else {}
-        histories.update(collect({label: folder for label, _, folder in pairs}))
-        _atomic_write(path, lambda tmp: tmp.write_text(json.dumps(histories, indent=1) + "\n"))
-    if not path.is_file():
-        parser.error(f"--histories {path} does not exist; collect it with --from-runs LABEL=FOLDER ...")
-    result = curves(json.loads(path.read_text()))
-    plot(result, args.out)
-    save_json(args.out, "scale", result, args, None)
-    for label, c in result.items():
-        f = c["final"]
-        print(
-            f"{label:>28} ({c['size']}): step {f['step']}, gap {f['nll_gap']:+.4f}, TV {f['tv_to_bma']:.3f}, "
-            f"min purity {f['min_purity']:.3f}, {f['distinct_demos']}/{f['n_heads']} distinct demos"
-        )
+        try:
+            run_pairs(args.from_runs)
+        except ValueError as e:
+            parser.error(str(e))
+    elif not Path(args.histories).is_file():
+        parser.error(f"--histories {args.histories} does not exist; collect it with --from-runs LABEL=FOLDER ...")
+
+
+ANALYSIS = common.Analysis(
+    NAME,
+    __doc__,
+    compute,
+    lambda result, args: {NAME: plot(result)},
+    summary,
+    n_contexts=None,
+    add_flags=add_flags,
+    check_flags=check_flags,
+)
+
+
+def main(argv: list[str] | None = None) -> dict:
+    return common.main(ANALYSIS, argv)
 
 
 if __name__ == "__main__":
-    run(main)
+    common.run(main)
