@@ -25,7 +25,11 @@ from pathlib import Path
 import torch
 from tqdm.auto import tqdm
 
-from analyses.common import analysis_parser, parse_common, run, save_figure, save_json, style, subject_from_args
+import models
+from analyses import common
+from models.checkpoint import read_config
+from models.subject import head_label
+from models.train import TrainConfig, train
 from probes import head_assignment
 from probes.metrics import block_norms, off_diagonal_ratio
 
@@ -65,7 +69,7 @@ def block_structure(model) -> dict:
         "token_key_row_mean_over_diag": (norms[0, 1:].mean() / copy.diagonal().mean()).item(),
         "token_query_column": norms[:, 0],
         "head_demo": demos,
-        "labels": ["tok"] + [f"L0H{k}\n(d{demos[k]})" for k in range(K)],
+        "labels": ["tok"] + [f"{head_label(0, k)}\n(d{demos[k]})" for k in range(K)],
     }
 
 
@@ -88,8 +92,6 @@ def find_snapshots(folder: str | Path) -> list[tuple[int, Path]]:
 
 def emergence(snapshots: list[tuple[int, Path]], progress: bool = True) -> list[dict]:
     """``block_structure`` of every snapshot, in step order (plus ``step``)."""
-    import models
-
     out = []
     for step, path in tqdm(snapshots, desc="snapshots", disable=not progress):
         out.append({"step": step, **block_structure(models.load(path))})
@@ -99,10 +101,6 @@ def emergence(snapshots: list[tuple[int, Path]], progress: bool = True) -> list[
 def training_config(checkpoint: str):
     """The ``TrainConfig`` a ``--checkpoint`` was trained with (the shipped one's for 'default' and for a
     Theorem 1 subject, which has no training of its own)."""
-    import models
-    from models.checkpoint import read_config
-    from models.train import TrainConfig
-
     source = (
         models.DEFAULT_CHECKPOINT if checkpoint == "default" or checkpoint.startswith("theorem1") else Path(checkpoint)
     )
@@ -114,8 +112,6 @@ def training_config(checkpoint: str):
 def train_short_run(folder: Path, checkpoint: str, steps: int, every: int, seed: int) -> Path:
     """Train ``steps`` steps of the checkpoint's training config with snapshots every ``every`` steps
     into ``folder``; returns the run folder."""
-    from models.train import train
-
     cfg = dataclasses.replace(
         training_config(checkpoint),
         steps=steps,
@@ -140,12 +136,13 @@ def _grid_axes(ax, K: int, d: int, labels: list[str]):
     ax.set_yticks(ticks, [lab.replace("\n", " ") for lab in labels], fontsize=6)
 
 
-def _plot_structure(model, res: dict, name: str):
+def _plot_structure(res: dict, name: str):
     import matplotlib.pyplot as plt
 
-    d, K = model.cfg.d_vocab, model.cfg.n_copy_heads
+    K = res["norms"].shape[0] - 1
+    d = res["w_kq_abs"].shape[0] // (K + 1)
     fig, (a0, a1) = plt.subplots(1, 2, figsize=(11, 5))
-    im = a0.imshow(model.W_KQ.detach().abs().cpu().double().numpy(), cmap="viridis")
+    im = a0.imshow(res["w_kq_abs"].numpy(), cmap="viridis")
     _grid_axes(a0, K, d, res["labels"])
     a0.set_xlabel("query subspace")
     a0.set_ylabel("key subspace")
@@ -209,8 +206,7 @@ def _plot_emergence(series: list[dict], source: str):
     return fig
 
 
-def main(argv: list[str] | None = None) -> dict:
-    parser = analysis_parser(NAME, __doc__.split("\n\n")[0])
+def add_flags(parser) -> None:
     parser.add_argument(
         "--snapshots", default=None, help="run folder (or its snapshots/) of models.train --snapshot-every N"
     )
@@ -221,15 +217,19 @@ def main(argv: list[str] | None = None) -> dict:
         help="without --snapshots: steps of the short run to train (0: no emergence plot; default 500)",
     )
     parser.add_argument("--snapshot-every", type=int, default=50, help="snapshot interval of that run (default 50)")
-    args = parse_common(parser, argv)
+
+
+def check_flags(parser, args) -> None:
     if args.train_steps < 0 or args.snapshot_every < 1:
         parser.error(
             f"need --train-steps >= 0 and --snapshot-every >= 1, got {args.train_steps} and {args.snapshot_every}"
         )
-    subject = subject_from_args(args)
+
+
+def compute(subject, args) -> dict:
+    """The block structure of the subject (with ``w_kq_abs``, |W_KQ|, for the figure) and, from
+    ``--snapshots`` or a short training run, its emergence."""
     res = block_structure(subject.model)
-    style()
-    save_figure(_plot_structure(subject.model, res, subject.name), args.out, NAME)
     series, source = None, None
     with tempfile.TemporaryDirectory() as tmp:
         if args.snapshots is not None:
@@ -243,30 +243,60 @@ def main(argv: list[str] | None = None) -> dict:
             )
         if source is not None:
             series = emergence(snaps)
-            save_figure(_plot_emergence(series, source), args.out, f"{NAME}_emergence")
-    results = {
-        **{k: v for k, v in res.items() if k != "labels"},
-        "emergence_source": source,
+    w_kq_abs = subject.model.W_KQ.detach().abs().cpu().double()
+    return {**res, "emergence_source": source, "emergence": series, "w_kq_abs": w_kq_abs}
+
+
+def record(r: dict) -> dict:
+    """The JSON: every number but the tick labels and the |W_KQ| image."""
+    series = r["emergence"]
+    return {
+        **{k: v for k, v in r.items() if k not in ("labels", "w_kq_abs")},
         "emergence": None if series is None else [{k: v for k, v in s.items() if k != "labels"} for s in series],
     }
-    save_json(args.out, NAME, results, args, subject)
-    print(
-        f"{NAME} on {subject.name}: copy-subspace off/diag block-norm ratio {res['ratio']:.4f} (claim <= {CLAIM_RATIO}); "
-        f"diag mean {res['diag_mean']:.3f}, off mean {res['off_mean']:.4f}, off max {res['off_max']:.4f}"
-    )
-    print(
-        f"  key-token row blocks (key x_h' vs query copies): mean {res['token_key_row'].mean():.4f} "
-        f"({res['token_key_row_mean_over_diag']:.3f} of diag); query-token column: max {res['token_query_column'].max():.2g}"
-    )
+
+
+def figures(r: dict, args) -> dict:
+    figs = {NAME: _plot_structure(r, args.subject_name)}
+    if r["emergence"] is not None:
+        figs[f"{NAME}_emergence"] = _plot_emergence(r["emergence"], r["emergence_source"])
+    return figs
+
+
+def summary(r: dict) -> str:
+    lines = [
+        f"{NAME}: copy-subspace off/diag block-norm ratio {r['ratio']:.4f} (claim <= {CLAIM_RATIO}); "
+        f"diag mean {r['diag_mean']:.3f}, off mean {r['off_mean']:.4f}, off max {r['off_max']:.4f}",
+        f"  key-token row blocks (key x_h' vs query copies): mean {r['token_key_row'].mean():.4f} "
+        f"({r['token_key_row_mean_over_diag']:.3f} of diag); query-token column: max {r['token_query_column'].max():.2g}",
+    ]
+    series = r["emergence"]
     if series:
-        print(
-            f"  emergence ({source}): ratio "
+        lines.append(
+            f"  emergence ({r['emergence_source']}): ratio "
             + ", ".join(
                 f"step {s['step']}: {s['ratio']:.3f}" for s in series[:: max(1, len(series) // 6)] + series[-1:]
             )
         )
-    return results
+    return "\n".join(lines)
+
+
+ANALYSIS = common.Analysis(
+    NAME,
+    __doc__,
+    compute,
+    figures,
+    summary,
+    n_contexts=2048,
+    add_flags=add_flags,
+    check_flags=check_flags,
+    record=record,
+)
+
+
+def main(argv: list[str] | None = None) -> dict:
+    return common.main(ANALYSIS, argv)
 
 
 if __name__ == "__main__":
-    run(main)
+    common.run(main)
