@@ -1,14 +1,19 @@
-"""Inspect any supported model: where (if anywhere) does the copy-then-BMA mechanism live?
+"""Inspect any supported model: what does each head do, which heads carry the computation, and is it
+the paper's copy-then-select circuit?
 
     python -m analyses.inspect                                   # the shipped checkpoint
-    python -m analyses.inspect --checkpoint runs/standard        # a Hugging Face folder with task.json
+    python -m analyses.inspect --checkpoint standard             # the shipped standard GPT-2
     python -m analyses.inspect --checkpoint w.pt --config cfg.json --key-map map.json
 
-For every head of every layer: the attention from the query position that predicts x_h (target row h
-for the disentangled model, flat position L*H + h - 1 for a standard LM) over the candidate parents of
-the target (target positions h' < h), renormalised over them, against the BMA posterior (TV, parent
-accuracy); its mass on the candidates; its attention to the same position h of each demonstration
-(copy behaviour); mean-ablation and clean->corrupted patching of its output (``hook_z``).
+For every head of every layer (``Subject.attention``): the attention from the query that predicts x_h
+of the target over the target's candidate parents (h' < h), renormalised over them, against the BMA
+posterior (TV, parent accuracy); its mass on the candidates; its attention to position h of each
+demonstration (copy behaviour); its ROLE PROFILE (``probes.roles``): the attention mass, from every
+query that predicts a task token (demonstration queries and target queries apart), on the same
+sequence's earlier positions, on the query's own position, on the same position of other sequences,
+on other positions of other sequences, on the candidate parents and on the true parent; and its CAUSAL
+WEIGHT: mean-ablation of its output (``hook_z``; NLL change) and clean->corrupted patching (share of
+the clean-vs-corrupted NLL difference it restores).
 
 Two baselines on the same contexts: BMA, and the uniform-parent mixture (attention spread evenly over
 the candidates, BMA with no demonstration: the plateau at initialisation). Verdict rules:
@@ -19,20 +24,26 @@ the candidates, BMA with no demonstration: the plateau at initialisation). Verdi
   least half the gap from the uniform baseline to BMA, and its TV to BMA is below the uniform's.
 - A head is a COPYER of demonstration l if its attention to position h of demonstration l, averaged
   over h, is >= 0.5.
+- The PAPER'S CIRCUIT is recognised when there are copyers and a parent-selecting head.
+- Off the plateau, the heads that CARRY the computation are those whose mean ablation costs at least
+  a tenth of the model's gain over the plateau, or whose patching restores at least a tenth of the
+  clean-vs-corrupted difference (if none does, the three largest by ablation, reported as distributed).
+  Each is named with its role: parent selector, copyer of demonstration l, or the category holding at
+  least half its attention (``probes.roles.ROLE_NAMES``: within-sequence (prefix) head, cross-
+  demonstration same-position reader, ...).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
-from jaxtyping import Float, Int
-from torch import Tensor
 from tqdm.auto import tqdm
 
 from analyses import common
+from models.interventions import ablate, corrupted_contexts, head_outputs, patch_heads
 from probes import bma_posterior, bma_predictive, parent_accuracy, target_nll, total_variation
+from probes.roles import CATEGORIES, GROUPS, attention_role, role_profile
 
+NAME = "inspect"
 FIGURES = {
     "inspect_heads.png": (
         "per head of every layer of the inspected model: parent accuracy, TV to the BMA posterior and mass on the candidate parents from the query that predicts x_h, against BMA and the uniform-parent baseline, with the verdict in the title."
@@ -43,6 +54,9 @@ FIGURES = {
     "inspect_interventions.png": (
         "NLL change from mean-ablating each head, and the share of the clean-vs-corrupted difference restored by patching it."
     ),
+    "inspect_roles.png": (
+        "role profile per head: attention mass by key category relative to the query (same sequence earlier, itself, same position of other sequences, other positions, candidate parents, true parent), from demonstration and from target queries, beside its causal weight; the heads that carry the computation are named with their roles."
+    ),
 }
 
 
@@ -52,65 +66,16 @@ MIN_CANDIDATE_MASS = 0.5
 COPY_MASS = 0.5
 MIN_PLATEAU_GAP = 0.005  # nats between plateau and BMA below which no verdict is possible
 MIN_PATCH_EFFECT = 0.005  # nats between clean and corrupted runs for patching to be defined
+CARRY_FRACTION = 0.1  # a carrying head's ablation costs this share of the gain over the plateau (or its
+# patching restores this share of the clean-vs-corrupted difference)
+N_DISTRIBUTED = 3  # heads named when no single head reaches the carrying bar
 
 
-@dataclass
-class Heads:
-    """The subject's hookable heads: ``n_heads[i]`` heads at ``blocks.{i}.attn``."""
-
-    standard: bool  # a Hugging Face LM (ordinary shift) rather than the disentangled model
-    n_heads: list[int]
-
-    @classmethod
-    def of(cls, model) -> Heads:
-        from models import CausalTransformer
-
-        if isinstance(model, CausalTransformer):
-            return cls(False, [model.cfg.n_copy_heads, 1])
-        return cls(True, [model.cfg.n_heads] * model.cfg.n_layers)
-
-    def labels(self) -> list[str]:
-        return [f"L{i}H{j}" for i, n in enumerate(self.n_heads) for j in range(n)]
-
-
-def log_probs(model, heads: Heads, tokens: Int[Tensor, "batch T"], task, fwd_hooks=()) -> Float[Tensor, "batch H d"]:
-    """Target log-probs (row 0 = root) of either model family, with optional forward hooks."""
-    from models.standard import prediction_positions
-
-    with model.hooks(fwd_hooks=list(fwd_hooks)):
-        if not heads.standard:
-            return model(tokens).double()
-        logits = model(tokens)[:, prediction_positions(task.n_examples, task.seq_len), : task.d_vocab]
-        return logits.double().log_softmax(-1)
-
-
-def query_rows(model, heads: Heads, tokens: Tensor, task) -> list[Float[Tensor, "batch n_heads H T"]]:
-    """Per layer, the attention of each head from the query that predicts x_h to every flat key."""
-    from models.standard import prediction_positions
-
-    L, H, T = task.n_examples, task.seq_len, task.n_tokens
-    rows: dict[int, Tensor] = {}
-
-    def grab(pattern, hook):
-        layer = int(hook.name.split(".")[1])
-        if heads.standard:
-            rows[layer] = pattern[:, :, prediction_positions(L, H)].double()
-        elif layer == 0:  # [batch, K, H, T], queries already at the target rows
-            rows[layer] = pattern.double()
-        else:  # [batch, 1, H, H] over the target keys only
-            full = pattern.new_zeros(*pattern.shape[:3], T).double()
-            full[..., L * H :] = pattern
-            rows[layer] = full
-
-    names = [f"blocks.{i}.attn.hook_pattern" for i in range(len(heads.n_heads))]
-    log_probs(model, heads, tokens, task, [(n, grab) for n in names])
-    return [rows[i] for i in range(len(heads.n_heads))]
-
-
-def head_attention_stats(rows: Tensor, tokens, parents, posterior, task) -> dict:
+def head_attention_stats(rows, parents, posterior, n_examples: int, seq_len: int) -> dict:
     """Candidate mass, TV to BMA and parent accuracy of the renormalised candidate attention, and
-    copy mass on position h of each demonstration. ``rows`` is one layer's ``[batch, n, H, T]``."""
-    L, H = task.n_examples, task.seq_len
+    copy mass on position h of each demonstration. ``rows`` is one layer's
+    ``LayerAttention.target_rows``, ``[batch, head, H, (L+1) H]``."""
+    L, H = n_examples, seq_len
     cand = rows[..., L * H :].clone()
     cand = cand.masked_fill(torch.ones(H, H, dtype=torch.bool).triu(), 0)  # keys h' < h only
     mass = cand.sum(-1)  # [batch, n, H]
@@ -142,8 +107,25 @@ def baselines(task, tokens, parents) -> dict:
     }
 
 
-def verdict(nll: float, base: dict, heads: list[dict]) -> dict:
-    """Apply the module docstring's rules; ``heads`` hold candidate_mass, tv, parent_acc, copy_mass."""
+def carriers(heads: list[dict], gain: float, nll_clean: float, nll_corrupted: float) -> tuple[list[str], bool]:
+    """The heads that carry the computation (module docstring), largest ablation first, and whether it
+    is distributed (no single head reached the bar)."""
+    order = sorted(heads, key=lambda h: -h["ablation_dnll"])
+    patch_bar = abs(nll_corrupted - nll_clean) >= MIN_PATCH_EFFECT
+    chosen = [
+        h["label"]
+        for h in order
+        if h["ablation_dnll"] >= CARRY_FRACTION * gain
+        or (patch_bar and h["patching_restored"] is not None and h["patching_restored"] >= CARRY_FRACTION)
+    ]
+    if chosen:
+        return chosen, False
+    return [h["label"] for h in order[:N_DISTRIBUTED]], True
+
+
+def verdict(nll: float, base: dict, heads: list[dict], inter: dict | None = None) -> dict:
+    """Apply the module docstring's rules; ``heads`` hold candidate_mass, tv, parent_acc, copy_mass,
+    role_profile, and (with ``inter``, the clean and corrupted NLLs) ablation_dnll, patching_restored."""
     gap = base["nll_uniform"] - base["nll_bma"]
     if gap < MIN_PLATEAU_GAP:  # the demonstrations barely help even BMA here: nothing to credit
         progress, on_plateau = None, None
@@ -163,6 +145,10 @@ def verdict(nll: float, base: dict, heads: list[dict]) -> dict:
         h["label"]: int(torch.tensor(h["copy_mass"]).argmax()) for h in heads if max(h["copy_mass"]) >= COPY_MASS
     }
     best = max(heads, key=lambda h: h["parent_acc"])["label"]
+    roles = {h["label"]: head_role(h, selecting, copyers) for h in heads}
+    carrying, distributed = [], False
+    if on_plateau is False and inter is not None:
+        carrying, distributed = carriers(heads, base["nll_uniform"] - nll, inter["nll_clean"], inter["nll_corrupted"])
     return {
         "progress": progress,
         "on_plateau": on_plateau,
@@ -170,40 +156,36 @@ def verdict(nll: float, base: dict, heads: list[dict]) -> dict:
         "parent_selecting": selecting,
         "copyers": copyers,
         "best_head": best,
+        "paper_circuit": on_plateau is False and bool(selecting) and bool(copyers),
+        "roles": roles,
+        "carriers": carrying,
+        "carriers_distributed": distributed,
     }
 
 
-def interventions(model, heads: Heads, task, tokens, corrupted) -> dict:
+def head_role(head: dict, selecting: list[str], copyers: dict[str, int]) -> str:
+    """Parent selector, copyer of demonstration l, or the role its attention profile shows."""
+    if head["label"] in selecting:
+        return "parent selector"
+    if head["label"] in copyers:
+        return f"copyer of demonstration {copyers[head['label']]}"
+    return attention_role({k: torch.tensor(v) for k, v in head["role_profile"].items()})
+
+
+@torch.no_grad()
+def interventions(subject, tokens, corrupted) -> dict:
     """Per head: NLL change under mean ablation of its ``hook_z``, and the fraction of the clean-vs-
     corrupted NLL difference restored by patching its clean ``hook_z`` into the corrupted run."""
-    names = [f"blocks.{i}.attn.hook_z" for i in range(len(heads.n_heads))]
-    clean_z: dict[str, Tensor] = {}
-
-    def store(z, hook, name):  # hook.name may be an alias's canonical name (TransformerBridge)
-        clean_z[name] = z.detach().clone()
-
-    hooks = [(n, lambda z, hook, n=n: store(z, hook, n)) for n in names]
-    nll_clean = target_nll(log_probs(model, heads, tokens, task, hooks), tokens)
-    nll_corrupt = target_nll(log_probs(model, heads, corrupted, task), corrupted)
+    clean_z = head_outputs(subject, tokens)
+    nll_clean = target_nll(subject.log_probs(tokens), tokens)
+    nll_corrupt = target_nll(subject.log_probs(corrupted), corrupted)
     ablation, patching = [], []
-    jobs = [(i, j) for i, n in enumerate(heads.n_heads) for j in range(n)]
+    jobs = [(i, j) for i, n in enumerate(subject.n_heads) for j in range(n)]
+    # Undefined when the demonstrations make no difference (a model on the plateau): None.
+    usable = abs(nll_corrupt - nll_clean) >= MIN_PATCH_EFFECT
     for i, j in tqdm(jobs, desc="ablate/patch heads", leave=False, disable=len(jobs) < 8):
-        name = names[i]
-
-        def mean_ablate(z, hook, j=j):
-            z = z.clone()
-            z[:, :, j] = z[:, :, j].mean(0, keepdim=True)
-            return z
-
-        def patch(z, hook, j=j, name=name):
-            z = z.clone()
-            z[:, :, j] = clean_z[name][:, :, j]
-            return z
-
-        ablation.append(target_nll(log_probs(model, heads, tokens, task, [(name, mean_ablate)]), tokens) - nll_clean)
-        patched = target_nll(log_probs(model, heads, corrupted, task, [(name, patch)]), corrupted)
-        # Undefined when the demonstrations make no difference (a model on the plateau): None.
-        usable = abs(nll_corrupt - nll_clean) >= MIN_PATCH_EFFECT
+        ablation.append(target_nll(subject.log_probs(tokens, ablate(subject, i, [j], "mean")), tokens) - nll_clean)
+        patched = target_nll(subject.log_probs(corrupted, patch_heads(subject, i, [j], clean_z)), corrupted)
         patching.append((nll_corrupt - patched) / (nll_corrupt - nll_clean) if usable else None)
     return {
         "nll_clean": nll_clean,
@@ -213,61 +195,98 @@ def interventions(model, heads: Heads, task, tokens, corrupted) -> dict:
     }
 
 
-def corrupt(task, tokens: Tensor, seed: int) -> Tensor:
+def corrupt(task, tokens, seed: int):
     """Same target sequence, demonstrations from a fresh tree (the corrupted run of issue 3)."""
-    other, _ = task.sample(len(tokens), torch.Generator().manual_seed(seed + 7919))
-    out = other.clone()
-    out[:, -task.seq_len :] = tokens[:, -task.seq_len :]
-    return out
+    return corrupted_contexts(task, tokens, torch.Generator().manual_seed(seed + 7919))[0]
 
 
 @torch.no_grad()
-def inspect_model(model, task, n_contexts: int = 512, seed: int = 0, batch: int = 256) -> dict:
+def inspect_subject(subject, n_contexts: int = 512, seed: int = 0, batch: int = 256) -> dict:
     """Every number of the report (see the module docstring)."""
-    heads = Heads.of(model)
+    task = subject.task
+    L, H = task.n_examples, task.seq_len
     tokens, parents = common.sample_contexts(task, n_contexts, seed)
     base = baselines(task, tokens, parents)
-    lp = torch.cat([log_probs(model, heads, tokens[i : i + batch], task) for i in range(0, n_contexts, batch)])
+    lp = torch.cat([subject.log_probs(tokens[i : i + batch]) for i in range(0, n_contexts, batch)])
     nll = target_nll(lp, tokens)
     stats = None
     for i in range(0, n_contexts, batch):
-        rows = query_rows(model, heads, tokens[i : i + batch], task)
-        part = [
-            head_attention_stats(
-                r, tokens[i : i + batch], parents[i : i + batch], base["posterior"][i : i + batch], task
+        part_tokens, part_parents = tokens[i : i + batch], parents[i : i + batch]
+        part = []
+        for att in subject.attention(part_tokens):
+            layer = head_attention_stats(
+                att.target_rows(L, H).cpu(), part_parents, base["posterior"][i : i + batch], L, H
             )
-            for r in rows
-        ]
-        w = len(tokens[i : i + batch]) / n_contexts
+            prof = role_profile(att.pattern, att.query_predicts, att.key_token, part_parents, L)
+            layer.update({f"role:{k}": v.tolist() for k, v in prof.items()})
+            part.append(layer)
+        w = len(part_tokens) / n_contexts
         part = [{k: torch.tensor(v, dtype=torch.float64) * w for k, v in layer.items()} for layer in part]
         stats = part if stats is None else [{k: a[k] + b[k] for k in a} for a, b in zip(stats, part)]
-    labels = heads.labels()
     per_head = []
     for i, layer in enumerate(stats):
-        for j in range(heads.n_heads[i]):
-            per_head.append({"label": f"L{i}H{j}", **{k: v[j].tolist() for k, v in layer.items()}})
-    assert [h["label"] for h in per_head] == labels
+        for j in range(subject.n_heads[i]):
+            head = {"label": subject.head_labels()[len(per_head)]}
+            head.update({k: v[j].tolist() for k, v in layer.items() if not k.startswith("role:")})
+            head["role_profile"] = {k[5:]: v[j].tolist() for k, v in layer.items() if k.startswith("role:")}
+            per_head.append(head)
     n_int = min(n_contexts, 128)
-    inter = interventions(model, heads, task, tokens[:n_int], corrupt(task, tokens[:n_int], seed))
+    inter = interventions(subject, tokens[:n_int], corrupt(task, tokens[:n_int], seed))
     for h, a, p in zip(per_head, inter["ablation_dnll"], inter["patching_restored"]):
         h.update(ablation_dnll=a, patching_restored=p)
-    return {
-        "kind": "standard" if heads.standard else "disentangled",
+    out = {
+        "kind": subject.family,
         "nll": nll,
         **{k: v for k, v in base.items() if k != "posterior"},
         "heads": per_head,
         "intervention_contexts": n_int,
         "nll_clean": inter["nll_clean"],
         "nll_corrupted": inter["nll_corrupted"],
-        **verdict(nll, base, per_head),
+        **verdict(nll, base, per_head, inter),
     }
+    for h in per_head:
+        h["role"] = out["roles"][h["label"]]
+    return out
 
 
 def _fmt(x) -> str:
     return "n/a" if x is None else f"{x:.2f}"
 
 
-def report(r: dict, n: int) -> str:
+def circuit_text(r: dict) -> str:
+    """The verdict in words: plateau, the paper's circuit, or the heads that carry the computation."""
+    if r["on_plateau"] is None:
+        return (
+            f"BMA is within {MIN_PLATEAU_GAP} nats of the uniform-parent plateau on these contexts, so no head "
+            f"can be credited (use more contexts or demonstrations)"
+        )
+    if r["on_plateau"]:
+        return (
+            f"ON THE UNIFORM-PARENT PLATEAU: no head credited "
+            f"(best head {r['best_head']} is not evidence of a mechanism)"
+        )
+    by_label = {h["label"]: h for h in r["heads"]}
+    named = "; ".join(
+        f"{c} ({r['roles'][c]}: ablation {by_label[c]['ablation_dnll']:+.4f} nats, patching "
+        f"{_fmt(by_label[c]['patching_restored'])})"
+        for c in r["carriers"]
+    )
+    carried = ("no single head carries it; the largest causal weights: " if r["carriers_distributed"] else "") + named
+    if r["paper_circuit"]:
+        copy = ", ".join(f"{k}->demo {v}" for k, v in r["copyers"].items())
+        return (
+            f"THE PAPER'S CIRCUIT: copyers {copy}, then parent selection by {', '.join(r['parent_selecting'])}. "
+            f"Carrying the computation: {carried}"
+        )
+    missing = [
+        w
+        for w, present in (("no parent-selecting head", r["parent_selecting"]), ("no copyer", r["copyers"]))
+        if not present
+    ]
+    return f"off the plateau, and the paper's circuit is absent ({', '.join(missing)}). Carrying the computation: {carried}"
+
+
+def summary(r: dict) -> str:
     lines = [
         f"{'':16s}{'NLL':>8s}{'gap':>9s}{'parent acc':>12s}{'TV to BMA':>11s}",
         f"{'model':16s}{r['nll']:8.4f}{r['nll'] - r['nll_bma']:+9.4f}{'':>12s}{'':>11s}",
@@ -279,30 +298,24 @@ def report(r: dict, n: int) -> str:
         "",
         (
             f"{'head':6s}{'cand mass':>10s}{'TV':>7s}{'parent acc':>11s}{'max copy':>9s}{'ablate dNLL':>12s}"
-            f"{'patch':>7s}"
+            f"{'patch':>7s}  role"
         ),
     ]
     for h in r["heads"]:
         lines.append(
             f"{h['label']:6s}{h['candidate_mass']:10.3f}{h['tv']:7.3f}{h['parent_acc']:11.3f}"
-            f"{max(h['copy_mass']):9.3f}{h['ablation_dnll']:+12.4f}{_fmt(h['patching_restored']):>7s}"
+            f"{max(h['copy_mass']):9.3f}{h['ablation_dnll']:+12.4f}{_fmt(h['patching_restored']):>7s}  {h['role']}"
         )
+    lines += ["", "role profile: attention mass from demonstration / target queries"]
+    lines.append(f"{'head':6s}" + "".join(f"{c[:13]:>14s}" for c in CATEGORIES))
+    for h in r["heads"]:
+        cells = (h["role_profile"][c] for c in CATEGORIES)
+        lines.append(f"{h['label']:6s}" + "".join(f"{_pair(v):>14s}" for v in cells))
     lines.append("")
-    if r["on_plateau"] is None:
-        lines.append(
-            f"{r['kind']} model, {n} contexts: BMA is within {MIN_PLATEAU_GAP} nats of the uniform-parent "
-            f"plateau on these contexts, so no head can be credited (use more contexts or demonstrations)"
-        )
-    else:
-        lines.append(f"{r['kind']} model, {n} contexts: progress from the plateau to BMA {r['progress']:.3f}")
-    if r["on_plateau"] is None:
-        pass
-    elif r["on_plateau"]:
-        lines.append(
-            f"ON THE UNIFORM-PARENT PLATEAU: no head credited with parent selection "
-            f"(best head {r['best_head']} is not evidence of a mechanism)"
-        )
-    else:
+    if r["on_plateau"] is not None:
+        lines.append(f"{r['kind']} model: progress from the plateau to BMA {r['progress']:.3f}")
+    lines.append(circuit_text(r))
+    if r["on_plateau"] is False:
         lines.append(
             f"parent-selecting heads: {', '.join(r['parent_selecting']) or 'none'} "
             f"(bar: parent acc >= {r['parent_acc_bar']:.3f})"
@@ -311,11 +324,15 @@ def report(r: dict, n: int) -> str:
     return "\n".join(lines)
 
 
-def plot(r: dict, n: int, out) -> None:
+def _pair(v: list[float]) -> str:
+    return "/".join("-" if x != x else f"{x:.2f}" for x in v)
+
+
+def figures(r: dict, args) -> dict:
     import matplotlib.pyplot as plt
     import numpy as np
 
-    common.style()
+    n = args.n_contexts
     labels = [h["label"] for h in r["heads"]]
     x = np.arange(len(labels))
     verdict_text = (
@@ -325,6 +342,7 @@ def plot(r: dict, n: int, out) -> None:
         if r["on_plateau"]
         else f"parent-selecting: {', '.join(r['parent_selecting']) or 'none'}"
     )
+    out = {}
     fig, axes = plt.subplots(1, 3, figsize=(max(9, 0.5 * len(labels) + 6), 3.4))
     axes[0].bar(x, [h["parent_acc"] for h in r["heads"]], color="C0")
     axes[0].axhline(r["acc_bma"], color="k", label="BMA")
@@ -343,7 +361,7 @@ def plot(r: dict, n: int, out) -> None:
         f"(plateau {r['nll_uniform'] - r['nll_bma']:+.4f}); {verdict_text}",
         fontsize=9,
     )
-    common.save_figure(fig, out, "inspect_heads")
+    out["inspect_heads"] = fig
 
     copy = np.array([h["copy_mass"] for h in r["heads"]])
     fig, ax = plt.subplots(figsize=(0.45 * copy.shape[1] + 2.5, 0.3 * len(labels) + 1.5))
@@ -354,7 +372,7 @@ def plot(r: dict, n: int, out) -> None:
         xlabel="demonstration l", title=f"Attention to x_h of demonstration l\nfrom the query predicting x_h ({n} ctx)"
     )
     fig.colorbar(im, ax=ax, label="mass")
-    common.save_figure(fig, out, "inspect_copy")
+    out["inspect_copy"] = fig
 
     fig, axes = plt.subplots(1, 2, figsize=(max(8, 0.4 * len(labels) + 4), 3.2))
     axes[0].bar(x, [h["ablation_dnll"] for h in r["heads"]], color="C4")
@@ -371,18 +389,49 @@ def plot(r: dict, n: int, out) -> None:
         f"(clean NLL {r['nll_clean']:.4f}, corrupted {r['nll_corrupted']:.4f})",
         fontsize=9,
     )
-    common.save_figure(fig, out, "inspect_interventions")
+    out["inspect_interventions"] = fig
+    out["inspect_roles"] = _roles_figure(r, n)
+    return out
+
+
+def _roles_figure(r: dict, n: int):
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    labels = [h["label"] for h in r["heads"]]
+    cols = [(c, g) for g in range(len(GROUPS)) for c in CATEGORIES]
+    m = np.array([[h["role_profile"][c][g] for c, g in cols] for h in r["heads"]], dtype=float)
+    fig, axes = plt.subplots(
+        1, 2, figsize=(13, 0.32 * len(labels) + 2.6), gridspec_kw={"width_ratios": [len(cols), 4]}, sharey=True
+    )
+    im = axes[0].imshow(np.ma.masked_invalid(m), cmap="viridis", vmin=0, vmax=1, aspect="auto")
+    axes[0].grid(False)
+    axes[0].set_xticks(range(len(cols)), [f"{c} ({GROUPS[g][:5]}.)" for c, g in cols], rotation=90, fontsize=7)
+    carriers = set(r["carriers"])
+    axes[0].set_yticks(range(len(labels)), [f"{h['label']}: {h['role'][:48]}" for h in r["heads"]], fontsize=6)
+    for t, h in zip(axes[0].get_yticklabels(), labels):
+        if h in carriers:
+            t.set_fontweight("bold")
+    axes[0].set_title("attention mass by key category (demonstration | target queries)", fontsize=8)
+    fig.colorbar(im, ax=axes[0], shrink=0.8)
+    y = np.arange(len(labels))
+    axes[1].barh(y, [h["ablation_dnll"] for h in r["heads"]], color=["C3" if h in carriers else "C7" for h in labels])
+    axes[1].set(xlabel="mean-ablation NLL change (nats)", title="causal weight")
+    axes[1].invert_yaxis() if not axes[1].yaxis_inverted() else None
+    fig.suptitle(f"{r['kind']} model, {n} contexts: {circuit_text(r)[:160]}", fontsize=8)
+    fig.tight_layout()
+    return fig
+
+
+def compute(subject, args) -> dict:
+    return inspect_subject(subject, args.n_contexts, args.seed)
+
+
+ANALYSIS = common.Analysis(NAME, __doc__, compute, figures, summary, n_contexts=512)
 
 
 def main(argv: list[str] | None = None) -> dict:
-    parser = common.analysis_parser("inspect", __doc__.split("\n\n")[0], n_contexts=512)
-    args = common.parse_common(parser, argv)
-    subject = common.subject_from_args(args)
-    r = inspect_model(subject.model, subject.task, args.n_contexts, args.seed)
-    print(report(r, args.n_contexts))
-    plot(r, args.n_contexts, args.out)
-    common.save_json(args.out, "inspect", r, args, subject)
-    return r
+    return common.main(ANALYSIS, argv)
 
 
 if __name__ == "__main__":

@@ -1,28 +1,149 @@
-"""analyses.inspect: credits the parent-selecting head of a working model, reports plateau models as such."""
+"""analyses.inspect: credits the paper's circuit where it is, names the heads of another circuit with
+their roles, and reports plateau models as such with no head credited."""
 
 from __future__ import annotations
 
 import json
+from types import SimpleNamespace
 
 import numpy as np
 import torch
 from conftest import build_task
 from test_formats import file_config, hf_folder
+from transformer_lens import HookedRootModule
+from transformer_lens.hook_points import HookPoint
 
 import models
 from analyses import inspect
-from analyses.inspect import Heads, inspect_model, query_rows
+from analyses.inspect import inspect_subject
+from models.subject import StandardSubject, load_subject, subject_of
+from probes import Layout, bma_posterior, bma_predictive
+
+
+def _subject(model, task):
+    return subject_of(model, task, None, "test", "0")
+
+
+class TransposedCircuit(HookedRootModule):
+    """A standard-layout LM (plain ids, ordinary next-token shift, TransformerLens hook names) whose
+    computation is KNOWN and is not the paper's: the transpose of it.
+
+    - L0H0, a within-sequence prefix head: from position (l, j) it attends evenly to (l, j'), j' < j
+      (itself at j = 0) with value onehot(x_j') (x) e_j', so its output holds the sequence's prefix.
+    - An "MLP" at (l, j) turns that and its own token into s[j'] = log pi(x_j | x_j') for j' < j.
+    - L1H0, a cross-demonstration same-position reader: from (l, j), the query predicting (l, j + 1), it
+      attends evenly to (l', j + 1) of every earlier sequence l' < l (itself if none) with value s.
+    - The read-out at (l, j): posterior softmax(l * z1) over h' <= j, the candidate tokens from L0H0's
+      output and its own token, predictive sum posterior pi(. | x_h'). At the target (l = L) this is BMA
+      exactly. L0H1 and L1H1 attend to themselves and are never read (causal weight 0)."""
+
+    def __init__(self, task):
+        super().__init__()
+        self.task, self.L, self.H, self.d = task, task.n_examples, task.seq_len, task.d_vocab
+        self.cfg = SimpleNamespace(n_heads=2, n_layers=2, device="cpu")
+        self.layout = Layout(self.L, self.H, self.d)
+        self.blocks = torch.nn.ModuleList()
+        for _ in range(2):
+            block = torch.nn.Module()
+            block.attn = torch.nn.Module()
+            block.attn.hook_pattern, block.attn.hook_z = HookPoint(), HookPoint()
+            self.blocks.append(block)
+        self.setup()
+        T, H = (self.L + 1) * self.H, self.H
+        seq, pos = torch.arange(T) // H, torch.arange(T) % H
+        same_seq, earlier = seq.view(-1, 1) == seq.view(1, -1), pos.view(1, -1) < pos.view(-1, 1)
+        prefix = (same_seq & earlier).double()
+        reader = ((seq.view(1, -1) < seq.view(-1, 1)) & (pos.view(1, -1) == pos.view(-1, 1) + 1)).double()
+        eye = torch.eye(T, dtype=torch.float64)
+        self.patterns = [
+            torch.stack([_rows_or_self(prefix, eye), eye]),
+            torch.stack([_rows_or_self(reader, eye), eye]),
+        ]
+        self.seq, self.pos = seq, pos
+
+    def forward(self, ids):
+        b, T = ids.shape
+        H, d, pi = self.H, self.d, self.task.pi.double()
+        own = torch.nn.functional.one_hot(ids, d).double()  # [b, T, d]
+        value0 = torch.einsum("btd,tj->btdj", own, torch.nn.functional.one_hot(self.pos, H).double()).flatten(2)
+        p0 = self.blocks[0].attn.hook_pattern(self.patterns[0].expand(b, -1, -1, -1).clone())
+        z0 = self.blocks[0].attn.hook_z(torch.einsum("bnqk,bkv->bqnv", p0, value0))
+        count = self.pos.clamp_min(1).double().view(1, -1, 1, 1)
+        prefix_tokens = z0[:, :, 0].view(b, T, d, H).transpose(2, 3) * count  # [b, T, j', d]: onehot(x_j')
+        pair = prefix_tokens @ pi  # [b, T, j', s] = pi(s | x_j')
+        s = pair.gather(-1, ids.view(b, T, 1, 1).expand(b, T, H, 1)).squeeze(-1).clamp_min(1e-30).log()
+        s = s.masked_fill(self.pos.view(1, -1, 1) <= torch.arange(H).view(1, 1, -1), 0.0)  # j' < j only
+        p1 = self.blocks[1].attn.hook_pattern(self.patterns[1].expand(b, -1, -1, -1).clone())
+        z1 = self.blocks[1].attn.hook_z(torch.einsum("bnqk,bkv->bqnv", p1, s))
+        # Read-out at (l, j) predicting (l, j + 1): candidates h' <= j are the prefix and the own token.
+        candidates = prefix_tokens.clone()
+        candidates[:, torch.arange(T), self.pos] = own
+        n_demos = self.seq.double().view(1, -1, 1)
+        scores = (n_demos * z1[:, :, 0]).masked_fill(
+            torch.arange(H).view(1, 1, -1) > self.pos.view(1, -1, 1), -torch.inf
+        )
+        predictive = torch.einsum("btj,btjs->bts", scores.softmax(-1), candidates @ pi)
+        root = (self.pos == H - 1).view(1, -1, 1)  # the last token of a sequence predicts the next root
+        predictive = torch.where(root, self.task.root.double().view(1, 1, -1), predictive)
+        return predictive.clamp_min(1e-30).log()
+
+
+def _rows_or_self(weights, eye):
+    """Rows normalised to sum 1; a row with no key attends to itself."""
+    rows = weights.sum(-1, keepdim=True)
+    return torch.where(rows > 0, weights / rows.clamp_min(1), eye)
+
+
+def transposed_subject(task) -> StandardSubject:
+    model = TransposedCircuit(task)
+    return StandardSubject(model, task, model.layout, "transposed", "0")
+
+
+def test_the_transposed_circuit_stub_is_bma():
+    task = build_task(n_examples=4, seq_len=6, alpha=0.3)
+    subject = transposed_subject(task)
+    tokens, _ = task.sample(32, torch.Generator().manual_seed(5))
+    want = bma_predictive(task.pi, tokens, 4, 6, task.root, log=True)
+    assert torch.allclose(subject.log_probs(tokens)[:, 1:], want[:, 1:].double(), atol=1e-9)
 
 
 def test_theorem1_model_is_credited_with_its_parent_head_and_copyers():
     task = build_task(n_examples=4, seq_len=6)
     model = models.theorem1_model(task.pi, 4, 6, beta=50)
-    r = inspect_model(model, task, n_contexts=256, seed=0)
+    r = inspect_subject(_subject(model, task), n_contexts=256, seed=0)
     assert r["progress"] > 0.99 and not r["on_plateau"]
     assert r["parent_selecting"] == ["L1H0"]
     assert r["copyers"] == {f"L0H{k}": k for k in range(4)}  # Theorem 1: head k copies demonstration k
     head = r["heads"][-1]
     assert head["tv"] < 1e-6 and abs(head["parent_acc"] - r["acc_bma"]) < 1e-12
+    assert r["paper_circuit"] and r["carriers"][0] == "L1H0"
+    assert r["roles"] == {"L1H0": "parent selector", **{f"L0H{k}": f"copyer of demonstration {k}" for k in range(4)}}
+    # The profile of the parent head, by brute force on the BMA posterior it equals: mass on the true parent.
+    tokens, parents = task.sample(256, torch.Generator().manual_seed(0))
+    post = bma_posterior(task.pi, tokens, 4, 6)
+    want = post[:, 1:].gather(-1, parents[:, 1:].unsqueeze(-1)).mean().item()
+    assert abs(head["role_profile"]["parent"][1] - want) < 1e-6
+    assert np.isnan(head["role_profile"]["parent"][0])  # the disentangled model has no demonstration query
+
+
+def test_a_non_paper_circuit_gets_its_heads_named_with_their_roles():
+    task = build_task(n_examples=4, seq_len=6, alpha=0.3)
+    r = inspect_subject(transposed_subject(task), n_contexts=256, seed=0)
+    assert r["progress"] > 0.999 and not r["on_plateau"]
+    assert not r["paper_circuit"] and r["parent_selecting"] == [] and r["copyers"] == {}
+    assert sorted(r["carriers"]) == ["L0H0", "L1H0"] and not r["carriers_distributed"]
+    assert r["roles"]["L0H0"].startswith("within-sequence (prefix) head")
+    assert r["roles"]["L1H0"] == "cross-demonstration same-position reader"
+    heads = {h["label"]: h for h in r["heads"]}
+    assert heads["L0H1"]["ablation_dnll"] == 0 and heads["L1H1"]["ablation_dnll"] == 0
+    assert heads["L1H0"]["patching_restored"] > 0.999  # its clean output carries everything the demos give
+    # L1H0 from the target queries predicting x_1..x_5: all on position h of the demonstrations, 1/L on
+    # each (no single copy); the query predicting the root x_0 attends to itself.
+    assert abs(heads["L1H0"]["role_profile"]["same_position"][1] - 5 / 6) < 1e-12
+    assert abs(heads["L1H0"]["role_profile"]["self"][1] - 1 / 6) < 1e-12
+    assert np.allclose(heads["L1H0"]["copy_mass"], 5 / 6 / 4)
+    text = inspect.summary(r)
+    assert "paper's circuit is absent" in text and "L1H0 (cross-demonstration same-position reader" in text
 
 
 def _plateau_model(task, w_kq_from_theorem1: bool, noise: float = 0.0):
@@ -38,42 +159,44 @@ def _plateau_model(task, w_kq_from_theorem1: bool, noise: float = 0.0):
 
 def test_uniform_attention_model_sits_exactly_on_the_plateau():
     task = build_task(n_examples=4, seq_len=6)
-    r = inspect_model(_plateau_model(task, False), task, n_contexts=128, seed=1)
+    r = inspect_subject(_subject(_plateau_model(task, False), task), n_contexts=128, seed=1)
     # Independent computation of the plateau NLL: mean over h' < h of pi(. | x_h'), in NumPy.
     tokens, _ = task.sample(128, torch.Generator().manual_seed(1))
     pi, t = task.pi.numpy(), tokens[:, -6:].numpy()
     nll = -np.mean([np.log(pi[t[b, :h], t[b, h]].mean()) for b in range(128) for h in range(1, 6)])
     assert abs(r["nll"] - nll) < 1e-9 and abs(r["nll_uniform"] - nll) < 1e-9
-    assert r["on_plateau"] and r["parent_selecting"] == []
+    assert r["on_plateau"] and r["parent_selecting"] == [] and r["carriers"] == [] and not r["paper_circuit"]
+    assert "no head credited" in inspect.summary(r)
 
 
 def test_plateau_models_get_no_credit_even_when_a_head_scores_best_among_bad_ones():
     task = build_task(n_examples=4, seq_len=6)
-    noisy = inspect_model(_plateau_model(task, False, noise=0.3), task, n_contexts=128, seed=2)
-    assert noisy["on_plateau"] and noisy["parent_selecting"] == [] and noisy["best_head"]
+    noisy = inspect_subject(_subject(_plateau_model(task, False, noise=0.3), task), n_contexts=128, seed=2)
+    assert noisy["on_plateau"] and noisy["parent_selecting"] == [] and noisy["best_head"] and noisy["carriers"] == []
     # A head whose attention is exactly BMA's, in a model whose output ignores it: still no credit.
-    deaf = inspect_model(_plateau_model(task, True), task, n_contexts=128, seed=2)
+    deaf = inspect_subject(_subject(_plateau_model(task, True), task), n_contexts=128, seed=2)
     assert deaf["heads"][-1]["tv"] < 1e-6
-    assert deaf["progress"] < 0 and deaf["on_plateau"] and deaf["parent_selecting"] == []
+    assert deaf["progress"] < 0 and deaf["on_plateau"] and deaf["parent_selecting"] == [] and deaf["carriers"] == []
 
 
 def test_standard_model_candidate_attention_matches_hugging_face(tmp_path):
     from transformers import GPT2LMHeadModel
 
     folder, _, task = hf_folder(tmp_path, build_task(n_examples=4, seq_len=6, alpha=0.3))
-    bridge = models.load(folder)
+    subject = load_subject(folder)
     hf = GPT2LMHeadModel.from_pretrained(folder, attn_implementation="eager").eval()
     tokens, _ = task.sample(4, torch.Generator().manual_seed(3))
-    rows = query_rows(bridge, Heads.of(bridge), tokens, task)
     att = hf(tokens, output_attentions=True).attentions  # [batch, head, query, key] per layer
     L, H = task.n_examples, task.seq_len
-    for layer in range(2):
+    for layer, mine in enumerate(subject.attention(tokens)):
+        rows = mine.target_rows(L, H)
         for h in range(H):
             want = att[layer][:, :, L * H + h - 1]
-            assert torch.allclose(rows[layer][:, :, h].float(), want, atol=1e-5)
-    r = inspect_model(bridge, task, n_contexts=128, seed=0)  # untrained
+            assert torch.allclose(rows[:, :, h].float(), want, atol=1e-5)
+    r = inspect_subject(subject, n_contexts=128, seed=0)  # untrained
     assert r["nll_uniform"] - r["nll_bma"] > 0.02  # demonstrations matter on this task
     assert r["kind"] == "standard" and len(r["heads"]) == 4 and r["on_plateau"] and not r["parent_selecting"]
+    assert r["carriers"] == []
 
 
 def test_cli_on_a_pt_file_writes_the_report(tmp_path, capsys):
@@ -96,5 +219,7 @@ def test_cli_on_a_pt_file_writes_the_report(tmp_path, capsys):
     assert r["parent_selecting"] == ["L1H0"]
     saved = json.loads((tmp_path / "out" / "inspect.json").read_text())
     assert saved["results"]["progress"] == r["progress"] and saved["checkpoint_hash"]
-    assert (tmp_path / "out" / "inspect_heads.png").is_file()
-    assert "parent-selecting heads: L1H0" in capsys.readouterr().out
+    for stem in inspect.FIGURES:
+        assert (tmp_path / "out" / stem).is_file()
+    out = capsys.readouterr().out
+    assert "parent-selecting heads: L1H0" in out and "THE PAPER'S CIRCUIT" in out

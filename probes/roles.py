@@ -1,0 +1,141 @@
+"""What a head attends to, relative to the query: the measurements behind a head's role.
+
+Every query row that feeds the prediction of a task token (l, h) (``query_predicts[q] = (l, h)``) is
+measured, and its attention split by where each key (l', h') sits relative to that token:
+
+- ``prefix``: the same sequence, earlier positions (l' = l, h' < h), the query's own position excluded;
+- ``self``: the query's own position (``own_key``; in a causal LM the token x_{h-1}^l, in the
+  disentangled model the slot of x_h^l itself);
+- ``same_position``: the same position h in other sequences (l' != l, h' = h): a copy of x_h^{l'};
+- ``other_position``: other positions in other sequences (l' != l, h' != h);
+- ``later``: the same sequence at h' >= h (invisible to a causal LM);
+- ``special``: keys that hold no task token (BOS, separators).
+
+These six partition the keys. Two more overlap them: ``candidates`` (l' = l, h' < h, the query's own
+position included: the candidate parents of x_h^l) and ``parent`` (the true parent (l, pa(h)); every
+sequence of a context shares one tree). Queries are split into demonstration queries (l < L) and target
+queries (l = L); ``candidates`` and ``parent`` average over queries with h >= 1 only (h = 0 has none).
+
+Pure functions of a pattern and its labels: no model code (``models.subject.LayerAttention`` supplies
+the labels, ``probes.tasks`` the parents).
+"""
+
+from __future__ import annotations
+
+import torch
+from jaxtyping import Bool, Float, Int
+from torch import Tensor
+
+PARTITION = ("prefix", "self", "same_position", "other_position", "later", "special")
+OVERLAPPING = ("candidates", "parent")
+CATEGORIES = PARTITION + OVERLAPPING
+GROUPS = ("demonstration", "target")
+ROLE_MASS = 0.5  # a role needs at least this share of the head's attention
+
+# The name of a head whose attention is mostly in one category (the readable role).
+ROLE_NAMES = {
+    "prefix": "within-sequence (prefix) head",
+    "self": "current-token head",
+    "same_position": "cross-demonstration same-position reader",
+    "other_position": "cross-sequence other-position head",
+    "later": "same-sequence later-position head",
+    "special": "BOS/separator sink",
+}
+
+
+def own_key(n_queries: int, query_predicts: Int[Tensor, "Q 2"], key_token: Int[Tensor, "K 2"]) -> Int[Tensor, " Q"]:
+    """The key index of each query's own position (-1: none among the keys). A square pattern whose
+    queries are the key positions (a causal LM, the disentangled model's target layer) maps q to q;
+    otherwise query q sits at the key that holds the token it predicts (the disentangled model's
+    target rows over the full context)."""
+    if n_queries == len(key_token):
+        return torch.arange(n_queries)
+    match = (key_token.unsqueeze(0) == query_predicts.unsqueeze(1)).all(-1)  # [Q, K]
+    return torch.where(match.any(1), match.int().argmax(1), torch.full((n_queries,), -1))
+
+
+def category_masks(
+    query_predicts: Int[Tensor, "Q 2"], key_token: Int[Tensor, "K 2"], own: Int[Tensor, " Q"]
+) -> dict[str, Bool[Tensor, "Q K"]]:
+    """The six partition masks (every key of every query in exactly one) and ``candidates``."""
+    ql, qh = query_predicts[:, :1], query_predicts[:, 1:]
+    kl, kh = key_token[:, 0].unsqueeze(0), key_token[:, 1].unsqueeze(0)
+    is_self = torch.arange(len(key_token)).unsqueeze(0) == own.unsqueeze(1)
+    task_key = (kl >= 0) & ~is_self
+    same_seq = task_key & (kl == ql)
+    return {
+        "prefix": same_seq & (kh < qh),
+        "self": is_self,
+        "same_position": task_key & (kl != ql) & (kh == qh),
+        "other_position": task_key & (kl != ql) & (kh != qh),
+        "later": same_seq & (kh >= qh),
+        "special": (kl < 0) & ~is_self,
+        "candidates": (kl == ql) & (kl >= 0) & (kh < qh),
+    }
+
+
+def parent_mask(
+    query_predicts: Int[Tensor, "Q 2"], key_token: Int[Tensor, "K 2"], parents: Int[Tensor, "batch H"]
+) -> Bool[Tensor, "batch Q K"]:
+    """Per context, the key holding the true parent (l, pa(h)) of each query's token (l, h), h >= 1."""
+    ql, qh = query_predicts[:, 0], query_predicts[:, 1]
+    pa = parents[:, qh.clamp_min(0)]  # [batch, Q]
+    ok = (ql >= 0) & (qh >= 1)
+    return (
+        ok.view(1, -1, 1)
+        & (key_token[:, 0].view(1, 1, -1) == ql.view(1, -1, 1))
+        & (key_token[:, 1].view(1, 1, -1) == pa.unsqueeze(-1))
+    )
+
+
+def role_profile(
+    pattern: Float[Tensor, "batch head Q K"],
+    query_predicts: Int[Tensor, "Q 2"],
+    key_token: Int[Tensor, "K 2"],
+    parents: Int[Tensor, "batch H"],
+    n_examples: int,
+) -> dict[str, Float[Tensor, "head 2"]]:
+    """Mean attention mass per category (``CATEGORIES``) for each head, ``[head, group]`` with groups
+    ``GROUPS`` (demonstration queries, target queries), averaged over contexts and queries; NaN for a
+    group with no query."""
+    L = n_examples
+    p = pattern.double()
+    masks = category_masks(query_predicts, key_token, own_key(p.shape[2], query_predicts, key_token))
+    per_query = {name: (p * m.to(p.device)).sum(-1) for name, m in masks.items()}  # [batch, head, Q]
+    per_query["parent"] = (p * parent_mask(query_predicts, key_token, parents).unsqueeze(1).to(p.device)).sum(-1)
+    ql, qh = query_predicts[:, 0], query_predicts[:, 1]
+    groups = [(ql >= 0) & (ql < L), ql == L]
+    out = {}
+    for name, mass in per_query.items():
+        cols = []
+        for g in groups:
+            rows = g & (qh >= 1) if name in OVERLAPPING else g
+            cols.append(
+                mass[:, :, rows.to(p.device)].mean((0, 2)) if rows.any() else p.new_full(p.shape[1:2], float("nan"))
+            )
+        out[name] = torch.stack(cols, -1).cpu()
+    return out
+
+
+def dominant(profile: dict[str, Float[Tensor, " 2"]], group: int) -> tuple[str, float]:
+    """The partition category holding most of one head's attention from one query group, and its mass."""
+    masses = {name: float(profile[name][group]) for name in PARTITION}
+    name = max(masses, key=lambda n: masses[n] if masses[n] == masses[n] else -1.0)
+    return name, masses[name]
+
+
+def attention_role(profile: dict[str, Float[Tensor, " 2"]]) -> str:
+    """A readable role from one head's profile (``role_profile`` sliced at the head): the category with
+    at least ``ROLE_MASS`` of its attention, from the demonstration and the target queries (one name if
+    they agree); ``diffuse`` with the largest category when no category reaches it."""
+    parts = []
+    for group, label in enumerate(GROUPS):
+        name, mass = dominant(profile, group)
+        if mass != mass:  # no query of this group
+            continue
+        parts.append((label, ROLE_NAMES[name] if mass >= ROLE_MASS else f"diffuse (largest: {name} {mass:.2f})"))
+    if not parts:
+        raise ValueError("the profile has no demonstration or target query")
+    if len({role for _, role in parts}) == 1:
+        return parts[0][1]
+    return "; ".join(f"{role} from {label} queries" for label, role in parts)
