@@ -23,17 +23,11 @@ import torch
 from tqdm.auto import tqdm
 
 import models
+from analyses import common
 from analyses.block_structure import training_config
-from analyses.common import (
-    analysis_parser,
-    parse_common,
-    run,
-    sample_contexts,
-    save_figure,
-    save_json,
-    style,
-    subject_from_args,
-)
+from analyses.common import sample_contexts
+from models.evaluate import output_and_pattern
+from models.train import train
 from probes import MarkovTreeTask, bma_posterior, bma_predictive, mean_tv, parent_accuracy, target_nll
 from probes.metrics import parent_mass
 
@@ -50,8 +44,8 @@ BMA_LENGTHS = (1, 2, 4, 8, 16, 32, 64)
 @torch.no_grad()
 def attention_and_nll(model, tokens: torch.Tensor) -> tuple[torch.Tensor, float]:
     """The blocks.1 attention ``[batch, H, H]`` (float64) and the model's target NLL on ``tokens``."""
-    log_probs, cache = model.run_with_cache(tokens, names_filter="blocks.1.attn.hook_pattern")
-    return cache["blocks.1.attn.hook_pattern"][:, 0].double().cpu(), target_nll(log_probs.cpu(), tokens)
+    log_probs, attention = output_and_pattern(model, tokens)
+    return attention, target_nll(log_probs.cpu(), tokens)
 
 
 def theorem1_sweep(task: MarkovTreeTask, tokens: torch.Tensor, betas=BETAS, progress: bool = True) -> dict:
@@ -90,8 +84,6 @@ def trained_vs_length(
 ) -> list[dict]:
     """Train one model per L (``train_config`` with ``n_examples = L``, K = L, ``steps`` steps) and
     measure its attention on the true parent, parent accuracy, TV and NLL gap to BMA on fresh contexts."""
-    from models.train import train
-
     rows = []
     for L in tqdm(lengths, desc="train per L", disable=not progress):
         cfg = dataclasses.replace(
@@ -177,48 +169,78 @@ def _lengths(parser, text: str, flag: str) -> list[int]:
     return values
 
 
-def main(argv: list[str] | None = None) -> dict:
-    parser = analysis_parser(NAME, __doc__.split("\n\n")[0])
+def add_flags(parser) -> None:
     parser.add_argument("--bma-L", default=",".join(map(str, BMA_LENGTHS)), help="L values for the BMA curve")
     parser.add_argument(
         "--train-L", default="1,4,16", help="L values to train a model for ('none': skip; default 1,4,16)"
     )
     parser.add_argument("--train-steps", type=int, default=300, help="training steps per L (default 300)")
-    args = parse_common(parser, argv)
-    bma_lengths, train_lengths = _lengths(parser, args.bma_L, "--bma-L"), _lengths(parser, args.train_L, "--train-L")
+
+
+def check_flags(parser, args) -> None:
+    """Parses --bma-L and --train-L into ``args.bma_lengths`` and ``args.train_lengths``."""
+    args.bma_lengths, args.train_lengths = (
+        _lengths(parser, args.bma_L, "--bma-L"),
+        _lengths(parser, args.train_L, "--train-L"),
+    )
     if args.train_steps < 1:
         parser.error(f"--train-steps must be >= 1, got {args.train_steps}")
-    subject = subject_from_args(args)
+
+
+def compute(subject, args) -> dict:
     task = subject.task
     tokens, _ = sample_contexts(task, args.n_contexts, args.seed)
     t1 = theorem1_sweep(task, tokens)
-    bma_rows = bma_vs_length(task.pi, task.seq_len, bma_lengths, args.n_contexts, args.seed, task.root)
+    bma_rows = bma_vs_length(task.pi, task.seq_len, args.bma_lengths, args.n_contexts, args.seed, task.root)
     trained = None
-    if train_lengths:
+    if args.train_lengths:
         with tempfile.TemporaryDirectory() as tmp:
             trained = trained_vs_length(
-                training_config(args.checkpoint), train_lengths, args.train_steps, args.n_contexts, args.seed, Path(tmp)
+                training_config(args.checkpoint),
+                args.train_lengths,
+                args.train_steps,
+                args.n_contexts,
+                args.seed,
+                Path(tmp),
             )
-    style()
-    save_figure(_plot(t1, bma_rows, trained, subject.name, args.n_contexts, args.train_steps), args.out, NAME)
-    results = {"theorem1": t1, "bma_vs_L": bma_rows, "trained_vs_L": trained, "train_steps": args.train_steps}
-    save_json(args.out, NAME, results, args, subject)
-    print(f"{NAME} on {subject.name} ({args.n_contexts} contexts): Theorem 1 model vs BMA")
-    for r in t1["sweep"]:
-        print(
-            f"  beta {r['beta']:8.3f}: TV {r['tv']:.3e}  max |attn - post| {r['max_abs']:.3e}  NLL gap {r['nll_gap']:+.3e}"
+    return {"theorem1": t1, "bma_vs_L": bma_rows, "trained_vs_L": trained, "train_steps": args.train_steps}
+
+
+def figures(r: dict, args) -> dict:
+    return {
+        NAME: _plot(
+            r["theorem1"], r["bma_vs_L"], r["trained_vs_L"], args.subject_name, args.n_contexts, r["train_steps"]
         )
-    print(
+    }
+
+
+def summary(r: dict) -> str:
+    lines = [f"{NAME}: Theorem 1 model vs BMA"]
+    for row in r["theorem1"]["sweep"]:
+        lines.append(
+            f"  beta {row['beta']:8.3f}: TV {row['tv']:.3e}  max |attn - post| {row['max_abs']:.3e}  NLL gap {row['nll_gap']:+.3e}"
+        )
+    lines.append(
         "  BMA vs L: "
-        + ", ".join(f"L={r['L']}: mass {r['parent_mass']:.3f} acc {r['parent_acc']:.3f}" for r in bma_rows)
+        + ", ".join(f"L={row['L']}: mass {row['parent_mass']:.3f} acc {row['parent_acc']:.3f}" for row in r["bma_vs_L"])
     )
-    for r in trained or []:
-        print(
-            f"  trained L={r['L']} ({args.train_steps} steps): mass on parent {r['parent_mass']:.3f} (BMA {r['bma_parent_mass']:.3f}), "
-            f"acc {r['parent_acc']:.3f} (BMA {r['bma_parent_acc']:.3f}), TV {r['tv_to_bma']:.3f}, NLL gap {r['nll_gap']:+.4f}"
+    for row in r["trained_vs_L"] or []:
+        lines.append(
+            f"  trained L={row['L']} ({r['train_steps']} steps): mass on parent {row['parent_mass']:.3f} "
+            f"(BMA {row['bma_parent_mass']:.3f}), acc {row['parent_acc']:.3f} (BMA {row['bma_parent_acc']:.3f}), "
+            f"TV {row['tv_to_bma']:.3f}, NLL gap {row['nll_gap']:+.4f}"
         )
-    return results
+    return "\n".join(lines)
+
+
+ANALYSIS = common.Analysis(
+    NAME, __doc__, compute, figures, summary, n_contexts=2048, add_flags=add_flags, check_flags=check_flags
+)
+
+
+def main(argv: list[str] | None = None) -> dict:
+    return common.main(ANALYSIS, argv)
 
 
 if __name__ == "__main__":
-    run(main)
+    common.run(main)

@@ -13,6 +13,7 @@ from conftest import build_task
 from analyses import bma_agreement as ba
 from analyses.common import sample_contexts
 from models.train import TrainConfig, train
+from probes import MarkovTreeTask
 
 
 def test_theorem1_tv_decreases_to_float64_precision():
@@ -45,8 +46,6 @@ def test_bma_parent_mass_matches_brute_force_and_grows_with_L():
     mass = [r["parent_mass"] for r in rows]
     assert all(b > a for a, b in zip(mass, mass[1:])), mass
     small = ba.bma_vs_length(task.pi, 6, [2], 60, seed=5)[0]
-    from probes import MarkovTreeTask
-
     tokens, parents = sample_contexts(MarkovTreeTask(task.pi, 2, 6), 60, 5)
     ref = _np_parent_mass(task.pi.numpy(), tokens.numpy(), parents.numpy(), 2, 6)
     assert small["parent_mass"] == pytest.approx(ref, abs=1e-12)
