@@ -53,19 +53,24 @@ def test_shipped_checkpoint_is_block_diagonal():
     )
 
 
-def test_snapshots_of_a_training_run_survive_and_are_measured(tmp_path):
+def train_tiny(out, steps: int):
+    """A tiny training run into ``out`` with a snapshot every 10 steps; returns the final model."""
     cfg = TrainConfig(
         d_vocab=3,
         n_examples=2,
         seq_len=4,
-        steps=30,
+        steps=steps,
         batch_size=32,
         eval_every=10,
         eval_contexts=32,
         snapshot_every=10,
-        out=str(tmp_path / "run"),
+        out=str(out),
     )
-    model, _ = train(cfg, progress=False)
+    return train(cfg, progress=False)[0]
+
+
+def test_snapshots_of_a_training_run_survive_and_are_measured(tmp_path):
+    model = train_tiny(tmp_path / "run", 30)
     snaps = bs.find_snapshots(tmp_path / "run")
     assert [s for s, _ in snaps] == [10, 20, 30]
     series = bs.emergence(snaps, progress=False)
@@ -77,18 +82,7 @@ def test_snapshots_of_a_training_run_survive_and_are_measured(tmp_path):
 
 
 def test_cli_with_snapshots(tmp_path):
-    cfg = TrainConfig(
-        d_vocab=3,
-        n_examples=2,
-        seq_len=4,
-        steps=20,
-        batch_size=32,
-        eval_every=10,
-        eval_contexts=32,
-        snapshot_every=10,
-        out=str(tmp_path / "run"),
-    )
-    train(cfg, progress=False)
+    train_tiny(tmp_path / "run", 20)
     out = tmp_path / "figs"
     bs.main(["--checkpoint", str(tmp_path / "run"), "--snapshots", str(tmp_path / "run"), "--out", str(out)])
     record = json.loads((out / "block_structure.json").read_text())
