@@ -105,29 +105,28 @@ def load_foreign(path: str | Path, device: str | None = None, *, key_map=None, c
     kind, obj = classify(path, config)
     where = str(path)
     if kind == NANOGPT:
+        cfg = converters.nanogpt_config(obj["model_args"], where, device)
+        check_fits(load_foreign_layout(path, config), cfg.d_vocab, cfg.n_ctx, where)
         state = apply_key_map(strip_prefixes(_as_state_dict(obj["model"], path)), spec)
-        model = converters.from_nanogpt(obj["model_args"], state, where, device)
-    elif kind == TRANSFORMER_LENS:
+        return converters.from_nanogpt(obj["model_args"], state, where, device)
+    if kind == TRANSFORMER_LENS:
         cfg = converters.tl_config(_json_arg(config or _find_config(path), "config"), where, device)
+        check_fits(load_foreign_layout(path, config), cfg.d_vocab, cfg.n_ctx, where)
         state = apply_key_map(strip_prefixes(obj), spec, _shapes(converters.HookedTransformer(cfg)))
-        model = converters.from_transformer_lens(state, cfg, where)
-    else:
-        cfg_dict, _ = read_file_config(path, config)
-        if device is not None:
-            cfg_dict["device"] = device
-        model = CausalTransformer(CausalTransformerConfig.from_dict(cfg_dict))
-        state = apply_key_map(strip_prefixes(obj), spec, _shapes(model))
-        if "embed.W_E" in state and "embed.W_E" not in _shapes(model):
-            raise ValueError(
-                f"{path} is a TransformerLens state dict but its config is not: pass --config with the "
-                f"model's cfg.to_dict() as JSON (or put it at {path.with_suffix('.json').name} beside the file)"
-            )
-        check_state_dict(state, model, where)
-        model.load_state_dict({k: v.to(model.cfg.torch_dtype) for k, v in state.items()})
-        return model.eval()
-    layout = load_foreign_layout(path, config)
-    check_fits(layout, model.cfg.d_vocab, model.cfg.n_ctx, where)
-    return model
+        return converters.from_transformer_lens(state, cfg, where)
+    cfg_dict, _ = read_file_config(path, config)
+    if device is not None:
+        cfg_dict["device"] = device
+    model = CausalTransformer(CausalTransformerConfig.from_dict(cfg_dict))
+    state = apply_key_map(strip_prefixes(obj), spec, _shapes(model))
+    if "embed.W_E" in state and "embed.W_E" not in _shapes(model):
+        raise ValueError(
+            f"{path} is a TransformerLens state dict but its config is not: pass --config with the "
+            f"model's cfg.to_dict() as JSON (or put it at {path.with_suffix('.json').name} beside the file)"
+        )
+    check_state_dict(state, model, where)
+    model.load_state_dict({k: v.to(model.cfg.torch_dtype) for k, v in state.items()})
+    return model.eval()
 
 
 def load_foreign_task(path: str | Path, config=None) -> MarkovTreeTask:
