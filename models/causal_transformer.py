@@ -140,7 +140,9 @@ def _is_write(func, args, kwargs) -> bool:
     """Whether ``func(*args, **kwargs)`` writes into a ``SharedPattern`` (its first argument or ``out=``)."""
     name = getattr(func, "__name__", "")
     target = args[0] if args else None
-    in_place = name in _IN_PLACE_OPERATORS or (name.endswith("_") and not name.endswith("__") and name not in _NOT_WRITES)
+    in_place = name in _IN_PLACE_OPERATORS or (
+        name.endswith("_") and not name.endswith("__") and name not in _NOT_WRITES
+    )
     out = kwargs.get("out")
     outs = out if isinstance(out, (tuple, list)) else (out,)
     return (in_place and isinstance(target, SharedPattern)) or any(isinstance(o, SharedPattern) for o in outs)
@@ -348,7 +350,9 @@ class CausalTransformer(HookedRootModule):
         if callable(names_filter):
             return lambda name: names_filter(name) and (name != RESULT_HOOK or self.cfg.use_attn_result)
         if not isinstance(names_filter, (list, tuple, set)):
-            raise ValueError(f"names_filter must be None, a hook name, a list of names or a callable, got {names_filter!r}")
+            raise ValueError(
+                f"names_filter must be None, a hook name, a list of names or a callable, got {names_filter!r}"
+            )
         for name in names_filter:
             self._check_hook_name(name)
         return lambda name: name in names_filter
@@ -387,7 +391,10 @@ class CausalTransformer(HookedRootModule):
         ``get_act_patch_*`` helpers index every layer by ``cfg.n_heads`` and the input length, and would
         fail with an IndexError deep in the sweep."""
         caller = sys._getframe(1)
-        if caller.f_code.co_name == "generic_activation_patch" and caller.f_globals.get("__name__") == "transformer_lens.patching":
+        if (
+            caller.f_code.co_name == "generic_activation_patch"
+            and caller.f_globals.get("__name__") == "transformer_lens.patching"
+        ):
             local = caller.f_locals
             if local.get("c", 0) == 0 and "index_df" in local:
                 check_sweep(local.get("clean_cache"), local.get("activation_name"), local["index_df"])

@@ -79,7 +79,9 @@ def check_sweep(clean_cache, activation_name: str, cells: pd.DataFrame) -> None:
     for layer, rows in cells.groupby("layer"):
         name = get_act_name(activation_name, layer=int(layer))
         if name not in cached:
-            raise ValueError(f"this patching sweep patches {name}, which the model or the clean cache has not; {ALTERNATIVE}")
+            raise ValueError(
+                f"this patching sweep patches {name}, which the model or the clean cache has not; {ALTERNATIVE}"
+            )
         shape = list(cached[name].shape)
         for column, dim in _axis_dims(name).items():
             if column in rows and dim < len(shape) and int(rows[column].max()) >= shape[dim]:
@@ -109,7 +111,9 @@ def patch_copyer_heads(model, corrupted_tokens, clean_cache, metric, by_position
     return _sweep(model, corrupted_tokens, clean_cache, metric, setter, "z", cells, shape, kwargs)
 
 
-def patch_subspaces(model, corrupted_tokens, clean_cache, metric, side: str = "query", by_position: bool = True, **kwargs):
+def patch_subspaces(
+    model, corrupted_tokens, clean_cache, metric, side: str = "query", by_position: bool = True, **kwargs
+):
     """Patch each residual subspace s (0: the token, k+1: head k's copy) on ``side`` "query"
     (``blocks.1.attn.hook_q``; its token subspace is zero), "key" (``blocks.1.attn.hook_k``) or
     "residual" (``blocks.0.hook_resid_post``, both sides at once): cells ``[K+1, H]`` (subspace s,
@@ -122,7 +126,9 @@ def patch_subspaces(model, corrupted_tokens, clean_cache, metric, side: str = "q
         cells, shape = index_df(layer, ("subspace", K + 1), ("pos", H))[["layer", "pos", "subspace"]], (K + 1, H)
     else:
         cells, shape = index_df(layer, ("subspace", K + 1)), (K + 1,)
-    return _sweep(model, corrupted_tokens, clean_cache, metric, subspace_patch_setter(d), SIDES[side], cells, shape, kwargs)
+    return _sweep(
+        model, corrupted_tokens, clean_cache, metric, subspace_patch_setter(d), SIDES[side], cells, shape, kwargs
+    )
 
 
 def patch_layer2_pattern(model, corrupted_tokens, clean_cache, metric, **kwargs):
@@ -131,5 +137,13 @@ def patch_layer2_pattern(model, corrupted_tokens, clean_cache, metric, **kwargs)
     H = model.cfg.seq_len
     cells = index_df(1, ("head_index", 1), ("dest_pos", H))
     return _sweep(
-        model, corrupted_tokens, clean_cache, metric, layer_head_pos_pattern_patch_setter, "pattern", cells, (H,), kwargs
+        model,
+        corrupted_tokens,
+        clean_cache,
+        metric,
+        layer_head_pos_pattern_patch_setter,
+        "pattern",
+        cells,
+        (H,),
+        kwargs,
     )

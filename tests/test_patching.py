@@ -58,21 +58,27 @@ def test_copyer_heads_by_position_and_at_every_position(setup):
             def write(act, h=h, k=k):
                 act[:, h, k] = clean_z[:, h, k]
 
-            assert got[h, k].item() == pytest.approx(hand(model, corrupted, metric, "blocks.0.attn.hook_z", write), abs=1e-6)
+            assert got[h, k].item() == pytest.approx(
+                hand(model, corrupted, metric, "blocks.0.attn.hook_z", write), abs=1e-6
+            )
     every = patch_copyer_heads(model, corrupted, cache, metric, by_position=False)
     for k in range(K):
 
         def write_all(act, k=k):
             act[:, :, k] = clean_z[:, :, k]
 
-        assert every[k].item() == pytest.approx(hand(model, corrupted, metric, "blocks.0.attn.hook_z", write_all), abs=1e-6)
+        assert every[k].item() == pytest.approx(
+            hand(model, corrupted, metric, "blocks.0.attn.hook_z", write_all), abs=1e-6
+        )
     # the patches must matter, or the comparison proves little
     unpatched = metric(model(corrupted)).item()
     assert (got - unpatched).abs().max() > 1e-3
 
 
-@pytest.mark.parametrize("side, name", [("query", "blocks.1.attn.hook_q"), ("key", "blocks.1.attn.hook_k"),
-                                        ("residual", "blocks.0.hook_resid_post")])
+@pytest.mark.parametrize(
+    "side, name",
+    [("query", "blocks.1.attn.hook_q"), ("key", "blocks.1.attn.hook_k"), ("residual", "blocks.0.hook_resid_post")],
+)
 def test_subspaces_on_each_side(setup, side, name):
     model, _, corrupted, cache, metric = setup
     K, H, d = model.cfg.n_copy_heads, model.cfg.seq_len, model.cfg.d_vocab
@@ -110,7 +116,9 @@ def test_layer2_pattern_per_query_position(setup):
         def write(act, h=h):
             act[:, 0, h] = clean[:, 0, h]
 
-        assert got[h].item() == pytest.approx(hand(model, corrupted, metric, "blocks.1.attn.hook_pattern", write), abs=1e-6)
+        assert got[h].item() == pytest.approx(
+            hand(model, corrupted, metric, "blocks.1.attn.hook_pattern", write), abs=1e-6
+        )
 
 
 def test_per_example_results_and_a_sweep_past_the_layer_are_refused_before_running(setup):
@@ -119,14 +127,22 @@ def test_per_example_results_and_a_sweep_past_the_layer_are_refused_before_runni
     per_example = patch_copyer_heads(
         model, corrupted, cache, lambda lp: metric(lp).expand(len(lp)), by_position=False, reduce="none"
     )
-    assert per_example.values.shape == (K, len(corrupted)) and list(per_example.index_df.columns) == ["layer", "head_index"]
+    assert per_example.values.shape == (K, len(corrupted)) and list(per_example.index_df.columns) == [
+        "layer",
+        "head_index",
+    ]
     # an explicit index_df that gives blocks.1 the K heads of blocks.0: one line, before any forward pass
     runs = []
     model.hook_log_probs.add_hook(lambda act, hook: runs.append(1))
     try:
         with pytest.raises(ValueError) as e:
             generic_activation_patch(
-                model, corrupted, cache, metric, layer_pos_head_vector_patch_setter, "z",
+                model,
+                corrupted,
+                cache,
+                metric,
+                layer_pos_head_vector_patch_setter,
+                "z",
                 index_df=index_df(1, ("pos", H), ("head_index", K)),
             )
     finally:

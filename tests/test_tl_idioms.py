@@ -98,7 +98,9 @@ def test_stack_activation_and_accumulated_resid(families, family):
     assert isinstance(cache, ActivationCache)
     if family == "bridge":  # TransformerLens's own: every layer alike
         n = model.cfg.n_layers
-        torch.testing.assert_close(cache.stack_activation("pattern"), torch.stack([cache["pattern", l] for l in range(n)]))
+        torch.testing.assert_close(
+            cache.stack_activation("pattern"), torch.stack([cache["pattern", l] for l in range(n)])
+        )
         parts = [cache["resid_pre", l] for l in range(n)] + [cache["resid_post", n - 1]]
         torch.testing.assert_close(cache.accumulated_resid(), torch.stack(parts))
         return
@@ -241,7 +243,9 @@ def test_a_mistyped_hook_name_is_one_line(families, family):
     one_line(error, lambda: model.run_with_cache(tokens, names_filter=typo), typo)
     if family in OURS:
         one_line(ValueError, lambda: model.run_with_cache(tokens, names_filter=[typo]), "blocks.1.attn.hook_pattern")
-        one_line(ValueError, lambda: model.run_with_hooks(tokens, fwd_hooks=[(typo, lambda a, hook: None)]), "hook_pattern")
+        one_line(
+            ValueError, lambda: model.run_with_hooks(tokens, fwd_hooks=[(typo, lambda a, hook: None)]), "hook_pattern"
+        )
         one_line(ValueError, lambda: model.run_with_cache(tokens, names_filter=[RESULT_HOOK]), "use_attn_result")
 
 
@@ -295,7 +299,11 @@ def test_writing_into_the_cached_pattern(families, family):
     assert torch.equal(pattern[1], before) and not torch.equal(copied[0], pattern[0])
     assert type(pattern * 2) is torch.Tensor  # results of reading it are plain tensors
     # a hook that writes in place gets the same one line; one that returns an edited clone is honoured
-    one_line(ValueError, lambda: model.run_with_hooks(tokens, fwd_hooks=[("blocks.0.attn.hook_pattern", lambda p, hook: p.mul_(0))]), "clone")
+    one_line(
+        ValueError,
+        lambda: model.run_with_hooks(tokens, fwd_hooks=[("blocks.0.attn.hook_pattern", lambda p, hook: p.mul_(0))]),
+        "clone",
+    )
 
     def only_context_0(p, hook):
         p = p.clone()
