@@ -29,7 +29,7 @@ Where ``transformer_lens.patching`` fits, and where it does not:
   ``cfg.n_heads`` and the ``get_act_patch_*`` helpers (which sweep every layer with ``cfg.n_heads``
   heads) do not apply. Head patches use TL's own ``layer_pos_head_vector_patch_setter`` and
   ``layer_head_vector_patch_setter`` (our ``hook_z`` is ``[batch, pos, head, d_head]`` as in TL).
-- Residual SUBSPACE patching has no TL setter (TL patches whole residual vectors): a small setter here.
+- Residual SUBSPACE patching has no TL setter (TL patches whole residual vectors): ``models.patching``'s.
 - A metric only sees the model's output, but the attention-mass metric needs the layer-2 pattern: it is
   captured by a hook attached with ``model.hooks(...)`` around the sweep (an outer hook context that
   the per-cell ``run_with_hooks`` leaves in place and that is removed when the sweep ends, also on error).
@@ -51,11 +51,11 @@ from transformer_lens.patching import (
     generic_activation_patch,
     layer_head_vector_patch_setter,
     layer_pos_head_vector_patch_setter,
-    make_df_from_ranges,
 )
 
 from analyses import common
 from models.interventions import corrupted_contexts
+from models.patching import index_df, subspace_patch_setter
 from models.subject import DisentangledSubject, head_label
 from probes import head_assignment
 
@@ -102,19 +102,6 @@ def _capture(store: dict):
     return hook
 
 
-def subspace_patch_setter(d: int):
-    """Setter for index (layer, [pos,] subspace): patch ``act[:, pos, ..., s*d:(s+1)*d]`` (every
-    position when the index has no pos); works for ``[batch, H, D]`` and ``[batch, H, 1, D]``."""
-
-    def setter(corrupted, index, clean):
-        pos = index[1] if len(index) == 3 else slice(None)
-        where = (slice(None), pos, Ellipsis, slice(index[-1] * d, (index[-1] + 1) * d))
-        corrupted[where] = clean[where]
-        return corrupted
-
-    return setter
-
-
 def patch_everything(corrupted, index, clean):
     """Setter: the whole clean activation."""
     return clean
@@ -123,13 +110,6 @@ def patch_everything(corrupted, index, clean):
 def patch_nothing(corrupted, index, clean):
     """Setter: leave the corrupted activation as it is."""
     return corrupted
-
-
-def index_df(layer: int, *ranges: tuple[str, int]) -> pd.DataFrame:
-    """One row per cell: ``layer`` and the product of ``(name, size)`` ranges (last varies fastest)."""
-    df = make_df_from_ranges([1] + [n for _, n in ranges], ["layer"] + [name for name, _ in ranges])
-    df["layer"] = layer
-    return df
 
 
 class Patcher:

@@ -15,6 +15,7 @@ from analyses import activation_patching as ap
 from analyses.common import single_thread
 from models import DisentangledSubject, load_subject
 from models.interventions import corrupted_contexts
+from models.patching import index_df
 from probes import bma_posterior, bma_predictive
 from tests.conftest import build_task
 
@@ -74,7 +75,7 @@ def test_shipped_checkpoint_all_heads_restore_clean_and_nothing_gives_zero(check
 
 def test_patching_the_clean_run_with_its_own_cache_gives_one_in_every_cell(checkpoint_patcher):
     p, tokens, cfg = checkpoint_patcher
-    cells = ap.index_df(0, ("pos", cfg.seq_len), ("head_index", cfg.n_heads))
+    cells = index_df(0, ("pos", cfg.seq_len), ("head_index", cfg.n_heads))
     values = p.sweep("z", layer_pos_head_vector_patch_setter, cells, tokens=tokens)
     torch.testing.assert_close(values, torch.ones_like(values), atol=1e-6, rtol=0)
 
