@@ -9,6 +9,7 @@ next to a shuffled-label control:
 
     python -m analyses.linear_probes                       # shipped checkpoint + a small GPT-2 trained here
     python -m analyses.linear_probes --standard runs/standard
+    python -m analyses.linear_probes --checkpoint standard  # the residual probes of a standard subject only
 """
 
 from __future__ import annotations
@@ -21,10 +22,12 @@ from torch import Tensor
 from tqdm.auto import tqdm
 
 from analyses import common
+from models.subject import DISENTANGLED, Subject, load_subject, subject_of
 from probes import bma_posterior
 from probes.linear import linear_probe
 from probes.metrics import parent_hits
 
+NAME = "linear_probes"
 FIGURES = {
     "linear_probe_copyers.png": (
         "held-out accuracy decoding x_h^l from each copyer head's output, for every (head, demonstration) pair, beside the shuffled-label control."
@@ -72,15 +75,15 @@ def parent_probes(model, task, n_contexts: int, seed: int) -> dict:
 
 
 @torch.no_grad()
-def standard_probes(model, task, n_contexts: int, seed: int) -> dict:
-    """Accuracy [layer, L] of decoding x_h^l from a standard LM's residual at flat L*H + h - 1, h >= 1."""
-    from models.standard import prediction_positions
-
+def standard_probes(subject: Subject, n_contexts: int, seed: int) -> dict:
+    """Accuracy [layer, L] of decoding x_h^l from a standard LM's residual at the query predicting x_h
+    of the target (``Layout.prediction_positions``), h >= 1."""
+    task, model = subject.task, subject.model
     tokens, _ = common.sample_contexts(task, n_contexts, seed)
     n_layers = model.cfg.n_layers
     names = ["blocks.0.hook_resid_pre"] + [f"blocks.{i}.hook_resid_post" for i in range(n_layers)]
-    _, cache = model.run_with_cache(tokens, names_filter=lambda n: n in names)
-    pos = prediction_positions(task.n_examples, task.seq_len)[1:]
+    _, cache = model.run_with_cache(subject.layout.encode(tokens), names_filter=lambda n: n in names)
+    pos = subject.layout.prediction_positions()[1:]
     demos = tokens.view(-1, task.n_examples + 1, task.seq_len)[:, : task.n_examples, 1:]  # [batch, L, H-1]
     results = [[None] * task.n_examples for _ in names]
     jobs = [(i, l) for i in range(len(names)) for l in range(task.n_examples)]
@@ -94,21 +97,26 @@ def _matrix(results: list[list[dict]]) -> dict:
     return {key: [[r[key] for r in row] for row in results] for key in ("test_acc", "control_acc", "majority_acc")}
 
 
-def train_small_standard(seed: int, out: Path):
-    """A small GPT-2 (2 layers, 4 heads, width 32) on the default standard task, ~100 steps."""
+def train_small_standard(seed: int, out: Path) -> Subject:
+    """A small GPT-2 (2 layers, 4 heads, width 32) trained here for 100 steps, as a subject. Its recipe is
+    pinned (the d=5, L=6, H=8 task with rows 0.8 Dirichlet(1) + 0.2/d, loss on the target tokens, warm-up
+    50 then cosine to 5%), so the figure does not move with ``models.standard``'s defaults."""
     import models
     from models.standard import StandardConfig, train_standard
 
-    cfg = StandardConfig(d_model=32, n_heads=4, steps=100, eval_every=100, eval_contexts=256, seed=seed, out=str(out))
+    cfg = StandardConfig(
+        seq_len=8, alpha=1.0, gamma=0.2, n_heads=4, d_model=32, d_mlp=128, steps=100, warmup=50,
+        final_lr_fraction=0.05, loss_on="target", eval_every=100, eval_contexts=256, seed=seed, out=str(out),
+    )  # fmt: skip
     train_standard(cfg, progress=False)
-    return models.load(out), cfg.task()
+    return subject_of(models.load(out), cfg.task(), None, "standard trained here (100 steps)", "")
 
 
-def plot(results: dict, n: int, out) -> None:
+def figures(results: dict, args) -> dict:
     import matplotlib.pyplot as plt
     import numpy as np
 
-    common.style()
+    n, out = args.n_contexts, {}
     if "copyers" in results:
         r = results["copyers"]
         acc, ctrl = np.array(r["test_acc"]), np.array(r["control_acc"])
@@ -126,7 +134,7 @@ def plot(results: dict, n: int, out) -> None:
         axes[1].set(ylabel="held-out accuracy", ylim=(0, 1.02))
         axes[1].legend(fontsize=7)
         fig.suptitle(f"Linear probes on copyer outputs (blocks.0.attn.hook_z), {n} contexts", fontsize=10)
-        common.save_figure(fig, out, "linear_probe_copyers")
+        out["linear_probe_copyers"] = fig
     if "parent" in results:
         r = results["parent"]
         fig, ax = plt.subplots(figsize=(6, 3.6))
@@ -140,7 +148,7 @@ def plot(results: dict, n: int, out) -> None:
             title=f"Decoding the parent from blocks.1.attn.hook_q alone, {n} contexts",
         )
         ax.legend(fontsize=7)
-        common.save_figure(fig, out, "linear_probe_parent")
+        out["linear_probe_parent"] = fig
     if "standard" in results:
         r = results["standard"]
         acc, ctrl = np.array(r["test_acc"]), np.array(r["control_acc"])
@@ -157,61 +165,66 @@ def plot(results: dict, n: int, out) -> None:
             f"Standard transformer: decoding $x_h^l$ from the residual at the query predicting $x_h$, {n} contexts",
             fontsize=9,
         )
-        common.save_figure(fig, out, "linear_probe_standard")
+        out["linear_probe_standard"] = fig
+    return out
 
 
-def compute(subject, standard=None, n_contexts: int = 256, seed: int = 0) -> dict:
+def probes_of(subject: Subject, standard: Subject | None, n_contexts: int = 256, seed: int = 0) -> dict:
     """All probes that apply: copyer and parent probes on a disentangled subject, residual probes on
-    the standard model (``standard`` = (model, task), or the subject itself if it is one)."""
-    from models import CausalTransformer
-
+    the standard subject (``standard``, or the subject itself if it is one)."""
     results = {}
-    if isinstance(subject.model, CausalTransformer):
+    if DISENTANGLED in subject.capabilities:
         results["copyers"] = copyer_probes(subject.model, subject.task, n_contexts, seed)
         results["parent"] = parent_probes(subject.model, subject.task, n_contexts, seed)
     else:
-        standard = (subject.model, subject.task)
+        standard = subject
     if standard is not None:
-        results["standard"] = standard_probes(*standard, n_contexts, seed)
+        results["standard"] = standard_probes(standard, n_contexts, seed)
     return results
 
 
-def main(argv: list[str] | None = None) -> dict:
-    parser = common.analysis_parser("linear_probes", __doc__.split("\n\n")[0], n_contexts=256)
+def compute(subject: Subject, args) -> dict:
+    with tempfile.TemporaryDirectory() as tmp:
+        standard = None
+        if DISENTANGLED in subject.capabilities:
+            if args.standard is not None:
+                standard = load_subject(args.standard)
+            else:
+                standard = train_small_standard(args.seed, Path(tmp) / "standard")
+        return probes_of(subject, standard, args.n_contexts, args.seed)
+
+
+def summary(results: dict) -> str:
+    lines = []
+    for name, r in results.items():
+        if name == "parent":
+            for h, p in zip(r["h"], r["probe"]):
+                lines.append(
+                    f"pa({h}) from query: {p['test_acc']:.3f} (control {p['control_acc']:.3f}, chance {1 / h:.3f})"
+                )
+        else:
+            acc = torch.tensor(r["test_acc"])
+            lines.append(
+                f"{name}: best held-out accuracy per row {[round(v, 3) for v in acc.max(1).values.tolist()]}, "
+                f"max control {torch.tensor(r['control_acc']).max().item():.3f}"
+            )
+    return "\n".join(lines)
+
+
+def add_flags(parser) -> None:
     parser.add_argument(
         "--standard",
         default=None,
         metavar="HF_FOLDER",
         help="a standard transformer folder (default: train a small one here, ~100 steps)",
     )
-    args = common.parse_common(parser, argv)
-    subject = common.subject_from_args(args)
-    from models import CausalTransformer
 
-    with tempfile.TemporaryDirectory() as tmp:
-        standard = None
-        if isinstance(subject.model, CausalTransformer):
-            if args.standard is not None:
-                import models
-                from models.formats import load_foreign_task
 
-                standard = (models.load(args.standard), load_foreign_task(args.standard))
-            else:
-                standard = train_small_standard(args.seed, Path(tmp) / "standard")
-        results = compute(subject, standard, args.n_contexts, args.seed)
-    for name, r in results.items():
-        if name == "parent":
-            for h, p in zip(r["h"], r["probe"]):
-                print(f"pa({h}) from query: {p['test_acc']:.3f} (control {p['control_acc']:.3f}, chance {1 / h:.3f})")
-        else:
-            acc = torch.tensor(r["test_acc"])
-            print(
-                f"{name}: best held-out accuracy per row {[round(v, 3) for v in acc.max(1).values.tolist()]}, "
-                f"max control {torch.tensor(r['control_acc']).max().item():.3f}"
-            )
-    plot(results, args.n_contexts, args.out)
-    common.save_json(args.out, "linear_probes", results, args, subject)
-    return results
+ANALYSIS = common.Analysis(NAME, __doc__, compute, figures, summary, n_contexts=256, add_flags=add_flags)
+
+
+def main(argv: list[str] | None = None) -> dict:
+    return common.main(ANALYSIS, argv)
 
 
 if __name__ == "__main__":

@@ -9,6 +9,7 @@ from test_formats import hf_folder
 
 import models
 from analyses.linear_probes import copyer_probes, parent_probes, standard_probes
+from models.subject import load_subject
 from probes.linear import linear_probe
 
 
@@ -48,7 +49,7 @@ def test_parent_probe_has_one_probe_per_position():
 def test_standard_probes_shapes_and_embedding_knows_no_demonstration_token(tmp_path):
     task = build_task(d_vocab=4, n_examples=3, seq_len=5)
     folder, _, _ = hf_folder(tmp_path, task)
-    r = standard_probes(models.load(folder), task, n_contexts=300, seed=0)
+    r = standard_probes(load_subject(folder), n_contexts=300, seed=0)
     assert r["layers"] == ["embed", "after block 0", "after block 1"]
     acc = torch.tensor(r["test_acc"])
     assert acc.shape == (3, 3)
