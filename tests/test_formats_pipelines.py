@@ -629,3 +629,63 @@ def test_inspect_credits_a_paper_literal_reimplementation_trained_to_bma(tmp_pat
     assert r["kind"] == "disentangled" and r["progress"] > 0.9 and not r["on_plateau"]
     assert r["parent_selecting"] == ["L1H0"]
     assert r["copyers"] == {f"L0H{k}": prefer[k] for k in range(4)}
+
+
+def test_transformer_lens_patching_runs_on_a_loaded_model(tmp_path):
+    """TransformerLens's own patching helpers on a loaded TransformerLens state dict: patching the output of
+    a head whose W_O is zero changes nothing (the metric stays the corrupted one, exactly); patching a head
+    that writes to the residual moves it."""
+    from transformer_lens import patching
+
+    task = small_task()
+    cfg = tl_cfg_dict(act_fn="gelu")
+    state = tl_state(cfg, True)
+    state["blocks.1.attn.W_O"][1] = 0
+    torch.save(state, tmp_path / "model.pt")
+    (tmp_path / "model.json").write_text(json.dumps(cfg))
+    write_task(tmp_path, task, {})
+    model = load_subject(tmp_path / "model.pt").model
+    clean, _ = task.sample(3, torch.Generator().manual_seed(6))
+    corrupted, _ = task.sample(3, torch.Generator().manual_seed(7))
+    _, cache = model.run_with_cache(clean)
+
+    def metric(logits):
+        return logits[:, -1].log_softmax(-1)[:, 0].mean()
+
+    with torch.no_grad():
+        corrupted_value = metric(model(corrupted)).item()
+    got = patching.get_act_patch_attn_head_out_all_pos(model, corrupted, cache, metric)
+    assert got.shape == (2, 2)
+    assert got[1, 1].item() == corrupted_value
+    assert abs(got[1, 0].item() - corrupted_value) > 1e-4
+
+
+class Payload:
+    """Stands for anything a pickle could smuggle in beside the tensors."""
+
+
+def test_a_ckpt_with_more_than_tensors_and_plain_values_is_not_unpickled(tmp_path):
+    task = small_task()
+    path, _, _ = write_nanogpt(tmp_path / "run", task, SPECIAL)
+    ckpt = torch.load(path, weights_only=True)
+    torch.save({**ckpt, "config": {"callback": Payload()}}, path)
+    with pytest.raises(ValueError, match="refusing to unpickle it") as err:
+        load_subject(path)
+    assert "\n" not in str(err.value)
+
+
+@pytest.mark.parametrize(
+    "ids,message",
+    [
+        (torch.zeros(2, 25, dtype=torch.long), "input has 25 positions; the model has n_ctx=24"),
+        (torch.full((2, 3), 8), r"input ids must lie in 0\.\.7, got 8\.\.8"),
+        (torch.zeros(2, 3), "integer tensor"),
+        (torch.zeros(3, dtype=torch.long), "integer tensor"),
+    ],
+)
+def test_hooked_transformer_refuses_bad_input_in_one_line(tmp_path, ids, message):
+    task = small_task()
+    path, _, _ = write_nanogpt(tmp_path / "run", task, SPECIAL, block_size=24)
+    model = load_subject(path).model
+    with pytest.raises(ValueError, match=message):
+        model(ids)
