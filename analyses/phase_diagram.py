@@ -1,0 +1,340 @@
+"""Where a standard transformer learns the task and where it does not: a phase diagram.
+
+    python -m analyses.phase_diagram --quick       # the paper run: a small grid, about two minutes
+    python -m analyses.phase_diagram               # the full sweep (README: about 25 minutes on one thread)
+
+Three families train from scratch on fresh contexts, side by side: ``gpt2`` (the ``models.standard``
+recipe: a pre-norm GPT-2 with MLPs), ``attn_only`` (the same GPT-2 with its MLPs and LayerNorms removed,
+``models.standard`` ``arch='attn_only'``) and ``disentangled`` (the paper's model, ``models.train``;
+it predicts the target tokens only, so it has no all-token loss). The sweep varies the kernel's
+sharpness (rows ``(1 - gamma) Dirichlet(alpha) + gamma / d``), the number of demonstrations L and the
+standard models' loss (every next token, or the target tokens only). Every run is evaluated every
+``eval_every`` steps on held-out contexts (BMA and the uniform-parent plateau on the same contexts):
+
+    progress = (NLL_plateau - NLL) / (NLL_plateau - NLL_BMA)        (models.standard.progress)
+
+The figure shows the progress after the step budget (colour) and the first evaluated step with
+progress >= 0.5 (in each cell; '-' if never). Cells near the boundary (seed-0 progress within
+``boundary`` of 0.5) are rerun with more seeds; the cell shows their mean and the JSON every seed.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from analyses import common
+from models.standard import StandardConfig, progress, reference_nlls, train_standard
+from models.train import TrainConfig, train
+
+NAME = "phase_diagram"
+FAMILIES = ("gpt2", "attn_only", "disentangled")
+FIGURES = {
+    "phase_diagram.png": (
+        "progress from the uniform-parent plateau (0) to BMA (1) after a fixed step budget, per family (GPT-2, attention-only LayerNorm-free GPT-2, disentangled), against kernel sharpness (x) and L and loss (y); each cell names the first step with progress >= 0.5 and its seeds"
+    ),
+    "phase_diagram_curves.png": "progress against training step for every run of the sweep, one panel per family and kernel",
+}
+
+
+@dataclass
+class Grid:
+    """The sweep. ``kernels``: (alpha, gamma) pairs, flattest first; ``rows``: (L, loss) pairs of the
+    standard families (the disentangled model gets one row per L, its own target-token loss)."""
+
+    kernels: list[tuple[float, float]] = field(
+        default_factory=lambda: [(1.0, 0.2), (0.6, 0.1), (0.3, 0.05), (0.1, 0.02)]
+    )
+    rows: list[tuple[int, str]] = field(default_factory=lambda: [(3, "all"), (6, "all"), (12, "all"), (6, "target")])
+    families: list[str] = field(default_factory=lambda: list(FAMILIES))
+    steps: int = 1500  # the step budget of a standard model
+    disentangled_steps: int = 300  # the disentangled model leaves the plateau within a few hundred
+    eval_every: int = 100
+    eval_contexts: int = 512
+    seq_len: int = 6
+    d_vocab: int = 5
+    boundary: float = 0.3  # seed-0 progress within this of 0.5: rerun with the extra seeds
+    extra_seeds: int = 2
+    max_boundary_cells: int = 4  # per family
+
+    def __post_init__(self):
+        for name in ("steps", "disentangled_steps", "eval_every", "eval_contexts", "seq_len", "d_vocab"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        bad = [f for f in self.families if f not in FAMILIES]
+        if bad or not self.families:
+            raise ValueError(f"families must be among {', '.join(FAMILIES)}; got {self.families}")
+        bad = [r for r in self.rows if len(r) != 2 or r[1] not in ("all", "target") or int(r[0]) < 1]
+        if bad or not self.rows or not self.kernels:
+            raise ValueError(f"rows must be (L >= 1, 'all' or 'target') pairs and kernels non-empty; got {self.rows}")
+        self.kernels = [tuple(k) for k in self.kernels]
+        self.rows = [(int(L), loss) for L, loss in self.rows]
+
+
+QUICK = Grid(
+    kernels=[(1.0, 0.2), (0.3, 0.05)],
+    rows=[(6, "all")],
+    steps=600,
+    disentangled_steps=200,
+    eval_every=100,
+    eval_contexts=256,
+    extra_seeds=1,
+    max_boundary_cells=1,
+)
+
+
+def train_cell(
+    family: str, alpha: float, gamma: float, L: int, loss_on: str, seed: int, grid: Grid, device: str = "cpu"
+) -> dict:
+    """One training run; its evaluation history as (step, NLL, progress) and the plateau's gap to BMA."""
+    if family == "disentangled":
+        with tempfile.TemporaryDirectory() as tmp:
+            cfg = TrainConfig(
+                d_vocab=grid.d_vocab,
+                n_examples=L,
+                seq_len=grid.seq_len,
+                alpha=alpha,
+                gamma=gamma,
+                seed=seed,
+                steps=grid.disentangled_steps,
+                eval_every=grid.eval_every,
+                eval_contexts=grid.eval_contexts,
+                device=device,
+                out=str(Path(tmp) / "run"),
+            )
+            _, history = train(cfg, progress=False)
+        # models.train draws its held-out contexts from seed + 1_000_003, as models.standard does
+        tokens, _ = cfg.task().sample(cfg.eval_contexts, torch.Generator().manual_seed(seed + 1_000_003))
+        ref = reference_nlls(cfg.task(), tokens)
+        if abs(ref["nll_bma"] - history[-1]["nll_bma"]) > 1e-9:
+            raise RuntimeError("the disentangled run's held-out contexts are not the ones evaluated here")
+        history = [{**m, "progress": progress(m["nll"], ref["nll_uniform"], ref["nll_bma"])} for m in history]
+    else:
+        cfg = StandardConfig(
+            d_vocab=grid.d_vocab,
+            n_examples=L,
+            seq_len=grid.seq_len,
+            alpha=alpha,
+            gamma=gamma,
+            arch=family,
+            loss_on=loss_on,
+            seed=seed,
+            steps=grid.steps,
+            eval_every=grid.eval_every,
+            eval_contexts=grid.eval_contexts,
+            device=device,
+        )
+        _, history = train_standard(cfg, progress=False, save=False)
+        ref = history[-1]
+    return {
+        "steps": [m["step"] for m in history],
+        "nll": [m["nll"] for m in history],
+        "progress": [m["progress"] for m in history],
+        "nll_bma": ref["nll_bma"],
+        "nll_uniform": ref["nll_uniform"],
+        "plateau_gap": ref["nll_uniform"] - ref["nll_bma"],
+    }
+
+
+def steps_to(run: dict, level: float = 0.5) -> int | None:
+    """The first evaluated step with progress >= level (None: never within the budget)."""
+    return next((s for s, p in zip(run["steps"], run["progress"]) if p >= level), None)
+
+
+def cells_of(grid: Grid) -> list[dict]:
+    """Every (family, kernel, L, loss) of the grid; the disentangled model once per kernel and L."""
+    return [
+        {"family": family, "alpha": alpha, "gamma": gamma, "L": L, "loss_on": loss_on}
+        for family in grid.families
+        for L, loss_on in _rows(grid, family)
+        for alpha, gamma in grid.kernels
+    ]
+
+
+def compute(grid: Grid, seed: int = 0, device: str = "cpu", log=print) -> dict:
+    """Train every cell with ``seed``, then the boundary cells with the extra seeds ``seed + 1, ...``; plain
+    data (``runs[0]`` of every cell is the ``seed`` run)."""
+    start = time.perf_counter()
+    cells = cells_of(grid)
+    for i, cell in enumerate(cells):
+        cell["runs"] = {seed: train_cell(**cell, seed=seed, grid=grid, device=device)}
+        log(f"  [{i + 1}/{len(cells)}] {_describe(cell)} ({time.perf_counter() - start:.0f} s)")
+    for family in grid.families:
+        near = [
+            c for c in cells if c["family"] == family and abs(c["runs"][seed]["progress"][-1] - 0.5) <= grid.boundary
+        ]
+        near.sort(key=lambda c: abs(c["runs"][seed]["progress"][-1] - 0.5))
+        for cell in near[: grid.max_boundary_cells]:
+            for extra in range(seed + 1, seed + grid.extra_seeds + 1):
+                cell["runs"][extra] = train_cell(**_key(cell), seed=extra, grid=grid, device=device)
+            log(f"  boundary: {_describe(cell)} ({time.perf_counter() - start:.0f} s)")
+    for cell in cells:
+        final = [r["progress"][-1] for r in cell["runs"].values()]
+        cell.update(
+            seeds=sorted(cell["runs"]),
+            final_progress=final,
+            mean_progress=float(np.mean(final)),
+            steps_to_half=[steps_to(r) for r in cell["runs"].values()],
+            plateau_gap=cell["runs"][seed]["plateau_gap"],
+        )
+        cell["runs"] = [{"seed": s, **r} for s, r in cell["runs"].items()]
+    return {"grid": dataclasses.asdict(grid), "seed": seed, "cells": cells, "seconds": time.perf_counter() - start}
+
+
+def _key(cell: dict) -> dict:
+    return {k: cell[k] for k in ("family", "alpha", "gamma", "L", "loss_on")}
+
+
+def _describe(cell: dict) -> str:
+    runs = list(cell["runs"].values())
+    final = ", ".join(f"{r['progress'][-1]:.2f}" for r in runs)
+    half = ", ".join(str(steps_to(r)) for r in runs)
+    return (
+        f"{cell['family']:12s} alpha={cell['alpha']:<4g} gamma={cell['gamma']:<4g} L={cell['L']:<2d} "
+        f"loss={cell['loss_on']:6s} plateau gap {runs[0]['plateau_gap']:.3f}: progress {final}; "
+        f"step to 0.5: {half}"
+    )
+
+
+def _rows(grid: Grid, family: str) -> list[tuple[int, str]]:
+    if family != "disentangled":
+        return grid.rows
+    return [(L, "target") for L in sorted({L for L, _ in grid.rows})]
+
+
+def plot(res: dict):
+    import matplotlib.pyplot as plt  # heavy; only when plotting
+    from matplotlib.colors import TwoSlopeNorm
+
+    grid = Grid(**res["grid"])
+    cells = {(c["family"], c["alpha"], c["gamma"], c["L"], c["loss_on"]): c for c in res["cells"]}
+    n_rows = max(len(_rows(grid, f)) for f in grid.families)
+    fig, axes = plt.subplots(
+        1, len(grid.families), figsize=(1.3 * len(grid.kernels) * len(grid.families) + 2, 0.55 * n_rows + 2.2)
+    )
+    axes = np.atleast_1d(axes)
+    norm = TwoSlopeNorm(vmin=-0.2, vcenter=0.5, vmax=1.0)
+    for ax, family in zip(axes, grid.families):
+        rows = _rows(grid, family)
+        values = np.full((n_rows, len(grid.kernels)), np.nan)
+        for i, (L, loss) in enumerate(rows):
+            for j, (alpha, gamma) in enumerate(grid.kernels):
+                c = cells[(family, alpha, gamma, L, loss)]
+                values[i, j] = c["mean_progress"]
+                half = [("-" if s is None else str(s)) for s in c["steps_to_half"]]
+                text = f"{c['mean_progress']:.2f}\n" + ("0.5@" + "/".join(half))
+                ax.text(j, i, text, ha="center", va="center", fontsize=6, color="k")
+        im = ax.imshow(values, cmap="RdYlGn", norm=norm, aspect="auto")
+        ax.grid(False)
+        gaps = [cells[(family, a, g, *rows[0])]["plateau_gap"] for a, g in grid.kernels]
+        ax.set_xticks(
+            range(len(grid.kernels)),
+            [f"Dir({a:g}), {g:g}/d\ngap {p:.2f} (L={rows[0][0]})" for (a, g), p in zip(grid.kernels, gaps)],
+            fontsize=6,
+        )
+        ax.set_yticks(range(len(rows)), [f"L={L}, loss {loss}" for L, loss in rows], fontsize=7)
+        budget = grid.disentangled_steps if family == "disentangled" else grid.steps
+        ax.set_title(f"{family} ({budget} steps)", fontsize=9)
+        ax.set_xlabel("kernel rows (1-γ) Dir(α) + γ/d; plateau gap to BMA (nats), sharper →", fontsize=7)
+    fig.colorbar(im, ax=list(axes), shrink=0.8, label="progress after the budget (0 plateau, 1 BMA)")
+    fig.suptitle(
+        "Where a transformer leaves the uniform-parent plateau (d=%d, H=%d)" % (grid.d_vocab, grid.seq_len), fontsize=10
+    )
+    return fig
+
+
+def plot_curves(res: dict):
+    import matplotlib.pyplot as plt  # heavy; only when plotting
+
+    grid = Grid(**res["grid"])
+    kernels = grid.kernels
+    n_examples = sorted({L for L, _ in grid.rows})
+    fig, axes = plt.subplots(
+        len(grid.families),
+        len(kernels),
+        figsize=(2.6 * len(kernels), 2.2 * len(grid.families)),
+        squeeze=False,
+        sharey=True,
+    )
+    styles = {loss: ls for loss, ls in zip(("all", "target"), ("-", "--"))}
+    for i, family in enumerate(grid.families):
+        for j, (alpha, gamma) in enumerate(kernels):
+            ax = axes[i, j]
+            for c in res["cells"]:
+                if (c["family"], c["alpha"], c["gamma"]) != (family, alpha, gamma):
+                    continue
+                colour = f"C{n_examples.index(c['L'])}"
+                for r in c["runs"]:
+                    label = f"L={c['L']}, {c['loss_on']}" if r["seed"] == res["seed"] else None
+                    ax.plot(
+                        r["steps"],
+                        r["progress"],
+                        styles[c["loss_on"]],
+                        color=colour,
+                        lw=1,
+                        alpha=1 if r["seed"] == res["seed"] else 0.5,
+                        label=label,
+                    )
+            ax.axhline(0.5, color="grey", lw=0.5)
+            ax.set_ylim(-0.3, 1.1)
+            ax.set_title(f"{family}: Dir({alpha:g}), {gamma:g}/d", fontsize=8)
+            if i == len(grid.families) - 1:
+                ax.set_xlabel("step", fontsize=7)
+            if j == 0:
+                ax.set_ylabel("progress", fontsize=7)
+            ax.legend(fontsize=5)
+    fig.tight_layout()
+    return fig
+
+
+def summary(res: dict) -> list[str]:
+    """One line per cell, grouped by family."""
+    lines = []
+    for c in res["cells"]:
+        final = ", ".join(f"{p:.2f}" for p in c["final_progress"])
+        half = ", ".join("-" if s is None else str(s) for s in c["steps_to_half"])
+        lines.append(
+            f"  {c['family']:12s} Dir({c['alpha']:g}) + {c['gamma']:g}/d (gap {c['plateau_gap']:.3f}) L={c['L']:<2d} "
+            f"loss {c['loss_on']:6s}: progress {final}; first step >= 0.5: {half}"
+        )
+    return lines
+
+
+def add_flags(parser) -> None:
+    parser.add_argument("--quick", action="store_true", help="a small grid (2 kernels, L=6, all-token loss, 600 steps)")
+    parser.add_argument(
+        "--families", nargs="+", choices=FAMILIES, default=None, help="families to train (default: all)"
+    )
+
+
+def compute_from_args(subject, args) -> dict:
+    grid = dataclasses.replace(
+        QUICK if args.quick else Grid(), **({"families": args.families} if args.families else {})
+    )
+    print(f"{NAME}: {len(cells_of(grid))} cells ({'quick' if args.quick else 'full'} grid)")
+    return {**compute(grid, args.seed, args.device), "mode": "quick" if args.quick else "full"}
+
+
+ANALYSIS = common.Analysis(
+    NAME,
+    __doc__,
+    compute_from_args,
+    lambda res, args: {NAME: plot(res), f"{NAME}_curves": plot_curves(res)},
+    lambda res: f"{NAME} ({res['mode']} grid, {res['seconds']:.0f} s):\n" + "\n".join(summary(res)),
+    n_contexts=None,
+    add_flags=add_flags,
+)
+
+
+def main(argv: list[str] | None = None) -> dict:
+    return common.main(ANALYSIS, argv)
+
+
+if __name__ == "__main__":
+    common.run(main)
