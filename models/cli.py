@@ -3,22 +3,38 @@
 ``--checkpoint`` (a named checkpoint, a path in any loadable format, or ``theorem1:beta=B``), ``--key-map``
 and ``--config`` (for weight files), ``--device``, ``--dtype``, ``--seed`` (default 0), ``--n-contexts``,
 ``--threads`` (default 1: float reductions depend on the thread count), ``--out``. Bad values exit 2 with
-one line (argparse's ``parser.error``); ``run_cli`` turns a ``ValueError`` from deeper down into the same.
+one line (``Parser.error``: no usage line); ``run_cli`` turns any exception from deeper down into the same.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
+import tempfile
+from pathlib import Path
 
 import torch
 
-from models.io import run_cli
-from models.subject import THEOREM1_USAGE, Subject, load_subject
+from models.checkpoint import check_device
+from models.io import check_memory, name_too_long, run_cli, size
+from models.subject import NAMED, THEOREM1_USAGE, Subject, load_subject
+from probes.tasks import MAX_SEED, check_int
 
-__all__ = ["run_cli", "parser", "add_subject_flags", "add_run_flags", "check_run_flags", "subject_or_exit"]
+__all__ = [
+    "run_cli",
+    "parser",
+    "add_subject_flags",
+    "add_run_flags",
+    "check_run_flags",
+    "check_out_folder",
+    "check_out_file",
+    "subject_or_exit",
+    "check_contexts_fit",
+    "MAX_SEED",
+]
 
-MAX_SEED = 2**63 - 1
+PATH_FLAGS = ("checkpoint", "config", "key_map")  # flags naming files to read (unless a named checkpoint)
 
 
 class OneLineParser(argparse.ArgumentParser):
@@ -34,6 +50,47 @@ def parser(prog: str, doc: str | None) -> argparse.ArgumentParser:
     p = OneLineParser(prog=prog, description=(doc or "").strip().split("\n\n")[0])
     p.add_argument("--debug", action="store_true", help="show the traceback of an error")
     return p
+
+
+def check_path(path: str, flag: str) -> None:
+    """A path flag: no NUL byte, no component over 255 bytes (``ValueError`` naming the flag)."""
+    if "\x00" in path:
+        raise ValueError(f"{flag} {path!r} contains a NUL byte")
+    long = name_too_long(path)
+    if long is not None:
+        raise ValueError(f"{flag}: the name {long[:40]!r}... is {len(os.fsencode(long))} bytes; the limit is 255")
+
+
+def check_out_folder(out: str, flag: str = "--out", make_parents: bool = False) -> None:
+    """An output folder, checked before any work: not a file, not a dangling symlink, inside a writable
+    folder (its parent must exist unless ``make_parents``). One ``ValueError`` naming ``flag``."""
+    check_path(out, flag)
+    path = Path(out)
+    if path.is_symlink() and not path.exists():
+        raise ValueError(f"{flag} {out!r} is a symlink to {os.readlink(path)!r}, which does not exist")
+    if path.exists() and not path.is_dir():
+        raise ValueError(f"{flag} {out!r} is a file; expected a folder")
+    probe = path if path.exists() else path.parent
+    if not make_parents and not probe.is_dir():
+        raise ValueError(f"{flag} {out!r}: parent folder {str(probe)!r} does not exist")
+    while not probe.exists() and probe != probe.parent:
+        probe = probe.parent
+    if not probe.is_dir():
+        raise ValueError(f"{flag} {out!r}: {str(probe)!r} is not a folder")
+    try:
+        with tempfile.TemporaryFile(dir=probe):
+            pass
+    except OSError as e:
+        raise ValueError(f"{flag} {out!r} is not writable ({e.strerror or e})") from None
+
+
+def check_out_file(out: str, flag: str) -> None:
+    """An output file, checked before any work: not a folder, in an existing writable folder."""
+    check_path(out, flag)
+    path = Path(out)
+    if path.is_dir():
+        raise ValueError(f"{flag} {out!r} is a folder; expected a file name")
+    check_out_folder(str(path.parent), flag=f"{flag} {out!r}: folder")
 
 
 def add_subject_flags(p: argparse.ArgumentParser, default: str = "default") -> None:
@@ -63,20 +120,21 @@ def add_run_flags(p: argparse.ArgumentParser, seed: int = 0, n_contexts: int | N
 def check_run_flags(p: argparse.ArgumentParser, args: argparse.Namespace, argv: list[str] | None = None) -> None:
     """Validate the flags of ``add_run_flags``/``add_subject_flags``, apply ``--threads``, and record the
     command that reproduces the run in ``args.command``."""
-    if not 0 <= args.seed <= MAX_SEED:
-        p.error(f"--seed must be between 0 and 2**63 - 1, got {args.seed}")
-    if getattr(args, "n_contexts", 1) < 1:
-        p.error(f"--n-contexts must be >= 1, got {args.n_contexts}")
-    if args.threads < 1:
-        p.error(f"--threads must be >= 1, got {args.threads}")
-    torch.set_num_threads(args.threads)
-    device = getattr(args, "device", "cpu")
     try:
-        torch.device(device)
-    except RuntimeError:
-        p.error(f"--device {device!r} is not a torch device (expected cpu, cuda, cuda:0, ...)")
-    if device.startswith("cuda") and not torch.cuda.is_available():
-        p.error(f"--device {device}: CUDA is not available on this machine")
+        check_int(args.seed, "--seed", 0, MAX_SEED)
+        if hasattr(args, "n_contexts"):
+            check_int(args.n_contexts, "--n-contexts", 1)
+        check_int(args.threads, "--threads", 1, os.cpu_count() or 1024)
+        check_device(getattr(args, "device", "cpu"))
+        for name in PATH_FLAGS:
+            value = getattr(args, name, None)
+            if isinstance(value, str) and value not in NAMED and not value.startswith("theorem1"):
+                check_path(value, "--" + name.replace("_", "-"))
+        if isinstance(getattr(args, "out", None), str):
+            check_out_folder(args.out)
+    except ValueError as e:
+        p.error(str(e) if not str(e).startswith("device") else f"--{e}")
+    torch.set_num_threads(args.threads)
     given = sys.argv[1:] if argv is None else argv
     args.command = " ".join([p.prog, *(a for a in given if a != "--debug")])
 
@@ -84,8 +142,37 @@ def check_run_flags(p: argparse.ArgumentParser, args: argparse.Namespace, argv: 
 def subject_or_exit(p: argparse.ArgumentParser, args: argparse.Namespace) -> Subject:
     """``load_subject`` with the common flags; a bad checkpoint is ``parser.error`` (exit 2, one line)."""
     try:
-        return load_subject(args.checkpoint, args.device, key_map=args.key_map, config=args.config, dtype=args.dtype)
+        subject = load_subject(args.checkpoint, args.device, key_map=args.key_map, config=args.config, dtype=args.dtype)
+        if hasattr(args, "n_contexts"):
+            check_contexts_fit(subject, min(args.n_contexts, getattr(args, "batch_size", args.n_contexts)))
     except ValueError as e:
         if args.debug:
             raise
-        p.error(str(e).splitlines()[0] if str(e) else type(e).__name__)
+        p.error(str(e))
+    return subject
+
+
+def forward_bytes(forward, task, n_contexts: int) -> int:
+    """Memory ``forward(tokens, fwd_hooks)`` (e.g. ``Subject.log_probs``) takes on ``n_contexts`` contexts of
+    ``task``: every activation a hook sees (each storage counted once: the disentangled copyer pattern
+    is shared by the batch), plus the contexts and their sampling buffers."""
+    tokens, _ = task.sample(n_contexts, torch.Generator().manual_seed(0))
+    seen: dict[int, tuple[int, torch.Tensor]] = {}
+
+    def grab(t, hook):
+        if isinstance(t, torch.Tensor):  # kept alive, so that no two activations share an address
+            storage = t.untyped_storage()
+            seen[storage.data_ptr()] = (storage.nbytes(), t)
+
+    with torch.no_grad():
+        forward(tokens, [(lambda name: True, grab)])
+    return sum(n for n, _ in seen.values()) + 3 * tokens.numel() * 8
+
+
+def check_contexts_fit(subject: Subject, n_contexts: int, flag: str = "--n-contexts") -> None:
+    """One-line ``ValueError`` if a forward pass on ``n_contexts`` contexts of ``subject`` would not fit
+    in memory: the cost of one more context (measured on 1 and 2) times ``n_contexts``, plus what every
+    batch shares. A floor for what an analysis holds."""
+    one, two = forward_bytes(subject.log_probs, subject.task, 1), forward_bytes(subject.log_probs, subject.task, 2)
+    per = max(two - one, 1)
+    check_memory(one - per + per * n_contexts, f"{flag} {n_contexts} ({size(per)} a context)")

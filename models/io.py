@@ -1,13 +1,20 @@
-"""Plumbing shared by every entry point: atomic file writes, JSON of tensors, and the CLI error
-convention (bad input is one line on stderr and exit code 2; ``--debug`` keeps the traceback)."""
+"""Plumbing shared by every entry point: atomic file writes, JSON in and out, exclusive locks, memory
+bounds, and the CLI error convention (bad input is one line on stderr and exit code 2; ``--debug``
+keeps the traceback)."""
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import json
 import os
 import sys
 import tempfile
+import traceback
 from pathlib import Path
+
+MEMORY_FRACTION = 0.8  # refuse work whose estimated memory exceeds this share of the available memory
+MAX_JSON_BYTES = 256 * 2**20  # config, task and key-map files are small; refuse to parse more
 
 
 def atomic_write(path: str | Path, write) -> None:
@@ -37,20 +44,129 @@ def write_json(path: str | Path, record) -> None:
     atomic_write(path, lambda tmp: tmp.write_text(text))
 
 
-def one_line(e: BaseException) -> str:
-    """The first line of an exception's message (or its type name), at most 300 characters."""
-    text = str(e).strip().splitlines()
-    return (text[0] if text else type(e).__name__)[:300]
+def read_json(path: str | Path, what: str):
+    """The parsed JSON file ``path``; a missing, huge, unreadable, malformed or too deeply nested file is
+    one ``ValueError`` naming ``what`` and the path."""
+    path = Path(path)
+    try:
+        if not path.is_file():
+            raise ValueError(f"{what} {str(path)!r} {'is a folder' if path.is_dir() else 'does not exist'}; expected a JSON file")
+        if path.stat().st_size > MAX_JSON_BYTES:
+            raise ValueError(f"{what} {str(path)!r} is over {MAX_JSON_BYTES >> 20} MiB; expected a small JSON file")
+        return json.loads(path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise ValueError(f"{what} {str(path)!r} is not valid JSON ({one_line(e)})") from None
+    except RecursionError:
+        raise ValueError(f"{what} {str(path)!r} is nested too deeply to parse; expected a flat JSON object") from None
+    except OSError as e:
+        raise ValueError(f"{what} {str(path)!r} cannot be read ({e.strerror or e})") from None
+
+
+class Busy(ValueError):
+    """Another process holds the lock."""
+
+
+@contextlib.contextmanager
+def exclusive_lock(path: str | Path, wait: bool = True, what: str = "it"):
+    """Hold an ``fcntl`` lock on the file ``path`` (created, and removed on release, so no lock file is
+    left behind). ``wait=False``: raise ``Busy`` at once if another process holds it. The inode check
+    after locking makes removal safe: a waiter that locked a removed file retries on the new one."""
+    path = Path(path)
+    while True:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | (0 if wait else fcntl.LOCK_NB))
+        except BlockingIOError:
+            os.close(fd)
+            raise Busy(f"another process is writing {what} (it holds the lock {str(path)!r}); wait for it to end") from None
+        try:
+            if os.stat(path).st_ino == os.fstat(fd).st_ino:
+                break
+        except FileNotFoundError:
+            pass
+        os.close(fd)  # the holder removed this file while we waited: lock the new one
+    try:
+        yield
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(path)
+        os.close(fd)
+
+
+def available_memory() -> int:
+    """Bytes of memory available to a new allocation (``MemAvailable``; physical memory if unknown)."""
+    with contextlib.suppress(OSError, ValueError):
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+
+
+def size(n: float) -> str:
+    """``n`` bytes, human readable."""
+    for unit in ("B", "KB", "MB", "GB", "TB"):
+        if abs(n) < 1000 or unit == "TB":
+            return f"{n:.1f} {unit}" if unit != "B" else f"{int(n)} B"
+        n /= 1000
+    return f"{n:.1f} PB"
+
+
+def check_memory(needed: float, what: str) -> None:
+    """One-line ``ValueError`` if ``needed`` bytes exceed ``MEMORY_FRACTION`` of the available memory."""
+    bound = MEMORY_FRACTION * available_memory()
+    if needed > bound:
+        raise ValueError(
+            f"{what} would need about {size(needed)}, more than the bound of {size(bound)} "
+            f"({MEMORY_FRACTION:.0%} of the memory available); use smaller sizes"
+        )
+
+
+def one_line(e: BaseException | str) -> str:
+    """An error message on one line: newlines escaped (a path may hold one), at most 500 characters;
+    an empty message is the exception's type name."""
+    text = str(e).strip()
+    if not text and isinstance(e, BaseException):
+        text = type(e).__name__
+    text = text.replace("\r", "\\r").replace("\n", "\\n")
+    return text if len(text) <= 500 else text[:497] + "..."
+
+
+def describe(e: BaseException) -> str:
+    """One line for an unexpected exception: its type and message (the type says what failed)."""
+    if isinstance(e, ValueError):
+        return one_line(e)
+    if isinstance(e, OSError) and e.strerror:
+        name = f" {e.filename!r}" if e.filename is not None else ""
+        return one_line(f"{e.strerror}{name}")
+    if isinstance(e, MemoryError):
+        return "out of memory; use smaller sizes"
+    if isinstance(e, RecursionError):
+        return "input nested too deeply (RecursionError)"
+    return one_line(f"{type(e).__name__}: {e}" if str(e).strip() else type(e).__name__)
 
 
 def run_cli(main, argv: list[str] | None = None):
-    """Run a CLI ``main(argv)``: a ``ValueError`` (bad input) becomes ``error: <one line>`` on stderr and
-    exit code 2, without a traceback (``--debug`` in argv re-raises it)."""
+    """Run a CLI ``main(argv)``. A ``ValueError`` (bad input) becomes ``error: <one line>`` on stderr and
+    exit code 2; any other exception becomes the same with a hint, exit code 2. ``--debug`` in argv
+    shows the traceback as well. ``KeyboardInterrupt`` exits 130 with one line."""
     args = sys.argv[1:] if argv is None else list(argv)
     try:
         return main(args)
-    except ValueError as e:
+    except KeyboardInterrupt:
+        print("error: interrupted", file=sys.stderr)
+        raise SystemExit(130) from None
+    except Exception as e:
         if "--debug" in args:
-            raise
-        print(f"error: {one_line(e)}", file=sys.stderr)
+            traceback.print_exc()
+        hint = "" if isinstance(e, ValueError) or "--debug" in args else " (--debug for the traceback)"
+        print(f"error: {describe(e)}{hint}", file=sys.stderr)
         raise SystemExit(2) from None
+
+
+def name_too_long(path: str | Path) -> str | None:
+    """The first component of ``path`` over the file system's name limit (255 bytes), or None."""
+    for part in Path(path).parts:
+        if len(os.fsencode(part)) > 255:
+            return part
+    return None
+

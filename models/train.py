@@ -12,11 +12,10 @@ writes the checkpoint with its training state, so ``--resume`` continues a kille
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import json
 import math
-import sys
+import re
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -25,13 +24,15 @@ import safetensors.torch
 import torch
 from tqdm.auto import tqdm
 
-from models import distributed
+from models import checkpoint, cli, distributed
 from models.causal_transformer import CausalTransformer, CausalTransformerConfig
-from models.checkpoint import TRAIN_META, TRAIN_STATE, load_checkpoint, model_class, read_config, save
+from models.checkpoint import CONFIG, TRAIN_META, TRAIN_STATE, load_checkpoint, model_class, read_config, save
 from models.continuous import mse_loss
 from models.evaluate import evaluate
+from models.io import check_memory, describe, exclusive_lock, read_json, run_cli, size
 from probes import MarkovTreeTask
 from probes.continuous import ContinuousTask
+from probes.tasks import MAX_N_EXAMPLES, MAX_SEED, check_float, check_int, check_sizes
 
 
 @dataclass
@@ -63,21 +64,39 @@ class TrainConfig:
     eval_contexts: int = 2048
     snapshot_every: int = 0  # > 0: also keep a checkpoint every this many steps under out/snapshots/
     out: str = "runs/train"
-    resume: bool = False  # continue from the training state in `out`
+    resume: bool = False  # continue from the training state in `out` (an error if it has none)
+    overwrite: bool = False  # replace a checkpoint already at `out` (otherwise refused)
     compile: bool = False  # torch.compile the training forward: minutes to compile, then ~3x faster steps (README)
 
     def __post_init__(self):
+        """Every field checked (type, finiteness, bound) before anything is built: one ValueError that
+        starts with the field's name."""
+        check_sizes(self.d_vocab, self.n_examples, self.seq_len, where="")
+        if self.n_copy_heads is not None:
+            check_int(self.n_copy_heads, "n_copy_heads", 1, MAX_N_EXAMPLES)
         for name in ("steps", "batch_size", "eval_every", "eval_contexts"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
-        if self.lr <= 0:
-            raise ValueError(f"lr must be > 0, got {self.lr}")
+            check_int(getattr(self, name), name, 1)
+        check_int(self.snapshot_every, "snapshot_every", 0)
+        for name in ("seed", "task_seed"):
+            check_int(getattr(self, name), name, 0, MAX_SEED)
+        check_float(self.alpha, "alpha", 0, open_low=True)
+        check_float(self.gamma, "gamma", 0, 1)
+        check_float(self.rho, "rho", 0, 1, open_low=True, open_high=True)
+        check_float(self.lr, "lr", 0, open_low=True)
+        check_float(self.copyer_lr_scale, "copyer_lr_scale", 0)
+        check_float(self.final_lr_fraction, "final_lr_fraction", 0, 1)
+        check_float(self.init_offset, "init_offset", -1e4, 1e4)
+        check_float(self.init_demo, "init_demo", -1e4, 1e4)
         if self.task_kind not in ("markov_tree", "continuous"):
             raise ValueError(f"task_kind must be 'markov_tree' or 'continuous', got {self.task_kind!r}")
-        if self.task_kind == "continuous" and not 0 < self.rho < 1:
-            raise ValueError(f"rho must lie in (0, 1), got {self.rho}")
-        if self.device.startswith("cuda") and not torch.cuda.is_available():
-            raise ValueError(f"device {self.device!r} requested but CUDA is not available; use --device cpu")
+        if self.dtype not in ("float32", "float64"):
+            raise ValueError(f"dtype must be 'float32' or 'float64', got {self.dtype!r}")
+        for name in ("resume", "overwrite", "compile"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"{name} must be true or false, got {getattr(self, name)!r}")
+        if not isinstance(self.out, str) or not self.out:
+            raise ValueError(f"out must be a folder name, got {self.out!r}")
+        checkpoint.check_device(self.device)
 
     def task(self) -> MarkovTreeTask:
         if self.task_kind == "continuous":  # d_vocab is the vector dimension; A is drawn from task_seed
@@ -191,10 +210,70 @@ def train(cfg: TrainConfig, progress: bool = True) -> tuple[CausalTransformer, l
 
 def _train(cfg: TrainConfig, progress: bool, place: distributed.Rank, device: str):
     distributed.check_batch(cfg.batch_size, place)
+    out = Path(cfg.out)
+    if not place.is_main:
+        return _train_locked(cfg, progress, place, device, out)
+    cli.check_out_folder(cfg.out, make_parents=True)
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise ValueError(f"--out {cfg.out!r}: cannot create {str(out.parent)!r} ({e.strerror or e})") from None
+    with exclusive_lock(training_lock(out), wait=False, what=f"--out {cfg.out!r} (another training)"):
+        checkpoint.recover(out)  # a write killed part-way: the old checkpoint back, its debris gone
+        return _train_locked(cfg, progress, place, device, out)
+
+
+def training_lock(out: Path) -> Path:
+    """The lock a training holds on its ``--out`` for its whole run (beside it: the folder is replaced)."""
+    return out.parent / f".{out.name}.train.lock"
+
+
+def check_start(cfg: TrainConfig, out: Path) -> bool:
+    """Whether to resume: never replace existing work unless asked. ``--resume`` needs a run with
+    training state (``--resume --overwrite``: resume if there is one, else start afresh); a checkpoint
+    already at ``--out`` is replaced only with ``--overwrite``; anything else there is refused."""
+    has_state = (out / TRAIN_STATE).is_file() and (out / TRAIN_META).is_file()
+    if cfg.resume and has_state:
+        return True
+    if cfg.resume and not cfg.overwrite:
+        what = "does not exist" if not out.exists() else f"has no training state ({TRAIN_STATE}, {TRAIN_META})"
+        raise ValueError(f"cannot --resume: --out {cfg.out!r} {what}; pass --overwrite to train it afresh")
+    if (out / CONFIG).is_file() and not cfg.overwrite:
+        raise ValueError(
+            f"--out {cfg.out!r} holds a checkpoint; refusing to replace it: pass --overwrite to replace it"
+            + (" or --resume to continue it" if has_state else "")
+        )
+    checkpoint.check_replaceable(out)
+    return False
+
+
+def check_resources(cfg: TrainConfig, model, task) -> None:
+    """The memory a training step (forward, backward, Adam) and the evaluation would take, measured on
+    one and two contexts, against the memory available: one line naming the flag if it does not fit."""
+    params = sum(p.numel() * p.element_size() for p in model.parameters())
+
+    def forward(tokens, fwd_hooks):
+        with model.hooks(fwd_hooks=fwd_hooks):
+            return model(tokens.to(model.cfg.device))
+
+    one, two = cli.forward_bytes(forward, task, 1), cli.forward_bytes(forward, task, 2)
+    per, shared = max(two - one, 1), max(2 * one - two, 0)
+    step = 4 * params + 3 * (shared + per * cfg.batch_size)  # weights, grads, Adam's two moments; backward
+    check_memory(step, f"--batch-size {cfg.batch_size} ({size(per)} a context)")
+    check_memory(shared + 2 * per * cfg.eval_contexts, f"--eval-contexts {cfg.eval_contexts} ({size(per)} a context)")
+
+
+def _train_locked(cfg: TrainConfig, progress: bool, place: distributed.Rank, device: str, out: Path):
+    resume = check_start(cfg, out) if place.is_main else cfg.resume and (out / TRAIN_STATE).is_file()
+    if resume:
+        check_resumable(out, cfg)
     task = cfg.task()
     torch.manual_seed(cfg.seed)
     init_gen = torch.Generator().manual_seed(cfg.seed)
-    model = model_class(cfg.task_kind)(dataclasses.replace(cfg.model_config(), device=device))
+    model_cfg = dataclasses.replace(cfg.model_config(), device=device)
+    model = checkpoint.build(model_class(cfg.task_kind), model_cfg, "the model of this config")
+    if place.is_main:
+        check_resources(cfg, model, task)
     init_copyers(model, cfg.init_offset, cfg.init_demo, init_gen)
     eval_tokens, eval_parents = task.sample(cfg.eval_contexts, torch.Generator().manual_seed(cfg.seed + 1_000_003))
     data_gen = torch.Generator().manual_seed(cfg.seed + 1)
@@ -204,8 +283,7 @@ def _train(cfg: TrainConfig, progress: bool, place: distributed.Rank, device: st
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: _lr_factor(s, cfg))
     history: list[dict] = []
     start = 0
-    out = Path(cfg.out)
-    if cfg.resume and (out / TRAIN_STATE).is_file():
+    if resume:
         start, history = _resume(out, cfg, model, opt, sched, data_gen)
     if start == 0 and place.is_main:  # the state at initialisation, for the record (uses no randomness)
         history.append({"step": 0, "loss": None, "seconds": 0.0, **evaluate(model, task, eval_tokens, eval_parents)})
@@ -230,6 +308,7 @@ def _train(cfg: TrainConfig, progress: bool, place: distributed.Rank, device: st
             loss = distributed.mean_over_ranks(loss, place).item()  # the only host-device sync: at evaluation
             if not place.is_main:
                 continue
+            check_finite(model, loss, done)
             m = {
                 "step": done,
                 "loss": loss,
@@ -245,6 +324,14 @@ def _train(cfg: TrainConfig, progress: bool, place: distributed.Rank, device: st
                 _save(model, task, cfg, history, None, None, None, done, out / "snapshots" / f"step_{done:06d}")
     bar.close()
     return model.eval(), history
+
+
+def check_finite(model, loss: float, step: int) -> None:
+    """Training diverged (a NaN or Inf loss or weight): stop before writing a checkpoint that cannot load."""
+    bad = [name for name, p in model.named_parameters() if not torch.isfinite(p).all()]
+    if bad or not math.isfinite(loss):
+        where = f"weights {', '.join(bad)}" if bad else f"loss {loss}"
+        raise ValueError(f"training diverged at step {step} ({where} not finite); lower --lr")
 
 
 def _describe(m: dict) -> str:
@@ -274,26 +361,53 @@ def _save(model, task, cfg, history, opt, sched, data_gen, step, path) -> None:
     save(model, path, task=task, training=training, train_state=tensors, train_meta=meta)
 
 
-def _resume(out: Path, cfg: TrainConfig, model, opt, sched, data_gen) -> tuple[int, list[dict]]:
-    training = read_config(out)["training"]
-    current = asdict(cfg)
-    differ = {
-        k for k, v in current.items() if k not in ("resume", "steps", "compile") and training["config"].get(k) != v
-    }
+RESUME_MAY_DIFFER = ("resume", "overwrite", "steps", "compile", "out")  # the rest must equal the saved run's
+
+
+def check_resumable(out: Path, cfg: TrainConfig) -> dict:
+    """The saved training record of ``out``, checked before any work: its config equals ``cfg`` (but
+    for ``RESUME_MAY_DIFFER``) and its state files are readable. One line otherwise."""
+    training = read_config(out).get("training")
+    saved = training.get("config") if isinstance(training, dict) else None
+    if not isinstance(saved, dict) or not isinstance(training.get("history"), list):
+        raise ValueError(f"cannot resume {str(out)!r}: its {CONFIG} has no training record; pass --overwrite to start afresh")
+    differ = {k for k, v in asdict(cfg).items() if k not in RESUME_MAY_DIFFER and saved.get(k) != v}
     if differ:
-        raise ValueError(f"cannot resume {out}: its training config differs in {sorted(differ)}")
+        raise ValueError(f"cannot resume {str(out)!r}: its training config differs in {sorted(differ)}")
+    meta = read_json(out / TRAIN_META, "training state")
+    if not isinstance(meta, dict) or not isinstance(meta.get("step"), int) or "scheduler" not in meta:
+        raise ValueError(f"cannot resume {str(out)!r}: {TRAIN_META} is not a training state; pass --overwrite to start afresh")
+    return training
+
+
+def _resume(out: Path, cfg: TrainConfig, model, opt, sched, data_gen) -> tuple[int, list[dict]]:
+    training = check_resumable(out, cfg)
     model.load_state_dict(load_checkpoint(out, device=cfg.device).state_dict())
-    tensors = safetensors.torch.load_file(out / TRAIN_STATE)
-    meta = json.loads((out / TRAIN_META).read_text())
-    _load_optimizer_state(opt, tensors, meta)
-    sched.load_state_dict(meta["scheduler"])
-    data_gen.set_state(tensors["data_generator"])
-    torch.set_rng_state(tensors["torch_rng"])
-    return int(meta["step"]), training["history"]
+    try:
+        tensors = safetensors.torch.load_file(out / TRAIN_STATE)
+        meta = json.loads((out / TRAIN_META).read_text())
+        _load_optimizer_state(opt, tensors, meta)
+        sched.load_state_dict(meta["scheduler"])
+        data_gen.set_state(tensors["data_generator"])
+        torch.set_rng_state(tensors["torch_rng"])
+        step = check_int(meta["step"], "step", 1)
+    except Exception as e:  # safetensors, Adam and the generators raise their own types on a corrupt state
+        raise ValueError(
+            f"cannot resume {str(out)!r}: its training state is unreadable ({describe(e)}); pass --overwrite to start afresh"
+        ) from None
+    return step, training["history"]
+
+
+FIELDS = {f.name for f in dataclasses.fields(TrainConfig)}
+
+
+def as_flags(message: str) -> str:
+    """A ``TrainConfig`` error for the command line: a leading field name becomes its flag."""
+    return re.sub(r"^ ?(\w+)", lambda m: "--" + m[1].replace("_", "-") if m[1] in FIELDS else m[0], message)
 
 
 def parse_args(argv: list[str] | None = None) -> TrainConfig:
-    parser = argparse.ArgumentParser(prog="python -m models.train", description=__doc__.split("\n\n")[0])
+    parser = cli.parser("python -m models.train", __doc__)
     parser.add_argument(
         "--preset",
         choices=sorted(PRESETS),
@@ -313,18 +427,19 @@ def parse_args(argv: list[str] | None = None) -> TrainConfig:
     try:
         return TrainConfig(**{f.name: getattr(args, f.name) for f in dataclasses.fields(TrainConfig)})
     except ValueError as e:
-        parser.error(str(e))
+        parser.error(as_flags(str(e)))
+
+
+def _main(argv: list[str]) -> None:
+    cfg = parse_args(argv)
+    _, history = train(cfg)
+    if history:  # rank 0 (or the only process)
+        print(f"wrote {cfg.out} ({history[-1]['seconds']:.1f} s)")
 
 
 def main(argv: list[str] | None = None) -> None:
-    cfg = parse_args(argv)
-    try:
-        _, history = train(cfg)
-    except ValueError as e:
-        print(f"error: {e}", file=sys.stderr)
-        raise SystemExit(2) from None
-    if history:  # rank 0 (or the only process)
-        print(f"wrote {cfg.out} ({history[-1]['seconds']:.1f} s)")
+    """The command line: bad input (or any failure) is one line on stderr and exit code 2."""
+    run_cli(_main, argv)
 
 
 if __name__ == "__main__":

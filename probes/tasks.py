@@ -8,6 +8,8 @@ example-major, flat index ``l * H + h`` (0-based). Examples ``l = 0 .. L-1`` are
 
 from __future__ import annotations
 
+import math
+import numbers
 from dataclasses import dataclass
 
 import torch
@@ -15,6 +17,60 @@ from jaxtyping import Float, Int
 from torch import Tensor
 
 ROW_SUM_TOL = 1e-6
+MAX_SEED = 2**63 - 1  # torch generators take 64-bit seeds; training adds offsets to its seed
+# Stated bounds on task sizes (checked before anything is allocated): pi is d x d float64, a context
+# holds (L+1) H tokens. The memory a model or a batch of these would need is checked where it is built.
+MAX_D_VOCAB = 4096
+MAX_N_EXAMPLES = 65536
+MAX_SEQ_LEN = 65536
+MAX_N_TOKENS = 2**20
+
+
+def check_int(value, name: str, low: int | None = None, high: int | None = None) -> int:
+    """``value`` as an int if it is an integer (not a bool, not 10.9) in ``[low, high]``; else one
+    ``ValueError`` naming ``name``, the value and the bound. Every integer field and flag goes through it."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise ValueError(f"{name} must be an integer, got {value!r}")
+    value = int(value)
+    if (low is not None and value < low) or (high is not None and value > high):
+        raise ValueError(f"{name} must be {_bounds(low, high, False, False)}, got {value}")
+    return value
+
+
+def check_float(
+    value, name: str, low: float | None = None, high: float | None = None, *, open_low=False, open_high=False
+) -> float:
+    """``value`` as a float if it is a finite real number in the bounds (``open_*``: strict); else one
+    ``ValueError`` naming ``name``, the value and the bound. Every float field and flag goes through it."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise ValueError(f"{name} must be a number, got {value!r}")
+    value = float(value)
+    bad = not math.isfinite(value)
+    bad |= low is not None and (value <= low if open_low else value < low)
+    bad |= high is not None and (value >= high if open_high else value > high)
+    if bad:
+        raise ValueError(f"{name} must be a finite number {_bounds(low, high, open_low, open_high)}, got {value!r}")
+    return value
+
+
+def _bounds(low, high, open_low: bool, open_high: bool) -> str:
+    if low is not None and high is not None:
+        return f"in {'(' if open_low else '['}{low}, {high}{')' if open_high else ']'}"
+    if low is not None:
+        return f"{'>' if open_low else '>='} {low}"
+    if high is not None:
+        return f"{'<' if open_high else '<='} {high}"
+    return "(any)"
+
+
+def check_sizes(d_vocab, n_examples, seq_len, where: str = "task") -> tuple[int, int, int]:
+    """d, L, H as ints within the stated bounds (``MAX_*``), the context length (L+1) H included."""
+    d = check_int(d_vocab, f"{where} d_vocab".strip(), 2, MAX_D_VOCAB)
+    L = check_int(n_examples, f"{where} n_examples".strip(), 1, MAX_N_EXAMPLES)
+    H = check_int(seq_len, f"{where} seq_len".strip(), 2, MAX_SEQ_LEN)
+    if (L + 1) * H > MAX_N_TOKENS:
+        raise ValueError(f"{where} contexts of (L+1)H = {(L + 1) * H} tokens exceed the bound of {MAX_N_TOKENS}".strip())
+    return d, L, H
 
 
 def check_kernel(pi: Tensor, name: str = "pi") -> Tensor:
@@ -46,17 +102,19 @@ def dirichlet_kernel(
     d_vocab: int, alpha: float = 1.0, gamma: float = 0.2, generator: torch.Generator | None = None
 ) -> Float[Tensor, "d d"]:
     """Rows ``(1 - gamma) * Dirichlet(alpha) + gamma / d``: a kernel minorised by gamma / d (Lemma 3)."""
-    if d_vocab < 2:
-        raise ValueError(f"d_vocab must be >= 2, got {d_vocab}")
-    if not 0 <= gamma <= 1:
-        raise ValueError(f"gamma must be in [0, 1], got {gamma}")
-    if alpha <= 0:
-        raise ValueError(f"alpha must be > 0, got {alpha}")
+    d_vocab = check_int(d_vocab, "d_vocab", 2, MAX_D_VOCAB)
+    gamma = check_float(gamma, "gamma", 0, 1)
+    alpha = check_float(alpha, "alpha", 0, open_low=True)
     # Dirichlet via normalised Gamma draws; torch's Dirichlet sampler takes no generator, so we draw
     # the Gammas ourselves to keep the kernel a function of the seed.
     gammas = _gamma_draws(d_vocab, alpha, generator if generator is not None else torch.default_generator)
     rows = gammas / gammas.sum(-1, keepdim=True)
+    if not torch.isfinite(rows).all():  # tiny alpha: every Gamma draw of a row underflows to 0
+        raise ValueError(f"alpha={alpha!r} is too small: the Dirichlet draws underflow to zero; expected alpha >= 0.01")
     return (1 - gamma) * rows + gamma / d_vocab
+
+
+MAX_REJECTION_ROUNDS = 64
 
 
 def _gamma_draws(d: int, alpha: float, generator: torch.Generator) -> Tensor:
@@ -67,7 +125,9 @@ def _gamma_draws(d: int, alpha: float, generator: torch.Generator) -> Tensor:
     c = 1 / (9 * c_d) ** 0.5
     out = torch.empty(d * d, dtype=torch.float64)
     filled = 0
-    while filled < d * d:
+    for _ in range(MAX_REJECTION_ROUNDS):  # each round accepts > 95% of its (4x oversized) proposals
+        if filled == d * d:
+            break
         n = 4 * (d * d - filled) + 16
         x = torch.randn(n, dtype=torch.float64, generator=generator)
         u = torch.rand(n, dtype=torch.float64, generator=generator)
@@ -76,6 +136,8 @@ def _gamma_draws(d: int, alpha: float, generator: torch.Generator) -> Tensor:
         acc = (c_d * v)[ok][: d * d - filled]
         out[filled : filled + acc.numel()] = acc
         filled += acc.numel()
+    if filled < d * d:
+        raise ValueError(f"the Gamma({alpha!r}) sampler accepted too few draws; expected a moderate alpha")
     if boost:
         out = out * torch.rand(d * d, dtype=torch.float64, generator=generator) ** (1 / alpha)
     return out.reshape(d, d)
@@ -99,10 +161,7 @@ class MarkovTreeTask:
         if self.root is None:
             self.root = torch.full((self.d_vocab,), 1 / self.d_vocab, dtype=torch.float64)
         self.root = check_distribution(self.root, self.d_vocab)
-        if self.n_examples < 1 or self.seq_len < 2:
-            raise ValueError(
-                f"need n_examples >= 1 and seq_len >= 2, got n_examples={self.n_examples}, seq_len={self.seq_len}"
-            )
+        _, self.n_examples, self.seq_len = check_sizes(self.d_vocab, self.n_examples, self.seq_len)
 
     @property
     def d_vocab(self) -> int:
@@ -118,7 +177,8 @@ class MarkovTreeTask:
         cls, d_vocab: int, n_examples: int, seq_len: int, alpha: float = 1.0, gamma: float = 0.2, seed: int = 0
     ) -> MarkovTreeTask:
         """A task with a Dirichlet kernel (``dirichlet_kernel``) drawn from ``seed``, uniform root."""
-        g = torch.Generator().manual_seed(seed)
+        check_sizes(d_vocab, n_examples, seq_len)
+        g = torch.Generator().manual_seed(check_int(seed, "task seed", 0, MAX_SEED))
         return cls(dirichlet_kernel(d_vocab, alpha, gamma, g), n_examples, seq_len)
 
     def sample_parents(self, batch: int, generator: torch.Generator | None = None) -> Int[Tensor, "batch H"]:
@@ -163,15 +223,32 @@ class MarkovTreeTask:
             raise ValueError(f"task description lacks {sorted(missing)}; expected keys pi, n_examples, seq_len")
         if d.get("kind", "markov_tree") != "markov_tree":
             raise ValueError(f"task kind {d['kind']!r} is not supported here; expected 'markov_tree'")
-        root = None if d.get("root") is None else torch.tensor(d["root"], dtype=torch.float64)
-        try:
-            pi = torch.tensor(d["pi"], dtype=torch.float64)
-        except (TypeError, ValueError):
-            raise ValueError("task pi must be a d x d list of numbers") from None
-        task = cls(pi, int(d["n_examples"]), int(d["seq_len"]), root)
-        if "d_vocab" in d and int(d["d_vocab"]) != task.d_vocab:
+        n_examples = check_int(d["n_examples"], "task n_examples", 1, MAX_N_EXAMPLES)
+        seq_len = check_int(d["seq_len"], "task seq_len", 2, MAX_SEQ_LEN)
+        d_vocab = check_int(d["d_vocab"], "task d_vocab", 2, MAX_D_VOCAB) if "d_vocab" in d else None
+        pi, root = _numbers(d["pi"], "pi", 2), None if d.get("root") is None else _numbers(d["root"], "root", 1)
+        if pi.shape[0] > MAX_D_VOCAB:
+            raise ValueError(f"task pi is {pi.shape[0]} x {pi.shape[0]}; the bound is d_vocab <= {MAX_D_VOCAB}")
+        task = cls(pi, n_examples, seq_len, root)
+        if d_vocab is not None and d_vocab != task.d_vocab:
             raise ValueError(f"task d_vocab={d['d_vocab']} disagrees with pi of shape {tuple(task.pi.shape)}")
         return task
+
+
+def _numbers(value, name: str, ndim: int) -> Tensor:
+    """A nested list of real numbers (no bools, no strings) as a float64 tensor of ``ndim`` dims."""
+    try:
+        t = torch.tensor(value, dtype=torch.float64)
+    except (TypeError, ValueError, RuntimeError, OverflowError):
+        t = None
+    if t is None or t.ndim != ndim or _has_bool(value):
+        shape = "a d x d list" if ndim == 2 else "a list"
+        raise ValueError(f"task {name} must be {shape} of numbers")
+    return t
+
+
+def _has_bool(value) -> bool:
+    return isinstance(value, bool) or (isinstance(value, list) and any(_has_bool(v) for v in value))
 
 
 def _inverse_cdf(cdf: Float[Tensor, "... d"], u: Float[Tensor, "..."]) -> Int[Tensor, "..."]:

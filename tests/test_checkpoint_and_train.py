@@ -84,6 +84,10 @@ def test_config_that_disagrees_with_the_weights_is_rejected(tmp_path):
     config = json.loads((path / "config.json").read_text())
     config["model"]["d_vocab"] = 5
     (path / "config.json").write_text(json.dumps(config))
+    with pytest.raises(ValueError, match="the task's d_vocab=4 disagrees with the model's d_vocab=5"):
+        models.load(path)
+    config["model"]["d_vocab"], config["model"]["n_copy_heads"] = 4, 2  # the task says nothing of K
+    (path / "config.json").write_text(json.dumps(config))
     with pytest.raises(ValueError, match="wrong shape"):
         models.load(path)
 

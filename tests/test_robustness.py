@@ -18,7 +18,7 @@ from test_formats import file_config, hf_folder, small_model
 
 import models
 from analyses import inspect
-from analyses.common import load_subject
+from models.subject import load_subject
 from models import standard, train
 from models.formats import read_key_map, task_from_dict
 from probes import MarkovTreeTask
