@@ -168,6 +168,10 @@ class SharedPattern(Tensor):
             out = func(*args, **kwargs)
             return _rewrap(out, storages)
 
+    def __reduce_ex__(self, protocol):  # saved (torch.save, pickle) as the plain tensor it is
+        with torch._C.DisableTorchFunctionSubclass():
+            return self.as_subclass(Tensor).__reduce_ex__(protocol)
+
 
 def _rewrap(out, storages: set):
     """Views of a SharedPattern stay SharedPatterns; tensors with memory of their own become plain."""

@@ -6,6 +6,7 @@ computation written here, or fails at once with one line that names what to use 
 from __future__ import annotations
 
 import copy
+import io
 
 import pytest
 import torch
@@ -298,6 +299,11 @@ def test_writing_into_the_cached_pattern(families, family):
     copied[0] += 1  # a clone is an ordinary, per-context tensor
     assert torch.equal(pattern[1], before) and not torch.equal(copied[0], pattern[0])
     assert type(pattern * 2) is torch.Tensor  # results of reading it are plain tensors
+    saved = io.BytesIO()
+    torch.save(cache.cache_dict, saved)  # a cache saves and loads (weights_only) as plain tensors
+    saved.seek(0)
+    loaded = torch.load(saved, weights_only=True)["blocks.0.attn.hook_pattern"]
+    assert type(loaded) is torch.Tensor and torch.equal(loaded, pattern)
     # a hook that writes in place gets the same one line; one that returns an edited clone is honoured
     one_line(
         ValueError,
