@@ -7,7 +7,8 @@ What you trained -> what is read
   ``*.bin`` (a dict wrapping it under ``state_dict``/``model`` is unwrapped) or ``*.safetensors``; config:
   ``config=`` (``--config``), else ``<file stem>.json``, ``config.json`` or ``task.json`` beside the file,
   either a checkpoint ``config.json`` of ours (sections ``model`` and ``task``) or a bare task.json (then
-  K = ``n_copy_heads`` if given, else L). ``_orig_mod.``/``module.`` prefixes are stripped.
+  K = ``n_copy_heads`` if given, else L, and float64 if every tensor in the file is). ``_orig_mod.`` and
+  ``module.`` prefixes are stripped.
 - TransformerLens 2.x/3.x: ``torch.save(model.state_dict(), "w.pt")`` (or safetensors) plus
   ``model.cfg.to_dict()`` as JSON (``--config``, ``<stem>.json`` or ``config.json``; a JSON object with
   ``n_layers``, ``d_model``, ``n_ctx``, ...; ``dtype`` may be the string ``"torch.float32"``), task.json
@@ -117,6 +118,9 @@ def load_foreign(path: str | Path, device: str | None = None, *, key_map=None, c
     cfg_dict, _ = read_file_config(path, config)
     if device is not None:
         cfg_dict["device"] = device
+    if "dtype" not in cfg_dict:  # a bare task.json: keep the file's precision
+        floats = [v.dtype for v in obj.values() if v.is_floating_point()]
+        cfg_dict["dtype"] = "float64" if floats and all(f == torch.float64 for f in floats) else "float32"
     model = CausalTransformer(CausalTransformerConfig.from_dict(cfg_dict))
     state = apply_key_map(strip_prefixes(obj), spec, _shapes(model))
     if "embed.W_E" in state and "embed.W_E" not in _shapes(model):
