@@ -19,6 +19,7 @@ import html
 import json
 from pathlib import Path
 
+import circuitsvis
 import torch
 
 from analyses import common
@@ -26,6 +27,7 @@ from models import cli
 from models.io import atomic_write, write_json
 
 NAME = "attention_view"
+MAX_CELLS = 5_000_000  # numbers in the page's views: about 40 MB of HTML
 FIGURES = {
     "attention_view.html": (
         "interactive circuitsvis view of one context's attention, every layer and head: queries labelled by the "
@@ -80,6 +82,12 @@ def compute(subject, args) -> dict:
             }
         )
         start += n
+    cells = sum(len(l["heads"]) * (len(l["queries"]) + len(l["keys"])) ** 2 for l in out)
+    if cells > MAX_CELLS:
+        raise ValueError(
+            f"the view of {subject.describe()} would hold {cells:,} numbers, more than a browser page holds "
+            f"({MAX_CELLS:,}); view a smaller model, or summarise its patterns with analyses.copyers / bma_agreement"
+        )
     H = task.seq_len
     sequences = tokens[0].view(task.n_examples + 1, H).tolist()
     return {
@@ -93,13 +101,12 @@ def compute(subject, args) -> dict:
 
 def _circuitsvis_js() -> str:
     """circuitsvis's browser bundle, as ``circuitsvis.utils.render.render_local`` inlines it."""
-    import circuitsvis  # an optional, heavy-ish dependency: only when writing the view
-
-    return (
-        (Path(circuitsvis.__file__).parent / "dist" / "cdn" / "iife.js")
-        .read_text(encoding="utf-8")
-        .replace("</script>", "")
-    )
+    bundle = Path(circuitsvis.__file__).parent / "dist" / "cdn" / "iife.js"
+    if not bundle.is_file():
+        raise ValueError(
+            f"circuitsvis {circuitsvis.__version__} has no {bundle.name} bundle; expected circuitsvis>=1.43"
+        )
+    return bundle.read_text(encoding="utf-8").replace("</script>", "")
 
 
 def render_html(result: dict, title: str) -> str:

@@ -92,3 +92,13 @@ def test_bad_context_is_one_line(tmp_path, capsys):
     err = capsys.readouterr().err.strip()
     assert "\n" not in err and "--context must be >= 0" in err
     assert not (tmp_path / "attention_view.html").exists()
+
+
+def test_a_view_too_big_for_a_browser_is_refused_in_one_line(tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(attention_view, "MAX_CELLS", 1000)
+    with pytest.raises(SystemExit) as e:
+        attention_view.common.run(attention_view.main, ["--out", str(tmp_path)])
+    assert e.value.code == 2
+    err = capsys.readouterr().err.strip()
+    assert "\n" not in err and "more than a browser page holds" in err
+    assert not (tmp_path / "attention_view.html").exists()
