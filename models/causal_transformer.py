@@ -1,7 +1,9 @@
 """The two-layer disentangled transformer of Wei et al. (ICLR 2026), PAPER.md section 3, with hooks.
 
 Read top to bottom: the config, the copyer layer (``blocks.0``, the paper's layer 1), the bilinear
-parent-selecting head (``blocks.1``, the paper's layer 2), and the model that strings them together.
+parent-selecting head (``blocks.1``, the paper's layer 2), the model that strings them together (with
+TransformerLens's hook API made to fit it), and its ``ActivationCache``, ``CausalCache``. README.md's
+"TransformerLens idioms" says which idioms work and what to use for those that do not apply.
 
 Residual stream. Layer 1 reads the one-hot tokens of the whole flat context (width d). It is
 evaluated only at the H target positions, the rows that feed a prediction; there it writes a
