@@ -1,0 +1,573 @@
+"""Which circuit does a standard transformer use on the task? Causal tests of the "transposed" circuit
+(pair tokens within each sequence in layer 0, then read position h across the demonstrations in layer
+1) against the paper's (copy each demonstration, then select the parent), and where log pi lives.
+
+    python -m analyses.standard_circuit                          # --checkpoint standard (the shipped GPT-2)
+    python -m analyses.standard_circuit --checkpoint runs/standard
+
+The head groups come from the role profile (``probes.roles``): WITHIN-SEQUENCE layer-0 heads (most of
+their attention, from demonstration queries, on earlier tokens of the same sequence) and CROSS-
+DEMONSTRATION layer-1 heads (most of their attention, from the target queries, on position h of other
+sequences). Then, on fresh contexts:
+
+1. ablation and patching: mean-ablating each group (and the rest of its layer) costs how much of the
+   model's gain over the uniform-parent plateau; patching the group's clean output into a run whose
+   demonstrations come from another tree restores how much of the clean-vs-corrupted difference;
+2. corruption of demonstration l: re-drawing (uniformly) its tokens at positions h' < h, at h, or at
+   h' > h, and measuring how far the model's prediction of the target's x_h moves (KL), beside how far
+   BMA's moves (BMA's prediction of x_h depends on x_h'^l for h' <= h only);
+3. path patching: the corrupted output of one layer-0 head at the demonstration positions, fed only
+   into the keys and values of one layer-1 head (the rest of the model clean), as a share of the
+   clean-vs-corrupted NLL difference;
+4. linear probes at the demonstration position (l, h): the pair (x_h'^l, x_h^l) (d^2 classes) decoded from
+   the embedding, after layer-0 attention and after layer 0 (``probes.linear``);
+5. BMA without a demonstration: zero the attention of the cross-demonstration heads (or of all layer-1
+   heads) from the target queries to demonstration l; does the model's prediction move the way BMA's
+   moves when l is dropped (``bma_predictive(..., demonstrations=keep)``)? The slope and correlation of
+   the model's change on BMA's change, and the KL to BMA without l before and after;
+6. where log pi lives: a ridge read-out of log pi(x_h^l | x_h'^l) from the residual at (l, h), held-out
+   R^2 per site against the best function of x_h' plus a function of x_h (a read-out from a sum of
+   token embeddings can do no better); and the d x d matrix that read-out implies, against log pi by the
+   column softmax of Proposition 1 after a fitted scale (``probes.metrics``).
+"""
+
+from __future__ import annotations
+
+import warnings
+
+import torch
+import torch.nn.functional as F
+from jaxtyping import Float
+from torch import Tensor
+from tqdm.auto import tqdm
+
+from analyses import common
+from models.interventions import ablate, corrupted_contexts, head_outputs, patch_heads
+from models.subject import Subject, head_label
+from probes import bma_predictive, target_nll
+from probes.linear import linear_probe
+from probes.metrics import column_softmax_error, fit_column_shift
+from probes.roles import ROLE_MASS, dominant, role_profile
+
+NAME = "standard_circuit"
+FIGURES = {
+    "standard_circuit.png": (
+        "causal tests of the transposed circuit on a standard transformer: group ablation and patching, corruption of one demonstration's earlier tokens / token at h / later tokens (model vs BMA), path patching from layer-0 heads into layer-1 heads, and whether removing what layer 1 reads from demonstration l moves the model like BMA without l."
+    ),
+    "standard_circuit_logpi.png": (
+        "decoding the pair (x_h', x_h) of a demonstration at position h and reading log pi(x_h | x_h') from the residual there: held-out accuracy and R^2 per site against the additive baseline; the implied d x d matrix against log pi."
+    ),
+}
+SITES = ("blocks.0.hook_resid_pre", "blocks.0.hook_resid_mid", "blocks.0.hook_resid_post")
+SITE_NAMES = ("embedding", "after layer-0 attention", "after layer 0")
+PATCH_CONTEXTS = 128  # contexts for the patching and path-patching runs (as analyses.inspect)
+MIN_PATCH_EFFECT = 0.005  # nats between clean and corrupted runs for a restored share to be defined
+
+
+def share_of(value: float, clean: float, corrupted: float) -> float | None:
+    """``(value - clean) / (corrupted - clean)``; None when the corruption makes no difference."""
+    return (value - clean) / (corrupted - clean) if abs(corrupted - clean) >= MIN_PATCH_EFFECT else None
+
+
+# Head groups ---------------------------------------------------------------------------------------
+@torch.no_grad()
+def head_groups(subject: Subject, tokens, parents) -> dict:
+    """Role profile of every head, and the within-sequence layer-0 and cross-demonstration layer-1 heads."""
+    profiles = [role_profile(a.pattern, a.query_predicts, a.key_token, parents, subject.task.n_examples)
+                for a in subject.attention(tokens)]  # fmt: skip
+    heads, within, readers = [], [], []
+    for layer, prof in enumerate(profiles):
+        for j in range(subject.n_heads[layer]):
+            one = {k: v[j] for k, v in prof.items()}
+            heads.append({"label": head_label(layer, j), **{k: v.tolist() for k, v in one.items()}})
+            demo, target = dominant(one, 0), dominant(one, 1)
+            if layer == 0 and demo[0] == "prefix" and demo[1] >= ROLE_MASS:
+                within.append(j)
+            if layer == 1 and target[0] == "same_position" and target[1] >= ROLE_MASS:
+                readers.append(j)
+    return {"heads": heads, "within": within, "readers": readers}
+
+
+# 1. Ablation and patching of groups ----------------------------------------------------------------
+@torch.no_grad()
+def group_interventions(subject: Subject, tokens, corrupted, groups: dict[str, tuple[int, list[int]]]) -> dict:
+    """Per group (layer, heads): NLL change under mean ablation, and the share of the clean-vs-corrupted
+    NLL difference that patching its clean outputs into the corrupted run restores."""
+    clean_z = head_outputs(subject, tokens)
+    nll_clean = target_nll(subject.log_probs(tokens), tokens)
+    nll_corrupt = target_nll(subject.log_probs(corrupted), corrupted)
+    out = {"nll_clean": nll_clean, "nll_corrupted": nll_corrupt, "groups": {}}
+    for name, (layer, heads) in groups.items():
+        if not heads:
+            out["groups"][name] = {"layer": layer, "heads": [], "ablation_dnll": None, "patching_restored": None}
+            continue
+        ablated = target_nll(subject.log_probs(tokens, ablate(subject, layer, heads, "mean")), tokens)
+        patched = target_nll(subject.log_probs(corrupted, patch_heads(subject, layer, heads, clean_z)), corrupted)
+        out["groups"][name] = {
+            "layer": layer,
+            "heads": [head_label(layer, j) for j in heads],
+            "ablation_dnll": ablated - nll_clean,
+            "patching_restored": share_of(nll_corrupt - patched + nll_clean, nll_clean, nll_corrupt),
+        }
+    return out
+
+
+# 2. Corrupting one demonstration ---------------------------------------------------------------------
+def kl_rows(p_log: Float[Tensor, "batch H d"], q_log: Float[Tensor, "batch H d"]) -> Float[Tensor, " H"]:
+    """KL(p || q) per target position, averaged over contexts."""
+    return (p_log.exp() * (p_log - q_log)).sum(-1).mean(0)
+
+
+KINDS = ("earlier", "at_h", "later")
+
+
+@torch.no_grad()
+def demonstration_corruption(subject: Subject, tokens, seed: int) -> dict:
+    """For each h >= 1 and each kind (positions h' < h, h, h' > h of demonstration l, every l in turn,
+    re-drawn uniformly): KL from the clean to the corrupted prediction of the target's x_h, for the
+    model and for BMA, averaged over l; ``[kind][h - 1]``."""
+    task = subject.task
+    L, H, d = task.n_examples, task.seq_len, task.d_vocab
+    g = torch.Generator().manual_seed(seed + 31)
+    clean = subject.log_probs(tokens)
+    bma = bma_predictive(task.pi, tokens, L, H, task.root, log=True).double()
+    out = {k: {"model": [0.0] * (H - 1), "bma": [0.0] * (H - 1)} for k in KINDS}
+    for h in range(1, H):
+        positions = {"earlier": list(range(h)), "at_h": [h], "later": list(range(h + 1, H))}
+        for kind, where in positions.items():
+            if not where:
+                out[kind]["model"][h - 1] = out[kind]["bma"][h - 1] = None
+                continue
+            for l in range(L):
+                bad = tokens.clone()
+                flat = torch.tensor([l * H + p for p in where])
+                bad[:, flat] = torch.randint(0, d, (len(tokens), len(flat)), generator=g)
+                out[kind]["model"][h - 1] += kl_rows(clean, subject.log_probs(bad))[h].item() / L
+                bma_bad = bma_predictive(task.pi, bad, L, H, task.root, log=True).double()
+                out[kind]["bma"][h - 1] += kl_rows(bma, bma_bad)[h].item() / L
+    return out
+
+
+# 3. Path patching ----------------------------------------------------------------------------------
+@torch.no_grad()
+def sender_delta(subject: Subject, tokens, corrupted, sender: int, positions) -> Float[Tensor, "batch T D"]:
+    """The change in the residual stream that layer-0 head ``sender`` writes when its output (``hook_z``,
+    through ``W_O``) at ``positions`` comes from the corrupted run; zero elsewhere."""
+    z_clean = head_outputs(subject, tokens, [0])[0]
+    z_bad = head_outputs(subject, corrupted, [0])[0]
+    W_O = subject.model.blocks[0].attn.W_O[sender].to(z_clean.dtype)  # [d_head, d_model]
+    delta = torch.zeros(*z_clean.shape[:2], W_O.shape[1], dtype=z_clean.dtype, device=z_clean.device)
+    delta[:, positions] = (z_bad - z_clean)[:, positions, sender] @ W_O
+    return delta
+
+
+@torch.no_grad()
+def path_patch(subject: Subject, tokens, corrupted, sender: int, receiver: int, positions) -> float:
+    """NLL of the clean run in which layer-1 head ``receiver`` reads keys and values computed from the
+    clean residual plus ``sender_delta``; everything else clean (no path through the layer-0 MLP). The
+    receiver's queries at the target positions see the clean residual (``positions`` are the
+    demonstrations'), so only its keys and values change."""
+    delta = sender_delta(subject, tokens, corrupted, sender, positions)
+    store = {}
+
+    def add(resid, hook):
+        return resid + delta.to(resid.dtype)
+
+    def grab(z, hook):
+        store[1] = z.detach().clone()
+
+    subject.log_probs(tokens, [("blocks.1.hook_resid_pre", add), (subject.head_output(1), grab)])
+    return target_nll(subject.log_probs(tokens, patch_heads(subject, 1, [receiver], store)), tokens)
+
+
+@torch.no_grad()
+def path_patching(subject: Subject, tokens, corrupted) -> dict:
+    """Share of the clean-vs-corrupted NLL difference carried by each path layer-0 head (at the
+    demonstration positions) -> layer-1 head (keys and values), ``[sender][receiver]``."""
+    positions = subject.layout.token_positions()[: subject.task.n_examples].flatten()
+    nll_clean = target_nll(subject.log_probs(tokens), tokens)
+    nll_bad = target_nll(subject.log_probs(corrupted), corrupted)
+    n0, n1 = subject.n_heads[0], subject.n_heads[1]
+    share = [[0.0] * n1 for _ in range(n0)]
+    for s, r in tqdm([(s, r) for s in range(n0) for r in range(n1)], desc="path patching", leave=False):
+        share[s][r] = share_of(path_patch(subject, tokens, corrupted, s, r, positions), nll_clean, nll_bad)
+    return {"senders": [head_label(0, j) for j in range(n0)], "receivers": [head_label(1, j) for j in range(n1)],
+            "share": share}  # fmt: skip
+
+
+# 4. Pair probes and 6. log pi read-out ----------------------------------------------------------------
+@torch.no_grad()
+def demonstration_residuals(subject: Subject, tokens) -> dict[str, Float[Tensor, "batch L H D"]]:
+    """The residual at every demonstration position (l, h) at each of ``SITES``."""
+    L = subject.task.n_examples
+    with warnings.catch_warnings():  # the bridge lists hooks it has gated off; none of ours
+        warnings.simplefilter("ignore", UserWarning)
+        _, cache = subject.model.run_with_cache(subject.layout.encode(tokens), names_filter=lambda n: n in SITES)
+    pos = subject.layout.token_positions()[:L]  # [L, H]
+    return {site: cache[site][:, pos].double().cpu() for site in SITES}
+
+
+def pair_probes(resid: dict, tokens, task, seed: int) -> dict:
+    """Held-out accuracy decoding the pair (x_h'^l, x_h^l) at (l, h), per site, ``[h][h']`` for h' < h
+    (None elsewhere), with the shuffled-label control and the majority baseline."""
+    L, H, d = task.n_examples, task.seq_len, task.d_vocab
+    demos = tokens.view(-1, L + 1, H)[:, :L]
+    out = {}
+    for site in SITES:
+        acc, ctrl, major = ([[None] * H for _ in range(H)] for _ in range(3))
+        for h in range(1, H):
+            for hp in range(h):
+                labels = (demos[:, :, hp] * d + demos[:, :, h]).flatten()
+                r = linear_probe(resid[site][:, :, h].flatten(0, 1), labels, d * d, seed=seed)
+                acc[h][hp], ctrl[h][hp], major[h][hp] = r.test_acc, r.control_acc, r.majority_acc
+        out[site] = {"test_acc": acc, "control_acc": ctrl, "majority_acc": major}
+    return out
+
+
+def ridge_r2(x: Float[Tensor, "n f"], y: Float[Tensor, " n"], seed: int, l2: float = 1e-3) -> tuple[float, Tensor]:
+    """Held-out R^2 of a ridge regression of ``y`` on ``[x, 1]`` (standardised; seeded 3:1 split), and
+    its predictions on every sample."""
+    n = len(y)
+    order = torch.randperm(n, generator=torch.Generator().manual_seed(seed))
+    test, train = order[: n // 4], order[n // 4 :]
+    mean, std = x[train].mean(0), x[train].std(0).clamp_min(1e-8)
+    x1 = torch.cat([(x - mean) / std, torch.ones(n, 1, dtype=torch.float64)], 1)
+    gram = x1[train].T @ x1[train] + l2 * len(train) * torch.eye(x1.shape[1], dtype=torch.float64)
+    pred = x1 @ torch.linalg.solve(gram, x1[train].T @ y[train])
+    resid = ((y[test] - pred[test]) ** 2).sum()
+    return 1 - (resid / ((y[test] - y[test].mean()) ** 2).sum()).item(), pred
+
+
+def logpi_readout(resid: dict, tokens, task, seed: int) -> dict:
+    """Per site, mean held-out R^2 of reading log pi(x_h^l | x_h'^l) at (l, h) (one regression per
+    (h, h' < h)); the additive baseline (regression on one-hot x_h' and one-hot x_h); and, from the
+    last site's read-out, the implied matrix M[a, b] (mean prediction where x_h' = a, x_h = b) against
+    log pi: column-softmax error and correlation after a fitted scale and column shift."""
+    L, H, d = task.n_examples, task.seq_len, task.d_vocab
+    demos = tokens.view(-1, L + 1, H)[:, :L]
+    log_pi = task.pi.double().log()
+    pairs = [(h, hp) for h in range(1, H) for hp in range(h)]
+    out = {"r2": {}, "additive_r2": 0.0}
+    sums = torch.zeros(d, d, dtype=torch.float64)
+    counts = torch.zeros(d, d, dtype=torch.float64)
+    for site in SITES:
+        total = 0.0
+        for h, hp in pairs:
+            a, b = demos[:, :, hp].flatten(), demos[:, :, h].flatten()
+            r2, pred = ridge_r2(resid[site][:, :, h].flatten(0, 1), log_pi[a, b], seed)
+            total += r2 / len(pairs)
+            if site == SITES[-1]:
+                sums.index_put_((a, b), pred, accumulate=True)
+                counts.index_put_((a, b), torch.ones_like(pred), accumulate=True)
+        out["r2"][site] = total
+    for h, hp in pairs:
+        a, b = demos[:, :, hp].flatten(), demos[:, :, h].flatten()
+        additive = torch.cat([F.one_hot(a, d), F.one_hot(b, d)], 1).double()
+        out["additive_r2"] += ridge_r2(additive, log_pi[a, b], seed)[0] / len(pairs)
+    implied = sums / counts.clamp_min(1)
+    implied[counts == 0] = implied[counts > 0].mean()
+    c, _, _, corr = fit_column_shift(implied, log_pi)
+    worst, mean = column_softmax_error(implied / c if c > 0 else implied, log_pi)
+    out["implied"] = {"matrix": implied.tolist(), "scale": c, "correlation": corr,
+                      "column_softmax_max_error": worst, "column_softmax_mean_error": mean}  # fmt: skip
+    return out
+
+
+# 5. BMA without a demonstration ----------------------------------------------------------------------
+def drop_demonstration_hook(subject: Subject, heads: list[int], l: int, renormalise: bool):
+    """A ``hook_pattern`` hook zeroing ``heads``' (layer 1) attention from the target queries to the
+    tokens of demonstration l (``renormalise``: the rows then rescaled to sum to one)."""
+    queries = subject.layout.prediction_positions().view(-1, 1)
+    keys = subject.layout.token_positions()[l].view(1, -1)
+
+    def hook(pattern, hook=None):
+        mask = torch.ones(pattern.shape[1:], dtype=pattern.dtype, device=pattern.device)
+        for j in heads:
+            mask[j, queries, keys] = 0
+        pattern = pattern * mask
+        return pattern / pattern.sum(-1, keepdim=True).clamp_min(1e-30) if renormalise else pattern
+
+    return [(subject.pattern_hook(1), hook)]
+
+
+@torch.no_grad()
+def bma_without(subject: Subject, tokens, heads: list[int], renormalise: bool = False) -> dict:
+    """Dropping demonstration l from what ``heads`` (layer 1) read, every l in turn: the slope and
+    correlation of the model's change in predictive probabilities (target, h >= 1) on BMA's change when
+    l is dropped, and the mean KL(BMA without l || model) with and without the intervention, beside
+    KL(BMA || model) of the clean model."""
+    task = subject.task
+    L, H = task.n_examples, task.seq_len
+    clean = subject.log_probs(tokens)
+    bma = bma_predictive(task.pi, tokens, L, H, task.root, log=True).double()
+    rows = {"slope": 0.0, "correlation": 0.0, "kl_without_vs_ablated": 0.0, "kl_without_vs_clean": 0.0}
+    for l in range(L):
+        keep = [k for k in range(L) if k != l]
+        without = bma_predictive(task.pi, tokens, L, H, task.root, demonstrations=keep, log=True).double()
+        ablated = subject.log_probs(tokens, drop_demonstration_hook(subject, heads, l, renormalise))
+        dm = (ablated.exp() - clean.exp())[:, 1:].flatten()
+        db = (without.exp() - bma.exp())[:, 1:].flatten()
+        rows["slope"] += ((dm * db).sum() / (db * db).sum()).item() / L
+        rows["correlation"] += torch.corrcoef(torch.stack([dm, db]))[0, 1].item() / L
+        rows["kl_without_vs_ablated"] += kl_rows(without, ablated)[1:].mean().item() / L
+        rows["kl_without_vs_clean"] += kl_rows(without, clean)[1:].mean().item() / L
+    rows["kl_bma_vs_clean"] = kl_rows(bma, clean)[1:].mean().item()
+    rows["heads"] = [head_label(1, j) for j in heads]
+    return rows
+
+
+def _fmt(x, digits: int = 2) -> str:
+    return "n/a" if x is None else f"{x:.{digits}f}"
+
+
+# The whole analysis --------------------------------------------------------------------------------
+def checks(r: dict) -> list[tuple[str, bool, str]]:
+    """Each prediction of the transposed circuit, whether the measurements bear it out, and the numbers."""
+    gain = r["nll_uniform"] - r["nll"]
+    g = r["interventions"]["groups"]
+    out = []
+    for name, what in (("within", "within-sequence layer-0 heads"), ("readers", "cross-demonstration layer-1 heads")):
+        if not g[name]["heads"]:
+            out.append((f"{what} exist", False, "no head has that role profile"))
+            continue
+        share = g[name]["ablation_dnll"] / gain if gain > 0 else float("nan")
+        out.append((
+            f"ablating the {what} ({', '.join(g[name]['heads'])}) undoes at least half the gain over the plateau",
+            share >= 0.5, f"ablation +{g[name]['ablation_dnll']:.4f} nats = {share:.2f} of the gain {gain:.4f}; "
+            f"patching restores {_fmt(g[name]['patching_restored'])}",
+        ))  # fmt: skip
+    c = r["corruption"]
+    model = {k: sum(v for v in c[k]["model"] if v is not None) for k in KINDS}
+    out.append((
+        "the model's prediction of x_h moves with demonstration tokens at h and before, not after (as BMA's)",
+        min(model["earlier"], model["at_h"]) > 5 * model["later"],
+        f"summed KL over h: earlier {model['earlier']:.4f}, at h {model['at_h']:.4f}, later {model['later']:.4f}",
+    ))  # fmt: skip
+    if "path_patching" in r and g["within"]["heads"] and g["readers"]["heads"]:
+        share = torch.tensor([[float("nan") if v is None else v for v in row] for row in r["path_patching"]["share"]])
+        w, rd = r["groups"]["within"], r["groups"]["readers"]
+        inside = share[w][:, rd].sum().item()
+        out.append((
+            "the paths within-sequence layer-0 heads -> cross-demonstration layer-1 heads carry the corruption",
+            inside >= 0.3, f"summed path share {inside:.2f} (all paths {share.sum().item():.2f})",
+        ))  # fmt: skip
+    if "pair_probes" in r:
+        mean = {}
+        for site in (SITES[0], SITES[-1]):
+            acc = r["pair_probes"][site]["test_acc"]
+            vals = [acc[h][hp] for h in range(len(acc)) for hp in range(h)]
+            mean[site] = sum(vals) / len(vals)
+        out.append((
+            "layer 0 gathers the pairs (x_h', x_h) of a demonstration at position h",
+            mean[SITES[-1]] >= mean[SITES[0]] + 0.2,
+            f"mean pair accuracy {mean[SITES[0]]:.2f} in the embedding, {mean[SITES[-1]]:.2f} after layer 0",
+        ))  # fmt: skip
+    b = r["bma_without"]["readers"]
+    if b is not None:
+        out.append((
+            "zeroing what the cross-demonstration heads read from demonstration l moves the model like BMA without l",
+            b["correlation"] >= 0.5 and 0.5 <= b["slope"] <= 1.5,
+            f"slope {b['slope']:.2f}, correlation {b['correlation']:.2f}; KL to BMA without l "
+            f"{b['kl_without_vs_clean']:.4f} -> {b['kl_without_vs_ablated']:.4f} (clean model to BMA {b['kl_bma_vs_clean']:.4f})",
+        ))  # fmt: skip
+    return out
+
+
+def conclusion(r: dict) -> str:
+    results = checks(r)
+    held = [name for name, ok, _ in results if ok]
+    failed = [name for name, ok, _ in results if not ok]
+    if r["progress"] < 0.5:
+        head = "the model is on the uniform-parent plateau: there is no circuit to find"
+    elif not failed:
+        head = ("the measurements support the transposed circuit: layer-0 heads pair tokens within each sequence, "
+                "layer-1 heads read position h across the demonstrations, and removing one demonstration from "
+                "what they read moves the model like BMA without it")  # fmt: skip
+    else:
+        head = f"the transposed circuit is supported in part: {len(held)} of {len(results)} predictions hold"
+    lines = [head] + [f"  [{'yes' if ok else 'NO'}] {name}: {nums}" for name, ok, nums in results]
+    lp = r["logpi"]
+    lines.append(
+        f"  log pi(x_h | x_h') read out at (l, h): held-out R^2 {lp['r2'][SITES[0]]:.2f} (embedding), "
+        f"{lp['r2'][SITES[1]]:.2f} (after layer-0 attention), {lp['r2'][SITES[2]]:.2f} (after layer 0); a function of x_h' "
+        f"plus one of x_h reaches {lp['additive_r2']:.2f}; implied matrix vs log pi: correlation "
+        f"{lp['implied']['correlation']:.2f}, column-softmax error max {lp['implied']['column_softmax_max_error']:.3f}"
+    )
+    return "\n".join(lines)
+
+
+@torch.no_grad()
+def circuit(subject: Subject, n_contexts: int, seed: int) -> dict:
+    task = subject.task
+    L, H = task.n_examples, task.seq_len
+    tokens, parents = common.sample_contexts(task, n_contexts, seed)
+    nll = target_nll(subject.log_probs(tokens), tokens)
+    nll_bma = target_nll(bma_predictive(task.pi, tokens, L, H, task.root, log=True), tokens)
+    nll_uniform = target_nll(bma_predictive(task.pi, tokens, L, H, task.root, demonstrations=[], log=True), tokens)
+    groups = head_groups(subject, tokens, parents)
+    n0, n1 = subject.n_heads[0], subject.n_heads[1]
+    sets = {
+        "within": (0, groups["within"]),
+        "other_layer0": (0, [j for j in range(n0) if j not in groups["within"]]),
+        "readers": (1, groups["readers"]),
+        "other_layer1": (1, [j for j in range(n1) if j not in groups["readers"]]),
+    }
+    few = tokens[:PATCH_CONTEXTS]
+    corrupted = corrupted_contexts(task, few, torch.Generator().manual_seed(seed + 7919))[0]
+    r = {
+        "nll": nll, "nll_bma": nll_bma, "nll_uniform": nll_uniform,
+        "progress": (nll_uniform - nll) / (nll_uniform - nll_bma),
+        "heads": groups["heads"], "groups": {"within": groups["within"], "readers": groups["readers"]},
+        "interventions": group_interventions(subject, few, corrupted, sets),
+        "corruption": demonstration_corruption(subject, tokens, seed),
+        "bma_without": {
+            "readers": bma_without(subject, tokens, groups["readers"]) if groups["readers"] else None,
+            "all_layer1": bma_without(subject, tokens, list(range(n1))),
+            "all_layer1_renormalised": bma_without(subject, tokens, list(range(n1)), renormalise=True),
+        },
+    }  # fmt: skip
+    r["path_patching"] = path_patching(subject, few, corrupted)
+    resid = demonstration_residuals(subject, tokens)
+    r["pair_probes"] = pair_probes(resid, tokens, task, seed)
+    r["logpi"] = logpi_readout(resid, tokens, task, seed)
+    r["checks"] = [{"prediction": n, "holds": ok, "numbers": s} for n, ok, s in checks(r)]
+    r["conclusion"] = conclusion(r)
+    return r
+
+
+def compute(subject: Subject, args) -> dict:
+    return circuit(subject, args.n_contexts, args.seed)
+
+
+def summary(r: dict) -> str:
+    lines = [
+        f"{NAME}: NLL {r['nll']:.4f}, BMA {r['nll_bma']:.4f}, plateau {r['nll_uniform']:.4f} "
+        f"(progress {r['progress']:.3f})",
+        "within-sequence layer-0 heads: "
+        + (", ".join(head_label(0, j) for j in r["groups"]["within"]) or "none found"),
+        "cross-demonstration layer-1 heads: "
+        + (", ".join(head_label(1, j) for j in r["groups"]["readers"]) or "none found"),
+        "",
+        f"{'group':14s}{'heads':>28s}{'ablate dNLL':>13s}{'patch':>8s}",
+    ]
+    for name, g in r["interventions"]["groups"].items():
+        if g["heads"]:
+            lines.append(
+                f"{name:14s}{','.join(g['heads']):>28s}{g['ablation_dnll']:+13.4f}{_fmt(g['patching_restored']):>8s}"
+            )
+    lines += ["", "corrupting demonstration l (KL of the prediction of x_h, model / BMA), per h:"]
+    for kind in KINDS:
+        c = r["corruption"][kind]
+        cells = " ".join("   -   " if m is None else f"{m:.3f}/{b:.3f}" for m, b in zip(c["model"], c["bma"]))
+        lines.append(f"  {kind:8s} {cells}")
+    pp = r["path_patching"]
+    lines += ["", "path patching share (rows: layer-0 sender at demonstration positions; columns: layer-1 receiver):"]
+    lines.append("      " + "".join(f"{x:>7s}" for x in pp["receivers"]))
+    for s, row in zip(pp["senders"], pp["share"]):
+        lines.append(f"{s:6s}" + "".join(f"{_fmt(v, 3):>7s}" for v in row))
+    lines += ["", "BMA without demonstration l (mean over l):"]
+    for name, b in r["bma_without"].items():
+        if b is not None:
+            lines.append(
+                f"  {name:24s} slope {b['slope']:.2f} corr {b['correlation']:.2f}  KL(BMA-l || model) "
+                f"{b['kl_without_vs_clean']:.4f} -> {b['kl_without_vs_ablated']:.4f}"
+            )
+    lines += ["", r["conclusion"]]
+    return "\n".join(lines)
+
+
+def figures(r: dict, args) -> dict:
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    fig, axes = plt.subplots(1, 4, figsize=(19, 4))
+    g = {k: v for k, v in r["interventions"]["groups"].items() if v["heads"]}
+    x = np.arange(len(g))
+    axes[0].bar(x - 0.2, [v["ablation_dnll"] for v in g.values()], 0.4, label="mean-ablation dNLL")
+    restored = [np.nan if v["patching_restored"] is None else v["patching_restored"] for v in g.values()]
+    axes[0].bar(x + 0.2, restored, 0.4, label="patching: share restored")
+    axes[0].axhline(r["nll_uniform"] - r["nll"], color="k", ls=":", label="gain over the plateau")
+    axes[0].set_xticks(x, [f"{k}\n{','.join(v['heads'])}" for k, v in g.items()], fontsize=6)
+    axes[0].set_title("head groups: ablation and patching", fontsize=9)
+    axes[0].legend(fontsize=6)
+    hs = np.arange(1, len(r["corruption"]["earlier"]["model"]) + 1)
+    for i, kind in enumerate(KINDS):
+        c = r["corruption"][kind]
+        m = [np.nan if v is None else v for v in c["model"]]
+        b = [np.nan if v is None else v for v in c["bma"]]
+        axes[1].plot(hs, m, "o-", color=f"C{i}", label=f"model: {kind}")
+        axes[1].plot(hs, b, "x--", color=f"C{i}", label=f"BMA: {kind}")
+    axes[1].set(xlabel="target position h", ylabel="KL(clean || corrupted) at x_h")
+    axes[1].set_title("re-drawing one demonstration's tokens", fontsize=9)
+    axes[1].legend(fontsize=6)
+    pp = r["path_patching"]
+    share = np.array([[np.nan if v is None else v for v in row] for row in pp["share"]], dtype=float)
+    lim = max(np.nanmax(np.abs(share)) if np.isfinite(share).any() else 0, 1e-6)
+    im = axes[2].imshow(share, cmap="RdBu_r", vmin=-lim, vmax=lim, aspect="auto")
+    axes[2].grid(False)
+    axes[2].set_xticks(range(len(pp["receivers"])), pp["receivers"], fontsize=7)
+    axes[2].set_yticks(range(len(pp["senders"])), pp["senders"], fontsize=7)
+    axes[2].set_title("path patching: layer-0 head (demonstrations) -> layer-1 head K/V", fontsize=9)
+    fig.colorbar(im, ax=axes[2])
+    names = [k for k, v in r["bma_without"].items() if v is not None]
+    vals = [r["bma_without"][k] for k in names]
+    x = np.arange(len(names))
+    axes[3].bar(x - 0.2, [v["slope"] for v in vals], 0.4, label="slope on BMA's change")
+    axes[3].bar(x + 0.2, [v["correlation"] for v in vals], 0.4, label="correlation")
+    axes[3].axhline(1, color="k", ls=":")
+    axes[3].set_xticks(x, names, fontsize=7)
+    axes[3].set_title("drop demonstration l from what layer 1 reads: like BMA without l?", fontsize=9)
+    axes[3].legend(fontsize=6)
+    fig.suptitle(f"{args.subject_name}: {r['conclusion'].splitlines()[0][:150]}", fontsize=9)
+    fig.tight_layout()
+
+    fig2, axes2 = plt.subplots(1, 3, figsize=(15, 4))
+    pair = r["pair_probes"]
+    for i, (site, label) in enumerate(zip(SITES, SITE_NAMES)):
+        acc = pair[site]["test_acc"]
+        vals = [acc[h][hp] for h in range(len(acc)) for hp in range(h)]
+        ctrl = [pair[site]["control_acc"][h][hp] for h in range(len(acc)) for hp in range(h)]
+        axes2[0].plot(vals, "o-", color=f"C{i}", label=label)
+        axes2[0].plot(ctrl, ":", color=f"C{i}")
+    axes2[0].set(xlabel="(h, h' < h), h major", ylabel="held-out accuracy of (x_h', x_h)")
+    axes2[0].set_title("pair probes at demonstration position h (dotted: control)", fontsize=9)
+    axes2[0].legend(fontsize=7)
+    lp = r["logpi"]
+    axes2[1].bar(range(len(SITES)), [lp["r2"][s] for s in SITES], color="C0")
+    axes2[1].axhline(lp["additive_r2"], color="C3", ls="--", label="f(x_h') + g(x_h) baseline")
+    axes2[1].set_xticks(range(len(SITES)), SITE_NAMES, fontsize=7)
+    axes2[1].set(ylabel="held-out R^2", title="reading log pi(x_h | x_h') at (l, h)")
+    axes2[1].legend(fontsize=7)
+    im = axes2[2].imshow(np.array(lp["implied"]["matrix"]), cmap="viridis")
+    axes2[2].grid(False)
+    axes2[2].set(xlabel="x_h", ylabel="x_h'")
+    axes2[2].set_title(
+        f"implied matrix: corr with log pi {lp['implied']['correlation']:.2f}, "
+        f"col-softmax err {lp['implied']['column_softmax_max_error']:.3f}",
+        fontsize=9,
+    )
+    fig2.colorbar(im, ax=axes2[2])
+    fig2.tight_layout()
+    return {"standard_circuit": fig, "standard_circuit_logpi": fig2}
+
+
+def add_flags(parser) -> None:
+    parser.set_defaults(checkpoint="standard")  # this analysis is about the shipped standard GPT-2
+
+
+def check_flags(parser, args) -> None:
+    if args.n_contexts < 16:
+        parser.error(f"--n-contexts must be >= 16 for the probes' train/test split, got {args.n_contexts}")
+
+
+ANALYSIS = common.Analysis(
+    NAME, __doc__, compute, figures, summary, n_contexts=512, add_flags=add_flags, check_flags=check_flags
+)
+
+
+def main(argv: list[str] | None = None) -> dict:
+    return common.main(ANALYSIS, argv)
+
+
+if __name__ == "__main__":
+    common.run(main)
