@@ -124,18 +124,38 @@ def dominant(profile: dict[str, Float[Tensor, " 2"]], group: int) -> tuple[str, 
     return name, masses[name]
 
 
+# Categories that together make a broader role when no single one holds ``ROLE_MASS``.
+BROAD_ROLES = (
+    (("prefix", "self"), "within-sequence (prefix) head"),
+    (("same_position", "other_position"), "cross-sequence head"),
+)
+
+
+def group_role(profile: dict[str, Float[Tensor, " 2"]], group: int) -> tuple[str, str] | None:
+    """The role of one head from one query group, with the numbers behind it (None if the group has no
+    query): the category holding at least ``ROLE_MASS`` of its attention; else a broad role
+    (``BROAD_ROLES``: the same sequence with the query's own position, or the other sequences) holding
+    that much; else ``diffuse``."""
+    name, mass = dominant(profile, group)
+    if mass != mass:  # no query of this group
+        return None
+    if mass >= ROLE_MASS:
+        return ROLE_NAMES[name], f"{name} {mass:.2f}"
+    for members, role in BROAD_ROLES:
+        total = sum(float(profile[m][group]) for m in members)
+        if total >= ROLE_MASS:
+            return role, f"{' + '.join(members)} {total:.2f}"
+    return "diffuse", f"largest: {name} {mass:.2f}"
+
+
 def attention_role(profile: dict[str, Float[Tensor, " 2"]]) -> str:
-    """A readable role from one head's profile (``role_profile`` sliced at the head): the category with
-    at least ``ROLE_MASS`` of its attention, from the demonstration and the target queries (one name if
-    they agree); ``diffuse`` with the largest category when no category reaches it."""
-    parts = []
-    for group, label in enumerate(GROUPS):
-        name, mass = dominant(profile, group)
-        if mass != mass:  # no query of this group
-            continue
-        parts.append((label, ROLE_NAMES[name] if mass >= ROLE_MASS else f"diffuse (largest: {name} {mass:.2f})"))
+    """A readable role from one head's profile (``role_profile`` sliced at the head), from the
+    demonstration and the target queries (``group_role``), with the masses behind it:
+    ``"within-sequence (prefix) head [demonstration: prefix 0.56; target: prefix + self 0.80]"``."""
+    parts = [(label, r) for g, label in enumerate(GROUPS) if (r := group_role(profile, g)) is not None]
     if not parts:
         raise ValueError("the profile has no demonstration or target query")
-    if len({role for _, role in parts}) == 1:
-        return parts[0][1]
-    return "; ".join(f"{role} from {label} queries" for label, role in parts)
+    details = "; ".join(f"{label}: {detail}" for label, (_, detail) in parts)
+    if len({role for _, (role, _) in parts}) == 1:
+        return f"{parts[0][1][0]} [{details}]"
+    return "; ".join(f"{role} from {label} queries" for label, (role, _) in parts) + f" [{details}]"

@@ -102,11 +102,19 @@ def test_role_names_follow_the_dominant_category():
     def profile(**mass):
         return {c: torch.tensor(mass.get(c, (0.0, 0.0)), dtype=torch.float64) for c in CATEGORIES}
 
-    assert attention_role(profile(prefix=(0.7, 0.6), self=(0.3, 0.4))) == ROLE_NAMES["prefix"]
-    mixed = attention_role(profile(prefix=(0.8, 0.1), same_position=(0.1, 0.9)))
-    assert (
-        mixed == f"{ROLE_NAMES['prefix']} from demonstration queries; {ROLE_NAMES['same_position']} from target queries"
+    assert attention_role(profile(prefix=(0.7, 0.6), self=(0.3, 0.4))) == (
+        f"{ROLE_NAMES['prefix']} [demonstration: prefix 0.70; target: prefix 0.60]"
     )
-    assert attention_role(profile(prefix=(0.4, 0.4), self=(0.3, 0.3))) == "diffuse (largest: prefix 0.40)"
+    mixed = attention_role(profile(prefix=(0.8, 0.1), same_position=(0.1, 0.9)))
+    assert mixed == (
+        f"{ROLE_NAMES['prefix']} from demonstration queries; {ROLE_NAMES['same_position']} from target queries "
+        "[demonstration: prefix 0.80; target: same_position 0.90]"
+    )
+    # No single category holds half, the sequence with the query's own position does: still within-sequence.
+    broad = attention_role(profile(prefix=(0.4, 0.4), self=(0.3, 0.3), other_position=(0.3, 0.3)))
+    assert broad == f"{ROLE_NAMES['prefix']} [demonstration: prefix + self 0.70; target: prefix + self 0.70]"
+    spread = profile(prefix=(0.3, 0.3), self=(0.1, 0.1), same_position=(0.2, 0.2), other_position=(0.2, 0.2))
+    spread["special"] = torch.tensor((0.2, 0.2), dtype=torch.float64)
+    assert attention_role(spread) == "diffuse [demonstration: largest: prefix 0.30; target: largest: prefix 0.30]"
     no_demo_queries = {c: torch.tensor((math.nan, 0.9 if c == "same_position" else 0.0)) for c in CATEGORIES}
-    assert attention_role(no_demo_queries) == ROLE_NAMES["same_position"]
+    assert attention_role(no_demo_queries) == f"{ROLE_NAMES['same_position']} [target: same_position 0.90]"
