@@ -241,9 +241,15 @@ class TransformerBlock(nn.Module):
 
 
 class Embed(nn.Module):
-    def __init__(self, rows: int, cfg: HookedTransformerConfig, name: str):
+    def __init__(self, cfg: HookedTransformerConfig):
         super().__init__()
-        setattr(self, name, nn.Parameter(torch.zeros(rows, cfg.d_model, dtype=cfg.torch_dtype, device=cfg.device)))
+        self.W_E = nn.Parameter(torch.zeros(cfg.d_vocab, cfg.d_model, dtype=cfg.torch_dtype, device=cfg.device))
+
+
+class PosEmbed(nn.Module):
+    def __init__(self, cfg: HookedTransformerConfig):
+        super().__init__()
+        self.W_pos = nn.Parameter(torch.zeros(cfg.n_ctx, cfg.d_model, dtype=cfg.torch_dtype, device=cfg.device))
 
 
 class Unembed(nn.Module):
@@ -260,8 +266,8 @@ class HookedTransformer(HookedRootModule):
     def __init__(self, cfg: HookedTransformerConfig):
         super().__init__()
         self.cfg = cfg
-        self.embed = Embed(cfg.d_vocab, cfg, "W_E")
-        self.pos_embed = Embed(cfg.n_ctx, cfg, "W_pos")
+        self.embed = Embed(cfg)
+        self.pos_embed = PosEmbed(cfg)
         self.hook_embed = HookPoint()  # [batch, pos, d_model]
         self.hook_pos_embed = HookPoint()  # [batch, pos, d_model]
         self.blocks = nn.ModuleList([TransformerBlock(cfg) for _ in range(cfg.n_layers)])
