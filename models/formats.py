@@ -70,7 +70,7 @@ from torch import Tensor
 
 from models import converters
 from models.causal_transformer import CausalTransformer, CausalTransformerConfig
-from models.checkpoint import CONFIG, check_state_dict
+from models.checkpoint import CONFIG, build, check_state_dict
 from models.io import read_json
 from probes.layout import Layout
 from probes.tasks import MarkovTreeTask
@@ -121,7 +121,7 @@ def load_foreign(path: str | Path, device: str | None = None, *, key_map=None, c
     if "dtype" not in cfg_dict:  # a bare task.json: keep the file's precision
         floats = [v.dtype for v in obj.values() if v.is_floating_point()]
         cfg_dict["dtype"] = "float64" if floats and all(f == torch.float64 for f in floats) else "float32"
-    model = CausalTransformer(CausalTransformerConfig.from_dict(cfg_dict))
+    model = build(CausalTransformer, CausalTransformerConfig.from_dict(cfg_dict), f"the model of {str(path)!r}")
     state = apply_key_map(strip_prefixes(obj), spec, _shapes(model))
     if "embed.W_E" in state and "embed.W_E" not in _shapes(model):
         raise ValueError(
@@ -147,7 +147,7 @@ def load_foreign_layout(path: str | Path, config=None) -> Layout:
     raw, where = _task_source(path, config)
     task = task_from_dict(raw, where)
     layout = read_layout(raw, task, where)
-    if not path.is_dir() and classify(path, config)[0] == CAUSAL and not layout.is_plain:
+    if not path.is_dir() and file_kind(path, config) == CAUSAL and not layout.is_plain:
         raise ValueError(
             f"{where}: layout {layout.to_json()} applies to language models; a CausalTransformer state dict "
             f"reads the task's tokens directly (drop the layout or set it to {LAYOUT!r})"
@@ -194,16 +194,30 @@ def classify(path: Path, config=None) -> tuple[str, object]:
     """(kind, contents): a nanoGPT ``ckpt.pt`` (the whole dict), or a state dict that is TransformerLens's
     (its config says so) or ours."""
     obj = read_archive(path)
-    if isinstance(obj, dict) and isinstance(obj.get("model"), dict) and "model_args" in obj:
+    if _is_nanogpt(obj):
         return NANOGPT, obj
-    state = _as_state_dict(obj, path)
+    return _state_kind(path, config), _as_state_dict(obj, path)
+
+
+def file_kind(path: Path, config=None) -> str:
+    """``classify``'s kind alone, without reading a safetensors file's tensors."""
+    if path.suffix.lower() in TORCH_SUFFIXES and _is_nanogpt(read_archive(path)):
+        return NANOGPT
+    return _state_kind(path, config)
+
+
+def _is_nanogpt(obj) -> bool:
+    return isinstance(obj, dict) and isinstance(obj.get("model"), dict) and "model_args" in obj
+
+
+def _state_kind(path: Path, config) -> str:
     raw = _json_arg(config, "config") if config is not None else None
     if raw is None:
         found = next((c for c in _config_candidates(path)[:2] if c.is_file()), None)
         raw = _read_json(found, "config") if found is not None else None
     if isinstance(raw, dict) and {"n_layers", "d_model"} <= set(raw) and "model" not in raw and "pi" not in raw:
-        return TRANSFORMER_LENS, state
-    return CAUSAL, state
+        return TRANSFORMER_LENS
+    return CAUSAL
 
 
 def read_archive(path: Path):
@@ -211,7 +225,12 @@ def read_archive(path: Path):
     suffix = path.suffix.lower()
     if suffix in TORCH_SUFFIXES:
         try:
-            return torch.load(path, map_location="cpu", weights_only=True)
+            try:  # memory-mapped: reading a file again for its kind (task, layout) costs little
+                return torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+            except RuntimeError as e:
+                if "mmap" not in str(e):
+                    raise
+                return torch.load(path, map_location="cpu", weights_only=True)  # legacy (non-zip) format
         except pickle.UnpicklingError as e:
             blocked = [line.strip() for line in str(e).splitlines() if "GLOBAL" in line]
             if not blocked:  # not a pickle at all
@@ -466,7 +485,7 @@ def _task_source(path: Path, config) -> tuple[dict, str]:
     model (``config`` may name it for nanoGPT), else the task section of the state dict's config."""
     if path.is_dir():
         return _read_json(path / TASK_JSON, "task.json"), str(path / TASK_JSON)
-    kind, _ = classify(path, config)
+    kind = file_kind(path, config)
     if kind == CAUSAL:
         where = config if config is not None else _find_config(path)
         raw = _json_arg(where, "config")
