@@ -124,7 +124,7 @@ def check_run_flags(p: argparse.ArgumentParser, args: argparse.Namespace, argv: 
         check_int(args.seed, "--seed", 0, MAX_SEED)
         if hasattr(args, "n_contexts"):
             check_int(args.n_contexts, "--n-contexts", 1)
-        check_int(args.threads, "--threads", 1, os.cpu_count() or 1024)
+        check_int(args.threads, "--threads", 1, 1024)
         check_device(getattr(args, "device", "cpu"))
         for name in PATH_FLAGS:
             value = getattr(args, name, None)
@@ -132,6 +132,8 @@ def check_run_flags(p: argparse.ArgumentParser, args: argparse.Namespace, argv: 
                 check_path(value, "--" + name.replace("_", "-"))
         if isinstance(getattr(args, "out", None), str):
             check_out_folder(args.out)
+        if isinstance(getattr(args, "json", None), str):
+            check_out_file(args.json, "--json")
     except ValueError as e:
         p.error(str(e) if not str(e).startswith("device") else f"--{e}")
     torch.set_num_threads(args.threads)

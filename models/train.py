@@ -294,7 +294,7 @@ def _train_locked(cfg: TrainConfig, progress: bool, place: distributed.Rank, dev
     if cfg.compile:
         forward = torch.compile(forward)
     t0 = time.perf_counter()
-    bar = tqdm(range(start, cfg.steps), initial=start, total=cfg.steps, disable=not progress, desc="train")
+    bar = tqdm(range(start, cfg.steps), initial=start, total=cfg.steps, disable=None if progress else True, desc="train")  # None: no bar off a terminal
     for step in bar:
         tokens, _ = task.sample(cfg.batch_size, data_gen)  # the global batch, the same on every rank
         tokens, target = _host_batch(distributed.shard(tokens, place), cfg.seq_len, device)
