@@ -12,6 +12,7 @@ import argparse
 import os
 import sys
 import tempfile
+import warnings
 from pathlib import Path
 
 import torch
@@ -166,7 +167,8 @@ def forward_bytes(forward, task, n_contexts: int) -> int:
             storage = t.untyped_storage()
             seen[storage.data_ptr()] = (storage.nbytes(), t)
 
-    with torch.no_grad():
+    with torch.no_grad(), warnings.catch_warnings():  # hooking every name: the bridge warns of gated ones
+        warnings.simplefilter("ignore")
         forward(tokens, [(lambda name: True, grab)])
     return sum(n for n, _ in seen.values()) + 3 * tokens.numel() * 8
 

@@ -35,6 +35,9 @@ def load(path: str | Path, device: str | None = None, *, dtype: str | None = Non
         if dtype not in ("float32", "float64"):
             raise ValueError(f"dtype must be 'float32' or 'float64', got {dtype!r}")
         model = model.to(getattr(torch, dtype))
+        bad = [n for n, t in model.state_dict().items() if t.is_floating_point() and not torch.isfinite(t).all()]
+        if bad:  # float64 weights beyond the float32 range
+            raise ValueError(f"{path}: {', '.join(bad)} overflow {dtype} (they become Inf); load them as float64")
     return model
 
 

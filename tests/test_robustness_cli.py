@@ -89,6 +89,10 @@ def lab(tmp_path_factory) -> Path:
     safetensors.torch.save_file(big, variant("overflow") / checkpoint.WEIGHTS)
     safetensors.torch.save_file(big, t / "overflow.safetensors")
     (t / "overflow.json").write_text(json.dumps(file_config(model, task)))
+    wide = small_model()[0].double()
+    with torch.no_grad():
+        wide.b_root.fill_(1e300)
+    models.save(wide, t / "overflow64", task=task)  # a float64 checkpoint, fine as float64
     # tensors that are not dense float weights
     torch.save({**sd, "b_root": sd["b_root"].to_sparse()}, t / "sparse.pt")
     torch.save({**sd, "b_root": torch.empty(sd["b_root"].shape, device="meta")}, t / "meta.pt")
@@ -210,6 +214,12 @@ CASES = [
         "float64 weights overflow float32 (folder)",
         lambda t: _evaluate("--checkpoint", str(t / "overflow")),
         "beyond the float32 range",
+    ),
+    (
+        "numbers",
+        "--dtype float32 overflows float64 weights",
+        lambda t: _evaluate("--checkpoint", str(t / "overflow64"), "--dtype", "float32"),
+        "b_root overflow float32",
     ),
     (
         "numbers",
