@@ -60,6 +60,7 @@ import json
 import math
 import os
 import pickle
+import warnings
 from pathlib import Path
 
 import safetensors
@@ -220,17 +221,23 @@ def _state_kind(path: Path, config) -> str:
     return CAUSAL
 
 
+def _torch_load(path: Path, **kw):
+    with warnings.catch_warnings():  # torch's notice on its own storage API (quantized tensors) is not for users
+        warnings.filterwarnings("ignore", message="TypedStorage is deprecated")
+        return torch.load(path, map_location="cpu", weights_only=True, **kw)
+
+
 def read_archive(path: Path):
     """The contents of a .pt/.pth/.bin (``weights_only=True``) or .safetensors file."""
     suffix = path.suffix.lower()
     if suffix in TORCH_SUFFIXES:
         try:
             try:  # memory-mapped: reading a file again for its kind (task, layout) costs little
-                return torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+                return _torch_load(path, mmap=True)
             except RuntimeError as e:
                 if "mmap" not in str(e):
                     raise
-                return torch.load(path, map_location="cpu", weights_only=True)  # legacy (non-zip) format
+                return _torch_load(path)  # legacy (non-zip) format
         except pickle.UnpicklingError as e:
             blocked = [line.strip() for line in str(e).splitlines() if "GLOBAL" in line]
             if not blocked:  # not a pickle at all

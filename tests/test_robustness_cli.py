@@ -318,8 +318,12 @@ CASES = [
 def test_cli_bad_input_is_one_line_exit_2_and_changes_nothing(lab, capsys, kind, name, make, expected):
     main, argv = make(lab)
     before, shipped = tree(lab), tree(checkpoint.DEFAULT_CHECKPOINT)
-    with pytest.raises(SystemExit) as exit_info:
+    with warnings.catch_warnings(record=True) as caught, pytest.raises(SystemExit) as exit_info:
+        warnings.resetwarnings()  # Python's own defaults: what a user's terminal would show
+        for category in (DeprecationWarning, PendingDeprecationWarning, ImportWarning, ResourceWarning):
+            warnings.simplefilter("ignore", category)
         main(argv)
+    assert not caught, [str(w.message)[:120] for w in caught]  # a warning would be more lines on stderr
     out = capsys.readouterr()
     err = [line for line in out.err.splitlines() if line.strip()]
     assert exit_info.value.code == 2, (argv, out.err)
