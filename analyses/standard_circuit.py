@@ -5,10 +5,10 @@
     python -m analyses.standard_circuit                          # --checkpoint standard (the shipped GPT-2)
     python -m analyses.standard_circuit --checkpoint runs/standard
 
-The head groups come from the role profile (``probes.roles``): WITHIN-SEQUENCE layer-0 heads (most of
-their attention, from demonstration queries, on earlier tokens of the same sequence) and CROSS-
-DEMONSTRATION layer-1 heads (most of their attention, from the target queries, on position h of other
-sequences). Then, on fresh contexts:
+The head groups come from the role profile (``probes.roles``): WITHIN-SEQUENCE layer-0 heads (at least
+half their attention, from demonstration queries, on the same sequence, more of it on earlier tokens
+than on their own position) and CROSS-DEMONSTRATION layer-1 heads (at least half their attention, from the target
+queries, on the demonstrations; how much of it on position h is reported). Then, on fresh contexts:
 
 1. ablation and patching: mean-ablating each group (and the rest of its layer) costs how much of the
    model's gain over the uniform-parent plateau; patching the group's clean output into a run whose
@@ -47,7 +47,7 @@ from models.subject import Subject, head_label
 from probes import bma_predictive, target_nll
 from probes.linear import linear_probe
 from probes.metrics import column_softmax_error, fit_column_shift
-from probes.roles import ROLE_MASS, dominant, role_profile
+from probes.roles import ROLE_MASS, role_profile
 
 NAME = "standard_circuit"
 FIGURES = {
@@ -79,11 +79,12 @@ def head_groups(subject: Subject, tokens, parents) -> dict:
     for layer, prof in enumerate(profiles):
         for j in range(subject.n_heads[layer]):
             one = {k: v[j] for k, v in prof.items()}
-            heads.append({"label": head_label(layer, j), **{k: v.tolist() for k, v in one.items()}})
-            demo, target = dominant(one, 0), dominant(one, 1)
-            if layer == 0 and demo[0] == "prefix" and demo[1] >= ROLE_MASS:
+            heads.append({"label": head_label(layer, j), "layer": layer, **{k: v.tolist() for k, v in one.items()}})
+            own_sequence = float(one["prefix"][0] + one["self"][0])  # from the demonstration queries
+            demonstrations = float(one["same_position"][1] + one["other_position"][1])  # from the target queries
+            if layer == 0 and own_sequence >= ROLE_MASS and one["prefix"][0] >= one["self"][0]:
                 within.append(j)
-            if layer == 1 and target[0] == "same_position" and target[1] >= ROLE_MASS:
+            if layer == 1 and demonstrations >= ROLE_MASS:
                 readers.append(j)
     return {"heads": heads, "within": within, "readers": readers}
 
@@ -162,12 +163,14 @@ def sender_delta(subject: Subject, tokens, corrupted, sender: int, positions) ->
 
 
 @torch.no_grad()
-def path_patch(subject: Subject, tokens, corrupted, sender: int, receiver: int, positions) -> float:
-    """NLL of the clean run in which layer-1 head ``receiver`` reads keys and values computed from the
-    clean residual plus ``sender_delta``; everything else clean (no path through the layer-0 MLP). The
-    receiver's queries at the target positions see the clean residual (``positions`` are the
-    demonstrations'), so only its keys and values change."""
-    delta = sender_delta(subject, tokens, corrupted, sender, positions)
+def path_patch(subject: Subject, tokens, corrupted, senders: list[int], receivers: list[int], positions,
+               through_mlp: bool = False) -> float:  # fmt: skip
+    """NLL of the clean run in which layer-1 heads ``receivers`` read keys and values computed from the
+    clean residual plus the ``sender_delta`` of layer-0 heads ``senders``; everything else clean. The
+    receivers' queries at the target positions see the clean residual (``positions`` are the
+    demonstrations'), so only their keys and values change. ``through_mlp``: the change enters before
+    the layer-0 MLP (the path sender -> MLP -> receiver included), else after it (the direct path only)."""
+    delta = sum(sender_delta(subject, tokens, corrupted, s, positions) for s in senders)
     store = {}
 
     def add(resid, hook):
@@ -176,23 +179,31 @@ def path_patch(subject: Subject, tokens, corrupted, sender: int, receiver: int, 
     def grab(z, hook):
         store[1] = z.detach().clone()
 
-    subject.log_probs(tokens, [("blocks.1.hook_resid_pre", add), (subject.head_output(1), grab)])
-    return target_nll(subject.log_probs(tokens, patch_heads(subject, 1, [receiver], store)), tokens)
+    site = "blocks.0.hook_resid_mid" if through_mlp else "blocks.1.hook_resid_pre"
+    subject.log_probs(tokens, [(site, add), (subject.head_output(1), grab)])
+    return target_nll(subject.log_probs(tokens, patch_heads(subject, 1, receivers, store)), tokens)
 
 
 @torch.no_grad()
 def path_patching(subject: Subject, tokens, corrupted) -> dict:
     """Share of the clean-vs-corrupted NLL difference carried by each path layer-0 head (at the
-    demonstration positions) -> layer-1 head (keys and values), ``[sender][receiver]``."""
+    demonstration positions) -> layer-1 head (keys and values), ``[sender][receiver]``, directly
+    (``share``) and with the layer-0 MLP on the way (``share_through_mlp``); and all layer-0 heads into
+    all layer-1 heads at once (``all``, ``all_through_mlp``)."""
     positions = subject.layout.token_positions()[: subject.task.n_examples].flatten()
     nll_clean = target_nll(subject.log_probs(tokens), tokens)
     nll_bad = target_nll(subject.log_probs(corrupted), corrupted)
     n0, n1 = subject.n_heads[0], subject.n_heads[1]
-    share = [[0.0] * n1 for _ in range(n0)]
-    for s, r in tqdm([(s, r) for s in range(n0) for r in range(n1)], desc="path patching", leave=False):
-        share[s][r] = share_of(path_patch(subject, tokens, corrupted, s, r, positions), nll_clean, nll_bad)
-    return {"senders": [head_label(0, j) for j in range(n0)], "receivers": [head_label(1, j) for j in range(n1)],
-            "share": share}  # fmt: skip
+    out = {"senders": [head_label(0, j) for j in range(n0)], "receivers": [head_label(1, j) for j in range(n1)]}
+    for key, mlp in (("share", False), ("share_through_mlp", True)):
+        out[key] = [[None] * n1 for _ in range(n0)]
+        for s, r in tqdm([(s, r) for s in range(n0) for r in range(n1)], desc="path patching", leave=False):
+            out[key][s][r] = share_of(
+                path_patch(subject, tokens, corrupted, [s], [r], positions, mlp), nll_clean, nll_bad
+            )
+        every = path_patch(subject, tokens, corrupted, list(range(n0)), list(range(n1)), positions, mlp)
+        out["all" + key[5:]] = share_of(every, nll_clean, nll_bad)
+    return out
 
 
 # 4. Pair probes and 6. log pi read-out ----------------------------------------------------------------
@@ -316,6 +327,10 @@ def bma_without(subject: Subject, tokens, heads: list[int], renormalise: bool = 
     return rows
 
 
+def _nan_matrix(rows) -> Tensor:
+    return torch.tensor([[float("nan") if v is None else v for v in row] for row in rows], dtype=torch.float64)
+
+
 def _fmt(x, digits: int = 2) -> str:
     return "n/a" if x is None else f"{x:.{digits}f}"
 
@@ -331,11 +346,20 @@ def checks(r: dict) -> list[tuple[str, bool, str]]:
             out.append((f"{what} exist", False, "no head has that role profile"))
             continue
         share = g[name]["ablation_dnll"] / gain if gain > 0 else float("nan")
+        restored = g[name]["patching_restored"]
         out.append((
-            f"ablating the {what} ({', '.join(g[name]['heads'])}) undoes at least half the gain over the plateau",
-            share >= 0.5, f"ablation +{g[name]['ablation_dnll']:.4f} nats = {share:.2f} of the gain {gain:.4f}; "
-            f"patching restores {_fmt(g[name]['patching_restored'])}",
+            f"the {what} ({', '.join(g[name]['heads'])}) carry the demonstrations' information: patching their clean "
+            f"outputs into a run on another tree's demonstrations restores at least half the difference",
+            restored is not None and restored >= 0.5,
+            f"patching restores {_fmt(restored)}; mean ablation +{g[name]['ablation_dnll']:.4f} nats "
+            f"({share:.2f} of the gain {gain:.4f} over the plateau)",
         ))  # fmt: skip
+    selectors = [h for h in r["heads"] if h["layer"] == 1 and h["candidates"][1] >= 0.5]
+    most = max((h["candidates"][1] for h in r["heads"] if h["layer"] == 1), default=float("nan"))
+    out.append((
+        "no layer-1 head selects among the target's candidate parents (the paper's second step is absent)",
+        not selectors, f"largest layer-1 mass on the candidates from the target queries {most:.2f}",
+    ))  # fmt: skip
     c = r["corruption"]
     model = {k: sum(v for v in c[k]["model"] if v is not None) for k in KINDS}
     out.append((
@@ -344,12 +368,15 @@ def checks(r: dict) -> list[tuple[str, bool, str]]:
         f"summed KL over h: earlier {model['earlier']:.4f}, at h {model['at_h']:.4f}, later {model['later']:.4f}",
     ))  # fmt: skip
     if "path_patching" in r and g["within"]["heads"] and g["readers"]["heads"]:
-        share = torch.tensor([[float("nan") if v is None else v for v in row] for row in r["path_patching"]["share"]])
-        w, rd = r["groups"]["within"], r["groups"]["readers"]
-        inside = share[w][:, rd].sum().item()
+        pp, w, rd = r["path_patching"], r["groups"]["within"], r["groups"]["readers"]
+        inside = {key: _nan_matrix(pp[key])[w][:, rd].sum().item() for key in ("share", "share_through_mlp")}
         out.append((
-            "the paths within-sequence layer-0 heads -> cross-demonstration layer-1 heads carry the corruption",
-            inside >= 0.3, f"summed path share {inside:.2f} (all paths {share.sum().item():.2f})",
+            "the layer-0 heads' outputs at the demonstration positions, read by layer 1's keys and values, carry "
+            "the demonstrations' information (at least 0.3 of the corruption effect, with the layer-0 MLP on the path)",
+            pp["all_through_mlp"] is not None and pp["all_through_mlp"] >= 0.3,
+            f"all layer-0 heads -> all layer-1 heads: {_fmt(pp['all'])} directly, {_fmt(pp['all_through_mlp'])} through "
+            f"the MLP; summed single paths within -> cross-demonstration heads {inside['share']:.2f} directly, "
+            f"{inside['share_through_mlp']:.2f} through the MLP",
         ))  # fmt: skip
     if "pair_probes" in r:
         mean = {}
@@ -461,10 +488,12 @@ def summary(r: dict) -> str:
         cells = " ".join("   -   " if m is None else f"{m:.3f}/{b:.3f}" for m, b in zip(c["model"], c["bma"]))
         lines.append(f"  {kind:8s} {cells}")
     pp = r["path_patching"]
-    lines += ["", "path patching share (rows: layer-0 sender at demonstration positions; columns: layer-1 receiver):"]
-    lines.append("      " + "".join(f"{x:>7s}" for x in pp["receivers"]))
-    for s, row in zip(pp["senders"], pp["share"]):
-        lines.append(f"{s:6s}" + "".join(f"{_fmt(v, 3):>7s}" for v in row))
+    for key, how in (("share", "directly"), ("share_through_mlp", "through the layer-0 MLP")):
+        lines += ["", f"path patching share {how} (rows: layer-0 sender at demonstration positions; columns: layer-1 "
+                  f"receiver's keys and values); all into all: {_fmt(pp['all' + key[5:]])}"]  # fmt: skip
+        lines.append("      " + "".join(f"{x:>7s}" for x in pp["receivers"]))
+        for s, row in zip(pp["senders"], pp[key]):
+            lines.append(f"{s:6s}" + "".join(f"{_fmt(v, 3):>7s}" for v in row))
     lines += ["", "BMA without demonstration l (mean over l):"]
     for name, b in r["bma_without"].items():
         if b is not None:
@@ -501,13 +530,17 @@ def figures(r: dict, args) -> dict:
     axes[1].set_title("re-drawing one demonstration's tokens", fontsize=9)
     axes[1].legend(fontsize=6)
     pp = r["path_patching"]
-    share = np.array([[np.nan if v is None else v for v in row] for row in pp["share"]], dtype=float)
+    share = _nan_matrix(pp["share_through_mlp"]).numpy()
     lim = max(np.nanmax(np.abs(share)) if np.isfinite(share).any() else 0, 1e-6)
     im = axes[2].imshow(share, cmap="RdBu_r", vmin=-lim, vmax=lim, aspect="auto")
     axes[2].grid(False)
     axes[2].set_xticks(range(len(pp["receivers"])), pp["receivers"], fontsize=7)
     axes[2].set_yticks(range(len(pp["senders"])), pp["senders"], fontsize=7)
-    axes[2].set_title("path patching: layer-0 head (demonstrations) -> layer-1 head K/V", fontsize=9)
+    axes[2].set_title(
+        f"path patching, layer-0 head at the demonstrations -> layer-1 head K/V\n(through the MLP; all into all "
+        f"{_fmt(pp['all_through_mlp'])}, directly {_fmt(pp['all'])})",
+        fontsize=8,
+    )
     fig.colorbar(im, ax=axes[2])
     names = [k for k, v in r["bma_without"].items() if v is not None]
     vals = [r["bma_without"][k] for k in names]

@@ -15,7 +15,7 @@ from test_inspect import transposed_subject
 from analyses import standard_circuit as sc
 from models.interventions import head_outputs
 from models.subject import load_subject
-from probes import bma_predictive
+from probes import bma_predictive, target_nll
 
 
 def test_heads_of_the_transposed_circuit_are_found_and_carry_it():
@@ -102,14 +102,13 @@ def test_sender_delta_is_what_the_head_adds_to_the_residual(tmp_path):
     subject.log_probs(tokens, [("blocks.0.hook_attn_out", grab("clean"))])
     assert torch.allclose(store["patched"] - store["clean"], delta, atol=1e-5)
     assert delta.abs().max() > 1e-3
-    # A path from an unchanged context carries nothing.
-    assert (
-        abs(
-            sc.path_patch(subject, tokens, tokens, 1, 0, positions)
-            - sc.path_patch(subject, tokens, tokens, 0, 1, positions)
-        )
-        < 1e-7
-    )
+    # A path from an unchanged context carries nothing, directly or through the MLP.
+    clean = target_nll(subject.log_probs(tokens), tokens)
+    for mlp in (False, True):
+        assert abs(sc.path_patch(subject, tokens, tokens, [0, 1], [0, 1], positions, mlp) - clean) < 1e-6
+    # All senders into all receivers through the MLP, with the receivers' queries clean: at the demonstration
+    # positions every layer-1 input is then the corrupted run's wherever layer 0's heads differ.
+    assert sc.path_patch(subject, tokens, bad, [0, 1], [0, 1], positions, True) != clean
 
 
 def test_cli_writes_the_set_and_calls_an_untrained_model_a_plateau(tmp_path, capsys):
