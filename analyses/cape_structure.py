@@ -16,13 +16,16 @@ the mean over the trees. On each tree:
 - BMA on L = N demonstrations of G: the Markov task's (``probes.bma_posterior``) and the continuous system's
   Gaussian one (``probes.continuous.gaussian_bma_posterior``): argmax of the posterior, ``--n-contexts``
   contexts per tree and L. Both know the mechanism and that pa(h) < h.
-- The two-layer transformer on the Markov task: the shipped checkpoint at its L = 10, and Theorem 1 models
-  ``models.theorem1_model(pi, L, H, 50)`` (the construction, not a trained model) at the other L.
+- The model on the Markov task: the ``--checkpoint`` model at its own L (the shipped one: L = 10), and
+  Theorem 1 models ``models.theorem1_model(pi, L, H, 50)`` (the construction, not a trained model) at the
+  other L. Its parent pick is the argmax of the target queries' attention over the target sequence, from the
+  head that puts the most mass on the true parent (measured per L; the disentangled model's is L1H0).
 
 BMA needs far fewer samples: it knows the mechanism and the tree prior (one parent per node, before it), so
 each demonstration is a full likelihood term; structure learning must estimate the mechanism as well, and
 its orientation is not identified in general (a tree has no v-structure, so only the skeleton is): the
-"order given" curves hand it the order BMA's prior has. ``--checkpoint`` selects the task and the L = 10 model.
+"order given" curves hand it the order BMA's prior has. ``--checkpoint`` (any model of a Markov-tree task)
+selects the task and the model at its L.
 """
 
 from __future__ import annotations
@@ -31,15 +34,8 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
-from analyses.common import (
-    analysis_parser,
-    parse_common,
-    run,
-    save_figure,
-    save_json,
-    style,
-    subject_from_args,
-)
+import models
+from analyses import common
 from cape.structure import (
     StructureConfig,
     continuous_data,
@@ -48,8 +44,10 @@ from cape.structure import (
     nonlinear_tree_data,
     structure_metrics,
 )
-from probes import bma_posterior, parent_accuracy
+from models.subject import DisentangledSubject, Subject, head_label
+from probes import MarkovTreeTask, bma_posterior, parent_accuracy
 from probes.continuous import ContinuousTask, gaussian_bma_posterior
+from probes.metrics import parent_mass
 
 NAME = "cape_structure"
 FIGURES = {
@@ -67,11 +65,19 @@ TAU = {"markov": 0.15, "continuous": 0.3, "nonlinear": 0.3}  # one-hot edge norm
 METRICS = ("shd", "skeleton_f1", "parent_accuracy", "ordered_parent_accuracy", "n_edges")
 
 
-def model_parent_accuracy(model, tokens, parents) -> float:
-    """Argmax of the second-layer attention (``blocks.1.attn.hook_pattern``) against the tree."""
-    with torch.no_grad():
-        _, cache = model.run_with_cache(tokens.to(model.cfg.device), names_filter="blocks.1.attn.hook_pattern")
-    return parent_accuracy(cache["blocks.1.attn.hook_pattern"][:, 0].double().cpu(), parents)
+@torch.no_grad()
+def model_parent_accuracy(subject: Subject, tokens, parents) -> tuple[float, str]:
+    """Parent accuracy of the argmax of the target queries' attention over the target sequence, from the
+    head with the most mass on the true parent; returns it and that head's label."""
+    L, H = subject.task.n_examples, subject.task.seq_len
+    best = (-1.0, 0.0, "")
+    for layer, att in enumerate(subject.attention(tokens.to(subject.model.cfg.device))):
+        rows = att.target_rows(L, H)[..., L * H :].cpu()  # [batch, head, H, H]: keys in the target sequence
+        for head in range(rows.shape[1]):
+            mass = parent_mass(rows[:, head], parents)
+            if mass > best[0]:
+                best = (mass, parent_accuracy(rows[:, head], parents), head_label(layer, head))
+    return best[1], best[2]
 
 
 def _data(kind: str, task, ctask, parents, N: int, seed: int) -> torch.Tensor:
@@ -86,8 +92,8 @@ def _mean(rows: list[dict], keys) -> dict:
     return {k: float(np.mean([r[k] for r in rows])) for k in keys}
 
 
-def compute(
-    subject,
+def measure(
+    subject: Subject,
     seed: int = 0,
     n_contexts: int = 128,
     Ns=NS,
@@ -100,9 +106,6 @@ def compute(
     """Every plotted number; ``subject`` gives the task (pi, H) and the L = n_examples model. Structure
     learning gets one data draw per (tree, N); every metric is the mean over the ``n_trees`` trees, with the
     per-tree values kept under ``"per_tree"``."""
-    import models
-    from probes import MarkovTreeTask
-
     task = subject.task
     H = task.seq_len
     trees = task.sample_parents(n_trees, torch.Generator().manual_seed(seed))
@@ -123,23 +126,35 @@ def compute(
         res["structure"][f"{kind}/{f}"] = rows
     res["bma"] = {"markov": [], "continuous": []}
     for L in tqdm(Ls, desc="BMA and model", disable=not progress):
-        markov, gauss, model, source = [], [], [], ""
+        markov, gauss, model, source, heads = [], [], [], "", set()
         for t, parents in enumerate(trees):
             fixed = parents.view(1, -1).expand(n_contexts, -1)
             g = torch.Generator().manual_seed(seed + 2 + L + 1000 * t)
-            tokens, _ = MarkovTreeTask(task.pi, L, H, task.root).sample(n_contexts, g, parents=fixed)
+            task_L = MarkovTreeTask(task.pi, L, H, task.root)
+            tokens, _ = task_L.sample(n_contexts, g, parents=fixed)
             markov.append(parent_accuracy(bma_posterior(task.pi, tokens, L, H), fixed))
             ct = ContinuousTask(ctasks[t].A, ctasks[t].rho, L, H)
             x, _ = ct.sample(n_contexts, g, parents=fixed)
             gauss.append(parent_accuracy(gaussian_bma_posterior(ct, x), fixed))
             if L == task.n_examples:
-                m, source = subject.model, f"trained ({subject.name})"
+                m, source = subject, f"trained ({subject.name})"
             else:
-                m, source = models.theorem1_model(task.pi, L, H, 50.0, task.root), "Theorem 1 construction"
-            model.append(model_parent_accuracy(m, tokens, fixed))
+                construction = models.theorem1_model(task.pi, L, H, 50.0, task.root)
+                m, source = DisentangledSubject(construction, task_L, "theorem1", ""), "Theorem 1 construction"
+            accuracy, head = model_parent_accuracy(m, tokens, fixed)
+            model.append(accuracy)
+            heads.add(head)
         res["bma"]["markov"].append({"L": L, "parent_accuracy": float(np.mean(markov)), "per_tree": markov})
         res["bma"]["continuous"].append({"L": L, "parent_accuracy": float(np.mean(gauss)), "per_tree": gauss})
-        res["model"].append({"L": L, "source": source, "parent_accuracy": float(np.mean(model)), "per_tree": model})
+        res["model"].append(
+            {
+                "L": L,
+                "source": source,
+                "heads": sorted(heads),
+                "parent_accuracy": float(np.mean(model)),
+                "per_tree": model,
+            }
+        )
     return res
 
 
@@ -179,7 +194,9 @@ def _plot(res: dict, n_contexts: int):
                 marker = "*" if r["source"].startswith("trained") else "^"
                 ax.plot(r["L"], r["parent_accuracy"], marker, color="C3", ms=11 if marker == "*" else 7)
             ax.plot([], [], "^", color="C3", label="two-layer: Theorem 1 construction")
-            ax.plot([], [], "*", color="C3", ms=11, label="two-layer: trained checkpoint (L=10)")
+            for r in res["model"]:
+                if r["source"].startswith("trained"):
+                    ax.plot([], [], "*", color="C3", ms=11, label=f"{r['source']} at its L={r['L']}")
         H = len(res["trees"][0])
         ax.axhline(1 / (H - 1), color="grey", lw=0.8, ls="--")
         ax.set_title(titles[kind], fontsize=10)
@@ -203,24 +220,16 @@ def _plot(res: dict, n_contexts: int):
     return fig
 
 
-def main(argv: list[str] | None = None) -> dict:
-    parser = analysis_parser(NAME, __doc__.split("\n\n")[0], n_contexts=128)
-    parser.add_argument("--n-trees", type=int, default=3, help="fixed trees to average over (default: 3)")
-    parser.add_argument(
-        "--inner-steps", type=int, default=50, help="L-BFGS iterations per augmented-Lagrangian step (default: 50)"
-    )
-    args = parse_common(parser, argv)
-    if args.n_trees < 1:
-        parser.error(f"--n-trees must be >= 1, got {args.n_trees}")
-    if args.inner_steps < 1:
-        parser.error(f"--inner-steps must be >= 1, got {args.inner_steps}")
-    subject = subject_from_args(args)
-    res = compute(subject, args.seed, args.n_contexts, n_trees=args.n_trees, inner_steps=args.inner_steps)
-    style()
-    save_figure(_plot(res, args.n_contexts), args.out, NAME)
-    save_json(args.out, NAME, res, args, subject)
+def compute(subject: Subject, args) -> dict:
+    """``measure`` with the CLI's --n-contexts, --n-trees and --inner-steps, at ``LS`` and the subject's L."""
+    Ls = tuple(sorted({*LS, subject.task.n_examples}))
+    return measure(subject, args.seed, args.n_contexts, Ls=Ls, n_trees=args.n_trees, inner_steps=args.inner_steps)
+
+
+def summary(res: dict) -> str:
+    lines = []
     for key, rows in res["structure"].items():
-        print(
+        lines.append(
             f"CAPE step 1 ({key}): "
             + ", ".join(
                 f"N={r['N']}: parent {r['parent_accuracy']:.2f} / ordered {r['ordered_parent_accuracy']:.2f}, "
@@ -229,10 +238,45 @@ def main(argv: list[str] | None = None) -> dict:
             )
         )
     for kind, rows in res["bma"].items():
-        print(f"BMA ({kind}): " + ", ".join(f"L={r['L']}: {r['parent_accuracy']:.3f}" for r in rows))
-    print("two-layer: " + ", ".join(f"L={r['L']}: {r['parent_accuracy']:.3f} ({r['source']})" for r in res["model"]))
-    return res
+        lines.append(f"BMA ({kind}): " + ", ".join(f"L={r['L']}: {r['parent_accuracy']:.3f}" for r in rows))
+    lines.append(
+        "model: "
+        + ", ".join(
+            f"L={r['L']}: {r['parent_accuracy']:.3f} ({r['source']}, {'/'.join(r['heads'])})" for r in res["model"]
+        )
+    )
+    return "\n".join(lines)
+
+
+def add_flags(parser) -> None:
+    parser.add_argument("--n-trees", type=int, default=3, help="fixed trees to average over (default: 3)")
+    parser.add_argument(
+        "--inner-steps", type=int, default=50, help="L-BFGS iterations per augmented-Lagrangian step (default: 50)"
+    )
+
+
+def check_flags(parser, args) -> None:
+    if args.n_trees < 1:
+        parser.error(f"--n-trees must be >= 1, got {args.n_trees}")
+    if args.inner_steps < 1:
+        parser.error(f"--inner-steps must be >= 1, got {args.inner_steps}")
+
+
+ANALYSIS = common.Analysis(
+    NAME,
+    __doc__,
+    compute,
+    lambda res, args: {NAME: _plot(res, args.n_contexts)},
+    summary,
+    n_contexts=128,
+    add_flags=add_flags,
+    check_flags=check_flags,
+)
+
+
+def main(argv: list[str] | None = None) -> dict:
+    return common.main(ANALYSIS, argv)
 
 
 if __name__ == "__main__":
-    run(main)
+    common.run(main)

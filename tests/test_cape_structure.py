@@ -49,10 +49,10 @@ def test_deterministic_for_a_seed():
 
 
 def test_analysis_bma_needs_fewer_samples_than_structure_learning():
-    from analyses.cape_structure import compute
-    from analyses.common import load_subject
+    from analyses.cape_structure import measure
+    from models import load_subject
 
-    res = compute(
+    res = measure(
         load_subject("default"),
         seed=0,
         n_contexts=64,
