@@ -5,7 +5,7 @@ on random DAGs whose structure is known.
     python -m analyses.cape_properties --n-contexts 100 --nodes 20 --dim 8
 
 ``--n-contexts`` is the number of random graphs (``cape.embedding.random_tree`` / ``random_dag``);
-``--checkpoint`` is not used. Each graph is embedded (``cape.embedding.embed``, seeded), turned
+it takes no ``--checkpoint``. Each graph is embedded (``cape.embedding.embed``, seeded), turned
 into angles ``phi = (pi/4) e`` and scored with ``cape.attention.rotary_scores``.
 
 1. Causal distance: ``S[m, n] = E_q q^T R(phi_n - phi_m) q`` for q ~ N(0, I) (Monte Carlo over
@@ -26,7 +26,7 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
-from analyses.common import analysis_parser, parse_common, run, save_figure, save_json, style
+from analyses import common
 from cape.attention import CapeAttention, rotary_scores
 from cape.embedding import depth, embed, generality, hop_distance, initial_points, random_dag, random_tree
 
@@ -64,7 +64,7 @@ def mean_scores(phi: torch.Tensor, n_queries: int, generator: torch.Generator) -
     return rotary_scores(q, q, phi).mean(0).numpy()
 
 
-def compute(
+def measure(
     n_graphs: int = 40,
     nodes: int = 15,
     dim: int = 4,
@@ -264,38 +264,51 @@ def _plot_permutation(res: dict):
     return fig
 
 
-def main(argv: list[str] | None = None) -> dict:
-    parser = analysis_parser(NAME, __doc__.split("\n\n")[0], n_contexts=40)
+def compute(subject, args) -> dict:
+    """``measure`` with the CLI's --n-contexts (graphs), --nodes, --dim, --n-queries and --n-perm."""
+    n_perm = min(args.n_perm, args.n_contexts)
+    return measure(args.n_contexts, args.nodes, args.dim, args.n_queries, n_perm, args.seed, progress=True)
+
+
+def figures(res: dict, args) -> dict:
+    return {
+        "cape_distance": _plot_distance(res),
+        "cape_generality": _plot_generality(res),
+        "cape_permutation": _plot_permutation(res),
+    }
+
+
+def summary(res: dict) -> str:
+    lines = [f"{NAME}: {res['n_graphs']} random graphs (trees and DAGs), M={res['nodes']}, n={res['dim']}"]
+    for kind, s in res["summary"].items():
+        lines.append(f"  {kind}:")
+        for k, v in s.items():
+            lines.append(
+                f"    {k:30s} mean {v['mean']:+.3g}  sd {v['std']:.3g}  [{v['min']:+.3g}, {v['max']:+.3g}]  n={v['n']}"
+            )
+    return "\n".join(lines)
+
+
+def add_flags(parser) -> None:
     parser.add_argument("--nodes", type=int, default=15, help="features (DAG nodes) per graph (default: 15)")
     parser.add_argument("--dim", type=int, default=4, help="hyperbolic dimension n; d_head = 2n (default: 4)")
     parser.add_argument("--n-queries", type=int, default=256, help="random q per score (default: 256)")
     parser.add_argument("--n-perm", type=int, default=20, help="graphs that get the permutation test (default: 20)")
-    args = parse_common(parser, argv)
+
+
+def check_flags(parser, args) -> None:
     if args.n_contexts < 2 or args.nodes < 3 or args.dim < 1 or args.n_queries < 1 or args.n_perm < 1:
         parser.error("need --n-contexts >= 2, --nodes >= 3, --dim >= 1, --n-queries >= 1, --n-perm >= 1")
-    res = compute(
-        args.n_contexts,
-        args.nodes,
-        args.dim,
-        args.n_queries,
-        min(args.n_perm, args.n_contexts),
-        args.seed,
-        progress=True,
-    )
-    style()
-    save_figure(_plot_distance(res), args.out, "cape_distance")
-    save_figure(_plot_generality(res), args.out, "cape_generality")
-    save_figure(_plot_permutation(res), args.out, "cape_permutation")
-    save_json(args.out, NAME, res, args, None)
-    print(f"{NAME}: {args.n_contexts} random graphs (trees and DAGs), M={args.nodes}, n={args.dim}")
-    for kind, s in res["summary"].items():
-        print(f"  {kind}:")
-        for k, v in s.items():
-            print(
-                f"    {k:30s} mean {v['mean']:+.3g}  sd {v['std']:.3g}  [{v['min']:+.3g}, {v['max']:+.3g}]  n={v['n']}"
-            )
-    return res
+
+
+ANALYSIS = common.Analysis(
+    NAME, __doc__, compute, figures, summary, n_contexts=40, add_flags=add_flags, check_flags=check_flags
+)
+
+
+def main(argv: list[str] | None = None) -> dict:
+    return common.main(ANALYSIS, argv)
 
 
 if __name__ == "__main__":
-    run(main)
+    common.run(main)

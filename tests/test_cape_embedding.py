@@ -154,7 +154,7 @@ def test_spearman_against_hand_computed_ranks():
 def test_cape_properties_hold_on_small_random_graphs():
     """Measured with the default analysis (40 graphs, M=15): Spearman(score, distance) trees -0.92 (min
     -0.86), DAGs -0.53 (min -0.26); random angles ~0; Spearman(|e|, depth) +0.55; (|e|, generality) -0.71."""
-    res = cape_properties.compute(n_graphs=6, nodes=10, dim=4, n_queries=64, n_perm=2, seed=0)
+    res = cape_properties.measure(n_graphs=6, nodes=10, dim=4, n_queries=64, n_perm=2, seed=0)
     s = res["summary"]
     for r in res["graphs"]:
         assert r["rho_score_distance"] < -0.2  # each graph: score decays with causal distance
