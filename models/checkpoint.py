@@ -62,7 +62,9 @@ def read_config(path: str | Path) -> dict:
         hint = ""
         if _old(path).is_dir():
             hint = f"; an interrupted write left {_old(path).name!r} beside it: the next write to it restores it"
-        raise ValueError(f"checkpoint {str(path)!r} does not exist; expected a folder with {CONFIG} and {WEIGHTS}{hint}")
+        raise ValueError(
+            f"checkpoint {str(path)!r} does not exist; expected a folder with {CONFIG} and {WEIGHTS}{hint}"
+        )
     if not path.is_dir() or not (path / CONFIG).is_file():
         raise ValueError(f"checkpoint {str(path)!r} has no {CONFIG}; expected a folder written by models.save")
     config = read_json(path / CONFIG, "checkpoint config")

@@ -105,7 +105,9 @@ def add_subject_flags(p: argparse.ArgumentParser, default: str = "default") -> N
     p.add_argument("--key-map", metavar="MAP.json", help="for a weight-file --checkpoint: file key -> our key")
     p.add_argument("--config", metavar="CONFIG.json", help="for a weight-file --checkpoint: its config or task.json")
     p.add_argument("--device", default="cpu", help="torch device (default: cpu)")
-    p.add_argument("--dtype", choices=["float32", "float64"], default=None, help="convert the weights (default: as saved)")
+    p.add_argument(
+        "--dtype", choices=["float32", "float64"], default=None, help="convert the weights (default: as saved)"
+    )
 
 
 def add_run_flags(p: argparse.ArgumentParser, seed: int = 0, n_contexts: int | None = None) -> None:

@@ -71,7 +71,7 @@ from torch import Tensor
 
 from models import converters
 from models.causal_transformer import CausalTransformer, CausalTransformerConfig
-from models.checkpoint import CONFIG, build, check_state_dict
+from models.checkpoint import CONFIG, FORMAT, build, check_state_dict
 from models.io import read_json
 from probes.layout import Layout
 from probes.tasks import MarkovTreeTask
@@ -564,6 +564,8 @@ def load_hf(path: Path, device: str | None = None):
     """A Hugging Face causal LM (with task.json) as a ``TransformerBridge``, offline, eval mode."""
     layout = load_foreign_layout(path)
     hf_config = _read_json(path / CONFIG, "Hugging Face config")
+    if isinstance(hf_config, dict) and hf_config.get("format") == FORMAT:
+        raise ValueError(f"{str(path)!r} is one of our checkpoint folders with a stray {TASK_JSON} (its task is in {CONFIG}); remove the {TASK_JSON}")
     if not isinstance(hf_config, dict) or "model_type" not in hf_config:
         raise ValueError(f"{path / CONFIG} is not a Hugging Face config (no model_type)")
     vocab = hf_config.get("vocab_size")

@@ -50,7 +50,9 @@ def read_json(path: str | Path, what: str):
     path = Path(path)
     try:
         if not path.is_file():
-            raise ValueError(f"{what} {str(path)!r} {'is a folder' if path.is_dir() else 'does not exist'}; expected a JSON file")
+            raise ValueError(
+                f"{what} {str(path)!r} {'is a folder' if path.is_dir() else 'does not exist'}; expected a JSON file"
+            )
         if path.stat().st_size > MAX_JSON_BYTES:
             raise ValueError(f"{what} {str(path)!r} is over {MAX_JSON_BYTES >> 20} MiB; expected a small JSON file")
         return json.loads(path.read_text())
@@ -78,7 +80,9 @@ def exclusive_lock(path: str | Path, wait: bool = True, what: str = "it"):
             fcntl.flock(fd, fcntl.LOCK_EX | (0 if wait else fcntl.LOCK_NB))
         except BlockingIOError:
             os.close(fd)
-            raise Busy(f"another process is writing {what} (it holds the lock {str(path)!r}); wait for it to end") from None
+            raise Busy(
+                f"another process is writing {what} (it holds the lock {str(path)!r}); wait for it to end"
+            ) from None
         try:
             if os.stat(path).st_ino == os.fstat(fd).st_ino:
                 break
@@ -169,4 +173,3 @@ def name_too_long(path: str | Path) -> str | None:
         if len(os.fsencode(part)) > 255:
             return part
     return None
-

@@ -294,7 +294,9 @@ def _train_locked(cfg: TrainConfig, progress: bool, place: distributed.Rank, dev
     if cfg.compile:
         forward = torch.compile(forward)
     t0 = time.perf_counter()
-    bar = tqdm(range(start, cfg.steps), initial=start, total=cfg.steps, disable=None if progress else True, desc="train")  # None: no bar off a terminal
+    bar = tqdm(
+        range(start, cfg.steps), initial=start, total=cfg.steps, disable=None if progress else True, desc="train"
+    )  # None: no bar off a terminal
     for step in bar:
         tokens, _ = task.sample(cfg.batch_size, data_gen)  # the global batch, the same on every rank
         tokens, target = _host_batch(distributed.shard(tokens, place), cfg.seq_len, device)
@@ -370,13 +372,17 @@ def check_resumable(out: Path, cfg: TrainConfig) -> dict:
     training = read_config(out).get("training")
     saved = training.get("config") if isinstance(training, dict) else None
     if not isinstance(saved, dict) or not isinstance(training.get("history"), list):
-        raise ValueError(f"cannot resume {str(out)!r}: its {CONFIG} has no training record; pass --overwrite to start afresh")
+        raise ValueError(
+            f"cannot resume {str(out)!r}: its {CONFIG} has no training record; pass --overwrite to start afresh"
+        )
     differ = {k for k, v in asdict(cfg).items() if k not in RESUME_MAY_DIFFER and saved.get(k) != v}
     if differ:
         raise ValueError(f"cannot resume {str(out)!r}: its training config differs in {sorted(differ)}")
     meta = read_json(out / TRAIN_META, "training state")
     if not isinstance(meta, dict) or not isinstance(meta.get("step"), int) or "scheduler" not in meta:
-        raise ValueError(f"cannot resume {str(out)!r}: {TRAIN_META} is not a training state; pass --overwrite to start afresh")
+        raise ValueError(
+            f"cannot resume {str(out)!r}: {TRAIN_META} is not a training state; pass --overwrite to start afresh"
+        )
     return training
 
 

@@ -69,7 +69,9 @@ def check_sizes(d_vocab, n_examples, seq_len, where: str = "task") -> tuple[int,
     L = check_int(n_examples, f"{where} n_examples".strip(), 1, MAX_N_EXAMPLES)
     H = check_int(seq_len, f"{where} seq_len".strip(), 2, MAX_SEQ_LEN)
     if (L + 1) * H > MAX_N_TOKENS:
-        raise ValueError(f"{where} contexts of (L+1)H = {(L + 1) * H} tokens exceed the bound of {MAX_N_TOKENS}".strip())
+        raise ValueError(
+            f"{where} contexts of (L+1)H = {(L + 1) * H} tokens exceed the bound of {MAX_N_TOKENS}".strip()
+        )
     return d, L, H
 
 

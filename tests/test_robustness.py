@@ -18,9 +18,9 @@ from test_formats import file_config, hf_folder, small_model
 
 import models
 from analyses import inspect
-from models.subject import load_subject
 from models import standard, train
 from models.formats import read_key_map, task_from_dict
+from models.subject import load_subject
 from probes import MarkovTreeTask
 
 ROOT = Path(__file__).resolve().parent.parent

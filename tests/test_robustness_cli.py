@@ -79,9 +79,12 @@ def lab(tmp_path_factory) -> Path:
         variant("big_seq_len"), lambda c: (c["model"].update(seq_len=60_000), c["task"].update(seq_len=60_000))
     )
     _edit_config(variant("task_disagrees"), lambda c: c["task"].update(n_examples=c["task"]["n_examples"] + 1))
-    _edit_config(variant("fractional_l"), lambda c: (c["model"].update(n_examples=3.5), c["task"].update(n_examples=3.5)))
+    _edit_config(
+        variant("fractional_l"), lambda c: (c["model"].update(n_examples=3.5), c["task"].update(n_examples=3.5))
+    )
     _edit_config(variant("string_d"), lambda c: c["model"].update(d_vocab="4"))
     _edit_config(variant("unknown_field"), lambda c: c["model"].update(n_layers=7))
+    (variant("stray_task") / "task.json").write_text(json.dumps(task.to_dict()))
     (variant("truncated_weights") / checkpoint.WEIGHTS).write_bytes(b"\x00" * 64)
     (variant("no_weights") / checkpoint.WEIGHTS).unlink()
     big = {k: v.double() for k, v in sd.items()}
@@ -141,11 +144,21 @@ CASES = [
     ("work", "train into other files", lambda t: _train(*_out(t, "notes")), "not a checkpoint folder"),
     ("work", "overwrite other files", lambda t: _train("--overwrite", *_out(t, "notes")), "not a checkpoint folder"),
     ("work", "train --out a file", lambda t: _train(*_out(t, "afile")), "is a file"),
-    ("work", "resume, other config", lambda t: _train("--resume", "--seed", "5", *_out(t, "run")), "differs in ['seed']"),
+    (
+        "work",
+        "resume, other config",
+        lambda t: _train("--resume", "--seed", "5", *_out(t, "run")),
+        "differs in ['seed']",
+    ),
     ("work", "resume, state not tensors", lambda t: _train("--resume", *_out(t, "bad_state_tensors")), "unreadable"),
     ("work", "resume, state truncated", lambda t: _train("--resume", *_out(t, "truncated_state")), "unreadable"),
     ("work", "resume, state not JSON", lambda t: _train("--resume", *_out(t, "bad_state_json")), "not valid JSON"),
-    ("work", "resume, state lacks fields", lambda t: _train("--resume", *_out(t, "bad_state_fields")), "not a training state"),
+    (
+        "work",
+        "resume, state lacks fields",
+        lambda t: _train("--resume", *_out(t, "bad_state_fields")),
+        "not a training state",
+    ),
     ("work", "resume, negative step", lambda t: _train("--resume", *_out(t, "bad_state_step")), "step must be >= 1"),
     ("work", "resume, no training record", lambda t: _train("--resume", *_out(t, "no_record")), "no training record"),
     ("work", "train --out dangling link", lambda t: _train(*_out(t, "dangling")), "which does not exist"),
@@ -153,7 +166,12 @@ CASES = [
     ("work", "analysis --out a file", lambda t: _copyers(*_out(t, "afile")), "is a file"),
     ("work", "analysis --out dangling link", lambda t: _copyers(*_out(t, "dangling")), "which does not exist"),
     ("work", "analysis --out under /proc", lambda t: _copyers("--out", "/proc/robustness"), "not writable"),
-    ("work", "evaluate --json missing folder", lambda t: _evaluate("--json", str(t / "no" / "m.json")), "does not exist"),
+    (
+        "work",
+        "evaluate --json missing folder",
+        lambda t: _evaluate("--json", str(t / "no" / "m.json")),
+        "does not exist",
+    ),
     ("work", "evaluate --json a folder", lambda t: _evaluate("--json", str(t / "notes")), "is a folder"),
     # --- hangs and memory bombs: sizes bounded, memory estimated before allocating ------------------
     ("bomb", "alpha nan", lambda t: _train("--alpha", "nan", *_out(t)), "--alpha must be a finite number > 0"),
@@ -169,7 +187,12 @@ CASES = [
         lambda t: _train("--n-examples", "2000", "--seq-len", "1000", *_out(t)),
         "exceed the bound of 1048576",
     ),
-    ("bomb", "heads huge", lambda t: _train("--n-copy-heads", "60000", *_out(t)), "the model of this config would need"),
+    (
+        "bomb",
+        "heads huge",
+        lambda t: _train("--n-copy-heads", "60000", *_out(t)),
+        "the model of this config would need",
+    ),
     ("bomb", "batch huge", lambda t: _train("--batch-size", HUGE, *_out(t)), "--batch-size 10000000000"),
     ("bomb", "eval contexts huge", lambda t: _train("--eval-contexts", HUGE, *_out(t)), "--eval-contexts 10000000000"),
     (
@@ -198,7 +221,12 @@ CASES = [
     ("numbers", "copyer lr scale nan", lambda t: _train("--copyer-lr-scale", "nan", *_out(t)), "--copyer-lr-scale"),
     ("numbers", "final lr fraction 2", lambda t: _train("--final-lr-fraction", "2", *_out(t)), "in [0, 1]"),
     ("numbers", "init demo nan", lambda t: _train("--init-demo", "nan", *_out(t)), "--init-demo must be a finite"),
-    ("numbers", "init offset inf", lambda t: _train("--init-offset", "inf", *_out(t)), "--init-offset must be a finite"),
+    (
+        "numbers",
+        "init offset inf",
+        lambda t: _train("--init-offset", "inf", *_out(t)),
+        "--init-offset must be a finite",
+    ),
     ("numbers", "rho 1", lambda t: _train("--task-kind", "continuous", "--rho", "1", *_out(t)), "--rho must be"),
     ("numbers", "rho nan", lambda t: _train("--rho", "nan", *_out(t)), "--rho must be a finite number in (0, 1)"),
     ("numbers", "seed negative", lambda t: _train("--seed", "-1", *_out(t)), "--seed must be in [0, "),
@@ -259,7 +287,12 @@ CASES = [
         "apply to weight files only",
     ),
     # --- tracebacks: one line instead --------------------------------------------------------------
-    ("traceback", "model section a list", lambda t: _evaluate("--checkpoint", str(t / "model_list")), "'model' section"),
+    (
+        "traceback",
+        "model section a list",
+        lambda t: _evaluate("--checkpoint", str(t / "model_list")),
+        "'model' section",
+    ),
     ("traceback", "task missing", lambda t: _evaluate("--checkpoint", str(t / "task_missing")), "no task section"),
     ("traceback", "task null", lambda t: _evaluate("--checkpoint", str(t / "task_null")), "no task section"),
     ("traceback", "config nested deeply", lambda t: _evaluate("--checkpoint", str(t / "nested")), "nested too deeply"),
@@ -272,7 +305,12 @@ CASES = [
         lambda t: _evaluate("--checkpoint", str(t / "truncated_weights")),
         "not a readable safetensors file",
     ),
-    ("traceback", "weights missing", lambda t: _evaluate("--checkpoint", str(t / "no_weights")), "has no model.safetensors"),
+    (
+        "traceback",
+        "weights missing",
+        lambda t: _evaluate("--checkpoint", str(t / "no_weights")),
+        "has no model.safetensors",
+    ),
     (
         "traceback",
         "nested task.json",
@@ -289,26 +327,69 @@ CASES = [
         for kind in ("sparse", "meta", "float8", "int", "quantized")
     ),
     ("traceback", "long name --checkpoint", lambda t: _evaluate("--checkpoint", str(t / LONG)), "the limit is 255"),
-    ("traceback", "long name --config", lambda t: _evaluate("--checkpoint", str(t / "good.pt"), "--config", str(t / LONG)), "limit is 255"),
+    (
+        "traceback",
+        "long name --config",
+        lambda t: _evaluate("--checkpoint", str(t / "good.pt"), "--config", str(t / LONG)),
+        "limit is 255",
+    ),
     ("traceback", "long name --out (train)", lambda t: _train("--out", str(t / LONG / "x")), "the limit is 255"),
     ("traceback", "long name --out (analysis)", lambda t: _copyers("--out", str(t / LONG)), "the limit is 255"),
     ("traceback", "long name --json", lambda t: _evaluate("--json", str(t / f"{LONG}.json")), "the limit is 255"),
     ("traceback", "NUL in a path", lambda t: _evaluate("--checkpoint", str(t / "a\x00b")), "NUL byte"),
     # --- messages that mislead: the flag that was wrong is named -------------------------------------
-    ("message", "device unknown (evaluate)", lambda t: _evaluate("--device", "foo"), "--device 'foo' is not a torch device"),
+    (
+        "message",
+        "device unknown (evaluate)",
+        lambda t: _evaluate("--device", "foo"),
+        "--device 'foo' is not a torch device",
+    ),
     ("message", "device unusable (evaluate)", lambda t: _evaluate("--device", "mps"), "--device 'mps' cannot be used"),
     ("message", "device cuda absent (evaluate)", lambda t: _evaluate("--device", "cuda:7"), "--device 'cuda:7'"),
-    ("message", "device unusable (train)", lambda t: _train("--device", "mps", *_out(t)), "--device 'mps' cannot be used"),
+    (
+        "message",
+        "device unusable (train)",
+        lambda t: _train("--device", "mps", *_out(t)),
+        "--device 'mps' cannot be used",
+    ),
     ("message", "device unknown (analysis)", lambda t: _copyers("--device", "foo", *_out(t)), "--device 'foo'"),
     ("message", "seed 2**64 (evaluate)", lambda t: _evaluate("--seed", str(2**64)), "--seed must be in"),
     ("message", "seed 2**64 (train)", lambda t: _train("--seed", str(2**64), *_out(t)), "--seed must be in"),
-    ("message", "task seed 2**64 (train)", lambda t: _train("--task-seed", str(2**64), *_out(t)), "--task-seed must be in"),
+    (
+        "message",
+        "task seed 2**64 (train)",
+        lambda t: _train("--task-seed", str(2**64), *_out(t)),
+        "--task-seed must be in",
+    ),
     ("message", "seed 2**64 (analysis)", lambda t: _copyers("--seed", str(2**64), *_out(t)), "--seed must be in"),
     ("message", "threads 0", lambda t: _evaluate("--threads", "0"), "--threads must be in [1, 1024]"),
     ("message", "n-contexts 0", lambda t: _evaluate("--n-contexts", "0"), "--n-contexts must be >= 1"),
-    ("message", "--config a folder", lambda t: _evaluate("--checkpoint", str(t / "good.pt"), "--config", str(t / "cfgdir")), "is a folder"),
-    ("message", "--key-map a folder", lambda t: _evaluate("--checkpoint", str(t / "good.pt"), "--config", str(t / "cfg.json"), "--key-map", str(t / "cfgdir")), "is a folder"),
-    ("message", "newline in --checkpoint", lambda t: _evaluate("--checkpoint", str(t / "new\nline" / "ckpt")), "new\\nline"),
+    (
+        "message",
+        "stray task.json",
+        lambda t: _evaluate("--checkpoint", str(t / "stray_task")),
+        "with a stray task.json",
+    ),
+    (
+        "message",
+        "--config a folder",
+        lambda t: _evaluate("--checkpoint", str(t / "good.pt"), "--config", str(t / "cfgdir")),
+        "is a folder",
+    ),
+    (
+        "message",
+        "--key-map a folder",
+        lambda t: _evaluate(
+            "--checkpoint", str(t / "good.pt"), "--config", str(t / "cfg.json"), "--key-map", str(t / "cfgdir")
+        ),
+        "is a folder",
+    ),
+    (
+        "message",
+        "newline in --checkpoint",
+        lambda t: _evaluate("--checkpoint", str(t / "new\nline" / "ckpt")),
+        "new\\nline",
+    ),
     ("message", "newline in --out", lambda t: _copyers("--out", str(t / "new\nline" / "no" / "x")), "new\\nline"),
     ("message", "unknown flag", lambda t: _train("--lrr", "1"), "unrecognized arguments: --lrr 1"),
 ]

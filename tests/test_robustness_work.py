@@ -265,7 +265,10 @@ def kill9_trial(tmp_path: Path, n_kills: int, steps: int, seed: int = 0) -> list
         before = meta.stat().st_mtime_ns if meta.is_file() else None
         proc = subprocess.Popen(
             [sys.executable, "-m", "models.train", *argv, *(["--resume"] if i else [])],
-            cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env,
+            cwd=ROOT,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            env=env,
         )
         _wait_for_a_save(meta, before, proc)
         delay = rng.uniform(0.0, 0.3)
