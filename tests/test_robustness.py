@@ -155,6 +155,20 @@ CATALOGUE = [
     ),
     ("standard d_model vs heads", lambda t, c, k: standard.StandardConfig(d_model=30, n_heads=4), "multiple of"),
     ("theorem1 spec", lambda t, c, k: load_subject("theorem1:gamma=2"), "expected theorem1:beta=B"),
+    # issue 14: every API entry point validates through probes.tasks.check_int/check_float and checkpoint
+    ("alpha nan (API)", lambda t, c, k: MarkovTreeTask.random(3, 2, 3, alpha=float("nan")), "alpha must be a finite"),
+    ("n_examples 10.9 (API)", lambda t, c, k: MarkovTreeTask(k.pi, 10.9, 3), "n_examples must be an integer"),
+    ("task seed 2**64 (API)", lambda t, c, k: MarkovTreeTask.random(3, 2, 3, seed=2**64), "task seed must be in"),
+    ("TrainConfig lr nan", lambda t, c, k: train.TrainConfig(lr=float("nan")), "lr must be a finite number > 0"),
+    ("TrainConfig steps 2.5", lambda t, c, k: train.TrainConfig(steps=2.5), "steps must be an integer"),
+    ("TrainConfig device", lambda t, c, k: train.TrainConfig(device="mps"), "device 'mps' cannot be used"),
+    ("save without task", lambda t, c, k: models.save(models.load(t / "good.pt", config=c), t / "c"), "needs task="),
+    (
+        "save under /proc",
+        lambda t, c, k: models.save(models.load(t / "good.pt", config=c), "/proc/robustness/c", task=k),
+        "cannot create the folder",
+    ),
+    ("load dtype overflow", lambda t, c, k: models.load(t / "good.pt", config=c, dtype="float16"), "dtype must be"),
 ]
 
 
