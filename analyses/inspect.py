@@ -408,7 +408,9 @@ def _roles_figure(r: dict, n: int):
     axes[0].grid(False)
     axes[0].set_xticks(range(len(cols)), [f"{c} ({GROUPS[g][:5]}.)" for c, g in cols], rotation=90, fontsize=7)
     carriers = set(r["carriers"])
-    axes[0].set_yticks(range(len(labels)), [f"{h['label']}: {h['role'][:48]}" for h in r["heads"]], fontsize=6)
+    axes[0].set_yticks(
+        range(len(labels)), [f"{h['label']}: {h['role'].split(' [')[0][:60]}" for h in r["heads"]], fontsize=6
+    )
     for t, h in zip(axes[0].get_yticklabels(), labels):
         if h in carriers:
             t.set_fontweight("bold")
@@ -418,7 +420,14 @@ def _roles_figure(r: dict, n: int):
     axes[1].barh(y, [h["ablation_dnll"] for h in r["heads"]], color=["C3" if h in carriers else "C7" for h in labels])
     axes[1].set(xlabel="mean-ablation NLL change (nats)", title="causal weight")
     axes[1].invert_yaxis() if not axes[1].yaxis_inverted() else None
-    fig.suptitle(f"{r['kind']} model, {n} contexts: {circuit_text(r)[:160]}", fontsize=8)
+    if r["on_plateau"] is None:
+        title = "no verdict (BMA ~ plateau)"
+    elif r["on_plateau"]:
+        title = "on the uniform-parent plateau: no head credited"
+    else:
+        circuit = "the paper's circuit" if r["paper_circuit"] else "the paper's circuit absent"
+        title = f"progress {r['progress']:.2f}, {circuit}; carrying it (bold): {', '.join(r['carriers'])}"
+    fig.suptitle(f"{r['kind']} model, {n} contexts: {title}", fontsize=8)
     fig.tight_layout()
     return fig
 
