@@ -438,7 +438,10 @@ def parse_args(argv: list[str] | None = None) -> TrainConfig:
 
 def _main(argv: list[str]) -> None:
     cfg = parse_args(argv)
-    _, history = train(cfg)
+    try:
+        _, history = train(cfg)
+    except ValueError as e:  # a field named in a message from deeper down is named as its flag
+        raise ValueError(as_flags(str(e))) from None
     if history:  # rank 0 (or the only process)
         print(f"wrote {cfg.out} ({history[-1]['seconds']:.1f} s)")
 

@@ -176,7 +176,7 @@ CASES = [
     # --- hangs and memory bombs: sizes bounded, memory estimated before allocating ------------------
     ("bomb", "alpha nan", lambda t: _train("--alpha", "nan", *_out(t)), "--alpha must be a finite number > 0"),
     ("bomb", "alpha inf", lambda t: _train("--alpha", "inf", *_out(t)), "--alpha must be a finite number"),
-    ("bomb", "alpha underflows", lambda t: _train("--alpha", "1e-300", *_out(t)), "too small"),
+    ("bomb", "alpha underflows", lambda t: _train("--alpha", "1e-300", *_out(t)), "--alpha=1e-300 is too small"),
     ("bomb", "gamma nan", lambda t: _train("--gamma", "nan", *_out(t)), "--gamma must be a finite number in [0, 1]"),
     ("bomb", "seq-len huge", lambda t: _train("--seq-len", "100000", *_out(t)), "--seq-len must be in [2, 65536]"),
     ("bomb", "n-examples huge", lambda t: _train("--n-examples", "70000", *_out(t)), "--n-examples must be in"),
