@@ -8,6 +8,7 @@ import contextlib
 import fcntl
 import json
 import os
+import shutil
 import sys
 import tempfile
 import traceback
@@ -95,6 +96,68 @@ def exclusive_lock(path: str | Path, wait: bool = True, what: str = "it"):
         with contextlib.suppress(FileNotFoundError):
             os.unlink(path)
         os.close(fd)
+
+
+def write_set(folder: str | Path, name: str, writers: dict) -> list[Path]:
+    """Write files that belong together (an analysis's figures and JSON) as ONE set: after a crash or a
+    kill at any instant, and the next ``write_set``/``recover_set`` of ``name``, ``folder`` holds all of
+    the new files or all of the old ones. ``writers[file](path)`` writes ``file`` at ``path``.
+
+    Every file is written into a private staging folder first (an error there leaves the old set
+    untouched); then, under a lock on ``name`` (two runs take turns), the staging folder is renamed to
+    ``.NAME.ready``, the commit point, and its files are moved into place; an interrupted move is
+    finished by the next call (roll forward)."""
+    folder = Path(folder)
+    staging = folder / f".{name}.set-{os.getpid()}-{os.urandom(4).hex()}"
+    staging.mkdir()
+    try:
+        for file, write in writers.items():
+            write(staging / file)
+            os.chmod(staging / file, 0o644)
+        with exclusive_lock(folder / f".{name}.lock", what=f"the {name} set in {str(folder)!r}"):
+            _recover_set(folder, name)
+            os.rename(staging, _ready(folder, name))  # from here on the new set is the one to finish
+            _roll_forward(folder, _ready(folder, name))
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    return [folder / file for file in writers]
+
+
+def recover_set(folder: str | Path, name: str) -> None:
+    """Finish a ``write_set`` of ``name`` that was killed while moving its files, and remove the staging
+    folders of runs that are no longer alive."""
+    folder = Path(folder)
+    with exclusive_lock(folder / f".{name}.lock", what=f"the {name} set in {str(folder)!r}"):
+        _recover_set(folder, name)
+
+
+def _ready(folder: Path, name: str) -> Path:
+    return folder / f".{name}.ready"
+
+
+def _roll_forward(folder: Path, ready: Path) -> None:
+    for f in sorted(ready.iterdir()):
+        os.replace(f, folder / f.name)
+    ready.rmdir()
+
+
+def _recover_set(folder: Path, name: str) -> None:
+    if _ready(folder, name).is_dir():
+        _roll_forward(folder, _ready(folder, name))
+    for staging in folder.glob(f".{name}.set-*"):
+        pid = staging.name[len(f".{name}.set-") :].split("-")[0]
+        if not pid.isdigit() or not _alive(int(pid)):
+            shutil.rmtree(staging, ignore_errors=True)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 def available_memory() -> int:

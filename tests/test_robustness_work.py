@@ -19,7 +19,7 @@ from conftest import build_task
 from test_formats import small_model
 
 import models
-from models import checkpoint, train
+from models import checkpoint, io, train
 from models.io import Busy, exclusive_lock
 from models.train import training_lock
 
@@ -297,3 +297,94 @@ def test_kill9_at_random_instants_then_resume_gives_the_uninterrupted_weights(tm
     full = checkpoint.read_config(tmp_path / "full")["training"]["history"]
     assert [m["step"] for m in killed] == [m["step"] for m in full]  # no evaluation lost or repeated
     assert [m["nll"] for m in killed] == [m["nll"] for m in full]
+
+
+# An analysis's figures and JSON: one set (models.io.write_set) -----------------------------------------
+SET_STEPS = [(os, "rename"), (os, "replace"), (os, "mkdir"), (os, "chmod"), (os, "rmdir")]
+
+
+def _set(folder: Path) -> dict[str, bytes]:
+    return {p.name: p.read_bytes() for p in sorted(folder.iterdir()) if p.is_file() and not p.name.startswith(".")}
+
+
+def _writers(tag: str) -> dict:
+    return {f: (lambda p, b=f"{tag}:{f}".encode(): p.write_bytes(b)) for f in ("fig.png", "fig.pdf", "x.json")}
+
+
+@pytest.mark.parametrize("killed", [False, True], ids=["raise-and-clean-up", "killed-no-clean-up"])
+def test_a_set_is_all_old_or_all_new_whatever_step_fails(tmp_path, monkeypatch, killed):
+    folder = tmp_path / "figures"
+    folder.mkdir()
+    (folder / "other.png").write_bytes(b"another analysis")
+    io.write_set(folder, "x", _writers("old"))
+    old = _set(folder)
+    calls = [0]
+    for owner, name in SET_STEPS:
+        original = getattr(owner, name)
+        monkeypatch.setattr(
+            owner, name, lambda *a, _o=original, **k: (calls.__setitem__(0, calls[0] + 1), _o(*a, **k))[1]
+        )
+    io.write_set(folder, "x", _writers("new"))
+    monkeypatch.undo()
+    new, n_steps = _set(folder), calls[0]
+    assert n_steps >= 6 and new != old
+    outcomes = set()
+    for n in range(n_steps + 3):  # + the three writers
+        io.write_set(folder, "x", _writers("old"))
+        writers = _writers("new")
+        if n >= n_steps:  # a writer fails (a figure that cannot be rendered)
+            victim = sorted(writers)[n - n_steps]
+            writers[victim] = lambda p: (_ for _ in ()).throw(Crash("render failed"))
+        else:
+            _fail_at_in(monkeypatch, SET_STEPS, n)
+        if killed:  # no clean-up runs: the next call must cope
+            monkeypatch.setattr(io.shutil, "rmtree", lambda *a, **k: None)
+        with pytest.raises(Crash):
+            io.write_set(folder, "x", writers)
+        monkeypatch.undo()
+        for left in folder.glob(".x.set-*"):  # as if the killed run were another, dead process
+            left.rename(folder / f".x.set-999999999-{left.name.rsplit('-', 1)[1]}")
+        io.recover_set(folder, "x")
+        now = _set(folder)
+        assert now == {**old, "other.png": b"another analysis"} or now == new, (n, now)
+        outcomes.add("new" if now == new else "old")
+        assert debris(folder) == [], (n, debris(folder))
+    assert outcomes == {"old", "new"}  # failures before the commit point keep the old set, after it finish the new
+
+
+def _fail_at_in(monkeypatch, steps, n: int) -> None:
+    calls = [0]
+    for owner, name in steps:
+        original = getattr(owner, name)
+
+        def failing(*a, _original=original, _name=name, **k):
+            calls[0] += 1
+            if calls[0] - 1 == n:
+                raise Crash(f"injected failure in {_name}")
+            return _original(*a, **k)
+
+        monkeypatch.setattr(owner, name, failing)
+
+
+def test_two_runs_writing_one_set_leave_one_whole_set(tmp_path):
+    folder = tmp_path / "figures"
+    folder.mkdir()
+    errors, seen = [], []
+
+    def run(tag):
+        try:
+            for _ in range(20):
+                io.write_set(folder, "x", _writers(tag))
+                with exclusive_lock(folder / ".x.lock"):  # as the writers see it between their turns
+                    seen.append({v.split(b":")[0] for v in _set(folder).values()})
+        except BaseException as e:  # noqa: BLE001 (reported below)
+            errors.append(e)
+
+    threads = [threading.Thread(target=run, args=(tag,)) for tag in ("A", "B")]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors, errors
+    assert all(len(tags) == 1 for tags in seen)  # never one run's PNG beside the other's PDF and JSON
+    assert debris(folder) == []
