@@ -49,7 +49,7 @@ CAPE 0.42 / 0.40 / 0.49; with a random DAG 0.44 / 0.35 / 0.47; additive 0.47 / 0
 
 The default run trains none, slot, identity, cape and ``identity_cape`` with the four ablations on top of the
 identity token (``identity_cape_oracle`` ...); ``--variants all`` adds the ablations 5-8 without it.
-``--n-contexts`` is N_test; ``--checkpoint`` is not used. Every variant trains from the same seeded
+``--n-contexts`` is N_test; it takes no ``--checkpoint``. Every variant trains from the same seeded
 initialisation of the shared weights and the same stream of batches (masks and slot orders) per model seed.
 """
 
@@ -60,7 +60,7 @@ from dataclasses import asdict
 
 import torch
 
-from analyses.common import analysis_parser, parse_common, run, save_figure, save_json, style
+from analyses import common
 from cape.downstream import (
     ALL_VARIANTS,
     LABELS,
@@ -89,7 +89,7 @@ FIGURES = {
 }
 
 
-def compute(
+def measure(
     cfg: DownstreamConfig | None = None, seed: int = 0, model_seeds: int = 3, variants=VARIANTS, progress=True
 ) -> dict:
     """Every plotted number: per variant the test MSE per model seed, mean and std, and the learning curves;
@@ -214,8 +214,40 @@ def _plot(res: dict):
     return fig
 
 
-def main(argv: list[str] | None = None) -> dict:
-    parser = analysis_parser(NAME, __doc__.split("\n\n")[0], n_contexts=2000)
+def variant_list(spec: str) -> tuple[str, ...]:
+    """``--variants``: 'default', 'all' or comma-separated names."""
+    return {"default": VARIANTS, "all": ALL_VARIANTS}.get(spec) or tuple(spec.split(","))
+
+
+def compute(subject, args) -> dict:
+    """``measure`` with the CLI's --n-train, --n-contexts (N_test), --steps, --model-seeds, --variants."""
+    cfg = DownstreamConfig(n_train=args.n_train, n_test=args.n_contexts, steps=args.steps)
+    return measure(cfg, args.seed, args.model_seeds, variant_list(args.variants))
+
+
+def summary(res: dict) -> str:
+    s = res["structure"]
+    lines = [
+        f"Bayes floor {res['bayes_mse']:.4f} (on the test set {res['bayes_mse_test']:.4f}), "
+        f"marginal 1 (on the test set {res['marginal_mse_test']:.4f})",
+        f"structure learning (N={res['config']['n_train']}): SHD {s['shd']}, skeleton F1 {s['skeleton_f1']:.3f}, "
+        f"{s['n_edges']} edges",
+        f"masked token's attention on its Markov blanket (uniform: {res['blanket_chance']:.3f}):",
+    ]
+    for v, r in res["variants"].items():
+        lines.append(
+            f"  {v:24s} MSE {r['mean']:.4f}  blanket attention by layer "
+            + ", ".join(f"{b:.3f}" for b in r["blanket_attention"])
+        )
+    for k, g in res["angles"].items():
+        lines.append(
+            f"  angles {k:15s} max {g['max_abs']:.3f}, min pair distance {g['min_pair_distance']:.3f}, "
+            f"corr with true hops {g['corr_true_hops']:+.3f}"
+        )
+    return "\n".join(lines)
+
+
+def add_flags(parser) -> None:
     parser.add_argument("--model-seeds", type=int, default=3, help="model seeds per variant (default: 3)")
     parser.add_argument(
         "--steps", type=int, default=DownstreamConfig.steps, help="training steps (default: %(default)s)"
@@ -228,39 +260,31 @@ def main(argv: list[str] | None = None) -> dict:
         default="default",
         help=f"comma-separated subset of {','.join(ALL_VARIANTS)}, or 'default' / 'all' (default: default)",
     )
-    args = parse_common(parser, argv)
+
+
+def check_flags(parser, args) -> None:
     if args.model_seeds < 1 or args.steps < 1 or args.n_train < 2:
         parser.error("need --model-seeds >= 1, --steps >= 1 and --n-train >= 2")
-    variants = {"default": VARIANTS, "all": ALL_VARIANTS}.get(args.variants) or tuple(args.variants.split(","))
-    unknown = [v for v in variants if v not in ALL_VARIANTS]
+    unknown = [v for v in variant_list(args.variants) if v not in ALL_VARIANTS]
     if unknown:
         parser.error(f"--variants: unknown {unknown}; expected names from {','.join(ALL_VARIANTS)}")
-    cfg = DownstreamConfig(n_train=args.n_train, n_test=args.n_contexts, steps=args.steps)
-    res = compute(cfg, args.seed, args.model_seeds, variants)
-    style()
-    save_figure(_plot(res), args.out, NAME)
-    save_json(args.out, NAME, res, args, None)
-    print(
-        f"Bayes floor {res['bayes_mse']:.4f} (on the test set {res['bayes_mse_test']:.4f}), "
-        f"marginal 1 (on the test set {res['marginal_mse_test']:.4f})"
-    )
-    s = res["structure"]
-    print(
-        f"structure learning (N={cfg.n_train}): SHD {s['shd']}, skeleton F1 {s['skeleton_f1']:.3f}, {s['n_edges']} edges"
-    )
-    print(f"masked token's attention on its Markov blanket (uniform: {res['blanket_chance']:.3f}):")
-    for v, r in res["variants"].items():
-        print(
-            f"  {v:24s} MSE {r['mean']:.4f}  blanket attention by layer "
-            + ", ".join(f"{b:.3f}" for b in r["blanket_attention"])
-        )
-    for k, g in res["angles"].items():
-        print(
-            f"  angles {k:15s} max {g['max_abs']:.3f}, min pair distance {g['min_pair_distance']:.3f}, "
-            f"corr with true hops {g['corr_true_hops']:+.3f}"
-        )
-    return res
+
+
+ANALYSIS = common.Analysis(
+    NAME,
+    __doc__,
+    compute,
+    lambda res, args: {NAME: _plot(res)},
+    summary,
+    n_contexts=2000,
+    add_flags=add_flags,
+    check_flags=check_flags,
+)
+
+
+def main(argv: list[str] | None = None) -> dict:
+    return common.main(ANALYSIS, argv)
 
 
 if __name__ == "__main__":
-    run(main)
+    common.run(main)

@@ -153,9 +153,9 @@ def test_bad_input_is_rejected_with_a_message(tmp_path):
     with pytest.raises(ValueError, match="phi must have shape"):
         cd.MaskedFeatureModel(cfg, "cape", phi=torch.zeros(5, 3))
     with pytest.raises(ValueError, match="0 < rho < 1"):
-        cape_downstream.compute(cd.DownstreamConfig(rho=1.0))
+        cape_downstream.measure(cd.DownstreamConfig(rho=1.0))
     with pytest.raises(ValueError, match="unknown variants"):
-        cape_downstream.compute(cfg, variants=("none", "rope"))
+        cape_downstream.measure(cfg, variants=("none", "rope"))
     with pytest.raises(SystemExit) as e:
         cape_downstream.main(["--variants", "none,rope", "--out", str(tmp_path)])
     assert e.value.code == 2
@@ -170,7 +170,7 @@ def test_tiny_run_identity_beats_no_position_and_is_seeded():
     cfg = cd.DownstreamConfig(
         M=6, n_train=400, n_test=400, d_model=16, n_heads=2, d_head=4, d_mlp=32, steps=150, batch=32, embed_steps=50
     )
-    res = cape_downstream.compute(cfg, seed=0, model_seeds=1, variants=("none", "identity"), progress=False)
+    res = cape_downstream.measure(cfg, seed=0, model_seeds=1, variants=("none", "identity"), progress=False)
     v = res["variants"]
     assert res["bayes_mse"] < v["identity"]["mean"] < v["none"]["mean"] - 0.15 < 1.0
     assert res["bayes_mse_test"] == pytest.approx(res["bayes_mse"], rel=0.15)
