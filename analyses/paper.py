@@ -2,68 +2,60 @@
 
     python -m analyses.paper [--out figures/] [--seed 0] [--only head_ablation copyers] [--jobs 2]
 
-``--jobs N`` runs N analyses at a time in separate processes (default: the number of CPU cores, at most 4);
-each analysis is seeded and single-threaded where it matters, so the figures do not depend on N.
+The analyses are ``analyses.common.REQUIRES``'s names, in its order (the paper's argument); each runs as
+``python -m analyses.<name> --out OUT --seed SEED`` would, on its default subject. A name whose module
+does not exist (yet) is skipped, and said so. ``--jobs N`` runs N analyses at a time in separate
+processes (default: the number of CPU cores, at most 4); each analysis is seeded and runs on one thread
+(``--threads`` 1), so the figures do not depend on N.
 
-Each analysis module (and ``models.standard``, whose comparison figure is part of the paper) declares ``FIGURES``: a dict from file name to a one-line description; the
-gallery is built from those, so it lists exactly what the analyses write.
+Each analysis module declares ``FIGURES``: a dict from file name to a one-line description; the gallery
+is built from those, so it lists exactly what the analyses write.
 """
 
 from __future__ import annotations
 
-import argparse
 import importlib
 import os
 import time
+from concurrent.futures import ProcessPoolExecutor
+from multiprocessing import get_context
 from pathlib import Path
+from types import ModuleType
 
-from analyses.common import FIGURES_DIR, _atomic_write, run
+from analyses import common
+from models import cli
+from models.io import atomic_write
 
-# In the order of the paper's argument: mechanism first, then theory, then other models and scale.
-ANALYSES = [
-    "head_ablation",
-    "activation_patching",
-    "copyers",
-    "logpi_recovery",
-    "block_structure",
-    "bma_agreement",
-    "init_gradient",
-    "information",
-    "continuous",
-    "inspect",
-    "linear_probes",
-    "scale",
-    "cape_structure",
-    "cape_properties",
-    "cape_downstream",
-    "standard",  # models.standard: a GPT-2 trained on the same task against the disentangled model
-]
+ANALYSES = list(common.REQUIRES)  # every analysis, in the order of the paper's argument
 
 
-def module_of(name: str):
-    """The module whose ``main`` makes analysis ``name``'s figures (and declares its FIGURES)."""
-    return importlib.import_module("models.standard" if name == "standard" else f"analyses.{name}")
+def module_of(name: str) -> ModuleType | None:
+    """``analyses.<name>``, or None when that module does not exist (an error inside it is raised)."""
+    try:
+        return importlib.import_module(f"analyses.{name}")
+    except ModuleNotFoundError as e:
+        if e.name != f"analyses.{name}":
+            raise
+        return None
+
+
+def available(names: list[str]) -> dict[str, ModuleType]:
+    """The modules of ``names`` that exist, in order; the missing ones are named on stdout."""
+    modules = {name: module_of(name) for name in names}
+    for name in (n for n, m in modules.items() if m is None):
+        print(f"== {name}: skipped (analyses.{name} does not exist yet)", flush=True)
+    return {name: m for name, m in modules.items() if m is not None}
 
 
 def run_one(name: str, out: Path, seed: int) -> tuple[str, float]:
     """Run one analysis into ``out``; returns its name and wall time in seconds."""
     start = time.perf_counter()
     print(f"== {name}", flush=True)
-    if name == "standard":
-        import tempfile
-
-        from models import standard
-
-        with tempfile.TemporaryDirectory() as tmp:
-            standard.main(
-                ["--out", str(Path(tmp) / "standard"), "--compare", os.path.relpath(out), "--seed", str(seed)]
-            )
-    else:
-        module_of(name).main(["--out", os.path.relpath(out), "--seed", str(seed)])
+    importlib.import_module(f"analyses.{name}").main(["--out", os.path.relpath(out), "--seed", str(seed)])
     return name, time.perf_counter() - start
 
 
-def gallery(modules: list) -> str:
+def gallery(modules: list[ModuleType]) -> str:
     lines = [
         "# Figures",
         "",
@@ -79,8 +71,8 @@ def gallery(modules: list) -> str:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m analyses.paper", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--out", default=str(FIGURES_DIR), help="output folder (default: figures/)")
+    parser = cli.parser("python -m analyses.paper", __doc__)
+    parser.add_argument("--out", default=str(common.FIGURES_DIR), help="output folder (default: figures/)")
     parser.add_argument("--seed", type=int, default=0, help="seed passed to every analysis (default: 0)")
     parser.add_argument("--only", nargs="+", choices=ANALYSES, help="run only these analyses")
     parser.add_argument(
@@ -92,24 +84,29 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     if args.jobs < 1:
         parser.error(f"--jobs must be >= 1, got {args.jobs}")
+    if not 0 <= args.seed <= cli.MAX_SEED:
+        parser.error(f"--seed must be between 0 and 2**63 - 1, got {args.seed}")
+    common.check_out(parser, args.out)
+    missing = [name for name in args.only or () if module_of(name) is None]
+    if missing:
+        parser.error(f"--only {' '.join(missing)}: no such module yet (analyses.{missing[0]})")
     out = Path(args.out)
-    names = args.only or ANALYSES
+    modules = available(args.only or ANALYSES)
+    names = list(modules)
     start = time.perf_counter()
     if args.jobs == 1:
         timings = dict(run_one(name, out, args.seed) for name in names)
     else:  # separate processes (spawned: no state shared with this one); results in the gallery's order
-        from concurrent.futures import ProcessPoolExecutor
-        from multiprocessing import get_context
-
         with ProcessPoolExecutor(args.jobs, mp_context=get_context("spawn")) as pool:
             timings = dict(pool.map(run_one, names, [out] * len(names), [args.seed] * len(names)))
     if not args.only:
-        _atomic_write(out / "README.md", lambda tmp: tmp.write_text(gallery([module_of(n) for n in ANALYSES])))
-    print("\n".join(f"{name:22s} {t:6.1f} s" for name, t in timings.items()))
+        text = gallery(list(modules.values()))
+        atomic_write(out / "README.md", lambda tmp: tmp.write_text(text))
+    print("\n".join(f"{name:24s} {t:6.1f} s" for name, t in timings.items()))
     print(
         f"total {time.perf_counter() - start:.1f} s wall ({sum(timings.values()):.1f} s summed over analyses, --jobs {args.jobs})"
     )
 
 
 if __name__ == "__main__":
-    run(main)
+    common.run(main)

@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import importlib
+
 import pytest
 
-from analyses import paper
+from analyses import common, paper
 
 
 def test_every_analysis_declares_figures_and_the_gallery_lists_them():
-    modules = [paper.module_of(name) for name in paper.ANALYSES]
+    modules = list(paper.available(paper.ANALYSES).values())
     text = paper.gallery(modules)
     for module in modules:
         assert isinstance(module.FIGURES, dict) and module.FIGURES, module.__name__
@@ -18,11 +20,42 @@ def test_every_analysis_declares_figures_and_the_gallery_lists_them():
     assert text.count("](") == sum(len(m.FIGURES) for m in modules)
 
 
+def test_the_analyses_are_requires_in_its_order_and_missing_modules_are_skipped(monkeypatch, capsys):
+    assert paper.ANALYSES == list(common.REQUIRES)
+    real = importlib.import_module
+
+    def fake(name):
+        if name == "analyses.not_written":
+            raise ModuleNotFoundError(f"No module named {name!r}", name=name)
+        if name == "analyses.broken":  # exists, but imports a module that does not
+            raise ModuleNotFoundError("No module named 'absent_dependency'", name="absent_dependency")
+        return real(name)
+
+    monkeypatch.setattr(paper.importlib, "import_module", fake)
+    got = paper.available(["copyers", "not_written", "scale"])
+    assert list(got) == ["copyers", "scale"] and got["scale"].NAME == "scale"
+    assert "not_written: skipped (analyses.not_written does not exist yet)" in capsys.readouterr().out
+    with pytest.raises(ModuleNotFoundError, match="absent_dependency"):
+        paper.available(["broken"])
+
+
 def test_jobs_must_be_positive(capsys):
     with pytest.raises(SystemExit) as e:
         paper.main(["--jobs", "0", "--only", "copyers"])
     assert e.value.code == 2
     assert "--jobs must be >= 1" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [(["--seed", "-1"], "--seed must be between 0"), (["--out", "/no/such/parent/x"], "does not exist")],
+)
+def test_bad_seed_or_out_exits_2_before_running_anything(argv, message, capsys):
+    with pytest.raises(SystemExit) as e:
+        paper.main([*argv, "--only", "copyers"])
+    assert e.value.code == 2
+    captured = capsys.readouterr()
+    assert message in captured.err and "== copyers" not in captured.out
 
 
 def test_analyses_fix_the_thread_count_and_reject_a_bad_one(tmp_path, capsys):
@@ -34,7 +67,8 @@ def test_analyses_fix_the_thread_count_and_reject_a_bad_one(tmp_path, capsys):
     try:
         with pytest.raises(SystemExit) as e:
             copyers.main(["--threads", "0", "--out", str(tmp_path)])
-        assert e.value.code == 2 and "--threads must be >= 1" in capsys.readouterr().err
+        err = capsys.readouterr().err
+        assert e.value.code == 2 and "--threads must be" in err and "got 0" in err
         copyers.main(["--threads", "1", "--n-contexts", "16", "--out", str(tmp_path)])
         assert torch.get_num_threads() == 1
     finally:
