@@ -17,10 +17,6 @@ that do apply to it (exit code 2).
 from __future__ import annotations
 
 import argparse
-import contextlib
-import fcntl
-import os
-import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -28,7 +24,7 @@ from pathlib import Path
 import torch
 
 from models import cli
-from models.io import atomic_write, write_json
+from models.io import atomic_write, write_json, write_set
 from models.subject import CONTENT_FREE_COPYERS, DISENTANGLED, MARKOV_TASK, Subject
 
 FIGURES_DIR = Path(__file__).resolve().parent.parent / "figures"
@@ -104,25 +100,17 @@ def parser_for(analysis: Analysis) -> argparse.ArgumentParser:
 
 def check_out(p: argparse.ArgumentParser, out: str) -> None:
     """``--out`` must be a writable folder (or creatable inside an existing one): checked before any work."""
-    path = Path(out)
-    if path.exists() and not path.is_dir():
-        p.error(f"--out {out} is a file; expected a folder")
-    if not path.exists() and not path.parent.is_dir():
-        p.error(f"--out {out}: parent folder {path.parent} does not exist")
-    probe = path if path.exists() else path.parent
     try:
-        with tempfile.TemporaryFile(dir=probe):
-            pass
-    except OSError as e:
-        p.error(f"--out {out} is not writable ({e.strerror or e})")
+        cli.check_out_folder(out)
+    except ValueError as e:
+        p.error(str(e))
 
 
 def main(analysis: Analysis, argv: list[str] | None = None) -> dict:
     """Parse, load, compute, save the figures and JSON as one set, print the summary; returns the result."""
     p = parser_for(analysis)
     args = p.parse_args(argv)
-    cli.check_run_flags(p, args, argv)
-    check_out(p, args.out)
+    cli.check_run_flags(p, args, argv)  # --out included
     if analysis.check_flags is not None:
         analysis.check_flags(p, args)
     subject = None
@@ -169,46 +157,24 @@ def render_figure(fig, path: Path) -> None:
     fig.savefig(path, format=ext, bbox_inches="tight", **kw)
 
 
-@contextlib.contextmanager
-def locked(out: Path, name: str):
-    """Hold an exclusive lock on ``out/.name.lock`` (two runs into one --out take turns)."""
-    with open(out / f".{name}.lock", "w") as handle:
-        fcntl.flock(handle, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(handle, fcntl.LOCK_UN)
-
-
 def save_set(out: str | Path, name: str, figures: dict, results, args, subject: Subject | None) -> list[Path]:
-    """Write every figure (PNG + PDF) and ``name.json`` as one set: all of them are rendered to temporary
-    files first, and only then renamed into place, under a lock; an error before the renames leaves the
-    old set untouched."""
+    """Write every figure (PNG + PDF) and ``name.json`` as one set (``models.io.write_set``): after an
+    error, a kill or a concurrent run, ``out`` holds all of this run's files or all of the old ones."""
     import matplotlib.pyplot as plt  # plotting stays off the import path of the CLIs' --help
 
     out = Path(out)
     out.mkdir(exist_ok=True)
-    targets = [out / f"{stem}.{ext}" for stem in figures for ext in ("png", "pdf")] + [out / f"{name}.json"]
-    temps: list[Path] = []
+    writers = {
+        f"{stem}.{ext}": (lambda p, f=fig: render_figure(f, p))
+        for stem, fig in figures.items()
+        for ext in ("png", "pdf")
+    }
+    writers[f"{name}.json"] = lambda p: write_json(p, json_record(args, subject, results))
     try:
-        for target in targets:
-            fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=target.suffix, dir=out)
-            os.close(fd)
-            temps.append(Path(tmp))
-            if target.suffix == ".json":
-                write_json(temps[-1], json_record(args, subject, results))
-            else:
-                render_figure(figures[target.stem], temps[-1])
-        with locked(out, name):
-            for tmp, target in zip(temps, targets):
-                os.chmod(tmp, 0o644)
-                os.replace(tmp, target)
+        return write_set(out, name, writers)
     finally:
-        for tmp in temps:
-            tmp.unlink(missing_ok=True)
         for fig in figures.values():
             plt.close(fig)
-    return targets
 
 
 def save_figure(fig, out: str | Path, name: str) -> list[Path]:
