@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 
+import pytest
 import torch
 
 from cape.structure import StructureConfig, acyclicity, learn_structure, shd, skeleton_f1
@@ -114,3 +115,50 @@ def test_a_squared_gaussian_parent_is_uncorrelated_with_its_child():
     assert corr[0, 1].abs() < 4 / 20000**0.5 and corr[0, 2].abs() < 4 / 20000**0.5  # E[x (x^2 - 1)] = 0
     assert corr[1, 2] > 0.5  # the two children share x_0^2: rho^2 = 0.64 in closed form
     assert abs(corr[1, 2].item() - 0.64) < 4 / 20000**0.5 * 2
+
+
+def test_model_parent_pick_matches_hugging_face_attentions_and_the_disentangled_layer_2(tmp_path):
+    """The parent pick of a GPT-2 (a Hugging Face folder) against its own ``output_attentions``: per head,
+    the attention of the row predicting x_h on the keys holding x_h' (h' < h); the head with the most mass
+    on the true parent and its argmax accuracy, by loops. On the disentangled model: blocks.1's pattern."""
+    import sys
+    from pathlib import Path
+
+    from transformers import GPT2LMHeadModel
+
+    import models
+    from analyses.cape_structure import model_parent_accuracy
+
+    sys.path.insert(0, str(Path(__file__).parent))
+    from test_formats import hf_folder
+
+    folder, _, task = hf_folder(tmp_path)
+    hf = GPT2LMHeadModel.from_pretrained(folder, attn_implementation="eager").eval()  # returns its attentions
+    L, H = task.n_examples, task.seq_len
+    tokens, parents = task.sample(12, torch.Generator().manual_seed(4))
+    layout = models.load_layout(folder)
+    with torch.no_grad():
+        attentions = hf(layout.encode(tokens), output_attentions=True).attentions
+    pos, pred = layout.token_positions()[L].tolist(), layout.prediction_positions().tolist()
+    best = None
+    for layer, att in enumerate(attentions):
+        for head in range(att.shape[1]):
+            mass, hits = [], []
+            for b in range(len(tokens)):
+                for h in range(1, H):
+                    row = [att[b, head, pred[h], pos[g]].item() for g in range(h)]
+                    mass.append(row[parents[b, h]])
+                    hits.append(max(range(h), key=row.__getitem__) == parents[b, h])
+            if best is None or sum(mass) / len(mass) > best[0]:
+                best = (sum(mass) / len(mass), sum(hits) / len(hits), f"L{layer}H{head}")
+    accuracy, head = model_parent_accuracy(models.load_subject(folder), tokens, parents)
+    assert head == best[2]
+    assert accuracy == pytest.approx(best[1], abs=1e-12)
+
+    subject = models.load_subject("default")
+    tokens, parents = subject.task.sample(64, torch.Generator().manual_seed(5))
+    with torch.no_grad():
+        _, cache = subject.model.run_with_cache(tokens)
+    pattern = cache["blocks.1.attn.hook_pattern"][:, 0]
+    expected = (pattern[:, 1:].argmax(-1) == parents[:, 1:]).double().mean().item()
+    assert model_parent_accuracy(subject, tokens, parents) == (pytest.approx(expected, abs=1e-12), "L1H0")
