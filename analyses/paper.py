@@ -74,7 +74,7 @@ def main(argv: list[str] | None = None) -> None:
     parser = cli.parser("python -m analyses.paper", __doc__)
     parser.add_argument("--out", default=str(common.FIGURES_DIR), help="output folder (default: figures/)")
     parser.add_argument("--seed", type=int, default=0, help="seed passed to every analysis (default: 0)")
-    parser.add_argument("--only", nargs="+", choices=ANALYSES, help="run only these analyses")
+    parser.add_argument("--only", nargs="+", metavar="NAME", help=f"run only these analyses ({', '.join(ANALYSES)})")
     parser.add_argument(
         "--jobs",
         type=int,
@@ -87,6 +87,9 @@ def main(argv: list[str] | None = None) -> None:
     if not 0 <= args.seed <= cli.MAX_SEED:
         parser.error(f"--seed must be between 0 and 2**63 - 1, got {args.seed}")
     common.check_out(parser, args.out)
+    unknown = [name for name in args.only or () if name not in ANALYSES]
+    if unknown:
+        parser.error(f"--only {' '.join(unknown)}: not an analysis; expected names from {', '.join(ANALYSES)}")
     missing = [name for name in args.only or () if module_of(name) is None]
     if missing:
         parser.error(f"--only {' '.join(missing)}: no such module yet (analyses.{missing[0]})")

@@ -48,11 +48,15 @@ def test_jobs_must_be_positive(capsys):
 
 @pytest.mark.parametrize(
     "argv, message",
-    [(["--seed", "-1"], "--seed must be between 0"), (["--out", "/no/such/parent/x"], "does not exist")],
+    [
+        (["--seed", "-1", "--only", "copyers"], "--seed must be between 0"),
+        (["--out", "/no/such/parent/x", "--only", "copyers"], "does not exist"),
+        (["--only", "copyers", "no_such_analysis"], "--only no_such_analysis: not an analysis"),
+    ],
 )
-def test_bad_seed_or_out_exits_2_before_running_anything(argv, message, capsys):
+def test_bad_flags_exit_2_before_running_anything(argv, message, capsys):
     with pytest.raises(SystemExit) as e:
-        paper.main([*argv, "--only", "copyers"])
+        paper.main(argv)
     assert e.value.code == 2
     captured = capsys.readouterr()
     assert message in captured.err and "== copyers" not in captured.out
