@@ -251,37 +251,47 @@ def ridge_r2(x: Float[Tensor, "n f"], y: Float[Tensor, " n"], seed: int, l2: flo
 
 def logpi_readout(resid: dict, tokens, task, seed: int) -> dict:
     """Per site, mean held-out R^2 of reading log pi(x_h^l | x_h'^l) at (l, h) (one regression per
-    (h, h' < h)); the additive baseline (regression on one-hot x_h' and one-hot x_h); and, from the
-    last site's read-out, the implied matrix M[a, b] (mean prediction where x_h' = a, x_h = b) against
-    log pi: column-softmax error and correlation after a fitted scale and column shift."""
+    (h, h' < h)); the additive baseline (regression on one-hot x_h' and one-hot x_h); and the implied
+    matrix M[a, b] (mean prediction where x_h' = a, x_h = b) of the last site's read-out and of the
+    additive one, each against log pi: correlation and column-softmax error after a fitted scale and
+    column shift (``compare_to_log_pi``)."""
     L, H, d = task.n_examples, task.seq_len, task.d_vocab
     demos = tokens.view(-1, L + 1, H)[:, :L]
     log_pi = task.pi.double().log()
     pairs = [(h, hp) for h in range(1, H) for hp in range(h)]
-    out = {"r2": {}, "additive_r2": 0.0}
-    sums = torch.zeros(d, d, dtype=torch.float64)
-    counts = torch.zeros(d, d, dtype=torch.float64)
-    for site in SITES:
-        total = 0.0
-        for h, hp in pairs:
-            a, b = demos[:, :, hp].flatten(), demos[:, :, h].flatten()
-            r2, pred = ridge_r2(resid[site][:, :, h].flatten(0, 1), log_pi[a, b], seed)
-            total += r2 / len(pairs)
-            if site == SITES[-1]:
-                sums.index_put_((a, b), pred, accumulate=True)
-                counts.index_put_((a, b), torch.ones_like(pred), accumulate=True)
-        out["r2"][site] = total
+    out = {"r2": dict.fromkeys(SITES, 0.0), "additive_r2": 0.0}
+    implied = {
+        "implied": torch.zeros(2, d, d, dtype=torch.float64),
+        "additive_implied": torch.zeros(2, d, d, dtype=torch.float64),
+    }
     for h, hp in pairs:
         a, b = demos[:, :, hp].flatten(), demos[:, :, h].flatten()
         additive = torch.cat([F.one_hot(a, d), F.one_hot(b, d)], 1).double()
-        out["additive_r2"] += ridge_r2(additive, log_pi[a, b], seed)[0] / len(pairs)
-    implied = sums / counts.clamp_min(1)
-    implied[counts == 0] = implied[counts > 0].mean()
-    c, _, _, corr = fit_column_shift(implied, log_pi)
-    worst, mean = column_softmax_error(implied / c if c > 0 else implied, log_pi)
-    out["implied"] = {"matrix": implied.tolist(), "scale": c, "correlation": corr,
-                      "column_softmax_max_error": worst, "column_softmax_mean_error": mean}  # fmt: skip
+        fits = [(site, resid[site][:, :, h].flatten(0, 1)) for site in SITES] + [("additive", additive)]
+        for site, x in fits:
+            r2, pred = ridge_r2(x, log_pi[a, b], seed)
+            if site == "additive":
+                out["additive_r2"] += r2 / len(pairs)
+            else:
+                out["r2"][site] += r2 / len(pairs)
+            key = {"additive": "additive_implied", SITES[-1]: "implied"}.get(site)
+            if key is not None:
+                implied[key][0].index_put_((a, b), pred, accumulate=True)
+                implied[key][1].index_put_((a, b), torch.ones_like(pred), accumulate=True)
+    for key, (sums, counts) in implied.items():
+        out[key] = compare_to_log_pi(sums / counts.clamp_min(1), counts > 0, log_pi)
     return out
+
+
+def compare_to_log_pi(matrix: Float[Tensor, "d d"], seen, log_pi: Float[Tensor, "d d"]) -> dict:
+    """``matrix`` (unseen pairs filled with the mean) against log pi: the fitted scale c and correlation
+    of ``fit_column_shift``, and the column-softmax error of ``matrix / c`` (Proposition 1's comparison)."""
+    matrix = matrix.double().clone()
+    matrix[~seen] = matrix[seen].mean()
+    c, _, _, corr = fit_column_shift(matrix, log_pi)
+    worst, mean = column_softmax_error(matrix / c if c > 0 else matrix, log_pi)
+    return {"matrix": matrix.tolist(), "scale": c, "correlation": corr,
+            "column_softmax_max_error": worst, "column_softmax_mean_error": mean}  # fmt: skip
 
 
 # 5. BMA without a demonstration ----------------------------------------------------------------------
@@ -418,7 +428,9 @@ def conclusion(r: dict) -> str:
         f"  log pi(x_h | x_h') read out at (l, h): held-out R^2 {lp['r2'][SITES[0]]:.2f} (embedding), "
         f"{lp['r2'][SITES[1]]:.2f} (after layer-0 attention), {lp['r2'][SITES[2]]:.2f} (after layer 0); a function of x_h' "
         f"plus one of x_h reaches {lp['additive_r2']:.2f}; implied matrix vs log pi: correlation "
-        f"{lp['implied']['correlation']:.2f}, column-softmax error max {lp['implied']['column_softmax_max_error']:.3f}"
+        f"{lp['implied']['correlation']:.2f}, column-softmax error max {lp['implied']['column_softmax_max_error']:.3f} "
+        f"(the additive read-out's: {lp['additive_implied']['correlation']:.2f}, "
+        f"{lp['additive_implied']['column_softmax_max_error']:.3f})"
     )
     return "\n".join(lines)
 
@@ -576,7 +588,9 @@ def figures(r: dict, args) -> dict:
     axes2[2].set(xlabel="x_h", ylabel="x_h'")
     axes2[2].set_title(
         f"implied matrix: corr with log pi {lp['implied']['correlation']:.2f}, "
-        f"col-softmax err {lp['implied']['column_softmax_max_error']:.3f}",
+        f"col-softmax err {lp['implied']['column_softmax_max_error']:.3f}\n"
+        f"(additive read-out: {lp['additive_implied']['correlation']:.2f}, "
+        f"{lp['additive_implied']['column_softmax_max_error']:.3f})",
         fontsize=9,
     )
     fig2.colorbar(im, ax=axes2[2])

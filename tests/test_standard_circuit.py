@@ -75,6 +75,8 @@ def test_log_pi_read_out_is_exact_from_pair_features_and_additive_from_token_fea
     additive = sc.logpi_readout(dict.fromkeys(sc.SITES, tok), tokens, task, seed=0)
     assert all(abs(r2 - additive["additive_r2"]) < 0.02 for r2 in additive["r2"].values())
     assert additive["additive_r2"] < 0.95  # log pi of this kernel is not a sum of functions of each token
+    # A read-out that is additive in the tokens implies a matrix well short of log pi; pair features reach it.
+    assert max(additive["implied"]["correlation"], additive["additive_implied"]["correlation"]) < 0.8
     probes = sc.pair_probes(dict.fromkeys(sc.SITES, pair), tokens, task, seed=0)
     acc = probes[sc.SITES[0]]["test_acc"]
     assert all(acc[h][j] == 1.0 for h in range(1, H) for j in range(h))
