@@ -202,7 +202,7 @@ def measure(
 
 
 def _plot(res: dict):
-    import matplotlib.pyplot as plt
+    import matplotlib.pyplot as plt  # plotting stays off the import path of the CLI's --help
 
     L = res["L"]
     fig, axes = plt.subplots(1, 4, figsize=(17, 4))

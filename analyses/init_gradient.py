@@ -258,7 +258,7 @@ def measure(
 
 
 def _plot(res: dict, name: str, L: int):
-    import matplotlib.pyplot as plt
+    import matplotlib.pyplot as plt  # plotting stays off the import path of the CLI's --help
 
     bt, al, tr = res["by_tree"], res["against_L"], res["training"]
     fig, axes = plt.subplots(2, 2, figsize=(11, 8))
