@@ -51,9 +51,9 @@ class Grid:
     kernels: list[tuple[float, float]] = field(
         default_factory=lambda: [(1.0, 0.2), (0.6, 0.1), (0.3, 0.05), (0.1, 0.02)]
     )
-    rows: list[tuple[int, str]] = field(default_factory=lambda: [(3, "all"), (6, "all"), (12, "all"), (6, "target")])
+    rows: list[tuple[int, str]] = field(default_factory=lambda: [(6, "all"), (6, "target"), (3, "all"), (12, "all")])
     families: list[str] = field(default_factory=lambda: list(FAMILIES))
-    steps: int = 1500  # the step budget of a standard model
+    steps: int = 1200  # the step budget of a standard model
     disentangled_steps: int = 300  # the disentangled model leaves the plateau within a few hundred
     eval_every: int = 100
     eval_contexts: int = 512
@@ -165,13 +165,25 @@ def steps_to(run: dict, level: float = 0.5) -> int | None:
 
 
 def cells_of(grid: Grid) -> list[dict]:
-    """Every (family, kernel, L, loss) of the grid; the disentangled model once per kernel and L."""
-    return [
+    """Every (family, kernel, L, loss) of the grid; the disentangled model once per kernel and L. Ordered
+    by L (as it first appears in ``grid.rows``), then kernel, then family: a partial sweep covers them all."""
+    first_row = {}  # L -> the first row of grid.rows with it
+    for i, (L, _) in enumerate(grid.rows):
+        first_row.setdefault(L, i)
+    cells = [
         {"family": family, "alpha": alpha, "gamma": gamma, "L": L, "loss_on": loss_on}
         for family in grid.families
         for L, loss_on in _rows(grid, family)
         for alpha, gamma in grid.kernels
     ]
+    return sorted(
+        cells,  # stable: within a family, the rows keep their order
+        key=lambda c: (
+            first_row[c["L"]],
+            grid.kernels.index((c["alpha"], c["gamma"])),
+            grid.families.index(c["family"]),
+        ),
+    )
 
 
 def compute(grid: Grid, seed: int = 0, device: str = "cpu", log=print) -> dict:

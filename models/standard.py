@@ -6,11 +6,13 @@ positions) reading the flat example-major context with the ordinary next-token s
     python -m models.standard --help                     # every StandardConfig field is a flag
 
 The defaults are a recipe that learns (README, "Standard transformers"): d=5, L=6, H=6, kernel rows
-0.95 Dirichlet(0.3) + 0.05/d, a 2-layer GPT-2 (4 heads, width 32, MLP 128), AdamW 3e-3 constant after a
-short warm-up, batch 64, loss on every next token. On the flatter kernel 0.8 Dirichlet(1) + 0.2/d the
-demonstrations are worth only 0.05 nats and the same recipe stays on the uniform-parent plateau (the
-negative control). ``--arch attn_only`` drops the MLPs and LayerNorms (a LayerNorm-free attention-only
-transformer, for ``analyses.phase_diagram``; it has no Hugging Face folder, so it cannot be saved).
+0.95 Dirichlet(0.3) + 0.05/d drawn with task_seed 37 (demonstrations worth 0.32 nats: the plateau's gap
+to BMA), the 2-layer GPT-2 of PAPER.md section 6 (8 heads, width 64, MLP 256), AdamW 1e-3 cosine-decayed
+to 1e-4 over 10000 steps, batch 128, loss on every next token. It leaves the uniform-parent plateau
+after about 1500 steps. On the flat kernel rows 0.8 Dirichlet(1) + 0.2/d (``--alpha 1 --gamma 0.2``:
+demonstrations worth 0.02 nats) it stays on the plateau: the negative control. ``--arch attn_only``
+drops the MLPs and LayerNorms (a LayerNorm-free attention-only transformer, for
+``analyses.phase_diagram``; it has no Hugging Face folder, so it is never saved).
 
 The logits at flat position p predict token p + 1, so the prediction of the target token x_h sits at
 flat position ``L*H + h - 1``; the root x_0 of the target is predicted from the last token of the last
@@ -55,25 +57,25 @@ class StandardConfig:
     seq_len: int = 6
     alpha: float = 0.3  # Dirichlet concentration of the rows of pi: smaller is sharper
     gamma: float = 0.05  # floor: pi >= gamma / d
-    task_seed: int = 0
+    task_seed: int = 37  # a kernel whose demonstrations are worth 0.32 nats (the plateau's gap to BMA)
     # model: GPT-2 blocks are pre-norm (ln_1 -> attn, ln_2 -> MLP, final ln_f)
     arch: str = "gpt2"  # "gpt2", or "attn_only": no MLP, no LayerNorm (not saveable)
     n_layers: int = 2
-    n_heads: int = 4
-    d_model: int = 32
-    d_mlp: int = 128
+    n_heads: int = 8
+    d_model: int = 64
+    d_mlp: int = 256
     init_std: float = 0.02  # GPT-2's initializer_range
     # optimisation
     seed: int = 0
-    steps: int = 4000
-    batch_size: int = 64
-    lr: float = 3e-3  # AdamW; linear warm-up, then cosine decay to lr * final_lr_fraction (1: constant)
-    warmup: int = 100
-    final_lr_fraction: float = 1.0
+    steps: int = 10000
+    batch_size: int = 128
+    lr: float = 1e-3  # AdamW; linear warm-up, then cosine decay to lr * final_lr_fraction (1: constant)
+    warmup: int = 0
+    final_lr_fraction: float = 0.1
     weight_decay: float = 0.0
     loss_on: str = "all"  # "all": every next token, as a language model; "target": x_1..x_{H-1} of the target
     device: str = "cpu"
-    eval_every: int = 250
+    eval_every: int = 500
     eval_contexts: int = 512
     out: str = "runs/standard"
 
