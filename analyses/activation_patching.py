@@ -354,12 +354,13 @@ def figures(r: dict, args) -> dict:
     return {f"{NAME}_{name}": fig for name, fig in plot(r, args.n_contexts, args.subject_name).items()}
 
 
-ANALYSIS = common.Analysis(NAME, __doc__, compute, figures, summary, n_contexts=512)
+N_CONTEXTS = 512
 
 
-def main(argv: list[str] | None = None) -> dict:
-    return common.main(ANALYSIS, argv)
+ANALYSIS = common.Analysis.from_module(globals())
 
+
+main = ANALYSIS.main
 
 if __name__ == "__main__":
     common.run(main)

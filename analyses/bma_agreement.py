@@ -233,14 +233,13 @@ def summary(r: dict) -> str:
     return "\n".join(lines)
 
 
-ANALYSIS = common.Analysis(
-    NAME, __doc__, compute, figures, summary, n_contexts=2048, add_flags=add_flags, check_flags=check_flags
-)
+N_CONTEXTS = 2048
 
 
-def main(argv: list[str] | None = None) -> dict:
-    return common.main(ANALYSIS, argv)
+ANALYSIS = common.Analysis.from_module(globals())
 
+
+main = ANALYSIS.main
 
 if __name__ == "__main__":
     common.run(main)

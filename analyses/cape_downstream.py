@@ -270,21 +270,17 @@ def check_flags(parser, args) -> None:
         parser.error(f"--variants: unknown {unknown}; expected names from {','.join(ALL_VARIANTS)}")
 
 
-ANALYSIS = common.Analysis(
-    NAME,
-    __doc__,
-    compute,
-    lambda res, args: {NAME: _plot(res)},
-    summary,
-    n_contexts=2000,
-    add_flags=add_flags,
-    check_flags=check_flags,
-)
+def figures(res, args) -> dict:
+    return {NAME: _plot(res)}
 
 
-def main(argv: list[str] | None = None) -> dict:
-    return common.main(ANALYSIS, argv)
+N_CONTEXTS = 2000
 
+
+ANALYSIS = common.Analysis.from_module(globals())
+
+
+main = ANALYSIS.main
 
 if __name__ == "__main__":
     common.run(main)

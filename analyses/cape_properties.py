@@ -301,14 +301,13 @@ def check_flags(parser, args) -> None:
         parser.error("need --n-contexts >= 2, --nodes >= 3, --dim >= 1, --n-queries >= 1, --n-perm >= 1")
 
 
-ANALYSIS = common.Analysis(
-    NAME, __doc__, compute, figures, summary, n_contexts=40, add_flags=add_flags, check_flags=check_flags
-)
+N_CONTEXTS = 40
 
 
-def main(argv: list[str] | None = None) -> dict:
-    return common.main(ANALYSIS, argv)
+ANALYSIS = common.Analysis.from_module(globals())
 
+
+main = ANALYSIS.main
 
 if __name__ == "__main__":
     common.run(main)

@@ -1,7 +1,9 @@
 """What every analysis shares: one ``main`` for parsing, loading the subject, seeding, computing, saving
 PNG + PDF + JSON as one set, printing a summary, and errors.
 
-An analysis module declares ``ANALYSIS = Analysis(name, doc, compute, figures, summary, ...)``:
+An analysis module defines ``NAME``, ``compute``, ``figures`` and ``summary`` and declares
+``ANALYSIS = Analysis.from_module(globals())`` (optional names: ``N_CONTEXTS``, ``add_flags``,
+``check_flags``, ``record``):
 ``compute(subject, args) -> result`` (plain data; ``subject`` is a ``models.Subject``, or None for an
 analysis of its own synthetic tasks), ``figures(result, args) -> {stem: matplotlib figure}``, and
 ``summary(result) -> str``; ``FIGURES`` describes each file for the gallery. ``main`` does the rest:
@@ -83,6 +85,23 @@ class Analysis:
     add_flags: Callable | None = None  # (parser) -> None: flags of its own
     check_flags: Callable | None = None  # (parser, args) -> None: validate them (parser.error)
     record: Callable = field(default=lambda result: result)  # result -> what the JSON keeps
+
+    @classmethod
+    def from_module(cls, ns: dict) -> Analysis:
+        """The analysis a module declares by its names: ``NAME``, ``__doc__``, ``compute``, ``figures``,
+        ``summary``, and optionally ``N_CONTEXTS``, ``add_flags``, ``check_flags``, ``record``."""
+        optional = {
+            "n_contexts": "N_CONTEXTS",
+            "add_flags": "add_flags",
+            "check_flags": "check_flags",
+            "record": "record",
+        }
+        given = {key: ns[name] for key, name in optional.items() if name in ns}
+        return cls(ns["NAME"], ns["__doc__"], ns["compute"], ns["figures"], ns["summary"], **given)
+
+    def main(self, argv: list[str] | None = None) -> dict:
+        """``python -m analyses.<name> [flags]``, or from Python with ``argv``; returns the result."""
+        return main(self, argv)
 
 
 def parser_for(analysis: Analysis) -> argparse.ArgumentParser:

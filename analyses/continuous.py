@@ -288,21 +288,17 @@ def check_flags(parser, args) -> None:
         parser.error(f"--steps must be >= 1, got {args.steps}")
 
 
-ANALYSIS = common.Analysis(
-    NAME,
-    __doc__,
-    compute,
-    lambda res, args: {NAME: _plot(res)},
-    summary,
-    n_contexts=1024,
-    add_flags=add_flags,
-    check_flags=check_flags,
-)
+def figures(res, args) -> dict:
+    return {NAME: _plot(res)}
 
 
-def main(argv: list[str] | None = None) -> dict:
-    return common.main(ANALYSIS, argv)
+N_CONTEXTS = 1024
 
+
+ANALYSIS = common.Analysis.from_module(globals())
+
+
+main = ANALYSIS.main
 
 if __name__ == "__main__":
     common.run(main)

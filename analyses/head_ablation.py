@@ -359,12 +359,16 @@ def figures(r: dict, args) -> dict:
     return {f"{NAME}_per_head": per_head, f"{NAME}_cumulative": cumulative}
 
 
-ANALYSIS = common.Analysis(NAME, __doc__, compute, figures, summary, n_contexts=2048, record=_strip)
+N_CONTEXTS = 2048
 
 
-def main(argv: list[str] | None = None) -> dict:
-    return common.main(ANALYSIS, argv)
+record = _strip
 
+
+ANALYSIS = common.Analysis.from_module(globals())
+
+
+main = ANALYSIS.main
 
 if __name__ == "__main__":
     common.run(main)

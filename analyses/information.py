@@ -194,14 +194,17 @@ def summary(res: dict) -> str:
     return "\n".join(lines)
 
 
-ANALYSIS = common.Analysis(
-    NAME, __doc__, compute, lambda res, args: {NAME: _plot(res, TASK_NAME)}, summary, n_contexts=200
-)
+def figures(res, args) -> dict:
+    return {NAME: _plot(res, TASK_NAME)}
 
 
-def main(argv: list[str] | None = None) -> dict:
-    return common.main(ANALYSIS, argv)
+N_CONTEXTS = 200
 
+
+ANALYSIS = common.Analysis.from_module(globals())
+
+
+main = ANALYSIS.main
 
 if __name__ == "__main__":
     common.run(main)

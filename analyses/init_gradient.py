@@ -363,22 +363,21 @@ def check_flags(parser, args) -> None:
         parser.error(f"--n-trees and --steps must be >= 1, got {args.n_trees} and {args.steps}")
 
 
-ANALYSIS = common.Analysis(
-    NAME,
-    __doc__,
-    compute,
-    lambda res, args: {NAME: _plot(res, TASK_NAME, res["task"]["L"])},
-    summary,
-    n_contexts=2048,
-    add_flags=add_flags,
-    check_flags=check_flags,
-    record=lambda res: {k: v for k, v in res.items() if k != "task"},  # the command determines the task
-)
+def figures(res, args) -> dict:
+    return {NAME: _plot(res, TASK_NAME, res["task"]["L"])}
 
 
-def main(argv: list[str] | None = None) -> dict:
-    return common.main(ANALYSIS, argv)
+N_CONTEXTS = 2048
 
+
+def record(res) -> dict:
+    return {k: v for k, v in res.items() if k != "task"}
+
+
+ANALYSIS = common.Analysis.from_module(globals())
+
+
+main = ANALYSIS.main
 
 if __name__ == "__main__":
     common.run(main)

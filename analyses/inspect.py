@@ -436,12 +436,13 @@ def compute(subject, args) -> dict:
     return inspect_subject(subject, args.n_contexts, args.seed)
 
 
-ANALYSIS = common.Analysis(NAME, __doc__, compute, figures, summary, n_contexts=512)
+N_CONTEXTS = 512
 
 
-def main(argv: list[str] | None = None) -> dict:
-    return common.main(ANALYSIS, argv)
+ANALYSIS = common.Analysis.from_module(globals())
 
+
+main = ANALYSIS.main
 
 if __name__ == "__main__":
     common.run(main)

@@ -220,12 +220,13 @@ def add_flags(parser) -> None:
     )
 
 
-ANALYSIS = common.Analysis(NAME, __doc__, compute, figures, summary, n_contexts=256, add_flags=add_flags)
+N_CONTEXTS = 256
 
 
-def main(argv: list[str] | None = None) -> dict:
-    return common.main(ANALYSIS, argv)
+ANALYSIS = common.Analysis.from_module(globals())
 
+
+main = ANALYSIS.main
 
 if __name__ == "__main__":
     common.run(main)

@@ -139,21 +139,17 @@ def check_flags(parser, args) -> None:
         parser.error(f"--histories {args.histories} does not exist; collect it with --from-runs LABEL=FOLDER ...")
 
 
-ANALYSIS = common.Analysis(
-    NAME,
-    __doc__,
-    compute,
-    lambda result, args: {NAME: plot(result)},
-    summary,
-    n_contexts=None,
-    add_flags=add_flags,
-    check_flags=check_flags,
-)
+def figures(result, args) -> dict:
+    return {NAME: plot(result)}
 
 
-def main(argv: list[str] | None = None) -> dict:
-    return common.main(ANALYSIS, argv)
+N_CONTEXTS = None
 
+
+ANALYSIS = common.Analysis.from_module(globals())
+
+
+main = ANALYSIS.main
 
 if __name__ == "__main__":
     common.run(main)

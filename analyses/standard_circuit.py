@@ -607,14 +607,13 @@ def check_flags(parser, args) -> None:
         parser.error(f"--n-contexts must be >= 16 for the probes' train/test split, got {args.n_contexts}")
 
 
-ANALYSIS = common.Analysis(
-    NAME, __doc__, compute, figures, summary, n_contexts=512, add_flags=add_flags, check_flags=check_flags
-)
+N_CONTEXTS = 512
 
 
-def main(argv: list[str] | None = None) -> dict:
-    return common.main(ANALYSIS, argv)
+ANALYSIS = common.Analysis.from_module(globals())
 
+
+main = ANALYSIS.main
 
 if __name__ == "__main__":
     common.run(main)

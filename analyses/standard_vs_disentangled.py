@@ -129,21 +129,17 @@ def check_flags(parser, args) -> None:
         )
 
 
-ANALYSIS = common.Analysis(
-    NAME,
-    __doc__,
-    compute,
-    lambda res, args: {NAME: plot(res)},
-    summary,
-    n_contexts=None,
-    add_flags=add_flags,
-    check_flags=check_flags,
-)
+def figures(res, args) -> dict:
+    return {NAME: plot(res)}
 
 
-def main(argv: list[str] | None = None) -> dict:
-    return common.main(ANALYSIS, argv)
+N_CONTEXTS = None
 
+
+ANALYSIS = common.Analysis.from_module(globals())
+
+
+main = ANALYSIS.main
 
 if __name__ == "__main__":
     common.run(main)
