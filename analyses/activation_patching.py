@@ -60,6 +60,7 @@ from models.subject import DisentangledSubject, head_label
 from probes import head_assignment
 
 NAME = "activation_patching"
+N_CONTEXTS = 512  # default --n-contexts
 PATTERN = "blocks.1.attn.hook_pattern"  # [batch, 1, H, H]
 METRICS = ("logprob", "parent_mass")
 METRIC_LABELS = {"logprob": "log-prob of the clean next token", "parent_mass": "attention on the clean parent"}
@@ -352,9 +353,6 @@ def compute(subject: DisentangledSubject, args) -> dict:
 
 def figures(r: dict, args) -> dict:
     return {f"{NAME}_{name}": fig for name, fig in plot(r, args.n_contexts, args.subject_name).items()}
-
-
-N_CONTEXTS = 512
 
 
 ANALYSIS = common.Analysis.from_module(globals())

@@ -233,9 +233,6 @@ def summary(r: dict) -> str:
     return "\n".join(lines)
 
 
-N_CONTEXTS = 2048
-
-
 ANALYSIS = common.Analysis.from_module(globals())
 
 

@@ -80,6 +80,7 @@ from cape.downstream import (
 )
 
 NAME = "cape_downstream"
+N_CONTEXTS = 2000  # default --n-contexts
 FIGURES = {
     "cape_downstream.png": (
         "CAPE downstream: test MSE of a masked feature (random slot order, one fixed tree, linear-Gaussian) for "
@@ -272,9 +273,6 @@ def check_flags(parser, args) -> None:
 
 def figures(res, args) -> dict:
     return {NAME: _plot(res)}
-
-
-N_CONTEXTS = 2000
 
 
 ANALYSIS = common.Analysis.from_module(globals())

@@ -31,6 +31,7 @@ from cape.attention import CapeAttention, rotary_scores
 from cape.embedding import depth, embed, generality, hop_distance, initial_points, random_dag, random_tree
 
 NAME = "cape_properties"
+N_CONTEXTS = 40  # default --n-contexts
 FIGURES = {
     "cape_distance.png": "CAPE property 1: rotary attention score (q = k, averaged over random q) against causal hop distance on random trees and DAGs, per-graph Spearman against a random-angle control.",
     "cape_generality.png": "CAPE property 2: Poincare norm of each feature's embedding against its depth and against its causal generality (reversed PageRank), per-graph Spearman.",
@@ -299,9 +300,6 @@ def add_flags(parser) -> None:
 def check_flags(parser, args) -> None:
     if args.n_contexts < 2 or args.nodes < 3 or args.dim < 1 or args.n_queries < 1 or args.n_perm < 1:
         parser.error("need --n-contexts >= 2, --nodes >= 3, --dim >= 1, --n-queries >= 1, --n-perm >= 1")
-
-
-N_CONTEXTS = 40
 
 
 ANALYSIS = common.Analysis.from_module(globals())

@@ -50,6 +50,7 @@ from probes.continuous import ContinuousTask, gaussian_bma_posterior
 from probes.metrics import parent_mass
 
 NAME = "cape_structure"
+N_CONTEXTS = 128  # default --n-contexts
 FIGURES = {
     "cape_structure.png": (
         "CAPE step 1 (structure learning: SEM with a linear or an MLP f + NOTEARS constraint) against BMA and the "
@@ -264,9 +265,6 @@ def check_flags(parser, args) -> None:
 
 def figures(res, args) -> dict:
     return {NAME: _plot(res, args.n_contexts)}
-
-
-N_CONTEXTS = 128
 
 
 ANALYSIS = common.Analysis.from_module(globals())

@@ -42,6 +42,7 @@ from probes.continuous import (
 )
 
 NAME = "continuous"
+N_CONTEXTS = 1024  # default --n-contexts
 FIGURES = {
     "continuous.png": (
         "Proposition 2: parent accuracy and prediction error of BMA, the best bilinear score and the trained model against L; the bilinear residual to BMA (bounded away from 0 at small L); the fitted W against A."
@@ -290,9 +291,6 @@ def check_flags(parser, args) -> None:
 
 def figures(res, args) -> dict:
     return {NAME: _plot(res)}
-
-
-N_CONTEXTS = 1024
 
 
 ANALYSIS = common.Analysis.from_module(globals())

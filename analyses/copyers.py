@@ -130,9 +130,6 @@ def figures(res, args) -> dict:
     return {NAME: _plot(res, args.subject_name)}
 
 
-N_CONTEXTS = 2048
-
-
 ANALYSIS = common.Analysis.from_module(globals())
 
 

@@ -359,9 +359,6 @@ def figures(r: dict, args) -> dict:
     return {f"{NAME}_per_head": per_head, f"{NAME}_cumulative": cumulative}
 
 
-N_CONTEXTS = 2048
-
-
 record = _strip
 
 

@@ -25,6 +25,7 @@ from probes import MarkovTreeTask
 from probes.information import expected_log_likelihood, mutual_information, pair_joints, sdpi_report, tree_distance
 
 NAME = "information"
+N_CONTEXTS = 200  # default --n-contexts
 FIGURES = {
     "information.png": (
         "exact mutual information against tree distance; the strong-DPI contraction against the Dobrushin coefficient and the 1 - delta*gamma bound for kernels of different floors (no DPI violation); Lemma 4 margins, all positive."
@@ -196,9 +197,6 @@ def summary(res: dict) -> str:
 
 def figures(res, args) -> dict:
     return {NAME: _plot(res, TASK_NAME)}
-
-
-N_CONTEXTS = 200
 
 
 ANALYSIS = common.Analysis.from_module(globals())

@@ -367,9 +367,6 @@ def figures(res, args) -> dict:
     return {NAME: _plot(res, TASK_NAME, res["task"]["L"])}
 
 
-N_CONTEXTS = 2048
-
-
 def record(res) -> dict:
     return {k: v for k, v in res.items() if k != "task"}
 

@@ -44,6 +44,7 @@ from probes import bma_posterior, bma_predictive, parent_accuracy, target_nll, t
 from probes.roles import CATEGORIES, GROUPS, attention_role, role_profile
 
 NAME = "inspect"
+N_CONTEXTS = 512  # default --n-contexts
 FIGURES = {
     "inspect_heads.png": (
         "per head of every layer of the inspected model: parent accuracy, TV to the BMA posterior and mass on the candidate parents from the query that predicts x_h, against BMA and the uniform-parent baseline, with the verdict in the title."
@@ -434,9 +435,6 @@ def _roles_figure(r: dict, n: int):
 
 def compute(subject, args) -> dict:
     return inspect_subject(subject, args.n_contexts, args.seed)
-
-
-N_CONTEXTS = 512
 
 
 ANALYSIS = common.Analysis.from_module(globals())

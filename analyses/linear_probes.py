@@ -28,6 +28,7 @@ from probes.linear import linear_probe
 from probes.metrics import parent_hits
 
 NAME = "linear_probes"
+N_CONTEXTS = 256  # default --n-contexts
 FIGURES = {
     "linear_probe_copyers.png": (
         "held-out accuracy decoding x_h^l from each copyer head's output, for every (head, demonstration) pair, beside the shuffled-label control."
@@ -218,9 +219,6 @@ def add_flags(parser) -> None:
         metavar="HF_FOLDER",
         help="a standard transformer folder (default: train a small one here, ~100 steps)",
     )
-
-
-N_CONTEXTS = 256
 
 
 ANALYSIS = common.Analysis.from_module(globals())

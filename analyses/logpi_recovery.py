@@ -244,9 +244,6 @@ def summary(res: dict) -> str:
     return "\n".join(lines)
 
 
-N_CONTEXTS = 2048
-
-
 ANALYSIS = common.Analysis.from_module(globals())
 
 

@@ -20,6 +20,7 @@ from models.checkpoint import read_config
 from models.io import write_json
 
 NAME = "scale"
+N_CONTEXTS = None  # no --n-contexts: it samples no contexts of a checkpoint
 FIGURES = {
     "scale.png": "NLL gap to BMA, TV to the BMA posterior and the least pure copyer head over training "
     "steps at d=10, L=K=32, H=24: the reference recipe (PAPER.md section 5) against the scale "
@@ -141,9 +142,6 @@ def check_flags(parser, args) -> None:
 
 def figures(result, args) -> dict:
     return {NAME: plot(result)}
-
-
-N_CONTEXTS = None
 
 
 ANALYSIS = common.Analysis.from_module(globals())

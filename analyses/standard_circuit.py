@@ -50,6 +50,7 @@ from probes.metrics import column_softmax_error, fit_column_shift
 from probes.roles import ROLE_MASS, role_profile
 
 NAME = "standard_circuit"
+N_CONTEXTS = 512  # default --n-contexts
 FIGURES = {
     "standard_circuit.png": (
         "causal tests of the transposed circuit on a standard transformer: group ablation and patching, corruption of one demonstration's earlier tokens / token at h / later tokens (model vs BMA), path patching from layer-0 heads into layer-1 heads, and whether removing what layer 1 reads from demonstration l moves the model like BMA without l."
@@ -605,9 +606,6 @@ def add_flags(parser) -> None:
 def check_flags(parser, args) -> None:
     if args.n_contexts < 16:
         parser.error(f"--n-contexts must be >= 16 for the probes' train/test split, got {args.n_contexts}")
-
-
-N_CONTEXTS = 512
 
 
 ANALYSIS = common.Analysis.from_module(globals())

@@ -23,6 +23,7 @@ from models.standard import TRAINING_JSON, StandardConfig, train_standard
 from models.train import TrainConfig, train
 
 NAME = "standard_vs_disentangled"
+N_CONTEXTS = None  # no --n-contexts: it samples no contexts of a checkpoint
 FIGURES = {
     "standard_vs_disentangled.png": (
         "training curves (NLL gap to BMA on held-out contexts) of the shipped standard GPT-2 recipe and of the disentangled model on the same task, with BMA and the uniform-parent plateau as horizontal lines"
@@ -131,9 +132,6 @@ def check_flags(parser, args) -> None:
 
 def figures(res, args) -> dict:
     return {NAME: plot(res)}
-
-
-N_CONTEXTS = None
 
 
 ANALYSIS = common.Analysis.from_module(globals())
