@@ -155,7 +155,7 @@ def measure(
     return res
 
 
-def _plot(res: dict):
+def figures(res: dict, args=None):
     import matplotlib.pyplot as plt  # plotting stays off the import path of the CLI's --help
 
     fig, (ax, ax2, ax3) = plt.subplots(1, 3, figsize=(19, 4.6), gridspec_kw={"width_ratios": [1.3, 1, 1.1]})
@@ -269,10 +269,6 @@ def check_flags(parser, args) -> None:
     unknown = [v for v in variant_list(args.variants) if v not in ALL_VARIANTS]
     if unknown:
         parser.error(f"--variants: unknown {unknown}; expected names from {','.join(ALL_VARIANTS)}")
-
-
-def figures(res, args) -> dict:
-    return {NAME: _plot(res)}
 
 
 ANALYSIS = common.Analysis.from_module(globals())

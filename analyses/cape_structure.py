@@ -159,7 +159,7 @@ def measure(
     return res
 
 
-def _plot(res: dict, n_contexts: int):
+def figures(res: dict, args):
     import matplotlib.pyplot as plt  # plotting stays off the import path of the CLI's --help
 
     fig, axes = plt.subplots(1, 4, figsize=(19, 4.3))
@@ -215,7 +215,7 @@ def _plot(res: dict, n_contexts: int):
         ax.set_xlabel("samples N (= demonstrations L)")
     fig.suptitle(
         f"CAPE step 1 from N samples vs in-context BMA / two-layer model from L demonstrations: mean over "
-        f"{len(res['trees'])} fixed trees (H={len(res['trees'][0])}; {n_contexts} contexts per tree and L; grey: chance)"
+        f"{len(res['trees'])} fixed trees (H={len(res['trees'][0])}; {args.n_contexts} contexts per tree and L; grey: chance)"
     )
     fig.tight_layout()
     return fig
@@ -261,10 +261,6 @@ def check_flags(parser, args) -> None:
         parser.error(f"--n-trees must be >= 1, got {args.n_trees}")
     if args.inner_steps < 1:
         parser.error(f"--inner-steps must be >= 1, got {args.inner_steps}")
-
-
-def figures(res, args) -> dict:
-    return {NAME: _plot(res, args.n_contexts)}
 
 
 ANALYSIS = common.Analysis.from_module(globals())

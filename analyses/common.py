@@ -5,8 +5,8 @@ An analysis module defines ``NAME``, ``compute``, ``figures`` and ``summary`` an
 ``ANALYSIS = Analysis.from_module(globals())`` (optional names: ``N_CONTEXTS``, ``add_flags``,
 ``check_flags``, ``record``):
 ``compute(subject, args) -> result`` (plain data; ``subject`` is a ``models.Subject``, or None for an
-analysis of its own synthetic tasks), ``figures(result, args) -> {stem: matplotlib figure}``, and
-``summary(result) -> str``; ``FIGURES`` describes each file for the gallery. ``main`` does the rest:
+analysis of its own synthetic tasks), ``figures(result, args) -> {stem: matplotlib figure}`` (or one
+figure, filed under ``NAME``), and ``summary(result) -> str``; ``FIGURES`` describes each file for the gallery. ``main`` does the rest:
 
     python -m analyses.<name> [--checkpoint default] [--out figures/] [--seed 0] [--n-contexts N]
                               [--device cpu] [--threads 1] [--key-map MAP.json] [--config CONFIG.json]
@@ -79,7 +79,7 @@ class Analysis:
     name: str
     doc: str  # the module docstring: its first paragraph is the --help description
     compute: Callable  # (subject | None, args) -> result
-    figures: Callable  # (result, args) -> {file stem: figure}
+    figures: Callable  # (result, args) -> {file stem: figure}, or one figure (stem: the name)
     summary: Callable  # (result) -> str
     n_contexts: int | None = 2048  # default --n-contexts (None: no such flag)
     add_flags: Callable | None = None  # (parser) -> None: flags of its own
@@ -145,7 +145,10 @@ def main(analysis: Analysis, argv: list[str] | None = None) -> dict:
     torch.manual_seed(args.seed)
     result = analysis.compute(subject, args)
     style()
-    save_set(args.out, analysis.name, analysis.figures(result, args), analysis.record(result), args, subject)
+    figs = analysis.figures(result, args)
+    if not isinstance(figs, dict):
+        figs = {analysis.name: figs}
+    save_set(args.out, analysis.name, figs, analysis.record(result), args, subject)
     print(analysis.summary(result))
     return result
 

@@ -202,7 +202,7 @@ def measure(
     return out
 
 
-def _plot(res: dict):
+def figures(res: dict, args=None):
     import matplotlib.pyplot as plt  # plotting stays off the import path of the CLI's --help
 
     L = res["L"]
@@ -287,10 +287,6 @@ def check_flags(parser, args) -> None:
         parser.error(f"--rho must lie in (0, 1), got {args.rho}")
     if args.steps < 1:
         parser.error(f"--steps must be >= 1, got {args.steps}")
-
-
-def figures(res, args) -> dict:
-    return {NAME: _plot(res)}
 
 
 ANALYSIS = common.Analysis.from_module(globals())

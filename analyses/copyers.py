@@ -70,7 +70,7 @@ def duplicate_warning(res: dict) -> str | None:
     )
 
 
-def _plot(res: dict, name: str):
+def figures(res: dict, args):
     import matplotlib.pyplot as plt
 
     K, H2 = res["w_H"].shape
@@ -102,7 +102,7 @@ def _plot(res: dict, name: str):
         fig.colorbar(im, ax=ax, shrink=0.8)
     flag = f"DUPLICATES: {res['duplicates']}" if res["duplicates"] else "all heads copy distinct demonstrations"
     fig.suptitle(
-        f"{name}: copyer heads; {res['distinct_demos']}/{K} distinct demonstrations, "
+        f"{args.subject_name}: copyer heads; {res['distinct_demos']}/{K} distinct demonstrations, "
         f"min purity {min(res['purity']):.3f}, min same-position copy mass {min(res['copy_purity']):.3f}; {flag}",
         fontsize=10,
         color="C3" if res["duplicates"] else "k",
@@ -124,10 +124,6 @@ def summary(res: dict) -> str:
     if res["warning"]:
         lines.append("!" * 80 + "\n" + res["warning"] + "\n" + "!" * 80)
     return "\n".join(lines)
-
-
-def figures(res, args) -> dict:
-    return {NAME: _plot(res, args.subject_name)}
 
 
 ANALYSIS = common.Analysis.from_module(globals())

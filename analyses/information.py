@@ -113,7 +113,7 @@ def measure(
     }
 
 
-def _plot(res: dict, name: str):
+def figures(res: dict, args=None):
     import matplotlib.pyplot as plt  # plotting stays off the import path of the CLI's --help
 
     fig, axes = plt.subplots(1, 3, figsize=(14, 4))
@@ -126,27 +126,18 @@ def _plot(res: dict, name: str):
     ax.set_yscale("log")
     ax.set_xlabel("tree distance between h and h'")
     ax.set_ylabel("I(x_h; x_h') (nats, exact)")
-    ax.set_title(f"(a) {name}: exact MI vs tree distance\n{res['n_trees']} random trees, H={res['seq_len']}")
+    ax.set_title(f"(a) {TASK_NAME}: exact MI vs tree distance\n{res['n_trees']} random trees, H={res['seq_len']}")
     ax.legend()
     ax = axes[1]
     ks = res["kernels"]
     bound = np.array([k["bound"] for k in ks])
-    sc = ax.scatter(
-        bound,
-        [k["max_ratio"] for k in ks],
-        c=[k["gamma"] for k in ks],
-        cmap="viridis",
-        label="max I(x_h;x_h')/I(x_h;x_pa)",
-        marker="o",
-    )
-    ax.scatter(
-        bound,
-        [k["max_dobrushin"] for k in ks],
-        c=[k["gamma"] for k in ks],
-        cmap="viridis",
-        marker="x",
-        label="max Dobrushin coeff. of P(x_h'|x_pa)",
-    )
+    for key, marker, label in (
+        ("max_ratio", "o", "max I(x_h;x_h')/I(x_h;x_pa)"),
+        ("max_dobrushin", "x", "max Dobrushin coeff. of P(x_h'|x_pa)"),
+    ):  # both coloured by the kernel floor, on one colour scale
+        sc = ax.scatter(
+            bound, [k[key] for k in ks], c=[k["gamma"] for k in ks], cmap="viridis", marker=marker, label=label
+        )
     ax.plot([bound.min(), 1], [bound.min(), 1], "k--", lw=1, label="y = 1 − δγ")
     ax.set_xlabel("Lemma 3 bound 1 − δγ")
     ax.set_ylabel("contraction")
@@ -193,10 +184,6 @@ def summary(res: dict) -> str:
         f"  Lemma 4: min margin of E log pi(x_h|x_pa) over the best non-parent = {res['lemma4_min_margin']:.3e}"
     )
     return "\n".join(lines)
-
-
-def figures(res, args) -> dict:
-    return {NAME: _plot(res, TASK_NAME)}
 
 
 ANALYSIS = common.Analysis.from_module(globals())

@@ -257,7 +257,7 @@ def measure(
     }
 
 
-def _plot(res: dict, name: str, L: int):
+def figures(res: dict, args=None):
     import matplotlib.pyplot as plt  # plotting stays off the import path of the CLI's --help
 
     bt, al, tr = res["by_tree"], res["against_L"], res["training"]
@@ -317,8 +317,8 @@ def _plot(res: dict, name: str, L: int):
     h1, l1 = ax.get_legend_handles_labels()
     h2, l2 = ax2.get_legend_handles_labels()
     ax.legend(h1 + h2, l1 + l2, fontsize=7, loc="center right")
-    ax.set_title(f"(d) training W_KQ from 0 at L={L}\n{res['n_eval']} held-out contexts")
-    fig.suptitle(f"{name}: Theorem 3 at initialisation (Theorem 1 copyers, W_KQ = 0)")
+    ax.set_title(f"(d) training W_KQ from 0 at L={res['task']['L']}\n{res['n_eval']} held-out contexts")
+    fig.suptitle(f"{TASK_NAME}: Theorem 3 at initialisation (Theorem 1 copyers, W_KQ = 0)")
     fig.tight_layout()
     return fig
 
@@ -361,10 +361,6 @@ def add_flags(parser) -> None:
 def check_flags(parser, args) -> None:
     if args.n_trees < 1 or args.steps < 1:
         parser.error(f"--n-trees and --steps must be >= 1, got {args.n_trees} and {args.steps}")
-
-
-def figures(res, args) -> dict:
-    return {NAME: _plot(res, TASK_NAME, res["task"]["L"])}
 
 
 def record(res) -> dict:

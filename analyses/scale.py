@@ -63,7 +63,7 @@ def curves(histories: dict) -> dict:
     return result
 
 
-def plot(result: dict):
+def figures(result: dict, args=None):
     import matplotlib.pyplot as plt  # plotting stays off the import path of the CLI's --help
 
     fig, axes = plt.subplots(1, 3, figsize=(14, 3.8))
@@ -138,10 +138,6 @@ def check_flags(parser, args) -> None:
             parser.error(str(e))
     elif not Path(args.histories).is_file():
         parser.error(f"--histories {args.histories} does not exist; collect it with --from-runs LABEL=FOLDER ...")
-
-
-def figures(result, args) -> dict:
-    return {NAME: plot(result)}
 
 
 ANALYSIS = common.Analysis.from_module(globals())

@@ -141,9 +141,8 @@ class LayerNorm(nn.Module):
         super().__init__()
         self.eps = cfg.eps
         if affine:
-            kw = {"dtype": cfg.torch_dtype, "device": cfg.device}
-            self.w = nn.Parameter(torch.ones(cfg.d_model, **kw))
-            self.b = nn.Parameter(torch.zeros(cfg.d_model, **kw))
+            self.w = nn.Parameter(torch.ones(cfg.d_model, dtype=cfg.torch_dtype, device=cfg.device))
+            self.b = _zeros(cfg, cfg.d_model)
         self.affine = affine
         self.hook_scale = HookPoint()  # [batch, pos, 1]
         self.hook_normalized = HookPoint()  # [batch, pos, d_model]
@@ -152,6 +151,11 @@ class LayerNorm(nn.Module):
         x = x - x.mean(-1, keepdim=True)
         x = x / self.hook_scale((x.pow(2).mean(-1, keepdim=True) + self.eps).sqrt())
         return self.hook_normalized(x * self.w + self.b if self.affine else x)
+
+
+def _zeros(cfg: HookedTransformerConfig, *shape: int) -> nn.Parameter:
+    """A parameter of zeros of ``shape`` in the config's dtype and on its device (its values come from the state dict loaded into it)."""
+    return nn.Parameter(torch.zeros(*shape, dtype=cfg.torch_dtype, device=cfg.device))
 
 
 def normalization(cfg: HookedTransformerConfig) -> nn.Module:
@@ -165,15 +169,14 @@ class Attention(nn.Module):
         super().__init__()
         self.cfg = cfg
         n, d, e = cfg.n_heads, cfg.d_model, cfg.d_head
-        kw = {"dtype": cfg.torch_dtype, "device": cfg.device}
-        self.W_Q = nn.Parameter(torch.zeros(n, d, e, **kw))
-        self.W_K = nn.Parameter(torch.zeros(n, d, e, **kw))
-        self.W_V = nn.Parameter(torch.zeros(n, d, e, **kw))
-        self.W_O = nn.Parameter(torch.zeros(n, e, d, **kw))
-        self.b_Q = nn.Parameter(torch.zeros(n, e, **kw))
-        self.b_K = nn.Parameter(torch.zeros(n, e, **kw))
-        self.b_V = nn.Parameter(torch.zeros(n, e, **kw))
-        self.b_O = nn.Parameter(torch.zeros(d, **kw))
+        self.W_Q = _zeros(cfg, n, d, e)
+        self.W_K = _zeros(cfg, n, d, e)
+        self.W_V = _zeros(cfg, n, d, e)
+        self.W_O = _zeros(cfg, n, e, d)
+        self.b_Q = _zeros(cfg, n, e)
+        self.b_K = _zeros(cfg, n, e)
+        self.b_V = _zeros(cfg, n, e)
+        self.b_O = _zeros(cfg, d)
         self.register_buffer("mask", torch.ones(cfg.n_ctx, cfg.n_ctx, dtype=torch.bool).tril(), persistent=False)
         self.hook_q = HookPoint()  # [batch, pos, head, d_head]
         self.hook_k = HookPoint()
@@ -202,11 +205,10 @@ class Attention(nn.Module):
 class MLP(nn.Module):
     def __init__(self, cfg: HookedTransformerConfig):
         super().__init__()
-        kw = {"dtype": cfg.torch_dtype, "device": cfg.device}
-        self.W_in = nn.Parameter(torch.zeros(cfg.d_model, cfg.d_mlp, **kw))
-        self.b_in = nn.Parameter(torch.zeros(cfg.d_mlp, **kw))
-        self.W_out = nn.Parameter(torch.zeros(cfg.d_mlp, cfg.d_model, **kw))
-        self.b_out = nn.Parameter(torch.zeros(cfg.d_model, **kw))
+        self.W_in = _zeros(cfg, cfg.d_model, cfg.d_mlp)
+        self.b_in = _zeros(cfg, cfg.d_mlp)
+        self.W_out = _zeros(cfg, cfg.d_mlp, cfg.d_model)
+        self.b_out = _zeros(cfg, cfg.d_model)
         self.act = ACT_FNS[cfg.act_fn]
         self.hook_pre = HookPoint()  # [batch, pos, d_mlp]
         self.hook_post = HookPoint()  # [batch, pos, d_mlp]
@@ -243,21 +245,20 @@ class TransformerBlock(nn.Module):
 class Embed(nn.Module):
     def __init__(self, cfg: HookedTransformerConfig):
         super().__init__()
-        self.W_E = nn.Parameter(torch.zeros(cfg.d_vocab, cfg.d_model, dtype=cfg.torch_dtype, device=cfg.device))
+        self.W_E = _zeros(cfg, cfg.d_vocab, cfg.d_model)
 
 
 class PosEmbed(nn.Module):
     def __init__(self, cfg: HookedTransformerConfig):
         super().__init__()
-        self.W_pos = nn.Parameter(torch.zeros(cfg.n_ctx, cfg.d_model, dtype=cfg.torch_dtype, device=cfg.device))
+        self.W_pos = _zeros(cfg, cfg.n_ctx, cfg.d_model)
 
 
 class Unembed(nn.Module):
     def __init__(self, cfg: HookedTransformerConfig):
         super().__init__()
-        kw = {"dtype": cfg.torch_dtype, "device": cfg.device}
-        self.W_U = nn.Parameter(torch.zeros(cfg.d_model, cfg.d_vocab_out, **kw))
-        self.b_U = nn.Parameter(torch.zeros(cfg.d_vocab_out, **kw))
+        self.W_U = _zeros(cfg, cfg.d_model, cfg.d_vocab_out)
+        self.b_U = _zeros(cfg, cfg.d_vocab_out)
 
 
 class HookedTransformer(HookedRootModule):

@@ -8,11 +8,11 @@ import json
 
 import numpy as np
 import pytest
-from conftest import build_task
+from conftest import build_task, tiny_train_config
 
 from analyses import bma_agreement as ba
 from analyses.common import sample_contexts
-from models.train import TrainConfig, train
+from models.train import train
 from probes import MarkovTreeTask
 
 
@@ -52,16 +52,8 @@ def test_bma_parent_mass_matches_brute_force_and_grows_with_L():
 
 
 def test_cli_trains_per_L_and_tracks_bma(tmp_path):
-    cfg = TrainConfig(
-        d_vocab=4,
-        n_examples=2,
-        seq_len=4,
-        alpha=0.3,
-        steps=10,
-        batch_size=64,
-        eval_every=10,
-        eval_contexts=32,
-        out=str(tmp_path / "ck"),
+    cfg = tiny_train_config(
+        tmp_path, d_vocab=4, alpha=0.3, steps=10, batch_size=64, eval_every=10, out=str(tmp_path / "ck")
     )
     train(cfg, progress=False)
     out = tmp_path / "figs"

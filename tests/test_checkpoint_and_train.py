@@ -12,9 +12,9 @@ import torch
 
 import models
 from models import CausalTransformer, CausalTransformerConfig, load_task
-from models.train import TrainConfig, train
+from models.train import train
 from probes import MarkovTreeTask, bma_posterior, bma_predictive, head_assignment, mean_tv, target_nll
-from tests.conftest import build_task
+from tests.conftest import build_task, tiny_train_config
 from tests.test_model import random_model
 
 
@@ -116,24 +116,10 @@ def test_truncated_weights_file_gives_a_clear_error(tmp_path):
         models.load(path)
 
 
-def tiny_config(tmp_path, **kw) -> TrainConfig:
-    base = dict(
-        d_vocab=3,
-        n_examples=2,
-        seq_len=4,
-        steps=12,
-        batch_size=16,
-        eval_every=6,
-        eval_contexts=32,
-        out=str(tmp_path / "run"),
-    )
-    return TrainConfig(**{**base, **kw})
-
-
 def test_training_is_deterministic_for_a_seed(tmp_path):
-    a, _ = train(tiny_config(tmp_path / "a"), progress=False)
-    b, _ = train(tiny_config(tmp_path / "b"), progress=False)
-    c, _ = train(tiny_config(tmp_path / "c", seed=1), progress=False)
+    a, _ = train(tiny_train_config(tmp_path / "a"), progress=False)
+    b, _ = train(tiny_train_config(tmp_path / "b"), progress=False)
+    c, _ = train(tiny_train_config(tmp_path / "c", seed=1), progress=False)
     for k, v in a.state_dict().items():
         assert torch.equal(v, b.state_dict()[k]), k
     assert not torch.equal(a.W_KQ, c.W_KQ)

@@ -6,12 +6,13 @@ import math
 import numpy as np
 import pytest
 import torch
+from conftest import tiny_train_config
 
 import models
 from analyses.common import single_thread
 from analyses.continuous import fit_bilinear, measure
 from models.continuous import bma_bilinear_model
-from models.train import TrainConfig, train
+from models.train import train
 from probes.continuous import ContinuousTask, gaussian_bma_mean, gaussian_bma_posterior
 
 
@@ -96,17 +97,8 @@ def test_accuracy_gap_closes_at_large_L():
 
 
 def test_trains_with_models_train_and_reloads(tmp_path):
-    cfg = TrainConfig(
-        d_vocab=3,
-        n_examples=2,
-        seq_len=4,
-        task_kind="continuous",
-        rho=0.6,
-        steps=40,
-        eval_every=40,
-        eval_contexts=128,
-        batch_size=64,
-        out=str(tmp_path / "run"),
+    cfg = tiny_train_config(
+        tmp_path, task_kind="continuous", rho=0.6, steps=40, eval_every=40, eval_contexts=128, batch_size=64
     )
     model, history = train(cfg, progress=False)
     assert history[-1]["nll_gap"] < history[0]["nll_gap"]

@@ -79,10 +79,10 @@ def _count_steps(monkeypatch, action) -> int:
     return calls[0]
 
 
-def _fail_at(monkeypatch, n: int) -> None:
-    """Make the n-th call (0-based) among the patched functions raise ``Crash``."""
+def _fail_at_in(monkeypatch, steps, n: int) -> None:
+    """Make the n-th call (0-based) among the functions ``steps`` names raise ``Crash``."""
     calls = [0]
-    for owner, name in STEPS:
+    for owner, name in steps:
         original = getattr(owner, name)
 
         def failing(*a, _original=original, _name=name, **k):
@@ -121,7 +121,7 @@ def test_a_failure_at_any_step_of_the_folder_write_leaves_old_or_new(tmp_path, m
             monkeypatch.setattr(checkpoint, "_exchange", lambda a, b: False)
         if killed:  # a kill runs no clean-up: the next start's recover() must cope with what is left
             monkeypatch.setattr(checkpoint, "_recover", lambda p: None)
-        _fail_at(monkeypatch, n)
+        _fail_at_in(monkeypatch, STEPS, n)
         with pytest.raises(Crash):
             models.save(new_model, path, task=task)
         monkeypatch.undo()
@@ -350,20 +350,6 @@ def test_a_set_is_all_old_or_all_new_whatever_step_fails(tmp_path, monkeypatch, 
         outcomes.add("new" if now == new else "old")
         assert debris(folder) == [], (n, debris(folder))
     assert outcomes == {"old", "new"}  # failures before the commit point keep the old set, after it finish the new
-
-
-def _fail_at_in(monkeypatch, steps, n: int) -> None:
-    calls = [0]
-    for owner, name in steps:
-        original = getattr(owner, name)
-
-        def failing(*a, _original=original, _name=name, **k):
-            calls[0] += 1
-            if calls[0] - 1 == n:
-                raise Crash(f"injected failure in {_name}")
-            return _original(*a, **k)
-
-        monkeypatch.setattr(owner, name, failing)
 
 
 def test_two_runs_writing_one_set_leave_one_whole_set(tmp_path):
