@@ -183,8 +183,7 @@ def check_flags(parser, args) -> None:
         _lengths(parser, args.bma_L, "--bma-L"),
         _lengths(parser, args.train_L, "--train-L"),
     )
-    if args.train_steps < 1:
-        parser.error(f"--train-steps must be >= 1, got {args.train_steps}")
+    common.check_at_least(parser, args, train_steps=1)
 
 
 def compute(subject, args) -> dict:

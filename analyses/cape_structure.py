@@ -257,10 +257,7 @@ def add_flags(parser) -> None:
 
 
 def check_flags(parser, args) -> None:
-    if args.n_trees < 1:
-        parser.error(f"--n-trees must be >= 1, got {args.n_trees}")
-    if args.inner_steps < 1:
-        parser.error(f"--inner-steps must be >= 1, got {args.inner_steps}")
+    common.check_at_least(parser, args, n_trees=1, inner_steps=1)
 
 
 ANALYSIS = common.Analysis.from_module(globals())

@@ -125,6 +125,15 @@ def check_out(p: argparse.ArgumentParser, out: str) -> None:
         p.error(str(e))
 
 
+def check_at_least(p: argparse.ArgumentParser, args: argparse.Namespace, **minimums: int) -> None:
+    """``p.error`` for the first of ``args``' integer flags below its minimum, e.g. ``n_trees=1``:
+    ``--n-trees must be >= 1, got 0``."""
+    for name, low in minimums.items():
+        value = getattr(args, name)
+        if value < low:
+            p.error(f"--{name.replace('_', '-')} must be >= {low}, got {value}")
+
+
 def main(analysis: Analysis, argv: list[str] | None = None) -> dict:
     """Parse, load, compute, save the figures and JSON as one set, print the summary; returns the result."""
     p = parser_for(analysis)

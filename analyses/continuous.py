@@ -285,8 +285,7 @@ def add_flags(parser) -> None:
 def check_flags(parser, args) -> None:
     if not 0 < args.rho < 1:
         parser.error(f"--rho must lie in (0, 1), got {args.rho}")
-    if args.steps < 1:
-        parser.error(f"--steps must be >= 1, got {args.steps}")
+    common.check_at_least(parser, args, steps=1)
 
 
 ANALYSIS = common.Analysis.from_module(globals())
