@@ -366,9 +366,7 @@ ANALYSIS = common.Analysis(
 )
 
 
-def main(argv: list[str] | None = None) -> dict:
-    return common.main(ANALYSIS, argv)
-
+main = ANALYSIS.main
 
 if __name__ == "__main__":
     common.run(main)
