@@ -106,7 +106,8 @@ def train_small_standard(seed: int, out: Path) -> Subject:
     from models.standard import StandardConfig, train_standard
 
     cfg = StandardConfig(
-        seq_len=8, alpha=1.0, gamma=0.2, n_heads=4, d_model=32, d_mlp=128, steps=100, warmup=50,
+        seq_len=8, alpha=1.0, gamma=0.2, task_seed=0, batch_size=64, lr=3e-3,
+        n_heads=4, d_model=32, d_mlp=128, steps=100, warmup=50,
         final_lr_fraction=0.05, loss_on="target", eval_every=100, eval_contexts=256, seed=seed, out=str(out),
     )  # fmt: skip
     train_standard(cfg, progress=False)

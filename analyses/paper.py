@@ -3,7 +3,8 @@
     python -m analyses.paper [--out figures/] [--seed 0] [--only head_ablation copyers] [--jobs 2]
 
 The analyses are ``analyses.common.REQUIRES``'s names, in its order (the paper's argument); each runs as
-``python -m analyses.<name> --out OUT --seed SEED`` would, on its default subject. A name whose module
+``python -m analyses.<name> --out OUT --seed SEED`` would, on its default subject, plus the module's
+``PAPER_ARGS`` (``phase_diagram``: ``--quick``). A name whose module
 does not exist (yet) is skipped, and said so. ``--jobs N`` runs N analyses at a time in separate
 processes (default: the number of CPU cores, at most 4); each analysis is seeded and runs on one thread
 (``--threads`` 1), so the figures do not depend on N.
@@ -51,7 +52,8 @@ def run_one(name: str, out: Path, seed: int) -> tuple[str, float]:
     """Run one analysis into ``out``; returns its name and wall time in seconds."""
     start = time.perf_counter()
     print(f"== {name}", flush=True)
-    importlib.import_module(f"analyses.{name}").main(["--out", os.path.relpath(out), "--seed", str(seed)])
+    module = importlib.import_module(f"analyses.{name}")
+    module.main(["--out", os.path.relpath(out), "--seed", str(seed), *getattr(module, "PAPER_ARGS", [])])
     return name, time.perf_counter() - start
 
 

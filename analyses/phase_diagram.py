@@ -34,6 +34,7 @@ from models.standard import StandardConfig, progress, reference_nlls, train_stan
 from models.train import TrainConfig, train
 
 NAME = "phase_diagram"
+PAPER_ARGS = ["--quick"]  # analyses.paper runs the small grid (the full one takes about half an hour)
 FAMILIES = ("gpt2", "attn_only", "disentangled")
 FIGURES = {
     "phase_diagram.png": (
