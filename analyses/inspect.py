@@ -318,10 +318,13 @@ def summary(r: dict) -> str:
     lines.append(circuit_text(r))
     if r["on_plateau"] is False:
         lines.append(
-            f"parent-selecting heads: {', '.join(r['parent_selecting']) or 'none'} "
+            f"paper's circuit, parent-selecting heads: {', '.join(r['parent_selecting']) or 'not found'} "
             f"(bar: parent acc >= {r['parent_acc_bar']:.3f})"
         )
-    lines.append("copyers: " + (", ".join(f"{k}->demo {v}" for k, v in r["copyers"].items()) or "none"))
+    copyers = ", ".join(f"{k}->demo {v}" for k, v in r["copyers"].items())
+    lines.append(
+        "paper's circuit, copyers: " + (copyers or "not found (no head puts >= 0.5 on position h of one demonstration)")
+    )
     return "\n".join(lines)
 
 
