@@ -19,7 +19,7 @@ import torch
 from jaxtyping import Float, Int
 from torch import Tensor
 
-from probes.tasks import MarkovTreeTask
+from probes.tasks import MarkovTreeTask, parent_values, task_header
 
 
 def check_orthogonal(A: Tensor) -> Tensor:
@@ -91,16 +91,12 @@ class ContinuousTask:
         x[:, :, 0] = noise[:, :, 0]
         s = math.sqrt(1 - self.rho**2)
         for h in range(1, H):
-            parent = x.gather(2, parents[:, h].view(batch, 1, 1, 1).expand(batch, L1, 1, d)).squeeze(2)
-            x[:, :, h] = self.rho * parent @ self.A + s * noise[:, :, h]  # row form of rho A^T x
+            x[:, :, h] = self.rho * parent_values(x, parents, h) @ self.A + s * noise[:, :, h]  # row form of rho A^T x
         return x.reshape(batch, L1 * H, d), parents
 
     def to_dict(self) -> dict:
         return {
-            "kind": "continuous",
-            "d_vocab": self.d_vocab,
-            "n_examples": self.n_examples,
-            "seq_len": self.seq_len,
+            **task_header(self, "continuous"),
             "rho": self.rho,
             "A": self.A.tolist(),
             "layout": "example-major: flat index l*H + h, l = n_examples is the target; x is [batch, T, d]",

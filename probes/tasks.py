@@ -145,6 +145,18 @@ def _gamma_draws(d: int, alpha: float, generator: torch.Generator) -> Tensor:
     return out.reshape(d, d)
 
 
+def parent_values(x: Tensor, parents: Int[Tensor, "batch H"], h: int) -> Tensor:
+    """``x[b, l, parents[b, h]]`` for every context b and example l, from ``x`` [batch, L+1, H, ...]: the
+    values at position h's parent, the step of ancestral sampling along the tree."""
+    index = parents[:, h].view(-1, 1, 1, *[1] * (x.ndim - 3)).expand(*x.shape[:2], 1, *x.shape[3:])
+    return x.gather(2, index).squeeze(2)
+
+
+def task_header(task, kind: str) -> dict:
+    """What every task's ``to_dict`` starts with: its kind and sizes."""
+    return {"kind": kind, "d_vocab": task.d_vocab, "n_examples": task.n_examples, "seq_len": task.seq_len}
+
+
 @dataclass
 class MarkovTreeTask:
     """Discrete task: a fixed kernel ``pi`` and root distribution, a fresh tree per context.
@@ -203,16 +215,12 @@ class MarkovTreeTask:
         x[:, :, 0] = _inverse_cdf(self.root.cumsum(0).expand(batch, L1, -1), u[:, :, 0])
         cdf = self.pi.cumsum(-1)
         for h in range(1, H):
-            parent_tok = x.gather(2, parents[:, h].view(batch, 1, 1).expand(batch, L1, 1)).squeeze(2)
-            x[:, :, h] = _inverse_cdf(cdf[parent_tok], u[:, :, h])
+            x[:, :, h] = _inverse_cdf(cdf[parent_values(x, parents, h)], u[:, :, h])
         return x.reshape(batch, L1 * H), parents
 
     def to_dict(self) -> dict:
         return {
-            "kind": "markov_tree",
-            "d_vocab": self.d_vocab,
-            "n_examples": self.n_examples,
-            "seq_len": self.seq_len,
+            **task_header(self, "markov_tree"),
             "pi": self.pi.tolist(),
             "root": self.root.tolist(),
             "layout": "example-major: flat index l*H + h, l = n_examples is the target",
