@@ -103,22 +103,13 @@ def train_cell(
     family: str, alpha: float, gamma: float, L: int, loss_on: str, seed: int, grid: Grid, device: str = "cpu"
 ) -> dict:
     """One training run; its evaluation history as (step, NLL, progress) and the plateau's gap to BMA."""
+    # The fields both trainers share: the task, the seed, the evaluation and the device.
+    shared = dict(d_vocab=grid.d_vocab, n_examples=L, seq_len=grid.seq_len, alpha=alpha, gamma=gamma)
+    shared.update(task_seed=grid.task_seed, seed=seed, eval_every=grid.eval_every, eval_contexts=grid.eval_contexts)
+    shared.update(device=device)
     if family == "disentangled":
         with tempfile.TemporaryDirectory() as tmp:
-            cfg = TrainConfig(
-                d_vocab=grid.d_vocab,
-                n_examples=L,
-                seq_len=grid.seq_len,
-                alpha=alpha,
-                gamma=gamma,
-                task_seed=grid.task_seed,
-                seed=seed,
-                steps=grid.disentangled_steps,
-                eval_every=grid.eval_every,
-                eval_contexts=grid.eval_contexts,
-                device=device,
-                out=str(Path(tmp) / "run"),
-            )
+            cfg = TrainConfig(**shared, steps=grid.disentangled_steps, out=str(Path(tmp) / "run"))
             _, history = train(cfg, progress=False)
         # models.train draws its held-out contexts from seed + 1_000_003, as models.standard does
         tokens, _ = cfg.task().sample(cfg.eval_contexts, torch.Generator().manual_seed(seed + 1_000_003))
@@ -127,26 +118,9 @@ def train_cell(
             raise RuntimeError("the disentangled run's held-out contexts are not the ones evaluated here")
         history = [{**m, "progress": progress(m["nll"], ref["nll_uniform"], ref["nll_bma"])} for m in history]
     else:
+        sizes = dict(n_heads=grid.n_heads, d_model=grid.d_model, d_mlp=grid.d_mlp, batch_size=grid.batch_size)
         cfg = StandardConfig(
-            d_vocab=grid.d_vocab,
-            n_examples=L,
-            seq_len=grid.seq_len,
-            alpha=alpha,
-            gamma=gamma,
-            task_seed=grid.task_seed,
-            arch=family,
-            n_heads=grid.n_heads,
-            d_model=grid.d_model,
-            d_mlp=grid.d_mlp,
-            batch_size=grid.batch_size,
-            lr=grid.lr,
-            warmup=grid.warmup,
-            loss_on=loss_on,
-            seed=seed,
-            steps=grid.steps,
-            eval_every=grid.eval_every,
-            eval_contexts=grid.eval_contexts,
-            device=device,
+            **shared, **sizes, arch=family, lr=grid.lr, warmup=grid.warmup, loss_on=loss_on, steps=grid.steps
         )
         _, history = train_standard(cfg, progress=False, save=False)
         ref = history[-1]
