@@ -21,7 +21,9 @@ import torch
 from torch import Tensor
 from tqdm.auto import tqdm
 
+import models
 from analyses import common
+from models.standard import StandardConfig, train_standard
 from models.subject import DISENTANGLED, Subject, load_subject, subject_of
 from probes import bma_posterior
 from probes.linear import linear_probe
@@ -102,9 +104,6 @@ def train_small_standard(seed: int, out: Path) -> Subject:
     """A small GPT-2 (2 layers, 4 heads, width 32) trained here for 100 steps, as a subject. Its recipe is
     pinned (the d=5, L=6, H=8 task with rows 0.8 Dirichlet(1) + 0.2/d, loss on the target tokens, warm-up
     50 then cosine to 5%), so the figure does not move with ``models.standard``'s defaults."""
-    import models
-    from models.standard import StandardConfig, train_standard
-
     cfg = StandardConfig(
         seq_len=8, alpha=1.0, gamma=0.2, task_seed=0, batch_size=64, lr=3e-3,
         n_heads=4, d_model=32, d_mlp=128, steps=100, warmup=50,

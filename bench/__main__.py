@@ -28,6 +28,12 @@ from pathlib import Path
 
 import torch
 
+from bench.reference import bma_posterior_loop, reference_model
+from models import CausalTransformer
+from models.io import write_json
+from models.train import TrainConfig, init_copyers, step_loss, train
+from probes import bma_posterior
+
 ROWS = ("step", "cache", "bma", "memory", "train", "figures")
 # (name, d, L = K, H, batch): the reference's full score matrix outgrows the default batch at scale.
 SIZES = [("small", 5, 10, 12, 256), ("medium", 10, 32, 24, 64), ("large", 20, 64, 32, 8)]
@@ -72,8 +78,6 @@ def _median_time(fn, repeat: int, device: str, warmup: int = 1) -> float:
 
 def _subject(d: int, L: int, H: int, batch: int, device: str, seed: int = 0):
     """A model with the default initialisation and random layer-2 weights, its task and a batch."""
-    from models import CausalTransformer
-    from models.train import TrainConfig, init_copyers
 
     cfg = TrainConfig(d_vocab=d, n_examples=L, seq_len=H, device=device, seed=seed)
     task = cfg.task()
@@ -89,8 +93,6 @@ def _subject(d: int, L: int, H: int, batch: int, device: str, seed: int = 0):
 
 def step_rows(sizes, repeat: int, device: str) -> list[dict]:
     """Training step (forward, backward, Adam) of our model and of the full-matrix reference."""
-    from bench.reference import reference_model
-    from models.train import step_loss
 
     rows = []
     for name, d, L, H, batch in sizes:
@@ -153,8 +155,6 @@ def cache_rows(repeat: int, device: str, batch: int = 2048) -> list[dict]:
 
 def bma_row(repeat: int, batch: int = 256) -> dict:
     """``probes.bma_posterior`` (vectorised, torch) against Lemma 1 as a per-context NumPy loop."""
-    from bench.reference import bma_posterior_loop
-    from probes import bma_posterior
 
     _, task, tokens = _subject(5, 10, 12, batch, "cpu")
     L, H = task.n_examples, task.seq_len
@@ -250,7 +250,6 @@ def memory_row(device: str) -> dict:
 def train_row(device: str, steps: int) -> dict:
     """Steps per second of ``models.train.train`` at the default config (its loop, one evaluation
     and one checkpoint write at the end included)."""
-    from models.train import TrainConfig, train
 
     with tempfile.TemporaryDirectory() as tmp:
         cfg = TrainConfig(steps=steps, eval_every=steps, eval_contexts=256, device=device, out=tmp)
@@ -350,8 +349,6 @@ def main(argv: list[str] | None = None) -> None:
         rows.append(figures_row())
     print(table(rows))
     if args.json:
-        from models.io import write_json
-
         record = {
             "command": "python -m bench " + " ".join(sys.argv[1:] if argv is None else argv),
             "machine": machine(args.device),

@@ -14,7 +14,7 @@ from transformer_lens import HookedRootModule
 from transformer_lens.hook_points import HookPoint
 
 from cape.attention import rotate
-from cape.embedding import contrastive_loss, embed, generality, hop_weights, random_tree
+from cape.embedding import contrastive_loss, embed, generality, hop_distance, hop_weights, random_tree
 from cape.structure import (
     StructureConfig,
     continuous_data,
@@ -382,8 +382,6 @@ def positional_inputs(cfg: DownstreamConfig, Xtr, parents, seed: int, structure:
 def angle_geometry(phi: Float[Tensor, "M n"], parents: Int[Tensor, " M"]) -> dict:
     """Largest |angle|, smallest and mean distance between two features' angle vectors, and the Pearson
     correlation of that distance with the hop distance in the TRUE tree (how much of G the angles carry)."""
-    from cape.embedding import hop_distance
-
     M = phi.shape[0]
     iu = torch.triu_indices(M, M, 1)
     dist = torch.cdist(phi.double(), phi.double())[iu[0], iu[1]]

@@ -39,6 +39,9 @@ import torch
 from jaxtyping import Float, Int
 from torch import Tensor
 
+from probes.continuous import ContinuousTask
+from probes.tasks import MarkovTreeTask
+
 EPS = 1e-12  # inside the group norm's square root, so its gradient exists at W_ij = 0
 
 
@@ -296,8 +299,6 @@ def structure_metrics(A: Tensor, parents: Int[Tensor, " M"]) -> dict:
 
 def markov_tree_data(task, parents: Int[Tensor, " H"], n: int, seed: int) -> Float[Tensor, "n H d"]:
     """``n`` i.i.d. sequences of the Markov-tree task on ONE fixed tree, one-hot encoded: [n, H, d]."""
-    from probes.tasks import MarkovTreeTask
-
     one_tree = MarkovTreeTask(task.pi, n - 1, task.seq_len, task.root)  # n sequences in one context
     tokens, _ = one_tree.sample(1, torch.Generator().manual_seed(seed), parents=parents.view(1, -1))
     return torch.nn.functional.one_hot(tokens.view(n, task.seq_len), task.d_vocab).double()
@@ -305,8 +306,6 @@ def markov_tree_data(task, parents: Int[Tensor, " H"], n: int, seed: int) -> Flo
 
 def continuous_data(task, parents: Int[Tensor, " H"], n: int, seed: int) -> Float[Tensor, "n H d"]:
     """``n`` i.i.d. sequences of the continuous task (``probes.continuous``) on one fixed tree: [n, H, d]."""
-    from probes.continuous import ContinuousTask
-
     one_tree = ContinuousTask(task.A, task.rho, n - 1, task.seq_len)
     x, _ = one_tree.sample(1, torch.Generator().manual_seed(seed), parents=parents.view(1, -1))
     return x.view(n, task.seq_len, task.d_vocab)
