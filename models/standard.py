@@ -43,6 +43,7 @@ from tqdm.auto import tqdm
 
 from models.checkpoint import write_folder_atomically
 from models.formats import TASK_JSON
+from models.optim import cosine_factor
 from probes import MarkovTreeTask, bma_predictive, check_tokens, target_nll
 
 TRAINING_JSON = "training.json"
@@ -221,7 +222,9 @@ def train_standard(cfg: StandardConfig, progress: bool = True, save: bool = True
     reference = reference_nlls(task, eval_tokens)
     data_gen = torch.Generator().manual_seed(cfg.seed + 1)
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: _lr_factor(s, cfg))
+    sched = torch.optim.lr_scheduler.LambdaLR(
+        opt, lambda s: cosine_factor(s, cfg.steps, cfg.final_lr_fraction, cfg.warmup)
+    )
     history: list[dict] = [{"step": 0, "loss": None, "seconds": 0.0, **evaluate(model, task, eval_tokens, reference)}]
     model.train()
     t0 = time.perf_counter()
@@ -250,14 +253,6 @@ def _descend(loss: Tensor, opt: torch.optim.Optimizer, sched) -> None:
     loss.backward()
     opt.step()
     sched.step()
-
-
-def _lr_factor(step: int, cfg: StandardConfig) -> float:
-    """Linear warm-up over ``warmup`` steps, then cosine from 1 to ``final_lr_fraction`` (1: constant)."""
-    if step < cfg.warmup:
-        return (step + 1) / cfg.warmup
-    done = min((step - cfg.warmup) / max(cfg.steps - cfg.warmup, 1), 1.0)
-    return cfg.final_lr_fraction + (1 - cfg.final_lr_fraction) * 0.5 * (1 + math.cos(math.pi * done))
 
 
 def check_out(out: str | Path, overwrite: bool) -> None:

@@ -30,6 +30,7 @@ from models.checkpoint import CONFIG, TRAIN_META, TRAIN_STATE, load_checkpoint, 
 from models.continuous import mse_loss
 from models.evaluate import evaluate
 from models.io import check_memory, describe, exclusive_lock, read_json, run_cli, size
+from models.optim import cosine_factor
 from probes import MarkovTreeTask
 from probes.continuous import ContinuousTask
 from probes.tasks import MAX_N_EXAMPLES, MAX_SEED, check_float, check_int, check_sizes
@@ -280,7 +281,7 @@ def _train_locked(cfg: TrainConfig, progress: bool, place: distributed.Rank, dev
     copyer = list(model.blocks[0].parameters())
     rest = [p for p in model.parameters() if all(p is not c for c in copyer)]
     opt = torch.optim.Adam([{"params": rest, "lr": cfg.lr}, {"params": copyer, "lr": cfg.lr * cfg.copyer_lr_scale}])
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: _lr_factor(s, cfg))
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: cosine_factor(s, cfg.steps, cfg.final_lr_fraction))
     history: list[dict] = []
     start = 0
     if resume:
@@ -343,12 +344,6 @@ def _describe(m: dict) -> str:
         f"TV {m['tv_to_bma']:.4f}  parent acc {m['parent_acc']:.3f} (BMA {m['parent_acc_bma']:.3f})  "
         f"heads->{m['distinct_demos']}/{len(m['head_demo'])} demos, min purity {min(m['head_purity']):.3f}"
     )
-
-
-def _lr_factor(step: int, cfg: TrainConfig) -> float:
-    """Cosine decay from 1 to final_lr_fraction over the run."""
-    progress = min(step / cfg.steps, 1.0)
-    return cfg.final_lr_fraction + (1 - cfg.final_lr_fraction) * 0.5 * (1 + math.cos(math.pi * progress))
 
 
 def _save(model, task, cfg, history, opt, sched, data_gen, step, path) -> None:
