@@ -9,6 +9,7 @@ one line (``Parser.error``: no usage line); ``run_cli`` turns any exception from
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import sys
 import tempfile
@@ -51,6 +52,28 @@ def parser(prog: str, doc: str | None) -> argparse.ArgumentParser:
     p = OneLineParser(prog=prog, description=(doc or "").strip().split("\n\n")[0])
     p.add_argument("--debug", action="store_true", help="show the traceback of an error")
     return p
+
+
+FLAG_TYPES = {"int": int, "float": float, "str": str, "int | None": int}
+
+
+def add_dataclass_flags(p: argparse.ArgumentParser, cls, choices: dict | None = None) -> None:
+    """A ``--field-name`` flag for every field of the dataclass ``cls`` (booleans are switches), with the
+    field's default and, for the fields named in ``choices``, the values argparse accepts and lists."""
+    for f in dataclasses.fields(cls):
+        flag = "--" + f.name.replace("_", "-")
+        if f.type == "bool":
+            p.add_argument(flag, action="store_true", help=f"(default: {f.default})")
+            continue
+        allowed = (choices or {}).get(f.name)
+        p.add_argument(
+            flag, type=FLAG_TYPES[f.type], default=f.default, choices=allowed, help=f"(default: {f.default})"
+        )
+
+
+def dataclass_from_args(cls, args: argparse.Namespace):
+    """``cls`` built from the flags ``add_dataclass_flags`` added."""
+    return cls(**{f.name: getattr(args, f.name) for f in dataclasses.fields(cls)})
 
 
 def check_path(path: str, flag: str) -> None:

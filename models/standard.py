@@ -27,7 +27,6 @@ of the config and the torch thread count (``--threads``, default 1): the same se
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import math
 import sys
@@ -41,6 +40,7 @@ from jaxtyping import Float, Int
 from torch import Tensor, nn
 from tqdm.auto import tqdm
 
+from models import cli
 from models.checkpoint import write_folder_atomically
 from models.formats import TASK_JSON
 from models.optim import cosine_factor
@@ -285,16 +285,8 @@ def save_standard(model, out: str | Path, task: MarkovTreeTask, training: dict, 
 
 
 def parse_args(argv: list[str] | None = None) -> tuple[StandardConfig, argparse.Namespace]:
-    parser = argparse.ArgumentParser(prog="python -m models.standard", description=__doc__.split("\n\n")[0])
-    for f in dataclasses.fields(StandardConfig):
-        kind = {"int": int, "float": float, "str": str}[f.type]
-        parser.add_argument(
-            "--" + f.name.replace("_", "-"),
-            type=kind,
-            default=f.default,
-            choices=CHOICES.get(f.name),
-            help=f"(default: {f.default})",
-        )
+    parser = cli.parser("python -m models.standard", __doc__)
+    cli.add_dataclass_flags(parser, StandardConfig, CHOICES)
     parser.add_argument(
         "--threads",
         type=int,
@@ -306,7 +298,7 @@ def parse_args(argv: list[str] | None = None) -> tuple[StandardConfig, argparse.
     if args.threads < 1:
         parser.error(f"--threads must be >= 1, got {args.threads}")
     try:
-        cfg = StandardConfig(**{f.name: getattr(args, f.name) for f in dataclasses.fields(StandardConfig)})
+        cfg = cli.dataclass_from_args(StandardConfig, args)
         if cfg.arch == "attn_only":
             raise ValueError("--arch attn_only cannot be saved as a Hugging Face folder; use analyses.phase_diagram")
         check_out(cfg.out, args.overwrite)

@@ -25,7 +25,7 @@ import torch
 from tqdm.auto import tqdm
 
 from models import checkpoint, cli, distributed
-from models.causal_transformer import CausalTransformer, CausalTransformerConfig
+from models.causal_transformer import DTYPES, CausalTransformer, CausalTransformerConfig
 from models.checkpoint import CONFIG, TRAIN_META, TRAIN_STATE, load_checkpoint, model_class, read_config, save
 from models.continuous import mse_loss
 from models.evaluate import evaluate
@@ -34,6 +34,9 @@ from models.optim import cosine_factor
 from probes import MarkovTreeTask
 from probes.continuous import ContinuousTask
 from probes.tasks import MAX_N_EXAMPLES, MAX_SEED, check_float, check_int, check_sizes
+
+TASK_KINDS = ("markov_tree", "continuous")
+CHOICES = {"task_kind": TASK_KINDS, "dtype": tuple(DTYPES)}  # flags with a fixed set of values
 
 
 @dataclass
@@ -88,7 +91,7 @@ class TrainConfig:
         check_float(self.final_lr_fraction, "final_lr_fraction", 0, 1)
         check_float(self.init_offset, "init_offset", -1e4, 1e4)
         check_float(self.init_demo, "init_demo", -1e4, 1e4)
-        if self.task_kind not in ("markov_tree", "continuous"):
+        if self.task_kind not in TASK_KINDS:
             raise ValueError(f"task_kind must be 'markov_tree' or 'continuous', got {self.task_kind!r}")
         if self.dtype not in ("float32", "float64"):
             raise ValueError(f"dtype must be 'float32' or 'float64', got {self.dtype!r}")
@@ -415,18 +418,17 @@ def parse_args(argv: list[str] | None = None) -> TrainConfig:
         default="small",
         help="model size and recipe; other flags override its fields (default: small)",
     )
-    for f in dataclasses.fields(TrainConfig):
-        flag = "--" + f.name.replace("_", "-")
-        if f.type == "bool":
-            parser.add_argument(flag, action="store_true", help=f"(default: {f.default})")
-        else:
-            kind = {"int": int, "float": float, "str": str, "int | None": int}[f.type]
-            parser.add_argument(flag, type=kind, default=f.default, help=f"(default: {f.default})")
+    cli.add_dataclass_flags(parser, TrainConfig, CHOICES)
+    parser.add_argument(
+        "--threads", type=int, default=1, help="torch CPU threads (default: 1; float reductions depend on it)"
+    )
     preset, _ = parser.parse_known_args(argv)
     parser.set_defaults(**PRESETS[preset.preset])
     args = parser.parse_args(argv)
     try:
-        return TrainConfig(**{f.name: getattr(args, f.name) for f in dataclasses.fields(TrainConfig)})
+        check_int(args.threads, "--threads", 1, 1024)
+        torch.set_num_threads(args.threads)
+        return cli.dataclass_from_args(TrainConfig, args)
     except ValueError as e:
         parser.error(as_flags(str(e)))
 
