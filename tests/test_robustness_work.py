@@ -287,7 +287,9 @@ def kill9_trial(tmp_path: Path, n_kills: int, steps: int, seed: int = 0) -> list
 
 def test_kill9_at_random_instants_then_resume_gives_the_uninterrupted_weights(tmp_path):
     n_kills = int(os.environ.get("KILL9_TRIALS", "3"))  # KILL9_TRIALS=20 for the full measurement
-    steps = 20 + 10 * n_kills
+    # Enough steps that the kills land before the end even on a quiet machine (a run checkpoints every
+    # step, ~15 steps between its first save and its kill there): otherwise a resumed run has nothing left.
+    steps = 40 + 40 * n_kills
     torch.set_num_threads(1)
     kills = kill9_trial(tmp_path, n_kills, steps)
     print("kills:", kills)
