@@ -26,7 +26,7 @@ from pathlib import Path
 import torch
 
 from models import cli
-from models.io import atomic_write, write_json, write_set
+from models.io import write_json, write_set
 from models.subject import CONTENT_FREE_COPYERS, DISENTANGLED, MARKOV_TASK, Subject
 
 FIGURES_DIR = Path(__file__).resolve().parent.parent / "figures"
@@ -206,19 +206,6 @@ def save_set(out: str | Path, name: str, figures: dict, results, args, subject: 
     finally:
         for fig in figures.values():
             plt.close(fig)
-
-
-def save_figure(fig, out: str | Path, name: str) -> list[Path]:
-    """Write one figure as ``name.png`` and ``name.pdf`` atomically (for figures outside an analysis set)."""
-    import matplotlib.pyplot as plt  # plotting stays off the import path of the CLIs' --help
-
-    out = Path(out)
-    out.mkdir(exist_ok=True)
-    paths = [out / f"{name}.{ext}" for ext in ("png", "pdf")]
-    for path in paths:
-        atomic_write(path, lambda tmp: render_figure(fig, tmp))  # the temporary file keeps the suffix
-    plt.close(fig)
-    return paths
 
 
 def sample_contexts(task, n: int, seed: int):
