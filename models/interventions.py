@@ -58,3 +58,22 @@ def head_outputs(subject: Subject, tokens: Int[Tensor, "batch n_tokens"], layers
 def patch_heads(subject: Subject, layer: int, heads: list[int], source: dict[int, Tensor]):
     """Hooks that replace ``heads`` of ``layer`` by their outputs in ``source`` (``head_outputs``)."""
     return [(subject.head_output(layer), set_heads(list(heads), lambda act, h: source[layer][:, :, h]))]
+
+
+def ablate_subspace(name: str, dims: slice, kind: str = "zero", mean: Tensor | None = None):
+    """Hooks that zero-ablate (``kind="zero"``) or mean-ablate (``"mean"``) the last-axis slice ``dims`` of
+    activation ``name`` at every position and head (one residual subspace of ``blocks.1.attn.hook_q``, say).
+    Mean ablation uses ``mean`` (the activation averaged over contexts, without the batch axis) when given,
+    else the mean over the batch being run."""
+    if kind not in ("zero", "mean"):
+        raise ValueError(f"ablation kind must be 'zero' or 'mean', got {kind!r}")
+
+    def hook(act: Tensor, hook=None) -> Tensor:
+        act = act.clone()
+        if kind == "zero":
+            act[..., dims] = 0
+        else:
+            act[..., dims] = (act.mean(0) if mean is None else mean)[..., dims]
+        return act
+
+    return [(name, hook)]
