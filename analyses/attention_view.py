@@ -180,11 +180,7 @@ ANALYSIS = common.Analysis(
 
 def main(argv: list[str] | None = None) -> dict:
     """``common.main``'s steps, writing HTML (not a matplotlib figure) and the JSON of its numbers."""
-    p = common.parser_for(ANALYSIS)
-    args = p.parse_args(argv)
-    cli.check_run_flags(p, args, argv)
-    common.check_out(p, args.out)
-    _check_flags(p, args)
+    p, args = common.parse(ANALYSIS, argv)
     subject = cli.subject_or_exit(p, args)
     try:
         common.check_requirements(NAME, subject)
@@ -194,11 +190,12 @@ def main(argv: list[str] | None = None) -> dict:
     torch.manual_seed(args.seed)
     result = compute(subject, args)
     out = Path(args.out)
-    out.mkdir(exist_ok=True)
+    out.mkdir(parents=True, exist_ok=True)
     page = render_html(result, f"Attention of {subject.name}, context {args.context} (seed {args.seed})")
     atomic_write(out / "attention_view.html", lambda tmp: tmp.write_text(page, encoding="utf-8"))
     write_json(out / f"{NAME}.json", common.json_record(args, subject, result))
     print(summary(result))
+    common.report_written([out / "attention_view.html", out / f"{NAME}.json"])
     return result
 
 

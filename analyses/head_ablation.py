@@ -3,7 +3,7 @@
     python -m analyses.head_ablation                              # the shipped checkpoint
     python -m analyses.head_ablation --checkpoint theorem1:beta=50
 
-The mechanism (PAPER.md section 3): copyer head k writes a soft copy of ONE demonstration l(k) into
+The mechanism (docs/paper.md section 3): copyer head k writes a soft copy of ONE demonstration l(k) into
 residual subspace k+1, and the layer-2 score sums a ``log pi`` term per copy, which is Lemma 1's sum
 over demonstrations. So removing head k's copy should turn the model into BMA computed without
 demonstration l(k). The demonstration is read from the measured head assignment

@@ -143,9 +143,12 @@ def add_run_flags(p: argparse.ArgumentParser, seed: int = 0, n_contexts: int | N
     )
 
 
-def check_run_flags(p: argparse.ArgumentParser, args: argparse.Namespace, argv: list[str] | None = None) -> None:
+def check_run_flags(
+    p: argparse.ArgumentParser, args: argparse.Namespace, argv: list[str] | None = None, make_parents: bool = False
+) -> None:
     """Validate the flags of ``add_run_flags``/``add_subject_flags``, apply ``--threads``, and record the
-    command that reproduces the run in ``args.command``."""
+    command that reproduces the run in ``args.command``. ``make_parents``: ``--out``'s missing parent
+    folders will be made."""
     try:
         check_int(args.seed, "--seed", 0, MAX_SEED)
         if hasattr(args, "n_contexts"):
@@ -157,7 +160,7 @@ def check_run_flags(p: argparse.ArgumentParser, args: argparse.Namespace, argv: 
             if isinstance(value, str) and value not in NAMED and not value.startswith("theorem1"):
                 check_path(value, "--" + name.replace("_", "-"))
         if isinstance(getattr(args, "out", None), str):
-            check_out_folder(args.out)
+            check_out_folder(args.out, make_parents=make_parents)
         if isinstance(getattr(args, "json", None), str):
             check_out_file(args.json, "--json")
     except ValueError as e:

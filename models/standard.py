@@ -7,8 +7,8 @@ positions) reading the flat example-major context with the ordinary next-token s
 
 The defaults are a recipe that learns (README, "Standard transformers"): d=5, L=6, H=6, sharp kernel
 rows 0.98 Dirichlet(0.1) + 0.02/d drawn with task_seed 37 (demonstrations worth 0.58 nats: the
-plateau's gap to BMA), the 2-layer GPT-2 of PAPER.md section 6 (8 heads, width 64, MLP 256), AdamW 1e-3
-cosine-decayed to 1e-4 over 8000 steps, batch 128, loss on every next token. On the kernel of PAPER.md
+plateau's gap to BMA), the 2-layer GPT-2 of docs/paper.md section 6 (8 heads, width 64, MLP 256), AdamW 1e-3
+cosine-decayed to 1e-4 over 8000 steps, batch 128, loss on every next token. On the kernel of docs/paper.md
 section 6, rows 0.95 Dirichlet(0.3) + 0.05/d (``--alpha 0.3 --gamma 0.05``: 0.32 nats), the same
 recipe leaves the plateau only after about 2000 steps and crawls (progress 0.70 after 6500 steps). On
 the flat kernel 0.8 Dirichlet(1) + 0.2/d (``--alpha 1 --gamma 0.2``: 0.02 nats) it stays on the

@@ -310,11 +310,15 @@ def _train_locked(cfg: TrainConfig, progress: bool, place: distributed.Rank, dev
         opt.step()
         sched.step()
         done = step + 1
-        if done % cfg.eval_every == 0 or done == cfg.steps:
-            loss = distributed.mean_over_ranks(loss, place).item()  # the only host-device sync: at evaluation
-            if not place.is_main:
-                continue
-            check_finite(model, loss, done)
+        evaluating = done % cfg.eval_every == 0 or done == cfg.steps
+        snapshot = cfg.snapshot_every > 0 and done % cfg.snapshot_every == 0  # on its own steps, not eval's
+        if not (evaluating or snapshot):
+            continue
+        loss = distributed.mean_over_ranks(loss, place).item()  # the only host-device syncs: eval, snapshots
+        if not place.is_main:
+            continue
+        check_finite(model, loss, done)
+        if evaluating:
             m = {
                 "step": done,
                 "loss": loss,
@@ -325,9 +329,9 @@ def _train_locked(cfg: TrainConfig, progress: bool, place: distributed.Rank, dev
             bar.set_postfix(gap=f"{m['nll_gap']:.4f}", tv=f"{m['tv_to_bma']:.3f}")
             if progress:
                 tqdm.write(_describe(m))
-            _save(model, task, cfg, history, opt, sched, data_gen, done, out)
-            if cfg.snapshot_every and done % cfg.snapshot_every == 0:
-                _save(model, task, cfg, history, None, None, None, done, out / "snapshots" / f"step_{done:06d}")
+        _save(model, task, cfg, history, opt, sched, data_gen, done, out)  # resumable from here (snapshots inside)
+        if snapshot:
+            _save(model, task, cfg, history, None, None, None, done, out / "snapshots" / f"step_{done:06d}")
     bar.close()
     return model.eval(), history
 
