@@ -120,7 +120,7 @@ def parser_for(analysis: Analysis) -> argparse.ArgumentParser:
     )
     cli.add_run_flags(p, n_contexts=analysis.n_contexts)
     if REQUIRES.get(analysis.name) is None:
-        p.add_argument("--device", default="cpu", help="torch device (default: cpu)")
+        p.add_argument("--device", default="cpu", help="torch device to run on, e.g. cpu or cuda (default: cpu)")
     if analysis.add_flags is not None:
         analysis.add_flags(p)
     return p

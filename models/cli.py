@@ -57,17 +57,25 @@ def parser(prog: str, doc: str | None) -> argparse.ArgumentParser:
 FLAG_TYPES = {"int": int, "float": float, "str": str, "int | None": int}
 
 
-def add_dataclass_flags(p: argparse.ArgumentParser, cls, choices: dict | None = None) -> None:
-    """A ``--field-name`` flag for every field of the dataclass ``cls`` (booleans are switches), with the
-    field's default and, for the fields named in ``choices``, the values argparse accepts and lists."""
+def add_dataclass_flags(p: argparse.ArgumentParser, cls, helps: dict[str, str], choices: dict | None = None) -> None:
+    """A ``--field-name`` flag for every field of the dataclass ``cls`` (booleans are switches), explained
+    by ``helps[field]`` with the field's default and, for the fields named in ``choices``, the values
+    argparse accepts and lists."""
+    missing = [f.name for f in dataclasses.fields(cls) if f.name not in helps]
+    if missing:
+        raise ValueError(f"{cls.__name__} fields without a --help sentence: {', '.join(missing)}")
     for f in dataclasses.fields(cls):
         flag = "--" + f.name.replace("_", "-")
         if f.type == "bool":
-            p.add_argument(flag, action="store_true", help=f"(default: {f.default})")
+            p.add_argument(flag, action="store_true", help=helps[f.name])
             continue
         allowed = (choices or {}).get(f.name)
         p.add_argument(
-            flag, type=FLAG_TYPES[f.type], default=f.default, choices=allowed, help=f"(default: {f.default})"
+            flag,
+            type=FLAG_TYPES[f.type],
+            default=f.default,
+            choices=allowed,
+            help=f"{helps[f.name]} (default: {f.default})",
         )
 
 
@@ -127,7 +135,9 @@ def add_subject_flags(p: argparse.ArgumentParser, default: str = "default") -> N
     )
     p.add_argument("--key-map", metavar="MAP.json", help="for a weight-file --checkpoint: file key -> our key")
     p.add_argument("--config", metavar="CONFIG.json", help="for a weight-file --checkpoint: its config or task.json")
-    p.add_argument("--device", default="cpu", help="torch device (default: cpu)")
+    p.add_argument(
+        "--device", default="cpu", help="torch device to run on, e.g. cpu or cuda (default: cpu)"
+    )
     p.add_argument(
         "--dtype", choices=["float32", "float64"], default=None, help="convert the weights (default: as saved)"
     )
