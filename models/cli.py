@@ -171,13 +171,34 @@ def check_run_flags(
                 check_path(value, "--" + name.replace("_", "-"))
         if isinstance(getattr(args, "out", None), str):
             check_out_folder(args.out, make_parents=make_parents)
+            check_not_an_input(args.out, args, "--out")
         if isinstance(getattr(args, "json", None), str):
             check_out_file(args.json, "--json")
+            check_not_an_input(args.json, args, "--json")
     except ValueError as e:
         p.error(str(e) if not str(e).startswith("device") else f"--{e}")
     torch.set_num_threads(args.threads)
     given = sys.argv[1:] if argv is None else argv
     args.command = " ".join([p.prog, *(a for a in given if a != "--debug")])
+
+
+def inputs_of(args: argparse.Namespace) -> list[Path]:
+    """The files and folders a command reads: ``--checkpoint`` (a named one: its folder), ``--config``,
+    ``--key-map``, resolved."""
+    paths = []
+    for name in PATH_FLAGS:
+        value = getattr(args, name, None)
+        if isinstance(value, str) and not value.startswith("theorem1"):
+            paths.append(Path(NAMED.get(value, value)).expanduser().resolve())
+    return paths
+
+
+def check_not_an_input(out: str, args: argparse.Namespace, flag: str) -> None:
+    """``ValueError`` if the output ``out`` is, or lies inside, anything the command reads."""
+    target = Path(out).expanduser().resolve()
+    for source in inputs_of(args):
+        if target == source or source in target.parents:
+            raise ValueError(f"{flag} {out!r} would write into {str(source)!r}, which this command reads; pick another path")
 
 
 def subject_or_exit(p: argparse.ArgumentParser, args: argparse.Namespace) -> Subject:
