@@ -264,7 +264,9 @@ def _headline(ax, bars: dict[str, Tensor], title: str):
     ax.legend(fontsize=9, loc="upper left", ncol=3)
 
 
-def _by_position_figure(by_pos: Tensor, all_pos: Tensor, rows: list[str], what: str, title: str, bars: dict, claim: str):
+def _by_position_figure(
+    by_pos: Tensor, all_pos: Tensor, rows: list[str], what: str, title: str, bars: dict, claim: str
+):
     """The headline bars on top; then per metric a (rows x position) heatmap and the all-positions column."""
     import matplotlib.pyplot as plt
 
@@ -275,7 +277,14 @@ def _by_position_figure(by_pos: Tensor, all_pos: Tensor, rows: list[str], what: 
     _headline(fig.add_subplot(grid[0, :]), bars, claim)
     for i, metric in enumerate(METRICS):
         ax = fig.add_subplot(grid[1 + i, 0])
-        _heatmap(fig, ax, by_pos[i].numpy(), rows, list(range(H)), f"{METRIC_LABELS[metric]}: patch one {what} at target position p")
+        _heatmap(
+            fig,
+            ax,
+            by_pos[i].numpy(),
+            rows,
+            list(range(H)),
+            f"{METRIC_LABELS[metric]}: patch one {what} at target position p",
+        )
         ax.set_xlabel("target position p (metric averaged over h >= 2)")
         ax = fig.add_subplot(grid[1 + i, 1])
         _heatmap(fig, ax, all_pos[i].numpy()[:, None], rows, ["all p"], "at all positions", annotate=True)
@@ -290,7 +299,9 @@ def _qk_figure(r: dict, title: str):
     rows = subspace_labels(K1 - 1)
     tall = 0.3 * K1 + 1.2  # inches per heatmap row
     fig = plt.figure(figsize=(22, 3.4 + len(METRICS) * tall), layout="constrained")
-    grid = fig.add_gridspec(1 + len(METRICS), 4, width_ratios=[H, 2.5, H, 2.5], height_ratios=[3.0] + [tall] * len(METRICS))
+    grid = fig.add_gridspec(
+        1 + len(METRICS), 4, width_ratios=[H, 2.5, H, 2.5], height_ratios=[3.0] + [tall] * len(METRICS)
+    )
     bars = {
         "query side alone\n(blocks.1.attn.hook_q)": r["query_all"],
         "key side alone\n(blocks.1.attn.hook_k)": r["key_all"],
@@ -309,7 +320,15 @@ def _qk_figure(r: dict, title: str):
             )  # fmt: skip
             ax.set_xlabel("target position p")
             ax = fig.add_subplot(grid[1 + i, 2 * j + 1])
-            _heatmap(fig, ax, r[f"{side}_all_positions"][i].numpy()[:, None], rows, ["all p"], "at all positions", annotate=True)
+            _heatmap(
+                fig,
+                ax,
+                r[f"{side}_all_positions"][i].numpy()[:, None],
+                rows,
+                ["all p"],
+                "at all positions",
+                annotate=True,
+            )
     fig.suptitle(title, fontsize=12)
     return fig
 
@@ -349,7 +368,9 @@ def plot(r: dict, n: int, subject_name: str) -> dict:
             },
             "the token subspace (shared by clean and corrupted) against each head's copy subspace (all positions)",
         ),
-        "qk": _qk_figure(r, f"Patching the layer-2 query vs key input by subspace ({subject_name}, {n} contexts; {norm})"),
+        "qk": _qk_figure(
+            r, f"Patching the layer-2 query vs key input by subspace ({subject_name}, {n} contexts; {norm})"
+        ),
     }
 
 

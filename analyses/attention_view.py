@@ -200,7 +200,9 @@ def render_html(result: dict, title: str) -> str:
                 "head's attention (the table) is not drawn.</p>\n"
             )
         sections.append(f'{heading}{caption}<div id="{div}"></div>')
-        names = layer["heads"] if view["names"] is None else [f"{h} → {n}" for h, n in zip(layer["heads"], view["names"])]
+        names = (
+            layer["heads"] if view["names"] is None else [f"{h} → {n}" for h, n in zip(layer["heads"], view["names"])]
+        )
         attention = view["attention"]
         props = {
             "attentionHeadNames": names,

@@ -172,7 +172,9 @@ def _plot(res: dict, name: str):
         ax.scatter(col.ravel(), m.ravel(), s=14, alpha=0.7, color=plt.cm.tab10(i % 10),
                    label=f"{b['head']} (demo {b['demonstration']})")  # fmt: skip
     ax.plot([lo, hi], [lo, hi], "k--", lw=1, label="y = x")
-    ax.set(xlim=(lo, hi), ylim=(lo, hi), xlabel="log π (column-centred)", ylabel="W_KQ block entry (column-centred ÷ c)")
+    ax.set(
+        xlim=(lo, hi), ylim=(lo, hi), xlabel="log π (column-centred)", ylabel="W_KQ block entry (column-centred ÷ c)"
+    )
     ax.set_title(
         f"all {len(blocks)} diagonal W_KQ blocks ≈ c log π\nc in [{res['c_range'][0]:.2f}, {res['c_range'][1]:.2f}], "
         f"corr ≥ {res['min_correlation']:.3f}\ncolumn-softmax error ≤ {res['worst']['error_fitted_max']:.3f} "

@@ -212,7 +212,11 @@ def _rows(grid: Grid, family: str) -> list[tuple[int, str]]:
     return [(L, "target") for L in sorted({L for L, _ in grid.rows})]
 
 
-FAMILY_NAMES = {"gpt2": "GPT-2", "attn_only": "attention-only GPT-2\n(no MLP, no LayerNorm)", "disentangled": "disentangled"}
+FAMILY_NAMES = {
+    "gpt2": "GPT-2",
+    "attn_only": "attention-only GPT-2\n(no MLP, no LayerNorm)",
+    "disentangled": "disentangled",
+}
 
 
 def plot(res: dict):

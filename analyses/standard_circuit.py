@@ -560,7 +560,9 @@ def figures(r: dict, args) -> dict:
     cost = [v["ablation_dnll"] / gain if gain > 0 else np.nan for v in g.values()]
     bars = ax.bar(x - 0.2, restored, 0.4, color="C0", label="patching clean → corrupted: share restored")
     ax.bar_label(bars, fmt="%.2f", fontsize=9)
-    bars = ax.bar(x + 0.2, cost, 0.4, color="C1", label=f"mean ablation: NLL cost ÷ gain over plateau ({gain:.2f} nats)")
+    bars = ax.bar(
+        x + 0.2, cost, 0.4, color="C1", label=f"mean ablation: NLL cost ÷ gain over plateau ({gain:.2f} nats)"
+    )
     ax.bar_label(bars, fmt="%.2f", fontsize=9)
     ax.axhline(0.5, color="k", ls=":", lw=1, label="0.5: the group carries the information")
     ax.set_xticks(x, [f"{GROUP_NAMES.get(k, k)}\n({_heads_short(v['heads'])})" for k, v in g.items()], fontsize=9)
@@ -574,11 +576,16 @@ def figures(r: dict, args) -> dict:
     names = {"earlier": "tokens at h' < h", "at_h": "token at h", "later": "tokens at h' > h"}
     for i, kind in enumerate(KINDS):
         c = r["corruption"][kind]
-        ax.plot(hs, [np.nan if v is None else v for v in c["model"]], "o-", color=f"C{i}", label=f"model, {names[kind]}")
+        ax.plot(
+            hs, [np.nan if v is None else v for v in c["model"]], "o-", color=f"C{i}", label=f"model, {names[kind]}"
+        )
         ax.plot(hs, [np.nan if v is None else v for v in c["bma"]], "x--", color=f"C{i}", label=f"BMA, {names[kind]}")
     ax.set_xticks(hs)
     ax.set(xlabel="target position h", ylabel="KL(clean ‖ corrupted) of the prediction of x_h")
-    ax.set_title("re-drawing one demonstration's tokens moves the prediction\nof x_h at h and before, not after (as BMA's)", fontsize=11)
+    ax.set_title(
+        "re-drawing one demonstration's tokens moves the prediction\nof x_h at h and before, not after (as BMA's)",
+        fontsize=11,
+    )
     ax.legend(fontsize=8, ncol=2)
     # (c) path patching: layer-0 head at the demonstrations -> one layer-1 head's keys and values
     ax = axes[1, 0]
@@ -630,12 +637,16 @@ def figures(r: dict, args) -> dict:
         axes2[0].plot(ctrl, ":", color=f"C{i}")
     axes2[0].set_xticks(range(len(ticks)), ticks, fontsize=8, rotation=90)
     axes2[0].set(xlabel="(h, h'), h' < h", ylabel="held-out accuracy of (x_h', x_h)")
-    axes2[0].set_title("layer 0 gathers the pair (x_h', x_h) at position h\n(dotted: shuffled-label control)", fontsize=11)
+    axes2[0].set_title(
+        "layer 0 gathers the pair (x_h', x_h) at position h\n(dotted: shuffled-label control)", fontsize=11
+    )
     axes2[0].legend(fontsize=9)
     lp = r["logpi"]
     bars = axes2[1].bar(range(len(SITES)), [lp["r2"][s] for s in SITES], color="C0")
     axes2[1].bar_label(bars, fmt="%.2f", fontsize=9)
-    axes2[1].axhline(lp["additive_r2"], color="C3", ls="--", label=f"f(x_h') + g(x_h) baseline ({lp['additive_r2']:.2f})")
+    axes2[1].axhline(
+        lp["additive_r2"], color="C3", ls="--", label=f"f(x_h') + g(x_h) baseline ({lp['additive_r2']:.2f})"
+    )
     axes2[1].set_xticks(range(len(SITES)), SITE_NAMES, fontsize=9)
     axes2[1].set(ylabel="held-out R²")
     axes2[1].set_title("reading log π(x_h | x_h') from the residual at (l, h)", fontsize=11)
