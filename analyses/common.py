@@ -48,6 +48,7 @@ REQUIRES: dict[str, frozenset[str] | None] = {
     "information": None,
     "continuous": None,
     "inspect": frozenset({MARKOV_TASK}),
+    "inspect_standard": frozenset({MARKOV_TASK}),
     "linear_probes": frozenset({MARKOV_TASK}),
     "standard_circuit": frozenset({MARKOV_TASK}),
     "standard_vs_disentangled": None,

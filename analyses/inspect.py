@@ -41,7 +41,7 @@ from tqdm.auto import tqdm
 from analyses import common
 from models.interventions import ablate, corrupted_contexts, head_outputs, patch_heads
 from probes import bma_posterior, bma_predictive, parent_accuracy, target_nll, total_variation
-from probes.roles import CATEGORIES, GROUPS, attention_role, role_profile
+from probes.roles import CATEGORIES, GROUPS, OVERLAPPING, attention_role, role_profile
 
 NAME = "inspect"
 N_CONTEXTS = 512  # default --n-contexts
@@ -398,41 +398,82 @@ def figures(r: dict, args) -> dict:
     return out
 
 
+CATEGORY_NAMES = {
+    "prefix": "earlier,\nsame seq.",
+    "self": "own\nposition",
+    "same_position": "same pos.,\nother seqs",
+    "other_position": "other pos.,\nother seqs",
+    "later": "later,\nsame seq.",
+    "special": "BOS /\nseparator",
+    "candidates": "candidate\nparents",
+    "parent": "true\nparent",
+}
+EMPTY_MASS = 0.005  # a category (or a query group) below this for every head is left out of the roles figure
+
+
 def _roles_figure(r: dict, n: int):
+    """Role profile per head (one heatmap per query group that the model has, values printed) beside its
+    causal weight; categories no head attends to are left out and named in the title."""
+    import textwrap
+
     import matplotlib.pyplot as plt
     import numpy as np
 
-    labels = [h["label"] for h in r["heads"]]
-    cols = [(c, g) for g in range(len(GROUPS)) for c in CATEGORIES]
-    m = np.array([[h["role_profile"][c][g] for c, g in cols] for h in r["heads"]], dtype=float)
-    fig, axes = plt.subplots(
-        1, 2, figsize=(13, 0.32 * len(labels) + 2.6), gridspec_kw={"width_ratios": [len(cols), 4]}, sharey=True
-    )
-    im = axes[0].imshow(np.ma.masked_invalid(m), cmap="viridis", vmin=0, vmax=1, aspect="auto")
-    axes[0].grid(False)
-    axes[0].set_xticks(range(len(cols)), [f"{c} ({GROUPS[g][:5]}.)" for c, g in cols], rotation=90, fontsize=7)
+    heads = r["heads"]
     carriers = set(r["carriers"])
-    axes[0].set_yticks(
-        range(len(labels)), [f"{h['label']}: {h['role'].split(' [')[0][:60]}" for h in r["heads"]], fontsize=6
-    )
-    for t, h in zip(axes[0].get_yticklabels(), labels):
-        if h in carriers:
+    m = np.array([[[h["role_profile"][c][g] for c in CATEGORIES] for g in range(len(GROUPS))] for h in heads], float)
+    groups = [g for g in range(len(GROUPS)) if np.isfinite(m[:, g]).any()]  # [head, group, category]
+    shown = [i for i, c in enumerate(CATEGORIES) if np.nanmax(np.nan_to_num(m[:, groups, i], nan=0.0)) >= EMPTY_MASS]
+    left_out = [CATEGORIES[i] for i in range(len(CATEGORIES)) if i not in shown]
+    ylabels = [
+        "\n".join(textwrap.wrap(f"{h['label']}: {h['role'].split(' [')[0]}", 42, max_lines=3, placeholder=" …"))
+        for h in heads
+    ]
+    widths = [len(shown)] * len(groups) + [3.5]
+    fig, axes = plt.subplots(
+        1, len(widths), figsize=(0.85 * sum(widths) + 4.5, 0.55 * len(heads) + 2.8),
+        gridspec_kw={"width_ratios": widths}, sharey=True, layout="constrained",
+    )  # fmt: skip
+    for ax, g in zip(axes, groups):
+        block = m[:, g][:, shown]
+        im = ax.imshow(np.ma.masked_invalid(block), cmap="viridis", vmin=0, vmax=1, aspect="auto")
+        ax.grid(False)
+        for i in range(block.shape[0]):
+            for j in range(block.shape[1]):
+                if np.isfinite(block[i, j]):
+                    ax.text(j, i, f"{block[i, j]:.2f}", ha="center", va="center", fontsize=8,
+                            color="k" if block[i, j] > 0.6 else "w")  # fmt: skip
+        ax.set_xticks(range(len(shown)), [CATEGORY_NAMES.get(CATEGORIES[i], CATEGORIES[i]) for i in shown], fontsize=9)
+        ax.tick_params(axis="x", labelrotation=0)
+        first_overlapping = next((j for j, i in enumerate(shown) if CATEGORIES[i] in OVERLAPPING), None)
+        if first_overlapping:
+            ax.axvline(first_overlapping - 0.5, color="w", lw=3)
+        ax.set_title(f"attention mass from {GROUPS[g]} queries", fontsize=11)
+    axes[0].set_yticks(range(len(heads)), ylabels, fontsize=9)
+    for t, h in zip(axes[0].get_yticklabels(), heads):
+        if h["label"] in carriers:
             t.set_fontweight("bold")
-    axes[0].set_title("attention mass by key category (demonstration | target queries)", fontsize=8)
-    fig.colorbar(im, ax=axes[0], shrink=0.8)
-    y = np.arange(len(labels))
-    axes[1].barh(y, [h["ablation_dnll"] for h in r["heads"]], color=["C3" if h in carriers else "C7" for h in labels])
-    axes[1].set(xlabel="mean-ablation NLL change (nats)", title="causal weight")
-    axes[1].invert_yaxis() if not axes[1].yaxis_inverted() else None
+    fig.colorbar(im, ax=axes[len(groups) - 1], shrink=0.6, label="mass")
+    ax = axes[-1]
+    y = np.arange(len(heads))
+    dnll = [h["ablation_dnll"] for h in heads]
+    ax.barh(y, dnll, color=["C3" if h["label"] in carriers else "C7" for h in heads])
+    for yi, v, h in zip(y, dnll, heads):
+        patched = "-" if h["patching_restored"] is None else f"{h['patching_restored']:.2f}"
+        ax.text(max(v, 0), yi, f" +{v:.3f} | {patched}", va="center", fontsize=8,
+                fontweight="bold" if h["label"] in carriers else "normal")  # fmt: skip
+    ax.set_xlim(0, max(dnll) * 1.6 if max(dnll) > 0 else 1)
+    ax.set_xlabel("mean-ablation NLL change (nats)")
+    ax.set_title("causal weight: ablation (nats) | patching\nshare restored; red: carries the computation", fontsize=11)
     if r["on_plateau"] is None:
         title = "no verdict (BMA ~ plateau)"
     elif r["on_plateau"]:
         title = "on the uniform-parent plateau: no head credited"
     else:
         circuit = "the paper's circuit" if r["paper_circuit"] else "the paper's circuit absent"
-        title = f"progress {r['progress']:.2f}, {circuit}; carrying it (bold): {', '.join(r['carriers'])}"
-    fig.suptitle(f"{r['kind']} model, {n} contexts: {title}", fontsize=8)
-    fig.tight_layout()
+        title = f"progress {r['progress']:.2f}, {circuit}; carrying it: {', '.join(r['carriers'])}"
+    note = f"\n(no head attends to: {', '.join(left_out)})" if left_out else ""
+    fig.suptitle(f"{r['kind']} model, {n} contexts: {title}{note}", fontsize=12)
     return fig
 
 

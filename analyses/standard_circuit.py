@@ -53,7 +53,7 @@ NAME = "standard_circuit"
 N_CONTEXTS = 512  # default --n-contexts
 FIGURES = {
     "standard_circuit.png": (
-        "causal tests of the transposed circuit on a standard transformer: group ablation and patching, corruption of one demonstration's earlier tokens / token at h / later tokens (model vs BMA), path patching from layer-0 heads into layer-1 heads, and whether removing what layer 1 reads from demonstration l moves the model like BMA without l."
+        "causal tests of the transposed circuit on a standard transformer, one prediction per panel: patching restores / mean ablation costs (as a share of the gain over the plateau) per head group; corruption of one demonstration's earlier tokens / token at h / later tokens, model vs BMA, per target position h; path patching from each layer-0 head into each layer-1 head's keys and values (values printed); whether zeroing what layer 1 reads from demonstration l moves the model like BMA without l (slope, correlation)."
     ),
     "standard_circuit_logpi.png": (
         "decoding the pair (x_h', x_h) of a demonstration at position h and reading log pi(x_h | x_h') from the residual there: held-out accuracy and R^2 per site against the additive baseline; the implied d x d matrix against log pi."
@@ -518,84 +518,158 @@ def summary(r: dict) -> str:
     return "\n".join(lines)
 
 
+GROUP_NAMES = {
+    "within": "within-sequence\nlayer-0 heads",
+    "other_layer0": "other\nlayer-0 heads",
+    "readers": "cross-demonstration\nlayer-1 heads",
+    "other_layer1": "other\nlayer-1 heads",
+}
+BMA_WITHOUT_NAMES = {
+    "readers": "cross-demonstration\nlayer-1 heads",
+    "all_layer1": "all layer-1 heads",
+    "all_layer1_renormalised": "all layer-1 heads,\nrenormalised",
+}
+
+
+def _heads_short(heads: list[str]) -> str:
+    """``L0H0, L0H1, L0H2, L0H4`` -> ``L0H0-2, 4``: a head list that fits under a bar."""
+    if not heads:
+        return ""
+    layer, nums = heads[0][: heads[0].index("H") + 1], [int(h[h.index("H") + 1 :]) for h in heads]
+    runs, start = [], nums[0]
+    for a, b in zip(nums, nums[1:] + [None]):
+        if b != a + 1:
+            runs.append(f"{start}" if start == a else f"{start}-{a}")
+            start = b
+    return layer + ",".join(runs)
+
+
 def figures(r: dict, args) -> dict:
+    import textwrap
+
     import matplotlib.pyplot as plt
     import numpy as np
 
-    fig, axes = plt.subplots(1, 4, figsize=(19, 4))
+    gain = r["nll_uniform"] - r["nll"]
+    fig, axes = plt.subplots(2, 2, figsize=(14, 10.5), layout="constrained")
+    # (a) the head groups: patching restores, ablation costs (both as shares)
+    ax = axes[0, 0]
     g = {k: v for k, v in r["interventions"]["groups"].items() if v["heads"]}
     x = np.arange(len(g))
-    axes[0].bar(x - 0.2, [v["ablation_dnll"] for v in g.values()], 0.4, label="mean-ablation dNLL")
     restored = [np.nan if v["patching_restored"] is None else v["patching_restored"] for v in g.values()]
-    axes[0].bar(x + 0.2, restored, 0.4, label="patching: share restored")
-    axes[0].axhline(r["nll_uniform"] - r["nll"], color="k", ls=":", label="gain over the plateau")
-    axes[0].set_xticks(x, [f"{k}\n{','.join(v['heads'])}" for k, v in g.items()], fontsize=6)
-    axes[0].set_title("head groups: ablation and patching", fontsize=9)
-    axes[0].legend(fontsize=6)
+    cost = [v["ablation_dnll"] / gain if gain > 0 else np.nan for v in g.values()]
+    bars = ax.bar(x - 0.2, restored, 0.4, color="C0", label="patching clean → corrupted: share restored")
+    ax.bar_label(bars, fmt="%.2f", fontsize=9)
+    bars = ax.bar(
+        x + 0.2, cost, 0.4, color="C1", label=f"mean ablation: NLL cost ÷ gain over plateau ({gain:.2f} nats)"
+    )
+    ax.bar_label(bars, fmt="%.2f", fontsize=9)
+    ax.axhline(0.5, color="k", ls=":", lw=1, label="0.5: the group carries the information")
+    ax.set_xticks(x, [f"{GROUP_NAMES.get(k, k)}\n({_heads_short(v['heads'])})" for k, v in g.items()], fontsize=9)
+    ax.set_ylim(0, max(1.1, np.nanmax(cost + restored) * 1.15))
+    ax.set_ylabel("share")
+    ax.set_title("the two head groups carry the demonstrations' information", fontsize=11)
+    ax.legend(fontsize=8, loc="upper right")
+    # (b) corrupting one demonstration at positions before h, at h, after h: model vs BMA
+    ax = axes[0, 1]
     hs = np.arange(1, len(r["corruption"]["earlier"]["model"]) + 1)
+    names = {"earlier": "tokens at h' < h", "at_h": "token at h", "later": "tokens at h' > h"}
     for i, kind in enumerate(KINDS):
         c = r["corruption"][kind]
-        m = [np.nan if v is None else v for v in c["model"]]
-        b = [np.nan if v is None else v for v in c["bma"]]
-        axes[1].plot(hs, m, "o-", color=f"C{i}", label=f"model: {kind}")
-        axes[1].plot(hs, b, "x--", color=f"C{i}", label=f"BMA: {kind}")
-    axes[1].set(xlabel="target position h", ylabel="KL(clean || corrupted) at x_h")
-    axes[1].set_title("re-drawing one demonstration's tokens", fontsize=9)
-    axes[1].legend(fontsize=6)
+        ax.plot(
+            hs, [np.nan if v is None else v for v in c["model"]], "o-", color=f"C{i}", label=f"model, {names[kind]}"
+        )
+        ax.plot(hs, [np.nan if v is None else v for v in c["bma"]], "x--", color=f"C{i}", label=f"BMA, {names[kind]}")
+    ax.set_xticks(hs)
+    ax.set(xlabel="target position h", ylabel="KL(clean ‖ corrupted) of the prediction of x_h")
+    ax.set_title(
+        "re-drawing one demonstration's tokens moves the prediction\nof x_h at h and before, not after (as BMA's)",
+        fontsize=11,
+    )
+    ax.legend(fontsize=8, ncol=2)
+    # (c) path patching: layer-0 head at the demonstrations -> one layer-1 head's keys and values
+    ax = axes[1, 0]
     pp = r["path_patching"]
     share = _nan_matrix(pp["share_through_mlp"]).numpy()
     lim = max(np.nanmax(np.abs(share)) if np.isfinite(share).any() else 0, 1e-6)
-    im = axes[2].imshow(share, cmap="RdBu_r", vmin=-lim, vmax=lim, aspect="auto")
-    axes[2].grid(False)
-    axes[2].set_xticks(range(len(pp["receivers"])), pp["receivers"], fontsize=7)
-    axes[2].set_yticks(range(len(pp["senders"])), pp["senders"], fontsize=7)
-    axes[2].set_title(
-        f"path patching, layer-0 head at the demonstrations -> layer-1 head K/V\n(through the MLP; all into all "
-        f"{_fmt(pp['all_through_mlp'])}, directly {_fmt(pp['all'])})",
-        fontsize=8,
+    im = ax.imshow(share, cmap="RdBu_r", vmin=-lim, vmax=lim)
+    ax.grid(False)
+    for i in range(share.shape[0]):
+        for j in range(share.shape[1]):
+            if np.isfinite(share[i, j]):
+                ax.text(j, i, f"{1000 * share[i, j]:.1f}", ha="center", va="center", fontsize=8,
+                        color="w" if abs(share[i, j]) > 0.6 * lim else "k")  # fmt: skip
+    ax.set_xticks(range(len(pp["receivers"])), pp["receivers"], fontsize=9)
+    ax.set_yticks(range(len(pp["senders"])), pp["senders"], fontsize=9)
+    ax.set(xlabel="layer-1 receiver (its keys and values)", ylabel="layer-0 sender (at the demonstrations)")
+    ax.set_title(
+        f"path patching through the layer-0 MLP (cells: share × 1000)\nall layer-0 → all layer-1 heads: "
+        f"{_fmt(pp['all_through_mlp'])} through the MLP, {_fmt(pp['all'])} directly",
+        fontsize=11,
     )
-    fig.colorbar(im, ax=axes[2])
+    fig.colorbar(im, ax=ax, shrink=0.8, label="share of the corruption's NLL effect")
+    # (d) zeroing what layer 1 reads from demonstration l: like BMA without l?
+    ax = axes[1, 1]
     names = [k for k, v in r["bma_without"].items() if v is not None]
     vals = [r["bma_without"][k] for k in names]
     x = np.arange(len(names))
-    axes[3].bar(x - 0.2, [v["slope"] for v in vals], 0.4, label="slope on BMA's change")
-    axes[3].bar(x + 0.2, [v["correlation"] for v in vals], 0.4, label="correlation")
-    axes[3].axhline(1, color="k", ls=":")
-    axes[3].set_xticks(x, names, fontsize=7)
-    axes[3].set_title("drop demonstration l from what layer 1 reads: like BMA without l?", fontsize=9)
-    axes[3].legend(fontsize=6)
-    fig.suptitle(f"{args.subject_name}: {r['conclusion'].splitlines()[0][:150]}", fontsize=9)
-    fig.tight_layout()
+    bars = ax.bar(x - 0.2, [v["slope"] for v in vals], 0.4, color="C0", label="slope of the model's change on BMA's")
+    ax.bar_label(bars, fmt="%.2f", fontsize=9)
+    bars = ax.bar(x + 0.2, [v["correlation"] for v in vals], 0.4, color="C2", label="correlation")
+    ax.bar_label(bars, fmt="%.2f", fontsize=9)
+    ax.axhline(1, color="k", ls=":", lw=1, label="1: exactly BMA without l")
+    ax.set_xticks(x, [BMA_WITHOUT_NAMES.get(k, k) for k in names], fontsize=9)
+    ax.set_ylim(0, 1.25)
+    ax.set_title("zeroing what layer 1 reads from demonstration l\nmoves the model like BMA without l", fontsize=11)
+    ax.legend(fontsize=8, loc="upper left")
+    first = r["conclusion"].splitlines()[0]
+    fig.suptitle("\n".join(textwrap.wrap(f"{args.subject_name}: {first}", 110)), fontsize=12)
 
-    fig2, axes2 = plt.subplots(1, 3, figsize=(15, 4))
+    fig2, axes2 = plt.subplots(1, 3, figsize=(17, 5), layout="constrained")
     pair = r["pair_probes"]
+    acc0 = pair[SITES[0]]["test_acc"]
+    ticks = [f"{h},{hp}" for h in range(len(acc0)) for hp in range(h)]
     for i, (site, label) in enumerate(zip(SITES, SITE_NAMES)):
         acc = pair[site]["test_acc"]
         vals = [acc[h][hp] for h in range(len(acc)) for hp in range(h)]
         ctrl = [pair[site]["control_acc"][h][hp] for h in range(len(acc)) for hp in range(h)]
         axes2[0].plot(vals, "o-", color=f"C{i}", label=label)
         axes2[0].plot(ctrl, ":", color=f"C{i}")
-    axes2[0].set(xlabel="(h, h' < h), h major", ylabel="held-out accuracy of (x_h', x_h)")
-    axes2[0].set_title("pair probes at demonstration position h (dotted: control)", fontsize=9)
-    axes2[0].legend(fontsize=7)
+    axes2[0].set_xticks(range(len(ticks)), ticks, fontsize=8, rotation=90)
+    axes2[0].set(xlabel="(h, h'), h' < h", ylabel="held-out accuracy of (x_h', x_h)")
+    axes2[0].set_title(
+        "layer 0 gathers the pair (x_h', x_h) at position h\n(dotted: shuffled-label control)", fontsize=11
+    )
+    axes2[0].legend(fontsize=9)
     lp = r["logpi"]
-    axes2[1].bar(range(len(SITES)), [lp["r2"][s] for s in SITES], color="C0")
-    axes2[1].axhline(lp["additive_r2"], color="C3", ls="--", label="f(x_h') + g(x_h) baseline")
-    axes2[1].set_xticks(range(len(SITES)), SITE_NAMES, fontsize=7)
-    axes2[1].set(ylabel="held-out R^2", title="reading log pi(x_h | x_h') at (l, h)")
-    axes2[1].legend(fontsize=7)
-    im = axes2[2].imshow(np.array(lp["implied"]["matrix"]), cmap="viridis")
+    bars = axes2[1].bar(range(len(SITES)), [lp["r2"][s] for s in SITES], color="C0")
+    axes2[1].bar_label(bars, fmt="%.2f", fontsize=9)
+    axes2[1].axhline(
+        lp["additive_r2"], color="C3", ls="--", label=f"f(x_h') + g(x_h) baseline ({lp['additive_r2']:.2f})"
+    )
+    axes2[1].set_xticks(range(len(SITES)), SITE_NAMES, fontsize=9)
+    axes2[1].set(ylabel="held-out R²")
+    axes2[1].set_title("reading log π(x_h | x_h') from the residual at (l, h)", fontsize=11)
+    axes2[1].legend(fontsize=9)
+    m = np.array(lp["implied"]["matrix"])
+    im = axes2[2].imshow(m, cmap="viridis")
     axes2[2].grid(False)
+    for i in range(m.shape[0]):
+        for j in range(m.shape[1]):
+            axes2[2].text(j, i, f"{m[i, j]:.2f}", ha="center", va="center", fontsize=8,
+                          color="k" if m[i, j] > np.nanmean(m) else "w")  # fmt: skip
+    axes2[2].set_xticks(range(m.shape[1]))
+    axes2[2].set_yticks(range(m.shape[0]))
     axes2[2].set(xlabel="x_h", ylabel="x_h'")
     axes2[2].set_title(
-        f"implied matrix: corr with log pi {lp['implied']['correlation']:.2f}, "
-        f"col-softmax err {lp['implied']['column_softmax_max_error']:.3f}\n"
+        f"the implied d × d matrix: corr with log π {lp['implied']['correlation']:.2f},\n"
+        f"col-softmax error {lp['implied']['column_softmax_max_error']:.3f}\n"
         f"(additive read-out: {lp['additive_implied']['correlation']:.2f}, "
         f"{lp['additive_implied']['column_softmax_max_error']:.3f})",
-        fontsize=9,
+        fontsize=11,
     )
-    fig2.colorbar(im, ax=axes2[2])
-    fig2.tight_layout()
+    fig2.colorbar(im, ax=axes2[2], shrink=0.8)
+    fig2.suptitle(f"{args.subject_name}: where the pairs and log π live", fontsize=12)
     return {"standard_circuit": fig, "standard_circuit_logpi": fig2}
 
 
