@@ -61,8 +61,8 @@ REQUIRED_VALUES = {
     "uses_rms_norm": (False,),
     "use_attention_sinks": (False,),  # 3.7+
     "use_logn_attn": (False,),  # 3.7.3+
-    "clip_qkv": (None,),  # 3.7.3+
-    "quantization_method": (None,),  # 3.7.3+
+    "clip_qkv": (None,),  # 3.7.2+
+    "quantization_method": (None,),  # 3.7.2+
 }
 SOFT_CAPS = ("attn_scores_soft_cap", "output_logits_soft_cap")  # <= 0 means off
 # Fields passed on to HookedTransformerConfig (after the checks below).

@@ -17,7 +17,9 @@ What you trained -> what is read
   ``iter_num``, ``best_val_loss``, ``config``, ``optimizer``), task.json beside it (or ``--config``
   naming one). Loads as the same ``HookedTransformer`` (exact GELU, LayerNorm eps 1e-5).
 - A Hugging Face causal-LM folder (``config.json`` + weights) with a ``task.json`` in it: loaded offline
-  through ``transformer_lens.TransformerBridge`` (see ``models.standard``).
+  through ``transformer_lens.TransformerBridge`` (see ``models.standard``); a GPT-2 with
+  ``scale_attn_weights: false``, which the bridge would scale anyway, as ``HookedTransformer``
+  (``models.converters.from_hf_gpt2``).
 
 Language models (the last three) read a context through task.json's ``layout``
 (``probes.layout.Layout``): their vocabulary must hold ``layout.min_vocab`` ids and their context

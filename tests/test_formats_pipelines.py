@@ -672,23 +672,33 @@ def test_a_layout_on_a_causal_transformer_state_dict_is_refused(tmp_path):
 
 # Hugging Face GPT-2 in its own layout ---------------------------------------------------------------------
 def write_gpt2(folder, task, layout: dict):
-    from transformers import GPT2Config, GPT2LMHeadModel
-
     from probes.layout import Layout
 
     lay = Layout(task.n_examples, task.seq_len, task.d_vocab, **layout)
-    hf_cfg = GPT2Config(
-        vocab_size=lay.min_vocab + 1, n_positions=lay.n_positions, n_embd=8, n_layer=2, n_head=2,
-        resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, bos_token_id=layout.get("bos", 0), eos_token_id=0,
+    hf = save_random_gpt2(
+        folder, task, layout, vocab_size=lay.min_vocab + 1, n_positions=lay.n_positions,
+        bos_token_id=layout.get("bos", 0), eos_token_id=0,
+    )  # fmt: skip
+    return {k: v.detach().clone() for k, v in hf.state_dict().items()}, hf.config
+
+
+def save_random_gpt2(folder, task, layout: dict, **kw):
+    """A GPT-2 of ``GPT2Config(**kw)`` (small defaults, no dropout), weights N(0, 0.4), saved by
+    ``save_pretrained`` with task.json; returns the model."""
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    cfg = GPT2Config(
+        **{**dict(vocab_size=8, n_positions=20, n_embd=8, n_layer=2, n_head=2), **kw},
+        resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0,
     )  # fmt: skip
     torch.manual_seed(0)
-    hf = GPT2LMHeadModel(hf_cfg).eval()
+    hf = GPT2LMHeadModel(cfg).eval()
     with torch.no_grad():
         for p in hf.parameters():
             p.normal_(0, 0.4)
     hf.save_pretrained(folder)
     write_task(folder, task, layout)
-    return {k: v.detach().clone() for k, v in hf.state_dict().items()}, hf_cfg
+    return hf
 
 
 def gpt2_logits(sd: dict, cfg, ids: torch.Tensor) -> torch.Tensor:
@@ -753,21 +763,9 @@ GPT2_FLAGS = {
 
 
 def save_gpt2_config(folder, **kw):
-    """A random GPT-2 of ``GPT2Config(**kw)`` saved by ``save_pretrained`` with a plain task.json."""
-    from transformers import GPT2Config, GPT2LMHeadModel
-
+    """A random GPT-2 of ``GPT2Config(**kw)`` with a plain task.json; returns the task."""
     task = small_task()
-    cfg = GPT2Config(
-        **{**dict(vocab_size=8, n_positions=20, n_embd=8, n_layer=2, n_head=2), **kw},
-        resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0,
-    )  # fmt: skip
-    torch.manual_seed(0)
-    hf = GPT2LMHeadModel(cfg).eval()
-    with torch.no_grad():
-        for p in hf.parameters():
-            p.normal_(0, 0.4)
-    hf.save_pretrained(folder)
-    write_task(folder, task, {})
+    save_random_gpt2(folder, task, {}, **kw)
     return task
 
 
