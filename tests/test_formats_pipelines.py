@@ -846,6 +846,8 @@ def run_inspect(tmp_path, args: list[str], n_contexts: int = 64) -> dict:
 
 
 def test_inspect_runs_on_every_format(tmp_path):
+    from probes.layout import Layout
+
     task = small_task()
     path, _, _ = write_nanogpt(tmp_path / "nanogpt", task, SPECIAL)
     r = run_inspect(tmp_path / "nanogpt", ["--checkpoint", str(path)])
@@ -862,6 +864,14 @@ def test_inspect_runs_on_every_format(tmp_path):
     assert r["kind"] == "standard" and len(r["heads"]) == 4
     # Untrained language models: on the plateau, nothing credited.
     assert r["on_plateau"] and r["parent_selecting"] == []
+    # A GPT-2 without attention scaling (loaded apart from the bridge): inspected as the model saved.
+    lay = Layout(task.n_examples, task.seq_len, task.d_vocab, **SPECIAL)
+    save_random_gpt2(
+        tmp_path / "unscaled" / "model", task, SPECIAL, vocab_size=lay.min_vocab, n_positions=lay.n_positions,
+        scale_attn_weights=False,
+    )  # fmt: skip
+    r = run_inspect(tmp_path / "unscaled", ["--checkpoint", str(tmp_path / "unscaled" / "model")])
+    assert r["kind"] == "standard" and len(r["heads"]) == 4 and r["on_plateau"] and r["parent_selecting"] == []
 
 
 def test_inspect_credits_a_paper_literal_reimplementation_trained_to_bma(tmp_path):
