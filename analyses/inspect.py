@@ -18,7 +18,8 @@ the clean-vs-corrupted NLL difference it restores).
 Two baselines on the same contexts: BMA, and the uniform-parent mixture (attention spread evenly over
 the candidates, BMA with no demonstration: the plateau at initialisation). Verdict rules:
 - ``progress = (NLL_uniform - NLL) / (NLL_uniform - NLL_BMA)``; the model is ON THE PLATEAU if
-  progress < 0.5 (its NLL is closer to the plateau than to BMA). Then no head is credited. If BMA is
+  progress < 0.5 (its NLL is closer to the plateau than to BMA), WORSE THAN THE PLATEAU if its NLL is
+  above the uniform-parent mixture's (by more than 1e-6 nats, float rounding). Then no head is credited. If BMA is
   within 0.005 nats of the plateau on the sampled contexts, no verdict is possible (``on_plateau`` None).
 - Otherwise a head is PARENT-SELECTING if its candidate mass >= 0.5, its parent accuracy closes at
   least half the gap from the uniform baseline to BMA, and its TV to BMA is below the uniform's.
@@ -66,6 +67,7 @@ SELECT_FRACTION = 0.5  # a head must close this fraction of the uniform -> BMA p
 MIN_CANDIDATE_MASS = 0.5
 COPY_MASS = 0.5
 MIN_PLATEAU_GAP = 0.005  # nats between plateau and BMA below which no verdict is possible
+WORSE_MARGIN = 1e-6  # nats above the plateau's NLL (beyond float rounding): worse than the plateau
 MIN_PATCH_EFFECT = 0.005  # nats between clean and corrupted runs for patching to be defined
 CARRY_FRACTION = 0.1  # a carrying head's ablation costs this share of the gain over the plateau (or its
 # patching restores this share of the clean-vs-corrupted difference)
@@ -153,6 +155,7 @@ def verdict(nll: float, base: dict, heads: list[dict], inter: dict | None = None
     return {
         "progress": progress,
         "on_plateau": on_plateau,
+        "worse_than_plateau": progress is not None and nll - base["nll_uniform"] > WORSE_MARGIN,
         "parent_acc_bar": bar,
         "parent_selecting": selecting,
         "copyers": copyers,
@@ -262,10 +265,13 @@ def circuit_text(r: dict) -> str:
             f"can be credited (use more contexts or demonstrations)"
         )
     if r["on_plateau"]:
-        return (
-            f"ON THE UNIFORM-PARENT PLATEAU: no head credited "
-            f"(best head {r['best_head']} is not evidence of a mechanism)"
+        where = (
+            f"WORSE THAN THE UNIFORM-PARENT PLATEAU (its NLL is {r['nll'] - r['nll_uniform']:.4f} nats above the "
+            f"uniform-parent mixture's)"
+            if r["worse_than_plateau"]
+            else "ON THE UNIFORM-PARENT PLATEAU"
         )
+        return f"{where}: no head credited (best head {r['best_head']} is not evidence of a mechanism)"
     by_label = {h["label"]: h for h in r["heads"]}
     named = "; ".join(
         f"{c} ({r['roles'][c]}: ablation {by_label[c]['ablation_dnll']:+.4f} nats, patching "
@@ -285,6 +291,11 @@ def circuit_text(r: dict) -> str:
         if not present
     ]
     return f"off the plateau, and the paper's circuit is absent ({', '.join(missing)}). Carrying the computation: {carried}"
+
+
+def plateau_words(r: dict) -> str:
+    """Where a model below the bar stands, for figure titles."""
+    return "worse than the uniform-parent plateau" if r["worse_than_plateau"] else "on the uniform-parent plateau"
 
 
 def summary(r: dict) -> str:
@@ -342,7 +353,7 @@ def figures(r: dict, args) -> dict:
     verdict_text = (
         "no verdict (BMA ~ plateau)"
         if r["on_plateau"] is None
-        else "on the uniform-parent plateau"
+        else plateau_words(r)
         if r["on_plateau"]
         else f"parent-selecting: {', '.join(r['parent_selecting']) or 'none'}"
     )
@@ -468,7 +479,7 @@ def _roles_figure(r: dict, n: int):
     if r["on_plateau"] is None:
         title = "no verdict (BMA ~ plateau)"
     elif r["on_plateau"]:
-        title = "on the uniform-parent plateau: no head credited"
+        title = f"{plateau_words(r)}: no head credited"
     else:
         circuit = "the paper's circuit" if r["paper_circuit"] else "the paper's circuit absent"
         title = f"progress {r['progress']:.2f}, {circuit}; carrying it: {', '.join(r['carriers'])}"

@@ -17,7 +17,9 @@ What you trained -> what is read
   ``iter_num``, ``best_val_loss``, ``config``, ``optimizer``), task.json beside it (or ``--config``
   naming one). Loads as the same ``HookedTransformer`` (exact GELU, LayerNorm eps 1e-5).
 - A Hugging Face causal-LM folder (``config.json`` + weights) with a ``task.json`` in it: loaded offline
-  through ``transformer_lens.TransformerBridge`` (see ``models.standard``).
+  through ``transformer_lens.TransformerBridge`` (see ``models.standard``); a GPT-2 with
+  ``scale_attn_weights: false``, which the bridge would scale anyway, as ``HookedTransformer``
+  (``models.converters.from_hf_gpt2``).
 
 Language models (the last three) read a context through task.json's ``layout``
 (``probes.layout.Layout``): their vocabulary must hold ``layout.min_vocab`` ids and their context
@@ -216,6 +218,11 @@ def _state_kind(path: Path, config) -> str:
     if raw is None:
         found = next((c for c in _config_candidates(path)[:2] if c.is_file()), None)
         raw = _read_json(found, "config") if found is not None else None
+    if isinstance(raw, dict) and "model_type" in raw:
+        raise ValueError(
+            f"{path} is the weight file of a Hugging Face model (its config is a {raw['model_type']!r} config.json): "
+            f"pass the folder that holds it and a task.json, --checkpoint {path.parent}"
+        )
     if isinstance(raw, dict) and {"n_layers", "d_model"} <= set(raw) and "model" not in raw and "pi" not in raw:
         return TRANSFORMER_LENS
     return CAUSAL
@@ -573,11 +580,21 @@ def load_hf(path: Path, device: str | None = None):
         raise ValueError(f"{path / CONFIG}: vocab_size={vocab!r}; expected an integer")
     n_pos = hf_config.get("n_positions", hf_config.get("max_position_embeddings"))
     check_fits(layout, vocab, n_pos if _is_int(n_pos) else None, str(path))
+    if converters.needs_hooked_gpt2(hf_config):  # the bridge would scale the scores anyway
+        return converters.from_hf_gpt2(hf_config, _hf_weights(path), str(path), device)
     bridge = _boot(path, device or "cpu")
     bad = [n for n, p in bridge.original_model.named_parameters() if not torch.isfinite(p).all()]
     if bad:
         raise ValueError(f"{path} has NaN or Inf values in {', '.join(bad)}; expected finite weights")
     return bridge.eval()
+
+
+def _hf_weights(path: Path) -> dict[str, Tensor]:
+    """The state dict of a Hugging Face folder's single weight file."""
+    for name in ("model.safetensors", "pytorch_model.bin"):
+        if (path / name).is_file():
+            return read_weights(path / name)
+    raise ValueError(f"{path} has no model.safetensors or pytorch_model.bin (a sharded checkpoint is not covered here)")
 
 
 def _boot(path: Path, device: str):
