@@ -54,6 +54,18 @@ def parser(prog: str, doc: str | None) -> argparse.ArgumentParser:
     return p
 
 
+FLAG_HELP = {  # --help of the config fields that models.train and models.standard share
+    "d_vocab": "vocabulary size d of the task",
+    "n_examples": "number of demonstrations L in each context",
+    "seq_len": "length H of each sequence (demonstrations and target)",
+    "alpha": "Dirichlet concentration of the rows of pi: smaller is sharper",
+    "steps": "number of optimisation steps, each on a fresh batch of contexts",
+    "batch_size": "contexts per step",
+    "device": "torch device to train on, e.g. cpu or cuda",
+    "eval_contexts": "held-out contexts for each evaluation",
+}
+
+
 FLAG_TYPES = {"int": int, "float": float, "str": str, "int | None": int}
 
 

@@ -50,10 +50,7 @@ TRAINING_JSON = "training.json"
 ARCHS = ("gpt2", "attn_only")
 LOSSES = ("all", "target")
 STANDARD_HELP = {
-    "d_vocab": "vocabulary size d of the task",
-    "n_examples": "number of demonstrations L in each context",
-    "seq_len": "length H of each sequence (demonstrations and target)",
-    "alpha": "dirichlet concentration of the rows of pi: smaller is sharper",
+    **cli.FLAG_HELP,  # the fields both trainers share
     "gamma": "floor of the kernel: every pi entry is at least gamma / d",
     "task_seed": "seed that draws pi (the default's demonstrations are worth 0.58 nats over the plateau)",
     "arch": "gpt2 (pre-norm GPT-2 blocks), or attn_only (no MLP, no LayerNorm; cannot be saved)",
@@ -63,16 +60,12 @@ STANDARD_HELP = {
     "d_mlp": "hidden width of each MLP",
     "init_std": "standard deviation of the initial weights (GPT-2's initializer_range)",
     "seed": "seed of the initialisation and the training data",
-    "steps": "number of optimisation steps, each on a fresh batch of contexts",
-    "batch_size": "contexts per step",
-    "lr": "adamW learning rate: linear warm-up, then cosine decay to lr * final-lr-fraction",
+    "lr": "AdamW learning rate: linear warm-up, then cosine decay to lr * final-lr-fraction",
     "warmup": "steps of linear learning-rate warm-up",
     "final_lr_fraction": "learning rate at the last step, as a fraction of --lr (1: constant)",
-    "weight_decay": "adamW weight decay",
+    "weight_decay": "AdamW weight decay",
     "loss_on": "all: every next token, as a language model; target: only the target sequence's tokens",
-    "device": "torch device to train on, e.g. cpu or cuda",
     "eval_every": "evaluate on held-out contexts every this many steps",
-    "eval_contexts": "held-out contexts for each evaluation",
     "out": "folder to write the trained model to (a Hugging Face folder with task.json)",
 }
 
