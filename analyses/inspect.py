@@ -180,19 +180,20 @@ def interventions(subject, tokens, corrupted) -> dict:
     clean_z = head_outputs(subject, tokens)
     nll_clean = target_nll(subject.log_probs(tokens), tokens)
     nll_corrupt = target_nll(subject.log_probs(corrupted), corrupted)
-    ablation, patching = [], []
+    ablation, patching, log = [], [], []
     jobs = [(i, j) for i, n in enumerate(subject.n_heads) for j in range(n)]
     # Undefined when the demonstrations make no difference (a model on the plateau): None.
     usable = abs(nll_corrupt - nll_clean) >= MIN_PATCH_EFFECT
     for i, j in tqdm(jobs, desc="ablate/patch heads", leave=False, disable=len(jobs) < 8):
-        ablation.append(target_nll(subject.log_probs(tokens, ablate(subject, i, [j], "mean")), tokens) - nll_clean)
-        patched = target_nll(subject.log_probs(corrupted, patch_heads(subject, i, [j], clean_z)), corrupted)
+        ablation.append(target_nll(subject.log_probs(tokens, ablate(subject, i, [j], "mean", log=log)), tokens) - nll_clean)
+        patched = target_nll(subject.log_probs(corrupted, patch_heads(subject, i, [j], clean_z, log)), corrupted)
         patching.append((nll_corrupt - patched) / (nll_corrupt - nll_clean) if usable else None)
     return {
         "nll_clean": nll_clean,
         "nll_corrupted": nll_corrupt,
         "ablation_dnll": ablation,
         "patching_restored": patching,
+        "interventions": log,
     }
 
 
@@ -243,6 +244,7 @@ def inspect_subject(subject, n_contexts: int = 512, seed: int = 0, batch: int = 
         "intervention_contexts": n_int,
         "nll_clean": inter["nll_clean"],
         "nll_corrupted": inter["nll_corrupted"],
+        "interventions": inter["interventions"],
         **verdict(nll, base, per_head, inter),
     }
     for h in per_head:
