@@ -275,7 +275,8 @@ class Runner:
     def __init__(self, subject: Subject, graph: Graph, tokens, source: dict, metric: Metric = target_nll):
         self.subject, self.graph, self.tokens, self.source, self.metric = subject, graph, tokens, source, metric
         self.clean, lp = sender_writes(subject, graph, tokens)
-        self.clean_metric = float(metric(lp, tokens))
+        self.clean_values = torch.stack([metric(lp[i : i + 1], tokens[i : i + 1]) for i in range(len(lp))])
+        self.clean_metric = float(self.clean_values.mean())
         self.passes = 0
 
     def _capture(self, r: Receiver, fwd_hooks, delta) -> Tensor:
@@ -301,7 +302,16 @@ class Runner:
         return total
 
     def run(self, ablated) -> float:
-        """The metric with every edge of ``ablated`` ablated (its receiver sees the sender's ablated value)
+        """``run_values(ablated)`` averaged over contexts."""
+        return float(self.run_values(ablated).mean())
+
+    def run_values(self, ablated) -> Tensor:
+        """Per context, the metric of ``run_log_probs(ablated)``."""
+        lp = self.run_log_probs(ablated)
+        return torch.stack([self.metric(lp[i : i + 1], self.tokens[i : i + 1]) for i in range(len(lp))])
+
+    def run_log_probs(self, ablated) -> Tensor:
+        """The log-probs with every edge of ``ablated`` ablated (its receiver sees the sender's ablated value)
         and everything else computed as the circuit computes it (ACDC's semantics: a kept edge carries the
         sender's value in this run, itself downstream of ablated edges)."""
         ablated = list(ablated)
@@ -330,12 +340,15 @@ class Runner:
         with torch.no_grad():
             lp = self.subject.log_probs(self.tokens, hooks)
         self.passes += 1
-        return float(self.metric(lp, self.tokens))
+        return lp
 
     def keep_only(self, kept) -> float:
         """The metric of the circuit ``kept`` (every other edge ablated)."""
+        return float(self.keep_only_values(kept).mean())
+
+    def keep_only_values(self, kept) -> Tensor:
         kept = set(kept)
-        return self.run([e for e in self.graph.edges if e not in kept])
+        return self.run_values([e for e in self.graph.edges if e not in kept])
 
     def exact_scores(self, edges=None, progress=None) -> list[float]:
         """Each edge ablated alone: ``metric - clean metric``."""
@@ -436,3 +449,43 @@ def roc_auc(scores, truth) -> float:
         raise ValueError(f"ROC AUC needs true and false edges, got {len(pos)} true and {len(neg)} false")
     wins = sum((p > q) + 0.5 * (p == q) for p in pos for q in neg)
     return wins / (len(pos) * len(neg))
+
+
+def ratio_se(a: Float[Tensor, " n"], b: Float[Tensor, " n"]) -> tuple[float, float]:
+    """``mean(a) / mean(b)`` and its standard error over the n contexts (delta method)."""
+    a, b = a.double(), b.double()
+    r = a.mean() / b.mean()
+    se = ((a - r * b).std() / (len(a) ** 0.5) / b.mean().abs()).item() if len(a) > 1 else float("nan")
+    return r.item(), se
+
+
+def mean_se(x: Float[Tensor, " n"]) -> tuple[float, float]:
+    x = x.double()
+    return x.mean().item(), (x.std() / len(x) ** 0.5).item() if len(x) > 1 else float("nan")
+
+
+# Search -------------------------------------------------------------------------------------------------
+def top_n(edges, scores, n: int) -> list[Edge]:
+    """The ``n`` edges of largest |score|."""
+    order = sorted(range(len(edges)), key=lambda i: -abs(scores[i]))
+    return [edges[i] for i in order[:n]]
+
+
+def threshold(edges, scores, tau: float) -> list[Edge]:
+    """The edges with |score| >= ``tau``."""
+    return [e for e, s in zip(edges, scores) if abs(s) >= tau]
+
+
+def greedy(runner: Runner, tau: float, order=None) -> list[Edge]:
+    """ACDC-style pruning: from the full graph, visit receivers from the output backwards and remove each
+    edge whose removal (with those already removed) moves the metric by less than ``tau``."""
+    removed: list[Edge] = []
+    current = runner.clean_metric
+    levels = {(r.node, r.input): r.level for r in runner.graph.receivers}
+    edges = order or sorted(runner.graph.edges, key=lambda e: -levels[(e.receiver, e.input)])
+    for e in edges:
+        value = runner.run(removed + [e])
+        if abs(value - current) < tau:
+            removed.append(e)
+            current = value
+    return [e for e in runner.graph.edges if e not in set(removed)]
