@@ -179,3 +179,16 @@ def test_a_model_without_the_hooks_is_refused_in_one_line():
 
     with pytest.raises(ValueError, match="circuit discovery needs the hooks"):
         build_graph(transposed_subject(build_task(n_examples=2, seq_len=3)))
+
+
+def test_batched_exact_scores_equal_edge_by_edge_runs(subjects):
+    subject = subjects["bridge"]
+    graph = build_graph(subject)
+    tokens, _ = subject.task.sample(6, torch.Generator().manual_seed(0))
+    resampled, _ = subject.task.sample(6, torch.Generator().manual_seed(1))
+    runner = Runner(subject, graph, tokens, sender_writes(subject, graph, resampled)[0])
+    edges = graph.edges[::7]
+    batched = runner.exact_scores(edges, chunk=5)
+    one_by_one = [runner.run([e]) - runner.clean_metric for e in edges]
+    assert max(abs(x) for x in one_by_one) > 1e-4
+    assert torch.allclose(torch.tensor(batched), torch.tensor(one_by_one), atol=1e-6)
