@@ -33,9 +33,9 @@ from models.circuit import (
     greedy,
     mean_se,
     mean_writes,
+    per_context_nll,
     ratio_se,
     sender_writes,
-    target_nll,
     threshold,
     top_n,
 )
@@ -71,11 +71,6 @@ def source_writes(subject: Subject, graph, tokens, corruption: str, seed: int) -
         other = task.sample(len(tokens), g)[0]
     writes = sender_writes(subject, graph, other)[0]
     return mean_writes(writes) if corruption == "mean" else writes
-
-
-def per_context_nll(log_probs, tokens):
-    """Target NLL of each context, ``[batch]``."""
-    return torch.stack([target_nll(log_probs[i : i + 1], tokens[i : i + 1]) for i in range(len(tokens))])
 
 
 def scores_of(runner: Runner, method: str, ig_steps: int) -> list[float]:

@@ -39,7 +39,9 @@ import torch
 from tqdm.auto import tqdm
 
 from analyses import common
-from models.interventions import ablate, corrupted_contexts, head_outputs, patch_heads
+from models.circuit import per_context_nll, ratio_se
+from models.interventions import ablate, corrupted_contexts, head_ablation, head_outputs, hooks, patch_heads
+from models.subject import head_label
 from probes import bma_posterior, bma_predictive, parent_accuracy, target_nll, total_variation
 from probes.roles import CATEGORIES, GROUPS, attention_role, role_profile
 
@@ -249,7 +251,27 @@ def inspect_subject(subject, n_contexts: int = 512, seed: int = 0, batch: int = 
     }
     for h in per_head:
         h["role"] = out["roles"][h["label"]]
+    named = {"paper_circuit": sorted(set(out["parent_selecting"]) | set(out["copyers"])), "carriers": out["carriers"]}
+    out["sufficiency"] = {
+        name: sufficiency(subject, tokens[:n_int], heads, out["interventions"]) for name, heads in named.items() if heads
+    }
     return out
+
+
+@torch.no_grad()
+def sufficiency(subject, tokens, heads: list[str], log: list) -> dict:
+    """The share of the model's progress over the uniform-parent plateau kept with every head NOT in
+    ``heads`` mean-ablated (its ``hook_z`` at the mean over ``tokens``), and its standard error over
+    the contexts: ``(plateau - ablated) / (plateau - model)`` per-context means, delta method."""
+    task = subject.task
+    keep = set(heads)
+    ivs = [head_ablation(subject, i, [j for j in range(n) if head_label(i, j) not in keep], "mean")
+           for i, n in enumerate(subject.n_heads) if any(head_label(i, j) not in keep for j in range(n))]  # fmt: skip
+    plateau = bma_predictive(task.pi, tokens, task.n_examples, task.seq_len, task.root, demonstrations=[], log=True)
+    nll = lambda lp: per_context_nll(lp, tokens)  # noqa: E731
+    share, se = ratio_se(nll(plateau) - nll(subject.log_probs(tokens, hooks(ivs, log))),
+                         nll(plateau) - nll(subject.log_probs(tokens)))  # fmt: skip
+    return {"heads": sorted(keep), "share": share, "se": se, "contexts": len(tokens)}
 
 
 def _fmt(x) -> str:
@@ -327,6 +349,12 @@ def summary(r: dict) -> str:
     lines.append(
         "paper's circuit, copyers: " + (copyers or "not found (no head puts >= 0.5 on position h of one demonstration)")
     )
+    for name, suff in r.get("sufficiency", {}).items():
+        lines.append(
+            f"sufficiency of the {name.replace('_', ' ')} ({', '.join(suff['heads'])}): every other head mean-ablated "
+            f"keeps {suff['share']:.3f} +- {suff['se']:.3f} of the progress ({suff['contexts']} contexts)"
+        )
+    lines.append("the edges between these heads: python -m analyses.circuit (figures/circuit_graph.png)")
     return "\n".join(lines)
 
 

@@ -244,6 +244,13 @@ def target_nll(log_probs: Float[Tensor, "batch H d"], tokens: Int[Tensor, "batch
     return -log_probs.double().gather(-1, target.unsqueeze(-1))[:, 1:].mean()
 
 
+def per_context_nll(log_probs: Float[Tensor, "batch H d"], tokens: Int[Tensor, "batch T"]) -> Float[Tensor, " batch"]:
+    """Target NLL of each context."""
+    H = log_probs.shape[1]
+    target = tokens[:, -H:].to(log_probs.device)
+    return -log_probs.double().gather(-1, target.unsqueeze(-1))[:, 1:, 0].mean(-1)
+
+
 def sender_writes(subject: Subject, graph: Graph, tokens, fwd_hooks=()) -> tuple[dict, Tensor]:
     """Every sender's write at every site it reaches, ``{(node, site): [batch, pos, D]}``, and the log-probs."""
     cache = {}
