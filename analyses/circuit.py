@@ -89,6 +89,17 @@ def curve_sizes(n_total: int, points: int) -> list[int]:
     return sorted(sizes)
 
 
+def among_nodes(graph, spec: str) -> list:
+    """Every edge between the named heads / MLPs (``L1H2,MLP0``), the embeddings and the output."""
+    names = [n.strip() for n in spec.split(",") if n.strip()]
+    known = graph.node_order
+    bad = [n for n in names if n not in known]
+    if bad:
+        raise ValueError(f"--nodes: no node {', '.join(bad)} in this model's graph; nodes: {', '.join(known)}")
+    keep = set(names) | {"embed", "pos_embed", "output"}
+    return [e for e in graph.edges if e.sender in keep and e.receiver in keep]
+
+
 def faithfulness(runner: Runner, kept, plateau, full) -> dict:
     """Share of the full model's progress the circuit ``kept`` keeps, with its standard error."""
     values = runner.keep_only_values(kept)
@@ -108,6 +119,7 @@ def discover(subject: Subject, args) -> dict:
     task = subject.task
     L, H = task.n_examples, task.seq_len
     graph = build_graph(subject)
+    named = among_nodes(graph, args.nodes) if args.nodes else None  # bad names refused before any work
     tokens, _ = common.sample_contexts(task, args.n_contexts, args.seed)
     runner = Runner(subject, graph, tokens, source_writes(subject, graph, tokens, args.corruption, args.seed))
     full = runner.clean_values
@@ -122,7 +134,9 @@ def discover(subject: Subject, args) -> dict:
     xs = [c["n_edges"] / len(edges) for c in curve]
     area = sum((xs[i + 1] - xs[i]) * (curve[i + 1]["faithfulness"] + curve[i]["faithfulness"]) / 2
                for i in range(len(curve) - 1))  # fmt: skip
-    if args.search == "greedy":
+    if named is not None:
+        kept = named
+    elif args.search == "greedy":
         kept = greedy(runner, args.threshold if args.threshold is not None else 1e-3)
     elif args.search == "threshold":
         kept = threshold(edges, scores, args.threshold if args.threshold is not None else 1e-3)
@@ -258,6 +272,7 @@ def add_flags(parser) -> None:
     parser.add_argument("--n-edges", type=int, default=None, help="top-n: keep this many edges")
     parser.add_argument("--target", type=float, default=0.9, help="top-n without --n-edges: share to keep")
     parser.add_argument("--threshold", type=float, default=None, help="threshold / greedy: |score| bar (1e-3)")
+    parser.add_argument("--nodes", default=None, help="the circuit: every edge among these nodes (L1H2,MLP0,...)")
     parser.add_argument("--curve-points", type=int, default=8, help="points of the faithfulness curve")
     parser.add_argument("--ig-steps", type=int, default=8, help="EAP-IG: interpolation steps")
 

@@ -192,3 +192,22 @@ def test_batched_exact_scores_equal_edge_by_edge_runs(subjects):
     one_by_one = [runner.run([e]) - runner.clean_metric for e in edges]
     assert max(abs(x) for x in one_by_one) > 1e-4
     assert torch.allclose(torch.tensor(batched), torch.tensor(one_by_one), atol=1e-6)
+
+
+def test_cli_writes_the_set_and_refuses_an_unknown_node_in_one_line(tmp_path, capsys):
+    import json
+
+    from analyses import circuit, common
+
+    argv = ["--checkpoint", "theorem1:beta=50", "--out", str(tmp_path), "--n-contexts", "8", "--curve-points", "2"]
+    r = circuit.main(argv + ["--nodes", ",".join([f"L0H{k}" for k in range(10)] + ["L1H0"])])
+    assert r["faithfulness"] == pytest.approx(1.0, abs=1e-9)  # every edge between every node: the full model
+    saved = json.loads((tmp_path / "circuit.json").read_text())["results"]
+    assert {"nodes", "edges", "n_edges_total", "ablation", "corruption", "metric", "checkpoint_hash", "curve"} <= set(saved)
+    assert saved["interventions"] and (tmp_path / "circuit_graph.pdf").exists() and (tmp_path / "circuit_curve.png").exists()
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as e:
+        common.run(circuit.main, argv + ["--nodes", "L7H3"])
+    assert e.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "no node L7H3" in err[0]
