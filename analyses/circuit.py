@@ -238,8 +238,10 @@ def figures(r: dict, args) -> dict:
     for n, (x, y) in pos.items():
         ax.text(x, y, n, ha="center", va="center", fontsize=9,
                 bbox=dict(boxstyle="round", fc="w", ec="0.3"))  # fmt: skip
-    xs = [p[0] for p in pos.values()]
-    ax.set(xlim=(min(xs) - 1, max(xs) + 1), ylim=(-0.6, len(rows) - 0.4))
+    xs = [p[0] for p in pos.values()] or [0]
+    if not r["edges"]:
+        ax.text(0, 0, "no edge kept", ha="center", va="center")
+    ax.set(xlim=(min(xs) - 1, max(xs) + 1), ylim=(-0.6, max(len(rows), 1) - 0.4))
     ax.axis("off")
     handles = [Line2D([], [], color=c, label=f"into {k}") for k, c in COLOURS.items()]
     handles += [Line2D([], [], color="0.3", ls=s, label=f"at {g} positions") for g, s in STYLES.items()]
