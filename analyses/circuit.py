@@ -156,7 +156,9 @@ def discover(subject: Subject, args) -> dict:
     by_edge = dict(zip(edges, scores))
     sites = sorted({(graph.receiver(e.receiver, e.input).site, graph.receiver(e.receiver, e.input).capture)
                     for e in edges})  # fmt: skip
-    interventions = [description(site, "add", f"ablated senders' change: {CORRUPTIONS[args.corruption]}") for site, _ in sites]
+    interventions = [
+        description(site, "add", f"ablated senders' change: {CORRUPTIONS[args.corruption]}") for site, _ in sites
+    ]
     interventions += [description(c, "patch", "the receiver's activation recomputed from its edited input")
                       for c in sorted({c for _, c in sites if c})]  # fmt: skip
     return {

@@ -187,7 +187,9 @@ def interventions(subject, tokens, corrupted) -> dict:
     # Undefined when the demonstrations make no difference (a model on the plateau): None.
     usable = abs(nll_corrupt - nll_clean) >= MIN_PATCH_EFFECT
     for i, j in tqdm(jobs, desc="ablate/patch heads", leave=False, disable=len(jobs) < 8):
-        ablation.append(target_nll(subject.log_probs(tokens, ablate(subject, i, [j], "mean", log=log)), tokens) - nll_clean)
+        ablation.append(
+            target_nll(subject.log_probs(tokens, ablate(subject, i, [j], "mean", log=log)), tokens) - nll_clean
+        )
         patched = target_nll(subject.log_probs(corrupted, patch_heads(subject, i, [j], clean_z, log)), corrupted)
         patching.append((nll_corrupt - patched) / (nll_corrupt - nll_clean) if usable else None)
     return {
@@ -253,7 +255,9 @@ def inspect_subject(subject, n_contexts: int = 512, seed: int = 0, batch: int = 
         h["role"] = out["roles"][h["label"]]
     named = {"paper_circuit": sorted(set(out["parent_selecting"]) | set(out["copyers"])), "carriers": out["carriers"]}
     out["sufficiency"] = {
-        name: sufficiency(subject, tokens[:n_int], heads, out["interventions"]) for name, heads in named.items() if heads
+        name: sufficiency(subject, tokens[:n_int], heads, out["interventions"])
+        for name, heads in named.items()
+        if heads
     }
     return out
 

@@ -92,7 +92,9 @@ def head_groups(subject: Subject, tokens, parents) -> dict:
 
 # 1. Ablation and patching of groups ----------------------------------------------------------------
 @torch.no_grad()
-def group_interventions(subject: Subject, tokens, corrupted, groups: dict[str, tuple[int, list[int]]], log=None) -> dict:
+def group_interventions(
+    subject: Subject, tokens, corrupted, groups: dict[str, tuple[int, list[int]]], log=None
+) -> dict:
     """Per group (layer, heads): NLL change under mean ablation, and the share of the clean-vs-corrupted
     NLL difference that patching its clean outputs into the corrupted run restores."""
     clean_z = head_outputs(subject, tokens)

@@ -392,11 +392,14 @@ class Runner:
             b, n = len(self.tokens), len(part)
             tokens, hooks = self._stacked(n)
             for hook_name in {r.capture for r in rs if r.capture}:
+
                 def patch(act, hook=None, hook_name=hook_name):
                     act = act.clone()
                     for c, a in captured.items():
                         if rs[c].capture == hook_name:
-                            where = (slice(c * b, (c + 1) * b), slice(None)) + (() if rs[c].head is None else (rs[c].head,))
+                            where = (slice(c * b, (c + 1) * b), slice(None)) + (
+                                () if rs[c].head is None else (rs[c].head,)
+                            )
                             act[where] = a[(slice(None), slice(None)) + (() if rs[c].head is None else (rs[c].head,))]
                     return act
 

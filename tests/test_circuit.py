@@ -203,8 +203,14 @@ def test_cli_writes_the_set_and_refuses_an_unknown_node_in_one_line(tmp_path, ca
     r = circuit.main(argv + ["--nodes", ",".join([f"L0H{k}" for k in range(10)] + ["L1H0"])])
     assert r["faithfulness"] == pytest.approx(1.0, abs=1e-9)  # every edge between every node: the full model
     saved = json.loads((tmp_path / "circuit.json").read_text())["results"]
-    assert {"nodes", "edges", "n_edges_total", "ablation", "corruption", "metric", "checkpoint_hash", "curve"} <= set(saved)
-    assert saved["interventions"] and (tmp_path / "circuit_graph.pdf").exists() and (tmp_path / "circuit_curve.png").exists()
+    assert {"nodes", "edges", "n_edges_total", "ablation", "corruption", "metric", "checkpoint_hash", "curve"} <= set(
+        saved
+    )
+    assert (
+        saved["interventions"]
+        and (tmp_path / "circuit_graph.pdf").exists()
+        and (tmp_path / "circuit_curve.png").exists()
+    )
     capsys.readouterr()
     with pytest.raises(SystemExit) as e:
         common.run(circuit.main, argv + ["--nodes", "L7H3"])
