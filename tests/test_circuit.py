@@ -217,3 +217,30 @@ def test_cli_writes_the_set_and_refuses_an_unknown_node_in_one_line(tmp_path, ca
     assert e.value.code == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "no node L7H3" in err[0]
+
+
+def test_inspect_sufficiency_is_the_share_kept_with_every_other_head_mean_ablated():
+    """Against a hand-written hook: the copyers' hook_z replaced by its mean over the contexts."""
+    from analyses.inspect import sufficiency
+    from probes import bma_predictive
+    from probes import target_nll as nll
+
+    task = build_task(n_examples=3, seq_len=4)
+    subject = subject_of(models.theorem1_model(task.pi, 3, 4, 5.0), task, None, "theorem1", "0")
+    tokens, _ = task.sample(40, torch.Generator().manual_seed(3))
+    log: list = []
+    got = sufficiency(subject, tokens, ["L0H0", "L1H0"], log)
+
+    def mean_rest(z, hook):
+        z = z.clone()
+        z[:, :, 1:] = z[:, :, 1:].mean(0, keepdim=True)
+        return z
+
+    plateau = bma_predictive(task.pi, tokens, 3, 4, task.root, demonstrations=[], log=True)
+    ablated = subject.log_probs(tokens, [("blocks.0.attn.hook_z", mean_rest)])
+    one = lambda lp, i: nll(lp[i : i + 1], tokens[i : i + 1])  # noqa: E731
+    a = torch.tensor([one(plateau, i) - one(ablated, i) for i in range(40)], dtype=torch.float64)
+    b = torch.tensor([one(plateau, i) - one(subject.log_probs(tokens), i) for i in range(40)], dtype=torch.float64)
+    assert got["share"] == pytest.approx((a.mean() / b.mean()).item(), abs=1e-9)
+    assert 0 < got["se"] < 1 and got["share"] < 0.99  # ablating two of three copyers costs progress
+    assert log and log[0]["hook"] == "blocks.0.attn.hook_z" and log[0]["heads"] == [1, 2]
