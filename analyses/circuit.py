@@ -154,6 +154,7 @@ def discover(subject: Subject, args) -> dict:
     found = faithfulness(runner, kept, plateau, full)
     kl, kl_se = kl_to_full(runner, kept, full_lp)
     by_edge = dict(zip(edges, scores))
+    se = dict(zip(edges, runner.last_se)) if args.method == "exact" else {}
     sites = sorted({(graph.receiver(e.receiver, e.input).site, graph.receiver(e.receiver, e.input).capture)
                     for e in edges})  # fmt: skip
     interventions = [
@@ -163,7 +164,7 @@ def discover(subject: Subject, args) -> dict:
                       for c in sorted({c for _, c in sites if c})]  # fmt: skip
     return {
         "nodes": graph.nodes(kept),
-        "edges": [{**e.to_dict(), "score": by_edge[e]} for e in sorted(kept, key=lambda e: -abs(by_edge[e]))],
+        "edges": [{**e.to_dict(), "score": by_edge[e], "se": se.get(e)} for e in sorted(kept, key=lambda e: -abs(by_edge[e]))],
         "n_edges_total": len(edges),
         "all_edges": [{**e.to_dict(), "score": s} for e, s in zip(edges, scores)],
         "method": args.method,
@@ -197,10 +198,12 @@ def summary(r: dict) -> str:
         "nodes: " + (", ".join(r["nodes"]) or "none"),
         f"faithfulness curve area {r['curve_area']:.3f}: "
         + ", ".join(f"{c['n_edges']}: {c['faithfulness']:.2f}+-{c['se']:.2f}" for c in r["curve"]),
-        "strongest edges (sender -> receiver.input @ positions: score):",
+        "strongest edges (sender -> receiver.input @ positions: score, the metric's change when it alone is ablated"
+        + (", with its standard error):" if r["method"] == "exact" else "; attribution, no standard error):"),
     ]
     for e in r["edges"][:15]:
-        lines.append(f"  {e['sender']:>9s} -> {e['receiver']}.{e['input']} @ {e['group']}: {e['score']:+.4f}")
+        err = "" if e.get("se") is None else f" +- {e['se']:.4f}"
+        lines.append(f"  {e['sender']:>9s} -> {e['receiver']}.{e['input']} @ {e['group']}: {e['score']:+.4f}{err}")
     return "\n".join(lines)
 
 

@@ -381,6 +381,7 @@ class Runner:
         (the contexts repeated once per edge: the receiver's activation from its edited input, then the
         run with it patched in). The same numbers as ``run([edge])`` edge by edge (a test checks it)."""
         edges = self.graph.edges if edges is None else list(edges)
+        self.last_se = []  # each score's standard error over the contexts (paired with the clean run)
         chunks = [edges[i : i + chunk] for i in range(0, len(edges), chunk)]
         out = []
         for part in chunks if progress is None else progress(chunks):
@@ -417,6 +418,7 @@ class Runner:
             for c in range(n):
                 values = [self.metric(lp[c * b + i : c * b + i + 1], self.tokens[i : i + 1]) for i in range(b)]
                 out.append(float(torch.stack(values).mean()) - self.clean_metric)
+                self.last_se.append(mean_se(torch.stack(values) - self.clean_values)[1])
         return out
 
     # Attribution patching -----------------------------------------------------------------------------
