@@ -53,13 +53,21 @@ def test_every_receiver_edit_moves_only_its_own_input_at_its_positions(subjects,
     captures = sorted({r.capture for r in graph.receivers if r.capture})
     _, clean = _grab_all(subject, tokens, captures + sorted({r.site for r in graph.receivers}))
     g = torch.Generator().manual_seed(1)
+    H = subject.task.seq_len
+    lp_clean = subject.log_probs(tokens)
     for r in graph.receivers:
         site = clean[r.site]
         p = graph.groups[r.site][next(iter(graph.groups[r.site]))][-1]
+        if r.capture is None:  # the output: the position that predicts the last target token
+            p = H - 1 if family in ("theorem1", "default") else int(subject.layout.prediction_positions()[H - 1])
         delta = torch.zeros_like(site)
         delta[:, p] = torch.randn(site.shape[-1], generator=g, dtype=site.dtype)
+        if r.capture is None and family in ("theorem1", "default"):  # the site is a mixture: keep it positive
+            delta = 0.1 * delta.abs()
         lp, moved = _grab_all(subject, tokens, captures, [Intervention(r.site, "add", value=delta).fwd_hook()])
-        if r.capture is None:  # the output: log-probs change, and only where the site feeds predictions
+        if r.capture is None:  # only that prediction moves
+            change = (lp - lp_clean).abs()
+            assert change[:, H - 1].max() > 1e-6 and change[:, : H - 1].max() <= 1e-9
             continue
         change = (moved[r.capture] - clean[r.capture]).abs()
         assert change.max() > 1e-6, f"{r.node}.{r.input}: editing {r.site} does not reach {r.capture}"
