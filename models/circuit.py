@@ -14,7 +14,7 @@ copyers, from that residual alone). Editing a receiver's input = one pass with t
 ``capture`` is recorded, then the real pass with the recorded activation patched in
 (``models.interventions.Intervention``). That needs no split-input hooks (``use_split_qkv_input``), which a
 TransformerBridge and our disentangled model do not offer in the same way; on the bridge the MLP's site is
-``blocks.i.hook_resid_mid``, which there feeds only ln_2 (tests/test_hook_meaning.py checks every site and
+``blocks.i.hook_resid_mid``, which there feeds only ln_2 (tests/test_circuit.py checks every site and
 capture per family, and that the bridge's resid_mid edit does not reach the residual stream).
 
 Why not a library. auto-circuit (PyPI ``auto-circuit``) builds its graph by patching a model's modules
