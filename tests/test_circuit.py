@@ -252,3 +252,15 @@ def test_inspect_sufficiency_is_the_share_kept_with_every_other_head_mean_ablate
     assert got["share"] == pytest.approx((a.mean() / b.mean()).item(), abs=1e-9)
     assert 0 < got["se"] < 1 and got["share"] < 0.99  # ablating two of three copyers costs progress
     assert log and log[0]["hook"] == "blocks.0.attn.hook_z" and log[0]["heads"] == [1, 2]
+
+
+def test_greedy_pruning_keeps_exactly_the_paper_circuit_on_theorem1():
+    from models.circuit import greedy
+
+    subject = load_subject("theorem1:beta=50")
+    graph = build_graph(subject)
+    tokens, _ = subject.task.sample(24, torch.Generator().manual_seed(0))
+    resampled, _ = subject.task.sample(24, torch.Generator().manual_seed(1))
+    runner = Runner(subject, graph, tokens, sender_writes(subject, graph, resampled)[0])
+    kept = set(greedy(runner, 1e-9))
+    assert kept == {e for e, t in zip(graph.edges, _paper_truth(subject, graph)) if t}
