@@ -52,9 +52,10 @@ from transformer_lens.patching import (
     layer_head_vector_patch_setter,
     layer_pos_head_vector_patch_setter,
 )
+from transformer_lens.utilities import get_act_name
 
 from analyses import common
-from models.interventions import corrupted_contexts
+from models.interventions import Intervention, corrupted_contexts, description, hooks, log_intervention
 from models.patching import index_df, subspace_patch_setter
 from models.subject import DisentangledSubject, head_label
 from probes import head_assignment
@@ -62,6 +63,7 @@ from probes import head_assignment
 NAME = "activation_patching"
 N_CONTEXTS = 512  # default --n-contexts
 PATTERN = "blocks.1.attn.hook_pattern"  # [batch, 1, H, H]
+CLEAN = "clean run, patched into the run on another tree's demonstrations"
 METRICS = ("logprob", "parent_mass")
 METRIC_LABELS = {"logprob": "log-prob of the clean next token", "parent_mass": "attention on the clean parent"}
 FIRST_POSITION = 2  # h = 0, 1: clean and corrupted agree by construction
@@ -128,7 +130,7 @@ class Patcher:
         if model.training:
             raise ValueError("activation patching needs model.eval(); the model is in training mode")
         self.model, self.corrupted_tokens = model, corrupted_tokens
-        self.store = {}
+        self.store, self.log = {}, []  # log: every intervention run, for the JSON
         per_position = position_metrics(clean_tokens, clean_parents, self.store)
         # generic_activation_patch takes one value per context: the mean over positions h >= 2.
         self.metrics = {name: (lambda out, f=f: f(out).mean(1)) for name, f in per_position.items()}
@@ -162,6 +164,9 @@ class Patcher:
         """Normalised effect of each patch in ``cells`` (an index_df), run on the corrupted tokens
         (or on ``tokens``), through ``transformer_lens.patching.generic_activation_patch``."""
         tokens = self.corrupted_tokens if tokens is None else tokens
+        log_intervention(self.log, {**description(get_act_name(activation, int(cells["layer"].iloc[0])), "patch", CLEAN),
+                          "one_forward_pass_per": [c for c in cells.columns if c != "layer"] or "sweep",
+                          "setter": setter.__name__})  # fmt: skip
         with self.capturing():
             result = generic_activation_patch(
                 self.model, tokens, self.clean_cache, self.metrics, setter, activation, index_df=cells, reduce="none"
@@ -171,9 +176,9 @@ class Patcher:
     @torch.no_grad()
     def patch_together(self, activations: list[str]) -> Float[Tensor, " metric"]:
         """Normalised effect of patching several whole activations in one forward pass."""
-        hooks = [(name, lambda act, hook, name=name: self.clean_cache[name]) for name in activations]
+        whole = [Intervention(name, "patch", value=self.clean_cache[name], source=CLEAN) for name in activations]
         with self.capturing():
-            out = self.model.run_with_hooks(self.corrupted_tokens, fwd_hooks=hooks)
+            out = self.model.run_with_hooks(self.corrupted_tokens, fwd_hooks=hooks(whole, self.log))
             values = torch.stack([f(out) for f in self.metrics.values()])
         return self.normalise(values.float()[:, None])[:, 0]
 
@@ -223,6 +228,7 @@ def activation_patching(
         equal_share=p.equal_share,
         same_parent_share=(parents == corrupted_parents)[:, FIRST_POSITION:].double().mean().item(),
         excluded_positions=list(range(FIRST_POSITION)),
+        interventions=p.log,
     )
     return r
 

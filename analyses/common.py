@@ -51,6 +51,7 @@ REQUIRES: dict[str, frozenset[str] | None] = {
     "inspect_standard": frozenset({MARKOV_TASK}),
     "linear_probes": frozenset({MARKOV_TASK}),
     "standard_circuit": frozenset({MARKOV_TASK}),
+    "circuit": frozenset({MARKOV_TASK}),
     "standard_vs_disentangled": None,
     "phase_diagram": None,
     "attention_view": frozenset({MARKOV_TASK}),

@@ -40,7 +40,9 @@ import torch
 from tqdm.auto import tqdm
 
 from analyses import common
-from models.interventions import ablate, corrupted_contexts, head_outputs, patch_heads
+from models.circuit import per_context_nll, ratio_se
+from models.interventions import ablate, corrupted_contexts, head_ablation, head_outputs, hooks, patch_heads
+from models.subject import head_label
 from probes import bma_posterior, bma_predictive, parent_accuracy, target_nll, total_variation
 from probes.roles import CATEGORIES, GROUPS, OVERLAPPING, attention_role, role_profile
 
@@ -183,19 +185,22 @@ def interventions(subject, tokens, corrupted) -> dict:
     clean_z = head_outputs(subject, tokens)
     nll_clean = target_nll(subject.log_probs(tokens), tokens)
     nll_corrupt = target_nll(subject.log_probs(corrupted), corrupted)
-    ablation, patching = [], []
+    ablation, patching, log = [], [], []
     jobs = [(i, j) for i, n in enumerate(subject.n_heads) for j in range(n)]
     # Undefined when the demonstrations make no difference (a model on the plateau): None.
     usable = abs(nll_corrupt - nll_clean) >= MIN_PATCH_EFFECT
     for i, j in tqdm(jobs, desc="ablate/patch heads", leave=False, disable=len(jobs) < 8):
-        ablation.append(target_nll(subject.log_probs(tokens, ablate(subject, i, [j], "mean")), tokens) - nll_clean)
-        patched = target_nll(subject.log_probs(corrupted, patch_heads(subject, i, [j], clean_z)), corrupted)
+        ablation.append(
+            target_nll(subject.log_probs(tokens, ablate(subject, i, [j], "mean", log=log)), tokens) - nll_clean
+        )
+        patched = target_nll(subject.log_probs(corrupted, patch_heads(subject, i, [j], clean_z, log)), corrupted)
         patching.append((nll_corrupt - patched) / (nll_corrupt - nll_clean) if usable else None)
     return {
         "nll_clean": nll_clean,
         "nll_corrupted": nll_corrupt,
         "ablation_dnll": ablation,
         "patching_restored": patching,
+        "interventions": log,
     }
 
 
@@ -246,11 +251,34 @@ def inspect_subject(subject, n_contexts: int = 512, seed: int = 0, batch: int = 
         "intervention_contexts": n_int,
         "nll_clean": inter["nll_clean"],
         "nll_corrupted": inter["nll_corrupted"],
+        "interventions": inter["interventions"],
         **verdict(nll, base, per_head, inter),
     }
     for h in per_head:
         h["role"] = out["roles"][h["label"]]
+    named = {"paper_circuit": sorted(set(out["parent_selecting"]) | set(out["copyers"])), "carriers": out["carriers"]}
+    out["sufficiency"] = {
+        name: sufficiency(subject, tokens[:n_int], heads, out["interventions"])
+        for name, heads in named.items()
+        if heads
+    }
     return out
+
+
+@torch.no_grad()
+def sufficiency(subject, tokens, heads: list[str], log: list) -> dict:
+    """The share of the model's progress over the uniform-parent plateau kept with every head NOT in
+    ``heads`` mean-ablated (its ``hook_z`` at the mean over ``tokens``), and its standard error over
+    the contexts: ``(plateau - ablated) / (plateau - model)`` per-context means, delta method."""
+    task = subject.task
+    keep = set(heads)
+    ivs = [head_ablation(subject, i, [j for j in range(n) if head_label(i, j) not in keep], "mean")
+           for i, n in enumerate(subject.n_heads) if any(head_label(i, j) not in keep for j in range(n))]  # fmt: skip
+    plateau = bma_predictive(task.pi, tokens, task.n_examples, task.seq_len, task.root, demonstrations=[], log=True)
+    nll = lambda lp: per_context_nll(lp, tokens)  # noqa: E731
+    share, se = ratio_se(nll(plateau) - nll(subject.log_probs(tokens, hooks(ivs, log))),
+                         nll(plateau) - nll(subject.log_probs(tokens)))  # fmt: skip
+    return {"heads": sorted(keep), "share": share, "se": se, "contexts": len(tokens)}
 
 
 def _fmt(x) -> str:
@@ -336,6 +364,12 @@ def summary(r: dict) -> str:
     lines.append(
         "paper's circuit, copyers: " + (copyers or "not found (no head puts >= 0.5 on position h of one demonstration)")
     )
+    for name, suff in r.get("sufficiency", {}).items():
+        lines.append(
+            f"sufficiency of the {name.replace('_', ' ')} ({', '.join(suff['heads'])}): every other head mean-ablated "
+            f"keeps {suff['share']:.3f} +- {suff['se']:.3f} of the progress ({suff['contexts']} contexts)"
+        )
+    lines.append("the edges between these heads: python -m analyses.circuit (figures/circuit_graph.png)")
     return "\n".join(lines)
 
 

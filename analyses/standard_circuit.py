@@ -42,7 +42,7 @@ from torch import Tensor
 from tqdm.auto import tqdm
 
 from analyses import common
-from models.interventions import ablate, corrupted_contexts, head_outputs, patch_heads
+from models.interventions import Intervention, ablate, corrupted_contexts, head_outputs, hooks, patch_heads
 from models.subject import Subject, head_label
 from probes import bma_predictive, target_nll
 from probes.linear import linear_probe
@@ -92,7 +92,9 @@ def head_groups(subject: Subject, tokens, parents) -> dict:
 
 # 1. Ablation and patching of groups ----------------------------------------------------------------
 @torch.no_grad()
-def group_interventions(subject: Subject, tokens, corrupted, groups: dict[str, tuple[int, list[int]]]) -> dict:
+def group_interventions(
+    subject: Subject, tokens, corrupted, groups: dict[str, tuple[int, list[int]]], log=None
+) -> dict:
     """Per group (layer, heads): NLL change under mean ablation, and the share of the clean-vs-corrupted
     NLL difference that patching its clean outputs into the corrupted run restores."""
     clean_z = head_outputs(subject, tokens)
@@ -103,8 +105,8 @@ def group_interventions(subject: Subject, tokens, corrupted, groups: dict[str, t
         if not heads:
             out["groups"][name] = {"layer": layer, "heads": [], "ablation_dnll": None, "patching_restored": None}
             continue
-        ablated = target_nll(subject.log_probs(tokens, ablate(subject, layer, heads, "mean")), tokens)
-        patched = target_nll(subject.log_probs(corrupted, patch_heads(subject, layer, heads, clean_z)), corrupted)
+        ablated = target_nll(subject.log_probs(tokens, ablate(subject, layer, heads, "mean", log=log)), tokens)
+        patched = target_nll(subject.log_probs(corrupted, patch_heads(subject, layer, heads, clean_z, log)), corrupted)
         out["groups"][name] = {
             "layer": layer,
             "heads": [head_label(layer, j) for j in heads],
@@ -163,30 +165,38 @@ def sender_delta(subject: Subject, tokens, corrupted, sender: int, positions) ->
     return delta
 
 
+# Where a sender's change enters: blocks.0.hook_attn_out is layer 0's attention output as it is added to the
+# residual, so a change there reaches the MLP and, past it, layer 1 (the direct path and the path through
+# MLP0). Not blocks.0.hook_resid_mid: on a TransformerBridge editing it changes only ln_2's input, so an
+# edit there measured the path through MLP0 alone (tests/test_circuit.py shows both).
+THROUGH_MLP_SITE, DIRECT_SITE = "blocks.0.hook_attn_out", "blocks.1.hook_resid_pre"
+
+
 @torch.no_grad()
 def path_patch(subject: Subject, tokens, corrupted, senders: list[int], receivers: list[int], positions,
-               through_mlp: bool = False) -> float:  # fmt: skip
+               through_mlp: bool = False, log: list | None = None) -> float:  # fmt: skip
     """NLL of the clean run in which layer-1 heads ``receivers`` read keys and values computed from the
     clean residual plus the ``sender_delta`` of layer-0 heads ``senders``; everything else clean. The
     receivers' queries at the target positions see the clean residual (``positions`` are the
-    demonstrations'), so only their keys and values change. ``through_mlp``: the change enters before
-    the layer-0 MLP (the path sender -> MLP -> receiver included), else after it (the direct path only)."""
+    demonstrations'), so only their keys and values change. ``through_mlp``: the change enters with layer
+    0's attention output (the direct path and the path sender -> MLP0 -> receiver), else after the MLP
+    (the direct path only)."""
     delta = sum(sender_delta(subject, tokens, corrupted, s, positions) for s in senders)
+    site = THROUGH_MLP_SITE if through_mlp else DIRECT_SITE
+    moved = Intervention(site, "add", positions=tuple(int(p) for p in positions), value=delta,
+                         source="layer-0 senders' outputs from the run on another tree's demonstrations")  # fmt: skip
     store = {}
-
-    def add(resid, hook):
-        return resid + delta.to(resid.dtype)
 
     def grab(z, hook):
         store[1] = z.detach().clone()
 
-    site = "blocks.0.hook_resid_mid" if through_mlp else "blocks.1.hook_resid_pre"
-    subject.log_probs(tokens, [(site, add), (subject.head_output(1), grab)])
-    return target_nll(subject.log_probs(tokens, patch_heads(subject, 1, receivers, store)), tokens)
+    subject.log_probs(tokens, [*hooks([moved], log), (subject.head_output(1), grab)])
+    patched = patch_heads(subject, 1, receivers, store, log, name="the run with the senders' change")
+    return target_nll(subject.log_probs(tokens, patched), tokens)
 
 
 @torch.no_grad()
-def path_patching(subject: Subject, tokens, corrupted) -> dict:
+def path_patching(subject: Subject, tokens, corrupted, log: list | None = None) -> dict:
     """Share of the clean-vs-corrupted NLL difference carried by each path layer-0 head (at the
     demonstration positions) -> layer-1 head (keys and values), ``[sender][receiver]``, directly
     (``share``) and with the layer-0 MLP on the way (``share_through_mlp``); and all layer-0 heads into
@@ -200,9 +210,9 @@ def path_patching(subject: Subject, tokens, corrupted) -> dict:
         out[key] = [[None] * n1 for _ in range(n0)]
         for s, r in tqdm([(s, r) for s in range(n0) for r in range(n1)], desc="path patching", leave=False):
             out[key][s][r] = share_of(
-                path_patch(subject, tokens, corrupted, [s], [r], positions, mlp), nll_clean, nll_bad
+                path_patch(subject, tokens, corrupted, [s], [r], positions, mlp, log), nll_clean, nll_bad
             )
-        every = path_patch(subject, tokens, corrupted, list(range(n0)), list(range(n1)), positions, mlp)
+        every = path_patch(subject, tokens, corrupted, list(range(n0)), list(range(n1)), positions, mlp, log)
         out["all" + key[5:]] = share_of(every, nll_clean, nll_bad)
     return out
 
@@ -453,12 +463,13 @@ def circuit(subject: Subject, n_contexts: int, seed: int) -> dict:
         "other_layer1": (1, [j for j in range(n1) if j not in groups["readers"]]),
     }
     few = tokens[:PATCH_CONTEXTS]
+    log: list = []  # every intervention run, for the JSON
     corrupted = corrupted_contexts(task, few, torch.Generator().manual_seed(seed + 7919))[0]
     r = {
         "nll": nll, "nll_bma": nll_bma, "nll_uniform": nll_uniform,
         "progress": (nll_uniform - nll) / (nll_uniform - nll_bma),
         "heads": groups["heads"], "groups": {"within": groups["within"], "readers": groups["readers"]},
-        "interventions": group_interventions(subject, few, corrupted, sets),
+        "interventions": group_interventions(subject, few, corrupted, sets, log),
         "corruption": demonstration_corruption(subject, tokens, seed),
         "bma_without": {
             "readers": bma_without(subject, tokens, groups["readers"]) if groups["readers"] else None,
@@ -466,7 +477,8 @@ def circuit(subject: Subject, n_contexts: int, seed: int) -> dict:
             "all_layer1_renormalised": bma_without(subject, tokens, list(range(n1)), renormalise=True),
         },
     }  # fmt: skip
-    r["path_patching"] = path_patching(subject, few, corrupted)
+    r["path_patching"] = path_patching(subject, few, corrupted, log)
+    r["intervention_log"] = log
     resid = demonstration_residuals(subject, tokens)
     r["pair_probes"] = pair_probes(resid, tokens, task, seed)
     r["logpi"] = logpi_readout(resid, tokens, task, seed)
