@@ -272,16 +272,16 @@ def figures(r: dict, args) -> dict:
 
 
 def add_flags(parser) -> None:
-    parser.add_argument("--method", choices=METHODS, default="exact", help="edge scores (default: exact)")
+    parser.add_argument("--method", choices=METHODS, default="exact", help="how each edge is scored: exact path patching, or attribution patching (EAP, EAP-IG) (default: exact)")
     parser.add_argument("--corruption", choices=list(CORRUPTIONS), default="demonstrations",
                         help="the senders' ablated values (default: demonstrations from another tree)")  # fmt: skip
-    parser.add_argument("--search", choices=SEARCHES, default="top-n", help="how the circuit is chosen")
-    parser.add_argument("--n-edges", type=int, default=None, help="top-n: keep this many edges")
-    parser.add_argument("--target", type=float, default=0.9, help="top-n without --n-edges: share to keep")
-    parser.add_argument("--threshold", type=float, default=None, help="threshold / greedy: |score| bar (1e-3)")
-    parser.add_argument("--nodes", default=None, help="the circuit: every edge among these nodes (L1H2,MLP0,...)")
-    parser.add_argument("--curve-points", type=int, default=8, help="points of the faithfulness curve")
-    parser.add_argument("--ig-steps", type=int, default=8, help="EAP-IG: interpolation steps")
+    parser.add_argument("--search", choices=SEARCHES, default="top-n", help="how the circuit is chosen from the scores: top-n edges, a score threshold, or greedy ACDC-style pruning (default: top-n)")
+    parser.add_argument("--n-edges", type=int, default=None, help="top-n: keep this many edges (default: the fewest that keep --target)")
+    parser.add_argument("--target", type=float, default=0.9, help="top-n without --n-edges: the share of the model's progress the circuit must keep (default: 0.9)")
+    parser.add_argument("--threshold", type=float, default=None, help="threshold / greedy: keep edges whose |score| exceeds this (default: 1e-3)")
+    parser.add_argument("--nodes", default=None, help="score a given circuit instead of searching: every edge among these comma-separated nodes (L1H2,MLP0,...)")
+    parser.add_argument("--curve-points", type=int, default=8, help="number of circuit sizes on the faithfulness curve (default: 8)")
+    parser.add_argument("--ig-steps", type=int, default=8, help="EAP-IG: interpolation steps between the clean and corrupted runs (default: 8)")
 
 
 def check_flags(parser, args) -> None:
