@@ -8,6 +8,7 @@ A second test checks that every relative link and image in README.md, figures/RE
 resolves to a file inside the repository.
 """
 
+import functools
 import json
 import re
 from pathlib import Path
@@ -39,9 +40,9 @@ def _at(run, step, key):
 
 
 def _cell(d, family, alpha):
-    """Seed-0 final progress of one phase-diagram cell."""
+    """One phase-diagram cell's value as the figure prints it: the mean final progress over its seeds."""
     (cell,) = [c for c in d["results"]["cells"] if c["family"] == family and c["alpha"] == alpha]
-    return cell["final_progress"][0]
+    return cell["mean_progress"]
 
 
 def _head(d, label):
@@ -53,6 +54,51 @@ def _history_at(d, step):
     (row,) = [r for r in d["history"] if r["step"] == step]
     return row
 
+
+def _r(name):
+    """The ``results`` of one committed figure JSON (for the claims that read two files)."""
+    return _load(f"figures/{name}.json")["results"]
+
+
+def _struct(d, key, n, field):
+    """cape_structure.json: one structure-learning metric at N samples."""
+    (row,) = [r for r in d["results"]["structure"][key] if r["N"] == n]
+    return row[field]
+
+
+def _bma_at(d, kind, L):
+    (row,) = [r for r in d["results"]["bma"][kind] if r["L"] == L]
+    return row["parent_accuracy"]
+
+
+def _pair_acc(d, hook):
+    """Mean pair-probe accuracy over every (h, h') cell the probe was fitted on."""
+    accs = [a for row in d["results"]["pair_probes"][hook]["test_acc"] for a in row if a is not None]
+    return sum(accs) / len(accs)
+
+
+def _first_step(d, fraction):
+    """First training step of init_gradient's W_KQ-only run at ``fraction`` of BMA's parent accuracy."""
+    t = d["results"]["training"]
+    return next(s for s, a in zip(t["step"], t["parent_acc"]) if a >= fraction * t["bma_parent_acc"])
+
+
+def _sci(x):
+    """The README's short scientific notation: 3.4e-3, 2e-16."""
+    mantissa, exponent = f"{x:.1e}".split("e")
+    mantissa = mantissa.rstrip("0").rstrip(".")
+    return f"{mantissa}e{int(exponent)}"
+
+
+def _sci0(x):
+    mantissa, exponent = f"{x:.0e}".split("e")
+    return f"{mantissa}e{int(exponent)}"
+
+
+AP = "figures/activation_patching.json"
+SC = "figures/standard_circuit.json"
+CD = "figures/cape_downstream.json"
+CS = "figures/cape_structure.json"
 
 CLAIMS = [
     # Training and the shipped checkpoint: the default run's last eval (training history).
@@ -86,7 +132,7 @@ CLAIMS = [
     ("stays near the intact {:.3f} while its TV to full BMA grows", HA, lambda d: (d["results"]["claims"]["intact_tv"],)),
     # Standard transformers: the standard checkpoint's training history.
     ("It reaches progress {:.2f} by step 1000", STANDARD_TRAINING, lambda d: (_history_at(d, 1000)["progress"],)),
-    # Standard transformers: the committed quick phase-diagram grid (seed 0, flattest kernel to sharpest).
+    # Standard transformers: the committed quick phase-diagram grid (cell means, flattest kernel to sharpest).
     ("GPT-2 {:.2f} / {:.2f} / {:.2f}, attention-only {:.2f} / {:.2f} / {:.2f}, disentangled {:.2f} / {:.2f} / {:.2f}",
      "figures/phase_diagram.json",
      lambda d: tuple(_cell(d, f, a) for f in ("gpt2", "attn_only", "disentangled") for a in (1.0, 0.3, 0.1))),
@@ -116,6 +162,142 @@ CLAIMS = [
      lambda d: (d["results"][LARGE_X1]["final"]["step"], d["results"][LARGE_X1]["final"]["nll_gap"],
                 d["results"][LARGE_X1]["final"]["min_purity"])),
     ("(least pure head {:.3f})", SCALE, lambda d: (d["results"][LARGE_X01]["final"]["min_purity"],)),
+    # Analyses table: activation_patching.
+    ("Patching all copyer heads restores {:.6f} on both metrics; nothing gives {:.0f}.", AP,
+     lambda d: (min(d["results"]["all_heads"]), max(d["results"]["nothing"]))),
+    ("One head restores {:.2f} to {:.2f} of the clean token's log-prob but only ~{:.2f} of the parent attention "
+     "(sum {:.2f}: not additive)", AP,
+     lambda d: (min(d["results"]["heads_all_positions"][0]), max(d["results"]["heads_all_positions"][0]),
+                sum(d["results"]["heads_all_positions"][1]) / len(d["results"]["heads_all_positions"][1]),
+                sum(d["results"]["heads_all_positions"][1]))),
+    ("The query side alone restores {:.3f} of the parent attention, the key side {:.3f}, both together {:.3f}", AP,
+     lambda d: (d["results"]["query_all"][1], d["results"]["key_all"][1], d["results"]["query_and_key_all"][1])),
+    # logpi_recovery.
+    ("c = {:.2f} to {:.2f}, correlation >= {:.3f}, worst column-softmax error {:.3f} at the fitted scale ({:.3f} at "
+     "scale 1)", "figures/logpi_recovery.json",
+     lambda d: (*d["results"]["c_range"], d["results"]["min_correlation"], d["results"]["worst"]["error_fitted_max"],
+                d["results"]["worst"]["error_unit_max"])),
+    ("row softmax is {:.3f} from pi", "figures/logpi_recovery.json",
+     lambda d: (d["results"]["ov"]["error_fitted_max"],)),
+    ("matches pi to {}.", "figures/logpi_recovery.json",
+     lambda d: (_sci(d["results"]["ov"]["effective_value"]["error_max"]),)),
+    ("with c about {:.1f} (Proposition 1)", "figures/logpi_recovery.json",
+     lambda d: (sum(d["results"]["c_range"]) / 2,)),
+    # block_structure.
+    ("Off-diagonal / diagonal block-norm ratio {:.3f} (Theorem 1: 0); the key-token row {:.3f} of the diagonal; the "
+     "query-token column exactly {:.0f}", "figures/block_structure.json",
+     lambda d: (d["results"]["ratio"], d["results"]["token_key_row_mean_over_diag"],
+                max(d["results"]["token_query_column"]))),
+    ("In a {}-step run the ratio falls from {:.3f} at step {} to {:.3f}.", "figures/block_structure.json",
+     lambda d: (d["results"]["emergence"][-1]["step"], d["results"]["emergence"][0]["ratio"],
+                d["results"]["emergence"][0]["step"], d["results"]["emergence"][-1]["ratio"])),
+    # bma_agreement.
+    ("falls from {:.2f} at beta = 1 to {} at 10 and {} from 31.6 on", "figures/bma_agreement.json",
+     lambda d: ({r["beta"]: r["tv"] for r in d["results"]["theorem1"]["sweep"]}[1.0],
+                _sci({r["beta"]: r["tv"] for r in d["results"]["theorem1"]["sweep"]}[10.0]),
+                _sci0(max(r["tv"] for r in d["results"]["theorem1"]["sweep"] if r["beta"] > 31)))),
+    ("grows {:.2f}, {:.2f}, {:.2f}, {:.3f}, {:.3f} at L = 1, 4, 16, 32, 64", "figures/bma_agreement.json",
+     lambda d: tuple({r["L"]: r["parent_mass"] for r in d["results"]["bma_vs_L"]}[L] for L in (1, 4, 16, 32, 64))),
+    ("short trained models ({} steps) follow it ({:.3f}, {:.3f}, {:.3f} at L = 1, 4, 16)", "figures/bma_agreement.json",
+     lambda d: (d["results"]["train_steps"], *(r["parent_mass"] for r in d["results"]["trained_vs_L"]))),
+    # init_gradient.
+    ("Autograd matches the closed form `-A (v/p - 1)` to {}.", "figures/init_gradient.json",
+     lambda d: (_sci0(d["results"]["by_tree"]["max_abs_autograd_vs_closed"]),)),
+    ("the largest in {:.0f}% of {} (tree, h) pairs, all {} paired differences", "figures/init_gradient.json",
+     lambda d: (100 * d["results"]["by_tree"]["parent_largest_in_expectation"], len(d["results"]["by_tree"]["rows"]),
+                d["results"]["by_tree"]["n_excluding_zero"])),
+    ("in a single context only {:.0f}%", "figures/init_gradient.json",
+     lambda d: (100 * d["results"]["by_tree"]["single_context_parent_largest"],)),
+    ("reaches 90% of BMA's parent accuracy in ~{} steps", "figures/init_gradient.json", lambda d: (_first_step(d, 0.9),)),
+    # information.
+    ("{} DPI violations in {:,} (tree, h, h') pairs", "figures/information.json",
+     lambda d: (d["results"]["dpi_violations"], d["results"]["n_pairs_checked"])),
+    ("over {} kernels", "figures/information.json", lambda d: (len(d["results"]["kernels"]),)),
+    ("Lemma 4 margins all positive (min {:.2f})", "figures/information.json",
+     lambda d: (d["results"]["lemma4_min_margin"],)),
+    # continuous.
+    ("its accuracy gap falls from {:.3f} at L = 1 to {:.3f} at L = 16; the fitted W has cosine {:.4f} with A",
+     "figures/continuous.json",
+     lambda d: (d["results"]["bma"][0]["parent_acc"] - d["results"]["bilinear"][0]["parent_acc"],
+                d["results"]["bma"][-1]["parent_acc"] - d["results"]["bilinear"][-1]["parent_acc"],
+                d["results"]["bilinear"][0]["cos_W_A"])),
+    # linear_probes.
+    ("held-out accuracy {:.2f} (shuffled-label control <= {:.2f})", "figures/linear_probes.json",
+     lambda d: (min(max(row) for row in d["results"]["copyers"]["test_acc"]),
+                max(max(row) for row in d["results"]["copyers"]["control_acc"]))),
+    # Standard transformers: standard_circuit.json (--checkpoint standard).
+    ("(512 contexts): progress {:.3f}; the paper's circuit is absent", SC, lambda d: (d["results"]["progress"],)),
+    ("restores {:.2f}; mean-ablating them costs {:.2f} nats", SC,
+     lambda d: (d["results"]["interventions"]["groups"]["within"]["patching_restored"],
+                d["results"]["interventions"]["groups"]["within"]["ablation_dnll"])),
+    ("so do the cross-demonstration layer-1 heads (patching restores {:.2f}; ablation +{:.2f} nats)", SC,
+     lambda d: (d["results"]["interventions"]["groups"]["readers"]["patching_restored"],
+                d["results"]["interventions"]["groups"]["readers"]["ablation_dnll"])),
+    ("(largest mass on them {}): the paper's", SC,
+     lambda d: (re.search(r"candidates from the target queries ([\d.]+)", d["results"]["checks"][2]["numbers"]).group(1),)),
+    ("(summed KL over h: earlier {:.3f}, at h {:.3f}, later {:.3f})", SC,
+     lambda d: tuple(sum(x for x in d["results"]["corruption"][k]["model"] if x is not None)
+                     for k in ("earlier", "at_h", "later"))),
+    ("(linear-probe accuracy {:.2f} in the embedding, {:.2f} after layer 0)", SC,
+     lambda d: (_pair_acc(d, "blocks.0.hook_resid_pre"), _pair_acc(d, "blocks.0.hook_resid_post"))),
+    ("(slope {:.2f}, correlation {:.2f}; KL to BMA-without-l {:.4f} -> {:.4f}, the clean model's KL to BMA being {:.4f})",
+     SC, lambda d: tuple(d["results"]["bma_without"]["readers"][k] for k in
+                         ("slope", "correlation", "kl_without_vs_clean", "kl_without_vs_ablated", "kl_bma_vs_clean"))),
+    ("carries only {:.2f} of the corruption effect directly and {:.2f} through the layer-0 MLP", SC,
+     lambda d: (d["results"]["path_patching"]["all"], d["results"]["path_patching"]["all_through_mlp"])),
+    ("against the {:.2f} of patching the layer-0 heads everywhere", SC,
+     lambda d: (d["results"]["interventions"]["groups"]["within"]["patching_restored"],)),
+    ("reaches held-out R^2 {:.2f} from the embedding, {:.2f} after layer 0's attention and {:.2f} after layer 0 (a "
+     "function of x_h' plus one of x_h: {:.2f})", SC,
+     lambda d: (*(d["results"]["logpi"]["r2"][f"blocks.0.hook_resid_{k}"] for k in ("pre", "mid", "post")),
+                d["results"]["logpi"]["additive_r2"])),
+    ("(correlation {:.2f}, largest column error {:.3f}; the additive read-out's {:.2f} and {:.3f})", SC,
+     lambda d: (d["results"]["logpi"]["implied"]["correlation"], d["results"]["logpi"]["implied"]["column_softmax_max_error"],
+                d["results"]["logpi"]["additive_implied"]["correlation"],
+                d["results"]["logpi"]["additive_implied"]["column_softmax_max_error"])),
+    # CAPE: cape_structure.json.
+    ("(trained at L = 10: {:.3f} vs BMA {:.3f}; Theorem 1 elsewhere) identify parents at {:.2f} from L = 20 "
+     "demonstrations of the Markov task and the continuous system's Gaussian BMA at {:.2f} from L = 20", CS,
+     lambda d: ({r["L"]: r["parent_accuracy"] for r in d["results"]["model"]}[10], _bma_at(d, "markov", 10),
+                _bma_at(d, "markov", 20), _bma_at(d, "continuous", 20))),
+    ("needs N = 500 samples for the Markov skeleton (F1 {:.2f}; {:.2f} at N = 100) and N = 100 on the continuous "
+     "system (F1 {:.2f})", CS,
+     lambda d: (_struct(d, "markov/linear", 500, "skeleton_f1"), _struct(d, "markov/linear", 100, "skeleton_f1"),
+                _struct(d, "continuous/linear", 100, "skeleton_f1"))),
+    ("(parent accuracy {:.2f} and {:.2f} at N = 500)", CS,
+     lambda d: (_struct(d, "markov/linear", 500, "parent_accuracy"), _struct(d, "continuous/linear", 500, "parent_accuracy"))),
+    ("parents are {:.2f} at N = 100 ({:.2f} at N = 500)", CS,
+     lambda d: (_struct(d, "markov/linear", 100, "ordered_parent_accuracy"),
+                _struct(d, "markov/linear", 500, "ordered_parent_accuracy"))),
+    ("(continuous system, N = 100: skeleton F1 {:.2f} against {:.2f} with the linear f", CS,
+     lambda d: (_struct(d, "continuous/mlp", 100, "skeleton_f1"), _struct(d, "continuous/linear", 100, "skeleton_f1"))),
+    ("skeleton F1 {:.2f} against {:.2f} at N = 500", CS,
+     lambda d: (_struct(d, "nonlinear/mlp", 500, "skeleton_f1"), _struct(d, "nonlinear/linear", 500, "skeleton_f1"))),
+    # CAPE: cape_downstream.json is the --seed 0 tree: the first of each "a / b / c" triple.
+    ("(M = {} features, d = {}, rho = {}, {} training samples)", CD,
+     lambda d: tuple(d["results"]["config"][k] for k in ("M", "d", "rho", "n_train"))),
+    ("(0.{:03.0f} per coordinate; predicting 0 gives {:.0f})", CD,
+     lambda d: (1000 * d["results"]["bayes_mse"], d["results"]["marginal_mse"])),
+    ("a learned slot PE is as useless as none ({:.2f} /", CD, lambda d: (d["results"]["variants"]["slot"]["mean"],)),
+    ("barely helps ({:.2f} /", CD, lambda d: (d["results"]["variants"]["cape"]["mean"],)),
+    ("(scGPT's gene token, {:.2f} /", CD, lambda d: (d["results"]["variants"]["identity"]["mean"],)),
+    ("lowers the error to {:.2f} /", CD, lambda d: (d["results"]["variants"]["identity_cape"]["mean"],)),
+    ("worse on all three trees but by little ({:.2f} /", CD,
+     lambda d: (d["results"]["variants"]["identity_cape_random"]["mean"],)),
+    ("Euclidean instead of hyperbolic changes nothing ({:.2f} /", CD,
+     lambda d: (d["results"]["variants"]["identity_cape_euclidean"]["mean"],)),
+    ("additive instead of rotary is not worse ({:.2f} /", CD,
+     lambda d: (d["results"]["variants"]["identity_cape_additive"]["mean"],)),
+    ("The true tree instead of the learned one gives {:.2f} /", CD,
+     lambda d: (d["results"]["variants"]["identity_cape_oracle"]["mean"],)),
+    ("uniform {:.2f}): CAPE alone {:.2f} /", CD,
+     lambda d: (d["results"]["blanket_chance"], d["results"]["variants"]["cape"]["blanket_attention"][0])),
+    ("the identity token {:.2f} /", CD, lambda d: (d["results"]["variants"]["identity"]["blanket_attention"][0],)),
+    ("identity + CAPE {:.2f} /", CD, lambda d: (d["results"]["variants"]["identity_cape"]["blanket_attention"][0],)),
+    ("a random DAG's angles do about as well ({:.2f} /", CD,
+     lambda d: (d["results"]["variants"]["identity_cape_random"]["blanket_attention"][0],)),
+    ("additive coordinates better ({:.2f} /", CD,
+     lambda d: (d["results"]["variants"]["identity_cape_additive"]["blanket_attention"][0],)),
     # CAPE: properties.
     ("(per-graph Spearman {:.2f} on trees, {:.2f} on DAGs, random-angle control {:.2f})", "figures/cape_properties.json",
      lambda d: (d["results"]["summary"]["tree"]["rho_score_distance"]["mean"],
@@ -138,12 +320,12 @@ UNCHECKED = [
      "training runs whose output is not committed; the README gives the command"),
     ("Theorem 1 numbers in the head_ablation row (2e-16, TV 3e-4)", "from a run with --checkpoint theorem1:beta=50 "
      "whose JSON is not committed; the README gives the command"),
-    ("activation_patching, logpi_recovery, block_structure, bma_agreement, init_gradient, information, continuous, "
-     "linear_probes table rows; logpi 'c about 1.7'", "in committed JSON but not mapped in this registry yet "
-     "(issue 19 leftover)"),
-    ("inspect / standard_circuit / linear-probe numbers on --checkpoint standard (0.989, role masses, L0H4 +0.103, "
-     "the seven predictions, log pi R^2)", "figures/inspect.json is the default checkpoint; standard_circuit.json "
-     "and standard_vs_disentangled.json not mapped in this registry yet"),
+    ("linear_probes: 'pa(h) at chance from the layer-2 query', 'a small GPT-2 decodes no demonstration token'",
+     "qualitative statements; no number stated"),
+    ("inspect --checkpoint standard: the role masses (0.40 to 0.65, 0.12 to 0.44, 0.14 to 0.68, 0.26 to 0.77, 0.07), "
+     "L0H4 +0.103, L1H2/L1H4 +0.028/+0.011, patching 0.49/0.56", "figures/inspect.json is the shipped default "
+     "checkpoint; no inspect JSON of --checkpoint standard is committed (the README gives the command). Its progress "
+     "0.989 is checked against standard_circuit.json, the same checkpoint and 512 contexts"),
     ("standard checkpoint on 4096 fresh contexts: gap 0.0045, NLL 0.3772, BMA 0.3726, plateau 0.9515, progress 0.992",
      "models.evaluate output, not committed; training.json's last eval (2048 contexts) differs in the 3rd decimal"),
     ("the demonstrations are worth 0.58 nats", "plateau minus BMA on the 4096 evaluate contexts (0.9515 - 0.3726), "
@@ -158,8 +340,10 @@ UNCHECKED = [
     ("large on 4096 fresh contexts: gap 0.0067, TV 0.022, accuracy 0.984 (BMA 0.999); x0.1: 0.0081, 0.022, 0.981",
      "models.evaluate output, not committed; scale.json holds the 256/512-context training evals"),
     ("e^w / (e^w + L - 1): 0.94, 0.82; offset 0.70 vs 0.24", "closed-form arithmetic in the text"),
-    ("CAPE structure and downstream numbers", "in figures/cape_structure.json / cape_downstream.json but not mapped "
-     "in this registry yet (issue 19 leftover)"),
+    ("CAPE downstream, the second and third of each 'a / b / c' triple and the 1000-step 0.284",
+     "runs with --seed 1, 2 and --steps 1000 whose JSON is not committed (figures/cape_downstream.json is --seed 0)"),
+    ("continuous: KL 0.023 and 1.6e-16 on a small case", "measured in tests/test_continuous.py (d=3), the README says so"),
+    ("CAPE structure: 'N = 500', '5 to 25 times fewer samples'", "sample sizes and a ratio of them, not results"),
 ]
 
 
@@ -167,6 +351,7 @@ def _normalise(text: str) -> str:
     return re.sub(r"\s+", " ", text)
 
 
+@functools.lru_cache(maxsize=None)
 def _load(path: str):
     return json.loads((ROOT / path).read_text())
 
@@ -180,7 +365,7 @@ def test_readme_number_matches_json(phrase, source, get):
     if expected in readme:
         return
     # The README's version of the phrase: the same words with any numbers in the fields.
-    pattern = r"[^\s,;()]+?".join(re.escape(f) for f in re.split(r"\{[^}]*\}", _normalise(phrase)))
+    pattern = r"[^\s,;()]+".join(re.escape(f) for f in re.split(r"\{[^}]*\}", _normalise(phrase)))
     match = re.search(pattern, readme)
     found = match.group(0) if match else "(phrase not found at all)"
     pytest.fail(f"stale README claim from {source}:\n  expected: {expected!r}\n  README:   {found!r}\n"
