@@ -77,6 +77,13 @@ def _pair_acc(d, hook):
     return sum(accs) / len(accs)
 
 
+def _role_range(d, layer, role, queries=(0, 1)):
+    """standard_circuit.json: (min, max) of one role-profile mass over a layer's heads, the query kinds
+    (0 demonstration, 1 target) pooled."""
+    masses = [h[role][q] for h in d["results"]["heads"] if h["layer"] == layer for q in queries]
+    return min(masses), max(masses)
+
+
 def _first_step(d, fraction):
     """First training step of init_gradient's W_KQ-only run at ``fraction`` of BMA's parent accuracy."""
     t = d["results"]["training"]
@@ -227,6 +234,12 @@ CLAIMS = [
                 max(max(row) for row in d["results"]["copyers"]["control_acc"]))),
     # Standard transformers: standard_circuit.json (--checkpoint standard).
     ("(512 contexts): progress {:.3f}; the paper's circuit is absent", SC, lambda d: (d["results"]["progress"],)),
+    ("({:.2f} to {:.2f} on earlier tokens of it, {:.2f} to {:.2f} on itself;", SC,
+     lambda d: (*_role_range(d, 0, "prefix"), *_role_range(d, 0, "self"))),
+    ("(same position h {:.2f} to {:.2f}, other positions {:.2f} to {:.2f}) and put at most {:.2f} on the target's "
+     "candidate parents", SC,
+     lambda d: (*_role_range(d, 1, "same_position"), *_role_range(d, 1, "other_position"),
+                _role_range(d, 1, "candidates", queries=(1,))[1])),
     ("restores {:.2f}; mean-ablating them costs {:.2f} nats", SC,
      lambda d: (d["results"]["interventions"]["groups"]["within"]["patching_restored"],
                 d["results"]["interventions"]["groups"]["within"]["ablation_dnll"])),
@@ -322,10 +335,10 @@ UNCHECKED = [
      "whose JSON is not committed; the README gives the command"),
     ("linear_probes: 'pa(h) at chance from the layer-2 query', 'a small GPT-2 decodes no demonstration token'",
      "qualitative statements; no number stated"),
-    ("inspect --checkpoint standard: the role masses (0.40 to 0.65, 0.12 to 0.44, 0.14 to 0.68, 0.26 to 0.77, 0.07), "
+    ("inspect --checkpoint standard: "
      "L0H4 +0.103, L1H2/L1H4 +0.028/+0.011, patching 0.49/0.56", "figures/inspect.json is the shipped default "
      "checkpoint; no inspect JSON of --checkpoint standard is committed (the README gives the command). Its progress "
-     "0.989 is checked against standard_circuit.json, the same checkpoint and 512 contexts"),
+     "0.989 and role masses are checked against standard_circuit.json, the same checkpoint and 512 contexts"),
     ("standard checkpoint on 4096 fresh contexts: gap 0.0045, NLL 0.3772, BMA 0.3726, plateau 0.9515, progress 0.992",
      "models.evaluate output, not committed; training.json's last eval (2048 contexts) differs in the 3rd decimal"),
     ("the demonstrations are worth 0.58 nats", "plateau minus BMA on the 4096 evaluate contexts (0.9515 - 0.3726), "
