@@ -322,12 +322,17 @@ CLAIMS = [
      lambda d: (d["results"]["summary"]["tree"]["rho_norm_depth"]["mean"],)),
     ("`python -m analyses.cape_properties` (23 s, {} random graphs)", "figures/cape_properties.json",
      lambda d: (d["results"]["n_graphs"],)),
+    ("L0H4 (within-sequence, ablation {:+.3f} nats), L1H2 and L1H4 (cross-demonstration same-position readers, {:+.3f} "
+     "and {:+.3f}, patching restores {:.2f} and {:.2f})", "figures/inspect_standard.json",
+     lambda d: (_head(d, "L0H4")["ablation_dnll"], _head(d, "L1H2")["ablation_dnll"], _head(d, "L1H4")["ablation_dnll"],
+                _head(d, "L1H2")["patching_restored"], _head(d, "L1H4")["patching_restored"])),
 ]
 
 # Numbers the README states that no committed JSON holds, or that this registry does not map yet.
 UNCHECKED = [
-    ("regeneration within 1.4e-5 / NLL to 3e-9; ~20 s; 339 s / 599 s wall for analyses.paper", "timings and a one-off "
-     "comparison made by hand on 2026-12-01; no file records them"),
+    ("regeneration within 1.8e-5 (3.2e-3 on another machine), 54 s; ~20 s; 339 s / 599 s wall for analyses.paper",
+     "timings and a one-off comparison made by hand on 2026-12-01 (models.train --out X, then the largest weight "
+     "difference to models/checkpoints/default); no file records them"),
     ("default run ends 4096-context test", "tests/test_checkpoint_and_train.py thresholds, not results"),
     ("purity 0.68 -> 0.58, TV 0.022 (--init-demo 3, lr 3e-2, 4000 steps); 0.94 -> 0.75 (--init-demo 5)",
      "training runs whose output is not committed; the README gives the command"),
@@ -335,10 +340,6 @@ UNCHECKED = [
      "whose JSON is not committed; the README gives the command"),
     ("linear_probes: 'pa(h) at chance from the layer-2 query', 'a small GPT-2 decodes no demonstration token'",
      "qualitative statements; no number stated"),
-    ("inspect --checkpoint standard: "
-     "L0H4 +0.103, L1H2/L1H4 +0.028/+0.011, patching 0.49/0.56", "figures/inspect.json is the shipped default "
-     "checkpoint; no inspect JSON of --checkpoint standard is committed (the README gives the command). Its progress "
-     "0.989 and role masses are checked against standard_circuit.json, the same checkpoint and 512 contexts"),
     ("standard checkpoint on 4096 fresh contexts: gap 0.0045, NLL 0.3772, BMA 0.3726, plateau 0.9515, progress 0.992",
      "models.evaluate output, not committed; training.json's last eval (2048 contexts) differs in the 3rd decimal"),
     ("the demonstrations are worth 0.58 nats", "plateau minus BMA on the 4096 evaluate contexts (0.9515 - 0.3726), "
