@@ -2,13 +2,15 @@
 
     python -m bench                       # every row (about 3 minutes on 2 cores, plus the figures)
     python -m bench --quick               # small sizes, one repeat: a smoke run in seconds
-    python -m bench --only step cache     # a subset: step cache bma memory train figures
+    python -m bench --only step cache     # a subset: step cache bma memory train figures circuit
     python -m bench --device cuda         # time on the GPU (memory row: torch.cuda peak allocation)
 
 Rows: a training step of our model against ``bench.reference`` (the full ((L+1)H)^2 copyer score
 matrix per head) at three sizes; ``run_with_cache`` against a plain forward; the vectorised BMA
 posterior against a per-context loop; the peak memory of a cached forward at L=K=64, H=32, batch 256;
-training steps per second at the default config; the time to regenerate every paper figure. Each
+training steps per second at the default config; the time to regenerate every paper figure; exact edge
+patching against EAP and EAP-IG on the shipped standard GPT-2 (time, and the Spearman rank correlation of
+their edge scores with the exact ones). Each
 time is the median of a few repeats after a warm-up. It measures; it asserts nothing about speed.
 """
 
@@ -29,12 +31,14 @@ from pathlib import Path
 import torch
 
 from bench.reference import bma_posterior_loop, reference_model
-from models import CausalTransformer
+from models import CausalTransformer, load_subject
+from models.circuit import Runner, build_graph, sender_writes
+from models.interventions import corrupted_contexts
 from models.io import write_json
 from models.train import TrainConfig, init_copyers, step_loss, train
 from probes import bma_posterior
 
-ROWS = ("step", "cache", "bma", "memory", "train", "figures")
+ROWS = ("step", "cache", "bma", "memory", "train", "figures", "circuit")
 # (name, d, L = K, H, batch): the reference's full score matrix outgrows the default batch at scale.
 SIZES = [("small", 5, 10, 12, 256), ("medium", 10, 32, 24, 64), ("large", 20, 64, 32, 8)]
 MEMORY_SIZE = (20, 64, 32, 256)  # d, L = K, H, batch of the cached forward
@@ -292,6 +296,56 @@ def figures_row() -> dict:
     return {**row, "ours_s": seconds, "note": f"{seconds:.0f} s, every figure, PNG + PDF + JSON"}
 
 
+def spearman(a: list[float], b: list[float]) -> float:
+    """Spearman rank correlation of two score lists (average ranks for ties)."""
+
+    def ranks(x):
+        x = torch.tensor(x, dtype=torch.float64)
+        order = x.argsort()
+        r = torch.empty_like(x)
+        r[order] = torch.arange(len(x), dtype=torch.float64)
+        for v in x.unique():  # ties share their mean rank
+            r[x == v] = r[x == v].mean()
+        return r
+
+    ra, rb = ranks(a), ranks(b)
+    return torch.corrcoef(torch.stack([ra, rb]))[0, 1].item()
+
+
+@torch.no_grad()
+def circuit_rows(n_contexts: int, seed: int = 0) -> list[dict]:
+    """``models.circuit`` on the shipped standard GPT-2 (``analyses.circuit``'s default corruption: the
+    demonstrations from another tree): exact edge patching against EAP and EAP-IG (8 steps), time and the
+    Spearman correlation of each one's edge scores with the exact ones."""
+    subject = load_subject("standard")
+    graph = build_graph(subject)
+    tokens, _ = subject.task.sample(n_contexts, torch.Generator().manual_seed(seed))
+    corrupted = corrupted_contexts(subject.task, tokens, torch.Generator().manual_seed(seed + 1))[0]
+    runner = Runner(subject, graph, tokens, sender_writes(subject, graph, corrupted)[0])
+    timed = {}
+    for name, score in (
+        ("exact", runner.exact_scores),
+        ("EAP", runner.eap_scores),
+        ("EAP-IG", lambda: runner.eap_ig_scores(steps=8)),
+    ):
+        start = time.perf_counter()
+        timed[name] = (score(), time.perf_counter() - start)
+    exact, exact_s = timed["exact"]
+    return [
+        {
+            "row": f"circuit edge scores, {name} vs exact patching (standard GPT-2, {len(graph.edges)} edges, "
+            f"{n_contexts} contexts)",
+            "ours_s": seconds,
+            "baseline_s": exact_s,
+            "baseline": "exact path patching",
+            "ratio": exact_s / seconds,
+            "note": f"Spearman {spearman(scores, exact):.3f} with the exact scores",
+        }
+        for name, (scores, seconds) in timed.items()
+        if name != "exact"
+    ]
+
+
 def table(rows: list[dict]) -> str:
     """A Markdown table: ours, the baseline, baseline / ours (> 1: we are faster)."""
 
@@ -347,6 +401,8 @@ def main(argv: list[str] | None = None) -> None:
         rows.append(train_row(args.device, 50 if args.quick else 500))
     if "figures" in only:
         rows.append(figures_row())
+    if "circuit" in only:
+        rows += circuit_rows(8 if args.quick else 32)
     print(table(rows))
     if args.json:
         record = {
