@@ -18,7 +18,6 @@ from test_layout import assemble
 from torch import nn
 
 from analyses import inspect
-from models import formats
 from models.hooked_transformer import HookedTransformer
 from models.subject import load_subject
 
@@ -508,7 +507,7 @@ def test_a_layout_on_a_causal_transformer_state_dict_is_refused(tmp_path):
     path, key_map = write_paper_literal(tmp_path, task, PaperLiteral(task.d_vocab, task.n_examples, task.seq_len))
     write_task(tmp_path, task, SPECIAL)
     with pytest.raises(ValueError, match="applies to language models"):
-        formats.load_foreign_layout(path)
+        models.load_layout(path)
 
 
 # Hugging Face GPT-2 in its own layout ---------------------------------------------------------------------
