@@ -18,6 +18,7 @@ from test_layout import assemble
 from torch import nn
 
 from analyses import inspect
+import models
 from models.hooked_transformer import HookedTransformer
 from models.subject import load_subject
 
