@@ -52,9 +52,10 @@ from transformer_lens.patching import (
     layer_head_vector_patch_setter,
     layer_pos_head_vector_patch_setter,
 )
+from transformer_lens.utilities import get_act_name
 
 from analyses import common
-from models.interventions import corrupted_contexts
+from models.interventions import Intervention, corrupted_contexts, description, hooks, log_intervention
 from models.patching import index_df, subspace_patch_setter
 from models.subject import DisentangledSubject, head_label
 from probes import head_assignment
@@ -62,18 +63,21 @@ from probes import head_assignment
 NAME = "activation_patching"
 N_CONTEXTS = 512  # default --n-contexts
 PATTERN = "blocks.1.attn.hook_pattern"  # [batch, 1, H, H]
+CLEAN = "clean run, patched into the run on another tree's demonstrations"
 METRICS = ("logprob", "parent_mass")
 METRIC_LABELS = {"logprob": "log-prob of the clean next token", "parent_mass": "attention on the clean parent"}
 FIRST_POSITION = 2  # h = 0, 1: clean and corrupted agree by construction
 EQUAL_TOL = 1e-6
 FIGURES = {
-    f"{NAME}_heads.png": "clean copyer-head outputs patched into runs whose demonstrations come from another tree, "
-    "per head x target position and at all positions: recovery of the clean token's log-prob and of the "
-    "attention on the clean parent (corrupted = 0, clean = 1)",
+    f"{NAME}_heads.png": "clean copyer-head outputs patched into runs whose demonstrations come from another tree: "
+    "on top, the best single head, the sum of the single heads and all heads at once; below, per head x target "
+    "position and at all positions: recovery of the clean token's log-prob and of the attention on the clean "
+    "parent (corrupted = 0, clean = 1)",
     f"{NAME}_subspaces.png": "the same per residual subspace of blocks.0.hook_resid_post (token, then one copy "
-    "per head; the token subspace is shared and restores nothing)",
-    f"{NAME}_qk.png": "the same on the layer-2 query side vs key side by subspace: either side alone restores "
-    "almost none of the attention on the clean parent, both together restore all of it",
+    "per head); on top, the token subspace (shared, restores nothing) against the best single and the summed copies",
+    f"{NAME}_qk.png": "the same on the layer-2 query side vs key side by subspace; on top, the whole input patched "
+    "on the query side alone, the key side alone and both: either side alone restores almost none of the "
+    "attention on the clean parent, both together restore all of it",
 }
 
 
@@ -126,7 +130,7 @@ class Patcher:
         if model.training:
             raise ValueError("activation patching needs model.eval(); the model is in training mode")
         self.model, self.corrupted_tokens = model, corrupted_tokens
-        self.store = {}
+        self.store, self.log = {}, []  # log: every intervention run, for the JSON
         per_position = position_metrics(clean_tokens, clean_parents, self.store)
         # generic_activation_patch takes one value per context: the mean over positions h >= 2.
         self.metrics = {name: (lambda out, f=f: f(out).mean(1)) for name, f in per_position.items()}
@@ -160,6 +164,9 @@ class Patcher:
         """Normalised effect of each patch in ``cells`` (an index_df), run on the corrupted tokens
         (or on ``tokens``), through ``transformer_lens.patching.generic_activation_patch``."""
         tokens = self.corrupted_tokens if tokens is None else tokens
+        log_intervention(self.log, {**description(get_act_name(activation, int(cells["layer"].iloc[0])), "patch", CLEAN),
+                          "one_forward_pass_per": [c for c in cells.columns if c != "layer"] or "sweep",
+                          "setter": setter.__name__})  # fmt: skip
         with self.capturing():
             result = generic_activation_patch(
                 self.model, tokens, self.clean_cache, self.metrics, setter, activation, index_df=cells, reduce="none"
@@ -169,9 +176,9 @@ class Patcher:
     @torch.no_grad()
     def patch_together(self, activations: list[str]) -> Float[Tensor, " metric"]:
         """Normalised effect of patching several whole activations in one forward pass."""
-        hooks = [(name, lambda act, hook, name=name: self.clean_cache[name]) for name in activations]
+        whole = [Intervention(name, "patch", value=self.clean_cache[name], source=CLEAN) for name in activations]
         with self.capturing():
-            out = self.model.run_with_hooks(self.corrupted_tokens, fwd_hooks=hooks)
+            out = self.model.run_with_hooks(self.corrupted_tokens, fwd_hooks=hooks(whole, self.log))
             values = torch.stack([f(out) for f in self.metrics.values()])
         return self.normalise(values.float()[:, None])[:, 0]
 
@@ -221,6 +228,7 @@ def activation_patching(
         equal_share=p.equal_share,
         same_parent_share=(parents == corrupted_parents)[:, FIRST_POSITION:].double().mean().item(),
         excluded_positions=list(range(FIRST_POSITION)),
+        interventions=p.log,
     )
     return r
 
@@ -234,34 +242,59 @@ def _heatmap(fig, ax, values: np.ndarray, rows: list[str], cols: list, title: st
     """A diverging heatmap centred at 0 (symmetric limits) with its own colour bar."""
     m = max(float(np.abs(values).max()), 1e-12)
     im = ax.imshow(values, cmap="RdBu_r", vmin=-m, vmax=m, aspect="auto")
-    ax.set(yticks=range(len(rows)), yticklabels=rows, xticks=range(len(cols)), xticklabels=cols, title=title)
-    ax.tick_params(labelsize=7)
+    ax.set(yticks=range(len(rows)), yticklabels=rows, xticks=range(len(cols)), xticklabels=cols)
+    ax.set_title(title, fontsize=10)
+    ax.tick_params(labelsize=9)
     ax.grid(False)
     if annotate:
         for (i, j), v in np.ndenumerate(values):
-            ax.text(j, i, f"{v:.3f}", ha="center", va="center", fontsize=6, color="w" if abs(v) > 0.6 * m else "k")
+            ax.text(j, i, f"{v:.3f}", ha="center", va="center", fontsize=8, color="w" if abs(v) > 0.6 * m else "k")
     fig.colorbar(im, ax=ax, fraction=0.08, pad=0.02)
 
 
-def _by_position_figure(by_pos: Tensor, all_pos: Tensor, rows: list[str], what: str, title: str):
-    """Rows = metrics; columns = (rows x position) heatmap, all-positions column."""
+def _headline(ax, bars: dict[str, Tensor], title: str):
+    """The claim's case: one group of bars per patch (``bars``: label -> [metric] share restored), one
+    colour per metric, values printed, corrupted (0) and clean (1) marked."""
+    x = np.arange(len(bars))
+    width = 0.8 / len(METRICS)
+    for i, metric in enumerate(METRICS):
+        vals = [float(v[i]) for v in bars.values()]
+        b = ax.bar(x + (i - (len(METRICS) - 1) / 2) * width, vals, width, color=f"C{i}", label=METRIC_LABELS[metric])
+        ax.bar_label(b, fmt="%.3f", fontsize=9)
+    ax.axhline(1, color="k", ls="--", lw=1, label="clean run (1)")
+    ax.axhline(0, color="k", lw=0.8)
+    ax.set_xticks(x, list(bars), fontsize=10)
+    ax.set_ylim(min(0.0, min(float(v.min()) for v in bars.values())) - 0.05, 1.2)
+    ax.set_ylabel("share restored\n(corrupted 0, clean 1)")
+    ax.set_title(title, fontsize=11)
+    ax.legend(fontsize=9, loc="upper left", ncol=3)
+
+
+def _by_position_figure(
+    by_pos: Tensor, all_pos: Tensor, rows: list[str], what: str, title: str, bars: dict, claim: str
+):
+    """The headline bars on top; then per metric a (rows x position) heatmap and the all-positions column."""
     import matplotlib.pyplot as plt
 
     H = by_pos.shape[-1]
-    fig, axes = plt.subplots(2, 2, figsize=(12, 2.2 + 0.55 * len(rows)), gridspec_kw={"width_ratios": [H, 2.5]})
+    tall = 0.3 * len(rows) + 1.2  # inches per heatmap row
+    fig = plt.figure(figsize=(13, 3.4 + len(METRICS) * tall), layout="constrained")
+    grid = fig.add_gridspec(1 + len(METRICS), 2, width_ratios=[H, 2.5], height_ratios=[3.0] + [tall] * len(METRICS))
+    _headline(fig.add_subplot(grid[0, :]), bars, claim)
     for i, metric in enumerate(METRICS):
+        ax = fig.add_subplot(grid[1 + i, 0])
         _heatmap(
             fig,
-            axes[i, 0],
+            ax,
             by_pos[i].numpy(),
             rows,
             list(range(H)),
             f"{METRIC_LABELS[metric]}: patch one {what} at target position p",
         )
-        axes[i, 0].set_xlabel("target position p")
-        _heatmap(fig, axes[i, 1], all_pos[i].numpy()[:, None], rows, ["all p"], "all positions", annotate=True)
-    fig.suptitle(title)
-    fig.tight_layout()
+        ax.set_xlabel("target position p (metric averaged over h >= 2)")
+        ax = fig.add_subplot(grid[1 + i, 1])
+        _heatmap(fig, ax, all_pos[i].numpy()[:, None], rows, ["all p"], "at all positions", annotate=True)
+    fig.suptitle(title, fontsize=12)
     return fig
 
 
@@ -270,34 +303,39 @@ def _qk_figure(r: dict, title: str):
 
     K1, H = r["query_by_position"].shape[1:]
     rows = subspace_labels(K1 - 1)
-    fig, axes = plt.subplots(2, 4, figsize=(20, 2.2 + 0.55 * K1), gridspec_kw={"width_ratios": [H, 2.5, H, 2.5]})
+    tall = 0.3 * K1 + 1.2  # inches per heatmap row
+    fig = plt.figure(figsize=(22, 3.4 + len(METRICS) * tall), layout="constrained")
+    grid = fig.add_gridspec(
+        1 + len(METRICS), 4, width_ratios=[H, 2.5, H, 2.5], height_ratios=[3.0] + [tall] * len(METRICS)
+    )
+    bars = {
+        "query side alone\n(blocks.1.attn.hook_q)": r["query_all"],
+        "key side alone\n(blocks.1.attn.hook_k)": r["key_all"],
+        "query and key together": r["query_and_key_all"],
+    }
+    _headline(
+        fig.add_subplot(grid[0, :3]), bars,
+        "the whole clean layer-2 input (all subspaces, all positions) patched on the query side, the key side, or both",
+    )  # fmt: skip
     for i, metric in enumerate(METRICS):
         for j, side in enumerate(("query", "key")):
-            total = r[f"{side}_all"][i].item()
+            ax = fig.add_subplot(grid[1 + i, 2 * j])
+            _heatmap(
+                fig, ax, r[f"{side}_by_position"][i].numpy(), rows, list(range(H)),
+                f"{METRIC_LABELS[metric]}: one subspace on the {side} side (blocks.1.attn.hook_{side[0]}) at position p",
+            )  # fmt: skip
+            ax.set_xlabel("target position p")
+            ax = fig.add_subplot(grid[1 + i, 2 * j + 1])
             _heatmap(
                 fig,
-                axes[i, 2 * j],
-                r[f"{side}_by_position"][i].numpy(),
-                rows,
-                list(range(H)),
-                f"{METRIC_LABELS[metric]}\n{side} side (blocks.1.attn.hook_{side[0]}); whole {side}: {total:.3f}",
-            )
-            axes[i, 2 * j].set_xlabel("target position p")
-            _heatmap(
-                fig,
-                axes[i, 2 * j + 1],
+                ax,
                 r[f"{side}_all_positions"][i].numpy()[:, None],
                 rows,
                 ["all p"],
-                "all positions",
+                "at all positions",
                 annotate=True,
             )
-    fig.suptitle(
-        title
-        + "; query + key together: "
-        + ", ".join(f"{m} {v:.3f}" for m, v in zip(METRICS, r["query_and_key_all"].tolist()))
-    )
-    fig.tight_layout()
+    fig.suptitle(title, fontsize=12)
     return fig
 
 
@@ -307,6 +345,8 @@ def plot(r: dict, n: int, subject_name: str) -> dict:
     heads = [f"{head_label(0, k)} (demo {r['demonstrations'][k]})" for k in range(K)]
     subspaces = subspace_labels(K)
     norm = "normalised: corrupted = 0, clean = 1"
+    single = r["heads_all_positions"]  # [metric, head]
+    copies = r["subspaces_all_positions"][:, 1:]
     return {
         "heads": _by_position_figure(
             r["heads_by_position"],
@@ -314,6 +354,12 @@ def plot(r: dict, n: int, subject_name: str) -> dict:
             heads,
             "copyer head's output (hook_z)",
             f"Patching clean copyer-head outputs into the corrupted run ({subject_name}, {n} contexts; {norm})",
+            {
+                "best single head": single.max(1).values,
+                f"sum of the {K} single heads": single.sum(1),
+                f"all {K} heads at once": r["all_heads"],
+            },
+            "one copyer head at a time (all positions) against all of them at once",
         ),
         "subspaces": _by_position_figure(
             r["subspaces_by_position"],
@@ -321,6 +367,12 @@ def plot(r: dict, n: int, subject_name: str) -> dict:
             subspaces,
             "residual subspace (blocks.0.hook_resid_post)",
             f"Patching clean residual subspaces into the corrupted run ({subject_name}, {n} contexts; {norm})",
+            {
+                "token subspace": r["subspaces_all_positions"][:, 0],
+                "best single copy subspace": copies.max(1).values,
+                f"sum of the {K} copy subspaces": copies.sum(1),
+            },
+            "the token subspace (shared by clean and corrupted) against each head's copy subspace (all positions)",
         ),
         "qk": _qk_figure(
             r, f"Patching the layer-2 query vs key input by subspace ({subject_name}, {n} contexts; {norm})"

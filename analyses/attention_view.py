@@ -7,10 +7,13 @@ Writes ``attention_view.html`` (self-contained: circuitsvis's JavaScript is inli
 hover a head to see it, click to lock it, hover a cell for its query, key and weight) and
 ``attention_view.json`` (the patterns shown, with their labels). Keys are labelled by the task token they
 hold, ``d3:h5`` (demonstration 3, position 5) or ``tgt:h2`` (the target sequence), ``bos``/``sep`` for a
-standard model's special ids; queries by the token they predict, ``q:tgt:h2``. The disentangled model's
-``blocks.0`` is not square (its H target rows attend over all (L+1)H tokens), and circuitsvis draws one
-list of labels along both axes, so each layer's list is its queries, then its keys: a query's row has its
-weights in the key columns, and the rest of the square is empty.
+standard model's special ids; queries by the token they predict, ``q:tgt:h2``. circuitsvis draws one list
+of labels along both axes, so the page shows what holds data as squares (``square_views``): a square layer
+(a causal LM's, the disentangled model's ``blocks.1``) as it is, labelled ``key | query``; a layer with fewer
+queries than keys (the disentangled model's ``blocks.0``: H target rows over all (L+1)H tokens) as a table
+of each head's attention on each sequence, and per head its queries against the positions of the sequence
+it attends to most (``L0H3 -> d5 (0.94)``). Where those blocks are not square, the layer falls back to
+queries then keys along both axes (a query's weights in its row under the key columns, the rest empty).
 """
 
 from __future__ import annotations
@@ -30,8 +33,10 @@ NAME = "attention_view"
 MAX_CELLS = 5_000_000  # numbers in the page's views: about 40 MB of HTML
 FIGURES = {
     "attention_view.html": (
-        "interactive circuitsvis view of one context's attention, every layer and head: queries labelled by the "
-        "target token they predict (q:tgt:h2), keys by the token they hold (d3:h5 = demonstration 3, position 5)"
+        "interactive circuitsvis view of one context's attention, every layer and head, only what holds data: "
+        "blocks.0 (12 target queries over all 132 tokens) as a table of each head's attention per sequence and, per "
+        "head, its queries against the positions of the demonstration it copies (L0H3 → d5 (0.94)); blocks.1 as "
+        "its 12 x 12 square. Queries labelled by the target token they predict (q:tgt:h2), keys by the token they hold"
     ),
 }
 
@@ -109,6 +114,61 @@ def _circuitsvis_js() -> str:
     return bundle.read_text(encoding="utf-8").replace("</script>", "")
 
 
+def sequence_of(key: str) -> str:
+    """The sequence a key label belongs to: ``d3`` for ``d3:h5``, ``tgt`` for ``tgt:h2``, ``special`` else."""
+    return key.split(":")[0] if ":" in key else "special"
+
+
+def sequence_mass(pattern: torch.Tensor, key_labels: list[str]) -> tuple[list[str], torch.Tensor]:
+    """The sequences in key order and each head's attention on each, averaged over queries: ``[head, seq]``."""
+    seqs = list(dict.fromkeys(sequence_of(k) for k in key_labels))
+    index = torch.tensor([seqs.index(sequence_of(k)) for k in key_labels])
+    mass = pattern.new_zeros(pattern.shape[0], len(seqs)).index_add_(1, index, pattern.mean(1))
+    return seqs, mass
+
+
+def square_views(pattern: torch.Tensor, query_labels: list[str], key_labels: list[str]) -> dict | None:
+    """What holds data, as circuitsvis's square ``attention [head, n, n]`` with one label list for both axes.
+
+    A square layer (queries at the key positions): as it is, each label ``key | query`` (the token the
+    position holds, the one it predicts). A layer with fewer queries than keys: per head, its queries
+    against the keys of the one sequence it attends to most (the head named ``L0H3 -> d5 (0.98)``, that
+    sequence and the share of the head's attention on it), labels ``query | position``; None when those
+    blocks are not square (then ``layer_view``)."""
+    n_heads, Q, K = pattern.shape
+    if Q == K:
+        return {"tokens": [f"{k} | {q}" for q, k in zip(query_labels, key_labels)], "attention": pattern, "names": None}
+    seqs, mass = sequence_mass(pattern, key_labels)
+    best = mass.argmax(1)
+    blocks, names, positions = [], [], None
+    for head in range(n_heads):
+        cols = [j for j, k in enumerate(key_labels) if sequence_of(k) == seqs[best[head]]]
+        if len(cols) != Q:
+            return None
+        pos = [key_labels[j].split(":", 1)[-1] for j in cols]
+        if positions not in (None, pos):
+            return None
+        positions = pos
+        blocks.append(pattern[head][:, cols])
+        names.append(f"{seqs[best[head]]} ({mass[head, best[head]].item():.2f})")
+    tokens = [f"{q} | {p}" for q, p in zip(query_labels, positions)]
+    return {"tokens": tokens, "attention": torch.stack(blocks), "names": names}
+
+
+def mass_table(layer: dict) -> str:
+    """An HTML table: each head's attention (averaged over queries) on each sequence, shaded."""
+    seqs, mass = sequence_mass(layer["pattern"], layer["keys"])
+    head = "".join(f"<th>{html.escape(s)}</th>" for s in seqs)
+    rows = []
+    for name, row in zip(layer["heads"], mass.tolist()):
+        cells = "".join(
+            f'<td style="background:rgba(30,90,200,{v:.2f});color:{"#fff" if v > 0.5 else "#000"}">{v:.2f}</td>'
+            for v in row
+        )
+        rows.append(f"<tr><th>{html.escape(name)}</th>{cells}</tr>")
+    return f'<table class="mass"><tr><th>head</th>{head}</tr>{"".join(rows)}</table>'
+
+
 def render_html(result: dict, title: str) -> str:
     """The self-contained page: a heading and caption per layer, then one script rendering every layer."""
     esc = html.escape
@@ -120,18 +180,37 @@ def render_html(result: dict, title: str) -> str:
     for layer in result["layers"]:
         div = f"attention-layer-{layer['layer']}"
         q, k = len(layer["queries"]), len(layer["keys"])
-        sections.append(
-            f"<h2>blocks.{layer['layer']}: {len(layer['heads'])} head(s), {q} queries x {k} keys</h2>\n"
-            f"<p>Labels run queries first ({esc(layer['queries'][0])} .. {esc(layer['queries'][-1])}), then keys "
-            f"({esc(layer['keys'][0])} .. {esc(layer['keys'][-1])}): each query's weights are in its row, under "
-            f'the key columns.</p>\n<div id="{div}"></div>'
+        view = square_views(layer["pattern"], layer["queries"], layer["keys"])
+        heading = f"<h2>blocks.{layer['layer']}: {len(layer['heads'])} head(s), {q} queries x {k} keys</h2>\n"
+        if view is None:  # fall back: queries then keys along both axes, the rest of the square empty
+            view = {**layer_view(layer["pattern"], layer["queries"], layer["keys"]), "names": None}
+            caption = (
+                f"<p>Labels run queries first ({esc(layer['queries'][0])} .. {esc(layer['queries'][-1])}), then keys "
+                f"({esc(layer['keys'][0])} .. {esc(layer['keys'][-1])}): each query's weights are in its row, under "
+                f"the key columns.</p>\n"
+            )
+        elif view["names"] is None:
+            caption = "<p>Rows: queries, columns: keys; each label is <i>the token the position holds | what it predicts</i>.</p>\n"
+        else:
+            caption = (
+                f"<p>Each head's attention on each sequence (averaged over its {q} queries; every key counted):</p>\n"
+                f"{mass_table(layer)}\n<p>Below, per head, its {q} queries (rows) against the positions of the "
+                "sequence it attends to most (columns), named with the head with its share of the head's "
+                "attention; each label is <i>what the query predicts | the key's position</i>. The rest of the "
+                "head's attention (the table) is not drawn.</p>\n"
+            )
+        sections.append(f'{heading}{caption}<div id="{div}"></div>')
+        names = (
+            layer["heads"] if view["names"] is None else [f"{h} → {n}" for h, n in zip(layer["heads"], view["names"])]
         )
+        attention = view["attention"]
         props = {
-            "attentionHeadNames": layer["heads"],
+            "attentionHeadNames": names,
             "maxValue": 1,
             "minValue": 0,
             "maskUpperTri": False,
-            **layer_view(layer["pattern"], layer["queries"], layer["keys"]),
+            "tokens": view["tokens"],
+            "attention": attention.round(decimals=4).tolist() if isinstance(attention, torch.Tensor) else attention,
         }
         props_js = json.dumps(props).replace("</", "<\\/")
         calls.append(f'CircuitsVis.render("{div}", CircuitsVis.AttentionHeads, {props_js});')
@@ -182,11 +261,7 @@ ANALYSIS = common.Analysis(
 
 def main(argv: list[str] | None = None) -> dict:
     """``common.main``'s steps, writing HTML (not a matplotlib figure) and the JSON of its numbers."""
-    p = common.parser_for(ANALYSIS)
-    args = p.parse_args(argv)
-    cli.check_run_flags(p, args, argv)
-    common.check_out(p, args.out)
-    _check_flags(p, args)
+    p, args = common.parse(ANALYSIS, argv)
     subject = cli.subject_or_exit(p, args)
     try:
         common.check_requirements(ANALYSIS, subject)
@@ -196,11 +271,12 @@ def main(argv: list[str] | None = None) -> dict:
     torch.manual_seed(args.seed)
     result = compute(subject, args)
     out = Path(args.out)
-    out.mkdir(exist_ok=True)
+    out.mkdir(parents=True, exist_ok=True)
     page = render_html(result, f"Attention of {subject.name}, context {args.context} (seed {args.seed})")
     atomic_write(out / "attention_view.html", lambda tmp: tmp.write_text(page, encoding="utf-8"))
     write_json(out / f"{NAME}.json", common.json_record(args, subject, result))
     print(summary(result))
+    common.report_written([out / "attention_view.html", out / f"{NAME}.json"])
     return result
 
 

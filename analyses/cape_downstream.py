@@ -251,10 +251,10 @@ def summary(res: dict) -> str:
 def add_flags(parser) -> None:
     parser.add_argument("--model-seeds", type=int, default=3, help="model seeds per variant (default: 3)")
     parser.add_argument(
-        "--steps", type=int, default=DownstreamConfig.steps, help="training steps (default: %(default)s)"
+        "--steps", type=int, default=DownstreamConfig.steps, help="training steps of each downstream model (default: %(default)s)"
     )
     parser.add_argument(
-        "--n-train", type=int, default=DownstreamConfig.n_train, help="training samples (default: %(default)s)"
+        "--n-train", type=int, default=DownstreamConfig.n_train, help="training samples of the downstream task (default: %(default)s)"
     )
     parser.add_argument(
         "--variants",

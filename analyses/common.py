@@ -21,6 +21,9 @@ from __future__ import annotations
 import argparse
 import difflib
 import importlib
+import hashlib
+import os
+import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -29,16 +32,17 @@ import torch
 
 from models import cli
 from models.io import write_json, write_set
-from models.subject import CONTENT_FREE_COPYERS, DISENTANGLED, MARKOV_TASK, Subject
+from models.subject import CONTENT_FREE_COPYERS, DISENTANGLED, MARKOV_TASK, NAMED, Subject
 
-FIGURES_DIR = Path(__file__).resolve().parent.parent / "figures"
+FIGURES_DIR = Path(__file__).resolve().parent.parent / "figures"  # the paper's figures: analyses.paper only
+RUNS_DIR = Path("runs") / "figures"  # every other run's, relative to the working folder
 
 # Every analysis, in the order of the paper's argument (mechanism, theory, other models, scale, CAPE). What
 # each needs of its subject is its module's REQUIRES (None: it studies synthetic tasks of its own and takes no
 # --checkpoint); tests/test_registration.py fails if a module of analyses/ is missing here.
 ANALYSES = [
     "head_ablation", "activation_patching", "copyers", "logpi_recovery", "block_structure", "bma_agreement",
-    "init_gradient", "information", "continuous", "inspect", "linear_probes", "standard_circuit",
+    "init_gradient", "information", "continuous", "inspect", "inspect_standard", "linear_probes", "standard_circuit", "circuit",
     "standard_vs_disentangled", "phase_diagram", "attention_view", "scale", "cape_structure", "cape_properties",
     "cape_downstream",
 ]  # fmt: skip
@@ -112,13 +116,50 @@ def parser_for(analysis: Analysis) -> argparse.ArgumentParser:
     p = cli.parser(f"python -m analyses.{analysis.name}", analysis.doc)
     if analysis.requires is not None:
         cli.add_subject_flags(p)
-    p.add_argument("--out", default=str(FIGURES_DIR), help="output folder (default: figures/)")
+    p.add_argument(
+        "--out",
+        default=None,
+        help=f"folder for the figures and JSON (default: {RUNS_DIR}/<checkpoint>/, a folder named for the model "
+        "analysed; the committed figures/ are written only by python -m analyses.paper)",
+    )
     cli.add_run_flags(p, n_contexts=analysis.n_contexts)
     if analysis.requires is None:
-        p.add_argument("--device", default="cpu", help="torch device (default: cpu)")
+        p.add_argument("--device", default="cpu", help="torch device to run on, e.g. cpu or cuda (default: cpu)")
     if analysis.add_flags is not None:
         analysis.add_flags(p)
     return p
+
+
+def default_out(checkpoint: str | None) -> Path:
+    """Where an analysis writes unless told: ``runs/figures/<name>/``, named for the model analysed (a named
+    checkpoint or ``theorem1:...`` spec as written; a path by its name and a digest of its absolute path;
+    ``synthetic`` for an analysis of its own tasks), so that no run replaces the committed figures."""
+    if checkpoint is None:
+        return RUNS_DIR / "synthetic"
+    if checkpoint in NAMED or checkpoint.startswith("theorem1"):
+        return RUNS_DIR / re.sub(r"[^A-Za-z0-9._=+-]+", "_", checkpoint)
+    path = Path(checkpoint).expanduser().resolve()
+    digest = hashlib.sha1(os.fsencode(path)).hexdigest()[:8]
+    return RUNS_DIR / f"{re.sub(r'[^A-Za-z0-9._=+-]+', '_', path.name) or 'checkpoint'}-{digest}"
+
+
+def parse(analysis: Analysis, argv: list[str] | None) -> tuple[argparse.ArgumentParser, argparse.Namespace]:
+    """The analysis's flags parsed and checked (``--out`` defaulted by ``default_out``), before any work."""
+    p = parser_for(analysis)
+    args = p.parse_args(argv)
+    defaulted = args.out is None  # then its parent folders are made; a given --out's parent must exist
+    if defaulted:
+        args.out = str(default_out(getattr(args, "checkpoint", None)))
+    cli.check_run_flags(p, args, argv, make_parents=defaulted)  # --out included
+    if analysis.check_flags is not None:
+        analysis.check_flags(p, args)
+    return p, args
+
+
+def report_written(paths: list[Path]) -> None:
+    """The one line that ends a run: where its files went."""
+    folder = os.path.relpath(paths[0].parent) if paths else "?"
+    print(f"wrote {len(paths)} files to {folder}/: {', '.join(p.name for p in paths)}")
 
 
 def check_out(p: argparse.ArgumentParser, out: str) -> None:
@@ -140,11 +181,7 @@ def check_at_least(p: argparse.ArgumentParser, args: argparse.Namespace, **minim
 
 def main(analysis: Analysis, argv: list[str] | None = None) -> dict:
     """Parse, load, compute, save the figures and JSON as one set, print the summary; returns the result."""
-    p = parser_for(analysis)
-    args = p.parse_args(argv)
-    cli.check_run_flags(p, args, argv)  # --out included
-    if analysis.check_flags is not None:
-        analysis.check_flags(p, args)
+    p, args = parse(analysis, argv)
     subject = None
     if analysis.requires is not None:
         subject = cli.subject_or_exit(p, args)
@@ -161,8 +198,9 @@ def main(analysis: Analysis, argv: list[str] | None = None) -> dict:
     figs = analysis.figures(result, args)
     if not isinstance(figs, dict):
         figs = {analysis.name: figs}
-    save_set(args.out, analysis.name, figs, analysis.record(result), args, subject)
+    written = save_set(args.out, analysis.name, figs, analysis.record(result), args, subject)
     print(analysis.summary(result))
+    report_written(written)
     return result
 
 
@@ -198,7 +236,7 @@ def save_set(out: str | Path, name: str, figures: dict, results, args, subject: 
     import matplotlib.pyplot as plt  # plotting stays off the import path of the CLIs' --help
 
     out = Path(out)
-    out.mkdir(exist_ok=True)
+    out.mkdir(parents=True, exist_ok=True)
     writers = {
         f"{stem}.{ext}": (lambda p, f=fig: render_figure(f, p))
         for stem, fig in figures.items()

@@ -278,7 +278,7 @@ def summary(res: dict) -> str:
 
 
 def add_flags(parser) -> None:
-    parser.add_argument("--rho", type=float, default=0.5, help="parent-to-child correlation (default: 0.5)")
+    parser.add_argument("--rho", type=float, default=0.5, help="parent-to-child correlation rho of the Gaussian task (default: 0.5)")
     parser.add_argument("--steps", type=int, default=300, help="training steps per L (default: 300)")
 
 

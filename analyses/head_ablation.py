@@ -3,7 +3,7 @@
     python -m analyses.head_ablation                              # the shipped checkpoint
     python -m analyses.head_ablation --checkpoint theorem1:beta=50
 
-The mechanism (PAPER.md section 3): copyer head k writes a soft copy of ONE demonstration l(k) into
+The mechanism (docs/paper.md section 3): copyer head k writes a soft copy of ONE demonstration l(k) into
 residual subspace k+1, and the layer-2 score sums a ``log pi`` term per copy, which is Lemma 1's sum
 over demonstrations. So removing head k's copy should turn the model into BMA computed without
 demonstration l(k). The demonstration is read from the measured head assignment
@@ -140,8 +140,10 @@ def head_ablation(
     intact = measure(log_probs, cache[PATTERN][:, 0], tokens, parents, bma)
     means = {name: cache[name].mean(0) for name in (HOOK_Z, HOOK_Q, HOOK_K)}
 
+    log: list = []  # every intervention run, for the JSON
+
     def ablate_heads(heads: list[int], kind: str) -> dict:
-        out = run_ablated(subject, tokens, ablate(subject, 0, heads, kind, means[HOOK_Z]))
+        out = run_ablated(subject, tokens, ablate(subject, 0, heads, kind, means[HOOK_Z], log))
         return measure(*out, tokens, parents, bma, frozenset(demos[k] for k in heads))
 
     bar = tqdm(total=2 * K + 2 * (K + 1) + 4, desc="ablations", disable=not progress, leave=False)
@@ -168,7 +170,7 @@ def head_ablation(
     controls = {}
     for side, name in (("query", HOOK_Q), ("key", HOOK_K)):
         for kind in KINDS:
-            lp, att = run_ablated(subject, tokens, ablate_subspace(name, slice(0, d), kind, means[name]))
+            lp, att = run_ablated(subject, tokens, ablate_subspace(name, slice(0, d), kind, means[name], log))
             controls[f"{side}_token_{kind}"] = {
                 **measure(lp, att, tokens, parents, bma),
                 "max_abs_log_prob_change": (lp - log_probs)[:, 1:].abs().max().item(),
@@ -190,6 +192,7 @@ def head_ablation(
         "cumulative": cumulative,
         "controls": controls,
         "distinct_demonstrations": len(set(demos)),
+        "interventions": log,
     }
     result["claims"] = claims(result)
     return result

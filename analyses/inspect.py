@@ -18,7 +18,8 @@ the clean-vs-corrupted NLL difference it restores).
 Two baselines on the same contexts: BMA, and the uniform-parent mixture (attention spread evenly over
 the candidates, BMA with no demonstration: the plateau at initialisation). Verdict rules:
 - ``progress = (NLL_uniform - NLL) / (NLL_uniform - NLL_BMA)``; the model is ON THE PLATEAU if
-  progress < 0.5 (its NLL is closer to the plateau than to BMA). Then no head is credited. If BMA is
+  progress < 0.5 (its NLL is closer to the plateau than to BMA), WORSE THAN THE PLATEAU if its NLL is
+  above the uniform-parent mixture's (by more than 1e-6 nats, float rounding). Then no head is credited. If BMA is
   within 0.005 nats of the plateau on the sampled contexts, no verdict is possible (``on_plateau`` None).
 - Otherwise a head is PARENT-SELECTING if its candidate mass >= 0.5, its parent accuracy closes at
   least half the gap from the uniform baseline to BMA, and its TV to BMA is below the uniform's.
@@ -39,9 +40,11 @@ import torch
 from tqdm.auto import tqdm
 
 from analyses import common
-from models.interventions import ablate, corrupted_contexts, head_outputs, patch_heads
+from models.circuit import per_context_nll, ratio_se
+from models.interventions import ablate, corrupted_contexts, head_ablation, head_outputs, hooks, patch_heads
+from models.subject import head_label
 from probes import bma_posterior, bma_predictive, parent_accuracy, target_nll, total_variation
-from probes.roles import CATEGORIES, GROUPS, attention_role, role_profile
+from probes.roles import CATEGORIES, GROUPS, OVERLAPPING, attention_role, role_profile
 
 NAME = "inspect"
 N_CONTEXTS = 512  # default --n-contexts
@@ -66,6 +69,7 @@ SELECT_FRACTION = 0.5  # a head must close this fraction of the uniform -> BMA p
 MIN_CANDIDATE_MASS = 0.5
 COPY_MASS = 0.5
 MIN_PLATEAU_GAP = 0.005  # nats between plateau and BMA below which no verdict is possible
+WORSE_MARGIN = 1e-6  # nats above the plateau's NLL (beyond float rounding): worse than the plateau
 MIN_PATCH_EFFECT = 0.005  # nats between clean and corrupted runs for patching to be defined
 CARRY_FRACTION = 0.1  # a carrying head's ablation costs this share of the gain over the plateau (or its
 # patching restores this share of the clean-vs-corrupted difference)
@@ -153,6 +157,7 @@ def verdict(nll: float, base: dict, heads: list[dict], inter: dict | None = None
     return {
         "progress": progress,
         "on_plateau": on_plateau,
+        "worse_than_plateau": progress is not None and nll - base["nll_uniform"] > WORSE_MARGIN,
         "parent_acc_bar": bar,
         "parent_selecting": selecting,
         "copyers": copyers,
@@ -180,19 +185,22 @@ def interventions(subject, tokens, corrupted) -> dict:
     clean_z = head_outputs(subject, tokens)
     nll_clean = target_nll(subject.log_probs(tokens), tokens)
     nll_corrupt = target_nll(subject.log_probs(corrupted), corrupted)
-    ablation, patching = [], []
+    ablation, patching, log = [], [], []
     jobs = [(i, j) for i, n in enumerate(subject.n_heads) for j in range(n)]
     # Undefined when the demonstrations make no difference (a model on the plateau): None.
     usable = abs(nll_corrupt - nll_clean) >= MIN_PATCH_EFFECT
     for i, j in tqdm(jobs, desc="ablate/patch heads", leave=False, disable=len(jobs) < 8):
-        ablation.append(target_nll(subject.log_probs(tokens, ablate(subject, i, [j], "mean")), tokens) - nll_clean)
-        patched = target_nll(subject.log_probs(corrupted, patch_heads(subject, i, [j], clean_z)), corrupted)
+        ablation.append(
+            target_nll(subject.log_probs(tokens, ablate(subject, i, [j], "mean", log=log)), tokens) - nll_clean
+        )
+        patched = target_nll(subject.log_probs(corrupted, patch_heads(subject, i, [j], clean_z, log)), corrupted)
         patching.append((nll_corrupt - patched) / (nll_corrupt - nll_clean) if usable else None)
     return {
         "nll_clean": nll_clean,
         "nll_corrupted": nll_corrupt,
         "ablation_dnll": ablation,
         "patching_restored": patching,
+        "interventions": log,
     }
 
 
@@ -243,11 +251,34 @@ def inspect_subject(subject, n_contexts: int = 512, seed: int = 0, batch: int = 
         "intervention_contexts": n_int,
         "nll_clean": inter["nll_clean"],
         "nll_corrupted": inter["nll_corrupted"],
+        "interventions": inter["interventions"],
         **verdict(nll, base, per_head, inter),
     }
     for h in per_head:
         h["role"] = out["roles"][h["label"]]
+    named = {"paper_circuit": sorted(set(out["parent_selecting"]) | set(out["copyers"])), "carriers": out["carriers"]}
+    out["sufficiency"] = {
+        name: sufficiency(subject, tokens[:n_int], heads, out["interventions"])
+        for name, heads in named.items()
+        if heads
+    }
     return out
+
+
+@torch.no_grad()
+def sufficiency(subject, tokens, heads: list[str], log: list) -> dict:
+    """The share of the model's progress over the uniform-parent plateau kept with every head NOT in
+    ``heads`` mean-ablated (its ``hook_z`` at the mean over ``tokens``), and its standard error over
+    the contexts: ``(plateau - ablated) / (plateau - model)`` per-context means, delta method."""
+    task = subject.task
+    keep = set(heads)
+    ivs = [head_ablation(subject, i, [j for j in range(n) if head_label(i, j) not in keep], "mean")
+           for i, n in enumerate(subject.n_heads) if any(head_label(i, j) not in keep for j in range(n))]  # fmt: skip
+    plateau = bma_predictive(task.pi, tokens, task.n_examples, task.seq_len, task.root, demonstrations=[], log=True)
+    nll = lambda lp: per_context_nll(lp, tokens)  # noqa: E731
+    share, se = ratio_se(nll(plateau) - nll(subject.log_probs(tokens, hooks(ivs, log))),
+                         nll(plateau) - nll(subject.log_probs(tokens)))  # fmt: skip
+    return {"heads": sorted(keep), "share": share, "se": se, "contexts": len(tokens)}
 
 
 def _fmt(x) -> str:
@@ -262,10 +293,13 @@ def circuit_text(r: dict) -> str:
             f"can be credited (use more contexts or demonstrations)"
         )
     if r["on_plateau"]:
-        return (
-            f"ON THE UNIFORM-PARENT PLATEAU: no head credited "
-            f"(best head {r['best_head']} is not evidence of a mechanism)"
+        where = (
+            f"WORSE THAN THE UNIFORM-PARENT PLATEAU (its NLL is {r['nll'] - r['nll_uniform']:.4f} nats above the "
+            f"uniform-parent mixture's)"
+            if r["worse_than_plateau"]
+            else "ON THE UNIFORM-PARENT PLATEAU"
         )
+        return f"{where}: no head credited (best head {r['best_head']} is not evidence of a mechanism)"
     by_label = {h["label"]: h for h in r["heads"]}
     named = "; ".join(
         f"{c} ({r['roles'][c]}: ablation {by_label[c]['ablation_dnll']:+.4f} nats, patching "
@@ -285,6 +319,11 @@ def circuit_text(r: dict) -> str:
         if not present
     ]
     return f"off the plateau, and the paper's circuit is absent ({', '.join(missing)}). Carrying the computation: {carried}"
+
+
+def plateau_words(r: dict) -> str:
+    """Where a model below the bar stands, for figure titles."""
+    return "worse than the uniform-parent plateau" if r["worse_than_plateau"] else "on the uniform-parent plateau"
 
 
 def summary(r: dict) -> str:
@@ -325,6 +364,12 @@ def summary(r: dict) -> str:
     lines.append(
         "paper's circuit, copyers: " + (copyers or "not found (no head puts >= 0.5 on position h of one demonstration)")
     )
+    for name, suff in r.get("sufficiency", {}).items():
+        lines.append(
+            f"sufficiency of the {name.replace('_', ' ')} ({', '.join(suff['heads'])}): every other head mean-ablated "
+            f"keeps {suff['share']:.3f} +- {suff['se']:.3f} of the progress ({suff['contexts']} contexts)"
+        )
+    lines.append("the edges between these heads: python -m analyses.circuit (figures/circuit_graph.png)")
     return "\n".join(lines)
 
 
@@ -342,7 +387,7 @@ def figures(r: dict, args) -> dict:
     verdict_text = (
         "no verdict (BMA ~ plateau)"
         if r["on_plateau"] is None
-        else "on the uniform-parent plateau"
+        else plateau_words(r)
         if r["on_plateau"]
         else f"parent-selecting: {', '.join(r['parent_selecting']) or 'none'}"
     )
@@ -398,41 +443,82 @@ def figures(r: dict, args) -> dict:
     return out
 
 
+CATEGORY_NAMES = {
+    "prefix": "earlier,\nsame seq.",
+    "self": "own\nposition",
+    "same_position": "same pos.,\nother seqs",
+    "other_position": "other pos.,\nother seqs",
+    "later": "later,\nsame seq.",
+    "special": "BOS /\nseparator",
+    "candidates": "candidate\nparents",
+    "parent": "true\nparent",
+}
+EMPTY_MASS = 0.005  # a category (or a query group) below this for every head is left out of the roles figure
+
+
 def _roles_figure(r: dict, n: int):
+    """Role profile per head (one heatmap per query group that the model has, values printed) beside its
+    causal weight; categories no head attends to are left out and named in the title."""
+    import textwrap
+
     import matplotlib.pyplot as plt
     import numpy as np
 
-    labels = [h["label"] for h in r["heads"]]
-    cols = [(c, g) for g in range(len(GROUPS)) for c in CATEGORIES]
-    m = np.array([[h["role_profile"][c][g] for c, g in cols] for h in r["heads"]], dtype=float)
-    fig, axes = plt.subplots(
-        1, 2, figsize=(13, 0.32 * len(labels) + 2.6), gridspec_kw={"width_ratios": [len(cols), 4]}, sharey=True
-    )
-    im = axes[0].imshow(np.ma.masked_invalid(m), cmap="viridis", vmin=0, vmax=1, aspect="auto")
-    axes[0].grid(False)
-    axes[0].set_xticks(range(len(cols)), [f"{c} ({GROUPS[g][:5]}.)" for c, g in cols], rotation=90, fontsize=7)
+    heads = r["heads"]
     carriers = set(r["carriers"])
-    axes[0].set_yticks(
-        range(len(labels)), [f"{h['label']}: {h['role'].split(' [')[0][:60]}" for h in r["heads"]], fontsize=6
-    )
-    for t, h in zip(axes[0].get_yticklabels(), labels):
-        if h in carriers:
+    m = np.array([[[h["role_profile"][c][g] for c in CATEGORIES] for g in range(len(GROUPS))] for h in heads], float)
+    groups = [g for g in range(len(GROUPS)) if np.isfinite(m[:, g]).any()]  # [head, group, category]
+    shown = [i for i, c in enumerate(CATEGORIES) if np.nanmax(np.nan_to_num(m[:, groups, i], nan=0.0)) >= EMPTY_MASS]
+    left_out = [CATEGORIES[i] for i in range(len(CATEGORIES)) if i not in shown]
+    ylabels = [
+        "\n".join(textwrap.wrap(f"{h['label']}: {h['role'].split(' [')[0]}", 42, max_lines=3, placeholder=" …"))
+        for h in heads
+    ]
+    widths = [len(shown)] * len(groups) + [3.5]
+    fig, axes = plt.subplots(
+        1, len(widths), figsize=(0.85 * sum(widths) + 4.5, 0.55 * len(heads) + 2.8),
+        gridspec_kw={"width_ratios": widths}, sharey=True, layout="constrained",
+    )  # fmt: skip
+    for ax, g in zip(axes, groups):
+        block = m[:, g][:, shown]
+        im = ax.imshow(np.ma.masked_invalid(block), cmap="viridis", vmin=0, vmax=1, aspect="auto")
+        ax.grid(False)
+        for i in range(block.shape[0]):
+            for j in range(block.shape[1]):
+                if np.isfinite(block[i, j]):
+                    ax.text(j, i, f"{block[i, j]:.2f}", ha="center", va="center", fontsize=8,
+                            color="k" if block[i, j] > 0.6 else "w")  # fmt: skip
+        ax.set_xticks(range(len(shown)), [CATEGORY_NAMES.get(CATEGORIES[i], CATEGORIES[i]) for i in shown], fontsize=9)
+        ax.tick_params(axis="x", labelrotation=0)
+        first_overlapping = next((j for j, i in enumerate(shown) if CATEGORIES[i] in OVERLAPPING), None)
+        if first_overlapping:
+            ax.axvline(first_overlapping - 0.5, color="w", lw=3)
+        ax.set_title(f"attention mass from {GROUPS[g]} queries", fontsize=11)
+    axes[0].set_yticks(range(len(heads)), ylabels, fontsize=9)
+    for t, h in zip(axes[0].get_yticklabels(), heads):
+        if h["label"] in carriers:
             t.set_fontweight("bold")
-    axes[0].set_title("attention mass by key category (demonstration | target queries)", fontsize=8)
-    fig.colorbar(im, ax=axes[0], shrink=0.8)
-    y = np.arange(len(labels))
-    axes[1].barh(y, [h["ablation_dnll"] for h in r["heads"]], color=["C3" if h in carriers else "C7" for h in labels])
-    axes[1].set(xlabel="mean-ablation NLL change (nats)", title="causal weight")
-    axes[1].invert_yaxis() if not axes[1].yaxis_inverted() else None
+    fig.colorbar(im, ax=axes[len(groups) - 1], shrink=0.6, label="mass")
+    ax = axes[-1]
+    y = np.arange(len(heads))
+    dnll = [h["ablation_dnll"] for h in heads]
+    ax.barh(y, dnll, color=["C3" if h["label"] in carriers else "C7" for h in heads])
+    for yi, v, h in zip(y, dnll, heads):
+        patched = "-" if h["patching_restored"] is None else f"{h['patching_restored']:.2f}"
+        ax.text(max(v, 0), yi, f" +{v:.3f} | {patched}", va="center", fontsize=8,
+                fontweight="bold" if h["label"] in carriers else "normal")  # fmt: skip
+    ax.set_xlim(0, max(dnll) * 1.6 if max(dnll) > 0 else 1)
+    ax.set_xlabel("mean-ablation NLL change (nats)")
+    ax.set_title("causal weight: ablation (nats) | patching\nshare restored; red: carries the computation", fontsize=11)
     if r["on_plateau"] is None:
         title = "no verdict (BMA ~ plateau)"
     elif r["on_plateau"]:
-        title = "on the uniform-parent plateau: no head credited"
+        title = f"{plateau_words(r)}: no head credited"
     else:
         circuit = "the paper's circuit" if r["paper_circuit"] else "the paper's circuit absent"
-        title = f"progress {r['progress']:.2f}, {circuit}; carrying it (bold): {', '.join(r['carriers'])}"
-    fig.suptitle(f"{r['kind']} model, {n} contexts: {title}", fontsize=8)
-    fig.tight_layout()
+        title = f"progress {r['progress']:.2f}, {circuit}; carrying it: {', '.join(r['carriers'])}"
+    note = f"\n(no head attends to: {', '.join(left_out)})" if left_out else ""
+    fig.suptitle(f"{r['kind']} model, {n} contexts: {title}{note}", fontsize=12)
     return fig
 
 

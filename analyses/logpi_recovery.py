@@ -31,7 +31,7 @@ from probes.metrics import column_softmax_error, fit_column_shift
 NAME = "logpi_recovery"
 FIGURES = {
     "logpi_recovery.png": (
-        "each diagonal W_KQ block (labelled head and demonstration), column-centred and divided by its fitted scale c, beside log pi, with the leftover misfit; the W_OV token block against log pi (row-centred)."
+        "Proposition 1 in four panels: log pi (column-centred) beside the worst-fitting diagonal W_KQ block (column-centred, divided by its fitted scale c, values printed); every entry of all diagonal blocks against log pi's (one colour per head and the demonstration it copies, y = x); the W_OV token block against log pi (row-centred), with the fitted c, correlation and softmax errors in the titles."
     ),
     "logpi_recovery_errors.png": (
         "column-softmax error of each diagonal block at scale 1 and at the fitted c, against the paper's 0.05 (W_OV: row softmax against pi)."
@@ -127,65 +127,73 @@ def effective_value_error(model, pi: torch.Tensor, tokens: torch.Tensor) -> dict
     return {"mean_value": mean, "error_max": (mean[seen] - pi.double()[seen]).abs().max().item()}
 
 
+def _heatmap(ax, m, vmax, title: str, xlabel: str, ylabel: str):
+    """One annotated d x d heatmap (diverging, symmetric about 0)."""
+    im = ax.imshow(m, cmap="RdBu_r", vmin=-vmax, vmax=vmax)
+    ax.grid(False)
+    d = m.shape[0]
+    for i in range(d):
+        for j in range(d):
+            ax.text(j, i, f"{m[i, j]:.2f}", ha="center", va="center", fontsize=9,
+                    color="w" if abs(m[i, j]) > 0.6 * vmax else "k")  # fmt: skip
+    ax.set_xticks(range(d))
+    ax.set_yticks(range(d))
+    ax.set(xlabel=xlabel, ylabel=ylabel)
+    ax.set_title(title, fontsize=11)
+    return im
+
+
 def _plot(res: dict, name: str):
+    """Proposition 1 at a glance: log pi, the worst diagonal W_KQ block beside it, every block's entries
+    against log pi's, and the W_OV token block against log pi (row convention)."""
     import matplotlib.pyplot as plt
 
     blocks = sorted(res["blocks"], key=lambda b: (b["demonstration"], b["head"]))
     log_pi, ov = res["log_pi"], res["ov"]
-    vmax = max((log_pi - log_pi.mean(0)).abs().max().item(), (log_pi - log_pi.mean(1, keepdim=True)).abs().max().item())
-    rmax = (
-        max(
-            [b["residual"].abs().max().item() / abs(b["c"]) for b in blocks]
-            + [ov["residual"].abs().max().item() / abs(ov["c"])]
-        )
-        or 1.0
+    col = (log_pi - log_pi.mean(0)).numpy()  # the W_KQ convention: a constant per column is free
+    row = (log_pi - log_pi.mean(1, keepdim=True)).numpy()  # the W_OV convention: a constant per row
+    centred = [((b["block"] - b["block"].mean(0)) / b["c"]).numpy() for b in blocks]
+    ov_centred = ((ov["block"] - ov["block"].mean(1, keepdim=True)) / ov["c"]).numpy()
+    worst = max(range(len(blocks)), key=lambda i: blocks[i]["error_fitted_max"])
+    wb = blocks[worst]
+    vmax = max(abs(col).max(), abs(centred[worst]).max())
+    fig, axes = plt.subplots(2, 2, figsize=(10.5, 9.5), layout="constrained")
+    _heatmap(axes[0, 0], col, vmax, "log π, column-centred", "query token x_h", "key token x_h'")
+    im = _heatmap(
+        axes[0, 1], centred[worst], vmax,
+        f"worst W_KQ block: {wb['head']} (copies demo {wb['demonstration']})\n"
+        f"column-centred ÷ c = {wb['c']:.2f}; col-softmax error {wb['error_fitted_max']:.3f}",
+        "query token x_h", "key token x_h'",
+    )  # fmt: skip
+    fig.colorbar(im, ax=axes[0, :].tolist(), shrink=0.8, label="centred value")
+    ax = axes[1, 0]
+    lo, hi = col.min() - 0.2, col.max() + 0.2
+    for i, (b, m) in enumerate(zip(blocks, centred)):
+        ax.scatter(col.ravel(), m.ravel(), s=14, alpha=0.7, color=plt.cm.tab10(i % 10),
+                   label=f"{b['head']} (demo {b['demonstration']})")  # fmt: skip
+    ax.plot([lo, hi], [lo, hi], "k--", lw=1, label="y = x")
+    ax.set(
+        xlim=(lo, hi), ylim=(lo, hi), xlabel="log π (column-centred)", ylabel="W_KQ block entry (column-centred ÷ c)"
     )
-    n = len(blocks) + 3
-    fig, axes = plt.subplots(2, n, figsize=(1.8 * n + 1, 4.1), squeeze=False)
-    panel = dict(cmap="RdBu_r", vmin=-vmax, vmax=vmax)
-    rpanel = dict(cmap="RdBu_r", vmin=-rmax, vmax=rmax)
-    im = axes[0, 0].imshow((log_pi - log_pi.mean(0)).numpy(), **panel)
-    axes[0, 0].set_title("log π\n(col-centred)", fontsize=8)
-    axes[0, 0].set_ylabel("key token", fontsize=8)
-    axes[0, 0].set_xlabel("query token", fontsize=8)
-    axes[1, 0].axis("off")
-    axes[1, 0].text(
-        0.0,
-        0.5,
-        f"worst W_KQ block\ncol-softmax error\nat fitted c: {res['worst']['error_fitted_max']:.3g}"
-        f"\nat scale 1: {res['worst']['error_unit_max']:.3g}",
-        fontsize=7,
-        va="center",
+    ax.set_title(
+        f"all {len(blocks)} diagonal W_KQ blocks ≈ c log π\nc in [{res['c_range'][0]:.2f}, {res['c_range'][1]:.2f}], "
+        f"corr ≥ {res['min_correlation']:.3f}\ncolumn-softmax error ≤ {res['worst']['error_fitted_max']:.3f} "
+        f"(claim ≤ {CLAIM_FITTED_ERROR}; at c = 1: {res['worst']['error_unit_max']:.2f})",
+        fontsize=11,
     )
-    for i, b in enumerate(blocks, start=1):
-        blk = b["block"]
-        axes[0, i].imshow(((blk - blk.mean(0)) / b["c"]).numpy(), **panel)
-        axes[0, i].set_title(
-            f"{b['head']} · demo {b['demonstration']}\nc={b['c']:.2f}, err={b['error_fitted_max']:.3f}", fontsize=8
-        )
-        rim = axes[1, i].imshow((b["residual"] / b["c"]).numpy(), **rpanel)
-        axes[1, i].set_title("residual / c", fontsize=8)
-    j = len(blocks) + 1
-    axes[0, j].imshow((log_pi - log_pi.mean(1, keepdim=True)).numpy(), **panel)
-    axes[0, j].set_title("log π\n(row-centred)", fontsize=8)
-    axes[0, j].set_ylabel("token", fontsize=8)
-    axes[0, j].set_xlabel("next token", fontsize=8)
-    axes[1, j].axis("off")
-    blk = ov["block"]
-    axes[0, j + 1].imshow(((blk - blk.mean(1, keepdim=True)) / ov["c"]).numpy(), **panel)
-    axes[0, j + 1].set_title(f"W_OV[:d] / c (row-c.)\nc={ov['c']:.2f}, err={ov['error_fitted_max']:.3f}", fontsize=8)
-    axes[1, j + 1].imshow((ov["residual"] / ov["c"]).numpy(), **rpanel)
-    axes[1, j + 1].set_title("residual / c", fontsize=8)
-    for ax in axes.flat:
-        ax.set_xticks([])
-        ax.set_yticks([])
-    fig.colorbar(im, ax=axes[0, :].tolist(), shrink=0.8, pad=0.01)
-    fig.colorbar(rim, ax=axes[1, :].tolist(), shrink=0.8, pad=0.01)
-    fig.suptitle(
-        f"{name}: diagonal W_KQ blocks (column-centred, ÷ fitted c) against log π, and the W_OV token "
-        "block against log π (row-centred); err = max column-softmax error (W_OV: row softmax)",
-        fontsize=9,
+    ax.legend(fontsize=7, ncol=2, loc="upper left")
+    ax = axes[1, 1]
+    lo, hi = min(row.min(), ov_centred.min()) - 0.2, max(row.max(), ov_centred.max()) + 0.2
+    ax.scatter(row.ravel(), ov_centred.ravel(), s=22, color="C1")
+    ax.plot([lo, hi], [lo, hi], "k--", lw=1, label="y = x")
+    ax.set(xlim=(lo, hi), ylim=(lo, hi), xlabel="log π (row-centred)", ylabel="W_OV[:d] entry (row-centred ÷ c)")
+    ax.set_title(
+        f"the W_OV token block ≈ c log π (c = {ov['c']:.2f})\ncorr {ov['correlation']:.3f}, row-softmax error "
+        f"{ov['error_fitted_max']:.3f}\nthe values it mixes (copy rows included): {ov['effective_value']['error_max']:.4f} from π",
+        fontsize=11,
     )
+    ax.legend(fontsize=8, loc="upper left")
+    fig.suptitle(f"{name}: Proposition 1, the copy blocks of W_KQ and the token block of W_OV store log π", fontsize=12)
     return fig
 
 

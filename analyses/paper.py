@@ -74,7 +74,7 @@ def gallery(modules: list[ModuleType]) -> str:
 
 def main(argv: list[str] | None = None) -> None:
     parser = cli.parser("python -m analyses.paper", __doc__)
-    parser.add_argument("--out", default=str(common.FIGURES_DIR), help="output folder (default: figures/)")
+    parser.add_argument("--out", default=str(common.FIGURES_DIR), help="folder for every figure, its JSON and the gallery README.md (default: figures/, the committed ones)")
     parser.add_argument("--seed", type=int, default=0, help="seed passed to every analysis (default: 0)")
     parser.add_argument("--only", nargs="+", metavar="NAME", help=f"run only these analyses ({', '.join(ANALYSES)})")
     parser.add_argument(

@@ -38,7 +38,7 @@ PAPER_ARGS = ["--quick"]  # analyses.paper runs the small grid (the full one tak
 FAMILIES = ("gpt2", "attn_only", "disentangled")
 FIGURES = {
     "phase_diagram.png": (
-        "progress from the uniform-parent plateau (0) to BMA (1) after a fixed step budget, per family (GPT-2, attention-only LayerNorm-free GPT-2, disentangled), against kernel sharpness (x) and L and loss (y); each cell names the first step with progress >= 0.5 and its seeds"
+        "progress from the uniform-parent plateau (0) to BMA (1) after a fixed step budget in one heatmap: a row per family (GPT-2, attention-only LayerNorm-free GPT-2, disentangled) and L and loss, a column per kernel (sharper to the right, with the plateau's gap to BMA); each cell prints the progress, the seeds averaged and the first step with progress >= 0.5"
     ),
     "phase_diagram_curves.png": "progress against training step for every run of the sweep, one panel per family and kernel",
 }
@@ -212,48 +212,57 @@ def _rows(grid: Grid, family: str) -> list[tuple[int, str]]:
     return [(L, "target") for L in sorted({L for L, _ in grid.rows})]
 
 
+FAMILY_NAMES = {
+    "gpt2": "GPT-2",
+    "attn_only": "attention-only GPT-2\n(no MLP, no LayerNorm)",
+    "disentangled": "disentangled",
+}
+
+
 def plot(res: dict):
+    """One heatmap: a row per (family, L, loss), a column per kernel (flattest left); each cell the progress
+    after the family's step budget, with the first step at progress >= 0.5 per seed."""
     import matplotlib.pyplot as plt  # heavy; only when plotting
     from matplotlib.colors import TwoSlopeNorm
 
     grid = Grid(**res["grid"])
     cells = {(c["family"], c["alpha"], c["gamma"], c["L"], c["loss_on"]): c for c in res["cells"]}
-    n_rows = max(len(_rows(grid, f)) for f in grid.families)
-    fig, axes = plt.subplots(
-        1,
-        len(grid.families),
-        figsize=(1.0 * len(grid.kernels) * len(grid.families) + 3.5, 0.6 * n_rows + 2.2),
-        layout="constrained",
-    )
-    axes = np.atleast_1d(axes)
+    rows = [(family, L, loss) for family in grid.families for L, loss in _rows(grid, family)]
+    values = np.array([[cells[(f, a, g, L, loss)]["mean_progress"] for a, g in grid.kernels] for f, L, loss in rows])
+    fig, ax = plt.subplots(figsize=(2.3 * len(grid.kernels) + 4.5, 0.95 * len(rows) + 2.4), layout="constrained")
     norm = TwoSlopeNorm(vmin=-0.2, vcenter=0.5, vmax=1.0)
-    for ax, family in zip(axes, grid.families):
-        rows = _rows(grid, family)
-        values = np.full((n_rows, len(grid.kernels)), np.nan)
-        for i, (L, loss) in enumerate(rows):
-            for j, (alpha, gamma) in enumerate(grid.kernels):
-                c = cells[(family, alpha, gamma, L, loss)]
-                values[i, j] = c["mean_progress"]
-                half = [("-" if s is None else str(s)) for s in c["steps_to_half"]]
-                text = f"{c['mean_progress']:.2f}\n" + ("0.5 at " + "/".join(half))
-                ax.text(j, i, text, ha="center", va="center", fontsize=7, color="k")
-        im = ax.imshow(values, cmap="RdYlGn", norm=norm, aspect="auto")
-        ax.grid(False)
-        gaps = [cells[(family, a, g, *rows[0])]["plateau_gap"] for a, g in grid.kernels]
-        ax.set_xticks(
-            range(len(grid.kernels)),
-            [f"Dir({a:g}), {g:g}/d\ngap {p:.2f} (L={rows[0][0]})" for (a, g), p in zip(grid.kernels, gaps)],
-            fontsize=6,
-        )
-        ax.set_yticks(range(len(rows)), [f"L={L}, loss {loss}" for L, loss in rows], fontsize=7)
-        budget = grid.disentangled_steps if family == "disentangled" else grid.steps
-        ax.set_title(f"{family} ({budget} steps)", fontsize=9)
-    fig.colorbar(im, ax=list(axes), shrink=0.8, label="progress after the budget\n(0: plateau, 1: BMA)")
-    fig.supxlabel(
-        "kernel rows (1-γ) Dir(α) + γ/d and the plateau's gap to BMA (nats): sharper to the right", fontsize=8
+    im = ax.imshow(values, cmap="RdYlGn", norm=norm, aspect="auto")
+    ax.grid(False)
+    for i, (family, L, loss) in enumerate(rows):
+        for j, (alpha, gamma) in enumerate(grid.kernels):
+            c = cells[(family, alpha, gamma, L, loss)]
+            half = " / ".join("-" if s is None else str(s) for s in c["steps_to_half"])
+            half = "never" if all(s is None for s in c["steps_to_half"]) else f"at step {half}"
+            seeds = f"mean of {len(c['seeds'])} seeds; " if len(c["seeds"]) > 1 else ""
+            ax.text(j, i, f"{c['mean_progress']:.2f}", ha="center", va="center", fontsize=15, fontweight="bold")
+            ax.text(j, i + 0.3, f"{seeds}progress 0.5 {half}", ha="center", va="center", fontsize=9)
+    for i in range(1, len(rows)):
+        if rows[i][0] != rows[i - 1][0]:
+            ax.axhline(i - 0.5, color="k", lw=2)
+    gaps = {(a, g): max(cells[(f, a, g, L, loss)]["plateau_gap"] for f, L, loss in rows if L == rows[0][1])
+            for a, g in grid.kernels}  # fmt: skip
+    ax.set_xticks(
+        range(len(grid.kernels)),
+        [f"(1-{g:g}) Dir({a:g}) + {g:g}/d\nplateau {gaps[(a, g)]:.2f} nats above BMA" for a, g in grid.kernels],
+        fontsize=10,
     )
-    fig.suptitle(
-        "Where a transformer leaves the uniform-parent plateau (d=%d, H=%d)" % (grid.d_vocab, grid.seq_len), fontsize=10
+    budget = {f: grid.disentangled_steps if f == "disentangled" else grid.steps for f in grid.families}
+    ax.set_yticks(
+        range(len(rows)),
+        [f"{FAMILY_NAMES.get(f, f)}\nL={L}, loss on {'all tokens' if loss == 'all' else 'targets'}, {budget[f]} steps"
+         for f, L, loss in rows],
+        fontsize=10,
+    )  # fmt: skip
+    ax.set_xlabel("kernel rows: sharper to the right (the demonstrations are worth more)", fontsize=11)
+    fig.colorbar(im, ax=ax, shrink=0.8, label="progress after the budget (0: plateau, 1: BMA)")
+    ax.set_title(
+        f"Where a transformer leaves the uniform-parent plateau (d={grid.d_vocab}, H={grid.seq_len})",
+        fontsize=12,
     )
     return fig
 

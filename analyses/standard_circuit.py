@@ -42,7 +42,7 @@ from torch import Tensor
 from tqdm.auto import tqdm
 
 from analyses import common
-from models.interventions import ablate, corrupted_contexts, head_outputs, patch_heads
+from models.interventions import Intervention, ablate, corrupted_contexts, head_outputs, hooks, patch_heads
 from models.subject import Subject, head_label
 from probes import bma_predictive, target_nll
 from probes.linear import linear_probe
@@ -53,7 +53,7 @@ NAME = "standard_circuit"
 N_CONTEXTS = 512  # default --n-contexts
 FIGURES = {
     "standard_circuit.png": (
-        "causal tests of the transposed circuit on a standard transformer: group ablation and patching, corruption of one demonstration's earlier tokens / token at h / later tokens (model vs BMA), path patching from layer-0 heads into layer-1 heads, and whether removing what layer 1 reads from demonstration l moves the model like BMA without l."
+        "causal tests of the transposed circuit on a standard transformer, one prediction per panel: patching restores / mean ablation costs (as a share of the gain over the plateau) per head group; corruption of one demonstration's earlier tokens / token at h / later tokens, model vs BMA, per target position h; path patching from each layer-0 head into each layer-1 head's keys and values (values printed); whether zeroing what layer 1 reads from demonstration l moves the model like BMA without l (slope, correlation)."
     ),
     "standard_circuit_logpi.png": (
         "decoding the pair (x_h', x_h) of a demonstration at position h and reading log pi(x_h | x_h') from the residual there: held-out accuracy and R^2 per site against the additive baseline; the implied d x d matrix against log pi."
@@ -92,7 +92,9 @@ def head_groups(subject: Subject, tokens, parents) -> dict:
 
 # 1. Ablation and patching of groups ----------------------------------------------------------------
 @torch.no_grad()
-def group_interventions(subject: Subject, tokens, corrupted, groups: dict[str, tuple[int, list[int]]]) -> dict:
+def group_interventions(
+    subject: Subject, tokens, corrupted, groups: dict[str, tuple[int, list[int]]], log=None
+) -> dict:
     """Per group (layer, heads): NLL change under mean ablation, and the share of the clean-vs-corrupted
     NLL difference that patching its clean outputs into the corrupted run restores."""
     clean_z = head_outputs(subject, tokens)
@@ -103,8 +105,8 @@ def group_interventions(subject: Subject, tokens, corrupted, groups: dict[str, t
         if not heads:
             out["groups"][name] = {"layer": layer, "heads": [], "ablation_dnll": None, "patching_restored": None}
             continue
-        ablated = target_nll(subject.log_probs(tokens, ablate(subject, layer, heads, "mean")), tokens)
-        patched = target_nll(subject.log_probs(corrupted, patch_heads(subject, layer, heads, clean_z)), corrupted)
+        ablated = target_nll(subject.log_probs(tokens, ablate(subject, layer, heads, "mean", log=log)), tokens)
+        patched = target_nll(subject.log_probs(corrupted, patch_heads(subject, layer, heads, clean_z, log)), corrupted)
         out["groups"][name] = {
             "layer": layer,
             "heads": [head_label(layer, j) for j in heads],
@@ -163,30 +165,38 @@ def sender_delta(subject: Subject, tokens, corrupted, sender: int, positions) ->
     return delta
 
 
+# Where a sender's change enters: blocks.0.hook_attn_out is layer 0's attention output as it is added to the
+# residual, so a change there reaches the MLP and, past it, layer 1 (the direct path and the path through
+# MLP0). Not blocks.0.hook_resid_mid: on a TransformerBridge editing it changes only ln_2's input, so an
+# edit there measured the path through MLP0 alone (tests/test_circuit.py shows both).
+THROUGH_MLP_SITE, DIRECT_SITE = "blocks.0.hook_attn_out", "blocks.1.hook_resid_pre"
+
+
 @torch.no_grad()
 def path_patch(subject: Subject, tokens, corrupted, senders: list[int], receivers: list[int], positions,
-               through_mlp: bool = False) -> float:  # fmt: skip
+               through_mlp: bool = False, log: list | None = None) -> float:  # fmt: skip
     """NLL of the clean run in which layer-1 heads ``receivers`` read keys and values computed from the
     clean residual plus the ``sender_delta`` of layer-0 heads ``senders``; everything else clean. The
     receivers' queries at the target positions see the clean residual (``positions`` are the
-    demonstrations'), so only their keys and values change. ``through_mlp``: the change enters before
-    the layer-0 MLP (the path sender -> MLP -> receiver included), else after it (the direct path only)."""
+    demonstrations'), so only their keys and values change. ``through_mlp``: the change enters with layer
+    0's attention output (the direct path and the path sender -> MLP0 -> receiver), else after the MLP
+    (the direct path only)."""
     delta = sum(sender_delta(subject, tokens, corrupted, s, positions) for s in senders)
+    site = THROUGH_MLP_SITE if through_mlp else DIRECT_SITE
+    moved = Intervention(site, "add", positions=tuple(int(p) for p in positions), value=delta,
+                         source="layer-0 senders' outputs from the run on another tree's demonstrations")  # fmt: skip
     store = {}
-
-    def add(resid, hook):
-        return resid + delta.to(resid.dtype)
 
     def grab(z, hook):
         store[1] = z.detach().clone()
 
-    site = "blocks.0.hook_resid_mid" if through_mlp else "blocks.1.hook_resid_pre"
-    subject.log_probs(tokens, [(site, add), (subject.head_output(1), grab)])
-    return target_nll(subject.log_probs(tokens, patch_heads(subject, 1, receivers, store)), tokens)
+    subject.log_probs(tokens, [*hooks([moved], log), (subject.head_output(1), grab)])
+    patched = patch_heads(subject, 1, receivers, store, log, name="the run with the senders' change")
+    return target_nll(subject.log_probs(tokens, patched), tokens)
 
 
 @torch.no_grad()
-def path_patching(subject: Subject, tokens, corrupted) -> dict:
+def path_patching(subject: Subject, tokens, corrupted, log: list | None = None) -> dict:
     """Share of the clean-vs-corrupted NLL difference carried by each path layer-0 head (at the
     demonstration positions) -> layer-1 head (keys and values), ``[sender][receiver]``, directly
     (``share``) and with the layer-0 MLP on the way (``share_through_mlp``); and all layer-0 heads into
@@ -200,9 +210,9 @@ def path_patching(subject: Subject, tokens, corrupted) -> dict:
         out[key] = [[None] * n1 for _ in range(n0)]
         for s, r in tqdm([(s, r) for s in range(n0) for r in range(n1)], desc="path patching", leave=False):
             out[key][s][r] = share_of(
-                path_patch(subject, tokens, corrupted, [s], [r], positions, mlp), nll_clean, nll_bad
+                path_patch(subject, tokens, corrupted, [s], [r], positions, mlp, log), nll_clean, nll_bad
             )
-        every = path_patch(subject, tokens, corrupted, list(range(n0)), list(range(n1)), positions, mlp)
+        every = path_patch(subject, tokens, corrupted, list(range(n0)), list(range(n1)), positions, mlp, log)
         out["all" + key[5:]] = share_of(every, nll_clean, nll_bad)
     return out
 
@@ -453,12 +463,13 @@ def circuit(subject: Subject, n_contexts: int, seed: int) -> dict:
         "other_layer1": (1, [j for j in range(n1) if j not in groups["readers"]]),
     }
     few = tokens[:PATCH_CONTEXTS]
+    log: list = []  # every intervention run, for the JSON
     corrupted = corrupted_contexts(task, few, torch.Generator().manual_seed(seed + 7919))[0]
     r = {
         "nll": nll, "nll_bma": nll_bma, "nll_uniform": nll_uniform,
         "progress": (nll_uniform - nll) / (nll_uniform - nll_bma),
         "heads": groups["heads"], "groups": {"within": groups["within"], "readers": groups["readers"]},
-        "interventions": group_interventions(subject, few, corrupted, sets),
+        "interventions": group_interventions(subject, few, corrupted, sets, log),
         "corruption": demonstration_corruption(subject, tokens, seed),
         "bma_without": {
             "readers": bma_without(subject, tokens, groups["readers"]) if groups["readers"] else None,
@@ -466,7 +477,8 @@ def circuit(subject: Subject, n_contexts: int, seed: int) -> dict:
             "all_layer1_renormalised": bma_without(subject, tokens, list(range(n1)), renormalise=True),
         },
     }  # fmt: skip
-    r["path_patching"] = path_patching(subject, few, corrupted)
+    r["path_patching"] = path_patching(subject, few, corrupted, log)
+    r["intervention_log"] = log
     resid = demonstration_residuals(subject, tokens)
     r["pair_probes"] = pair_probes(resid, tokens, task, seed)
     r["logpi"] = logpi_readout(resid, tokens, task, seed)
@@ -518,84 +530,158 @@ def summary(r: dict) -> str:
     return "\n".join(lines)
 
 
+GROUP_NAMES = {
+    "within": "within-sequence\nlayer-0 heads",
+    "other_layer0": "other\nlayer-0 heads",
+    "readers": "cross-demonstration\nlayer-1 heads",
+    "other_layer1": "other\nlayer-1 heads",
+}
+BMA_WITHOUT_NAMES = {
+    "readers": "cross-demonstration\nlayer-1 heads",
+    "all_layer1": "all layer-1 heads",
+    "all_layer1_renormalised": "all layer-1 heads,\nrenormalised",
+}
+
+
+def _heads_short(heads: list[str]) -> str:
+    """``L0H0, L0H1, L0H2, L0H4`` -> ``L0H0-2, 4``: a head list that fits under a bar."""
+    if not heads:
+        return ""
+    layer, nums = heads[0][: heads[0].index("H") + 1], [int(h[h.index("H") + 1 :]) for h in heads]
+    runs, start = [], nums[0]
+    for a, b in zip(nums, nums[1:] + [None]):
+        if b != a + 1:
+            runs.append(f"{start}" if start == a else f"{start}-{a}")
+            start = b
+    return layer + ",".join(runs)
+
+
 def figures(r: dict, args) -> dict:
+    import textwrap
+
     import matplotlib.pyplot as plt
     import numpy as np
 
-    fig, axes = plt.subplots(1, 4, figsize=(19, 4))
+    gain = r["nll_uniform"] - r["nll"]
+    fig, axes = plt.subplots(2, 2, figsize=(14, 10.5), layout="constrained")
+    # (a) the head groups: patching restores, ablation costs (both as shares)
+    ax = axes[0, 0]
     g = {k: v for k, v in r["interventions"]["groups"].items() if v["heads"]}
     x = np.arange(len(g))
-    axes[0].bar(x - 0.2, [v["ablation_dnll"] for v in g.values()], 0.4, label="mean-ablation dNLL")
     restored = [np.nan if v["patching_restored"] is None else v["patching_restored"] for v in g.values()]
-    axes[0].bar(x + 0.2, restored, 0.4, label="patching: share restored")
-    axes[0].axhline(r["nll_uniform"] - r["nll"], color="k", ls=":", label="gain over the plateau")
-    axes[0].set_xticks(x, [f"{k}\n{','.join(v['heads'])}" for k, v in g.items()], fontsize=6)
-    axes[0].set_title("head groups: ablation and patching", fontsize=9)
-    axes[0].legend(fontsize=6)
+    cost = [v["ablation_dnll"] / gain if gain > 0 else np.nan for v in g.values()]
+    bars = ax.bar(x - 0.2, restored, 0.4, color="C0", label="patching clean → corrupted: share restored")
+    ax.bar_label(bars, fmt="%.2f", fontsize=9)
+    bars = ax.bar(
+        x + 0.2, cost, 0.4, color="C1", label=f"mean ablation: NLL cost ÷ gain over plateau ({gain:.2f} nats)"
+    )
+    ax.bar_label(bars, fmt="%.2f", fontsize=9)
+    ax.axhline(0.5, color="k", ls=":", lw=1, label="0.5: the group carries the information")
+    ax.set_xticks(x, [f"{GROUP_NAMES.get(k, k)}\n({_heads_short(v['heads'])})" for k, v in g.items()], fontsize=9)
+    ax.set_ylim(0, max(1.1, np.nanmax(cost + restored) * 1.15))
+    ax.set_ylabel("share")
+    ax.set_title("the two head groups carry the demonstrations' information", fontsize=11)
+    ax.legend(fontsize=8, loc="upper right")
+    # (b) corrupting one demonstration at positions before h, at h, after h: model vs BMA
+    ax = axes[0, 1]
     hs = np.arange(1, len(r["corruption"]["earlier"]["model"]) + 1)
+    names = {"earlier": "tokens at h' < h", "at_h": "token at h", "later": "tokens at h' > h"}
     for i, kind in enumerate(KINDS):
         c = r["corruption"][kind]
-        m = [np.nan if v is None else v for v in c["model"]]
-        b = [np.nan if v is None else v for v in c["bma"]]
-        axes[1].plot(hs, m, "o-", color=f"C{i}", label=f"model: {kind}")
-        axes[1].plot(hs, b, "x--", color=f"C{i}", label=f"BMA: {kind}")
-    axes[1].set(xlabel="target position h", ylabel="KL(clean || corrupted) at x_h")
-    axes[1].set_title("re-drawing one demonstration's tokens", fontsize=9)
-    axes[1].legend(fontsize=6)
+        ax.plot(
+            hs, [np.nan if v is None else v for v in c["model"]], "o-", color=f"C{i}", label=f"model, {names[kind]}"
+        )
+        ax.plot(hs, [np.nan if v is None else v for v in c["bma"]], "x--", color=f"C{i}", label=f"BMA, {names[kind]}")
+    ax.set_xticks(hs)
+    ax.set(xlabel="target position h", ylabel="KL(clean ‖ corrupted) of the prediction of x_h")
+    ax.set_title(
+        "re-drawing one demonstration's tokens moves the prediction\nof x_h at h and before, not after (as BMA's)",
+        fontsize=11,
+    )
+    ax.legend(fontsize=8, ncol=2)
+    # (c) path patching: layer-0 head at the demonstrations -> one layer-1 head's keys and values
+    ax = axes[1, 0]
     pp = r["path_patching"]
     share = _nan_matrix(pp["share_through_mlp"]).numpy()
     lim = max(np.nanmax(np.abs(share)) if np.isfinite(share).any() else 0, 1e-6)
-    im = axes[2].imshow(share, cmap="RdBu_r", vmin=-lim, vmax=lim, aspect="auto")
-    axes[2].grid(False)
-    axes[2].set_xticks(range(len(pp["receivers"])), pp["receivers"], fontsize=7)
-    axes[2].set_yticks(range(len(pp["senders"])), pp["senders"], fontsize=7)
-    axes[2].set_title(
-        f"path patching, layer-0 head at the demonstrations -> layer-1 head K/V\n(through the MLP; all into all "
-        f"{_fmt(pp['all_through_mlp'])}, directly {_fmt(pp['all'])})",
-        fontsize=8,
+    im = ax.imshow(share, cmap="RdBu_r", vmin=-lim, vmax=lim)
+    ax.grid(False)
+    for i in range(share.shape[0]):
+        for j in range(share.shape[1]):
+            if np.isfinite(share[i, j]):
+                ax.text(j, i, f"{1000 * share[i, j]:.1f}", ha="center", va="center", fontsize=8,
+                        color="w" if abs(share[i, j]) > 0.6 * lim else "k")  # fmt: skip
+    ax.set_xticks(range(len(pp["receivers"])), pp["receivers"], fontsize=9)
+    ax.set_yticks(range(len(pp["senders"])), pp["senders"], fontsize=9)
+    ax.set(xlabel="layer-1 receiver (its keys and values)", ylabel="layer-0 sender (at the demonstrations)")
+    ax.set_title(
+        f"path patching through the layer-0 MLP (cells: share × 1000)\nall layer-0 → all layer-1 heads: "
+        f"{_fmt(pp['all_through_mlp'])} through the MLP, {_fmt(pp['all'])} directly",
+        fontsize=11,
     )
-    fig.colorbar(im, ax=axes[2])
+    fig.colorbar(im, ax=ax, shrink=0.8, label="share of the corruption's NLL effect")
+    # (d) zeroing what layer 1 reads from demonstration l: like BMA without l?
+    ax = axes[1, 1]
     names = [k for k, v in r["bma_without"].items() if v is not None]
     vals = [r["bma_without"][k] for k in names]
     x = np.arange(len(names))
-    axes[3].bar(x - 0.2, [v["slope"] for v in vals], 0.4, label="slope on BMA's change")
-    axes[3].bar(x + 0.2, [v["correlation"] for v in vals], 0.4, label="correlation")
-    axes[3].axhline(1, color="k", ls=":")
-    axes[3].set_xticks(x, names, fontsize=7)
-    axes[3].set_title("drop demonstration l from what layer 1 reads: like BMA without l?", fontsize=9)
-    axes[3].legend(fontsize=6)
-    fig.suptitle(f"{args.subject_name}: {r['conclusion'].splitlines()[0][:150]}", fontsize=9)
-    fig.tight_layout()
+    bars = ax.bar(x - 0.2, [v["slope"] for v in vals], 0.4, color="C0", label="slope of the model's change on BMA's")
+    ax.bar_label(bars, fmt="%.2f", fontsize=9)
+    bars = ax.bar(x + 0.2, [v["correlation"] for v in vals], 0.4, color="C2", label="correlation")
+    ax.bar_label(bars, fmt="%.2f", fontsize=9)
+    ax.axhline(1, color="k", ls=":", lw=1, label="1: exactly BMA without l")
+    ax.set_xticks(x, [BMA_WITHOUT_NAMES.get(k, k) for k in names], fontsize=9)
+    ax.set_ylim(0, 1.25)
+    ax.set_title("zeroing what layer 1 reads from demonstration l\nmoves the model like BMA without l", fontsize=11)
+    ax.legend(fontsize=8, loc="upper left")
+    first = r["conclusion"].splitlines()[0]
+    fig.suptitle("\n".join(textwrap.wrap(f"{args.subject_name}: {first}", 110)), fontsize=12)
 
-    fig2, axes2 = plt.subplots(1, 3, figsize=(15, 4))
+    fig2, axes2 = plt.subplots(1, 3, figsize=(17, 5), layout="constrained")
     pair = r["pair_probes"]
+    acc0 = pair[SITES[0]]["test_acc"]
+    ticks = [f"{h},{hp}" for h in range(len(acc0)) for hp in range(h)]
     for i, (site, label) in enumerate(zip(SITES, SITE_NAMES)):
         acc = pair[site]["test_acc"]
         vals = [acc[h][hp] for h in range(len(acc)) for hp in range(h)]
         ctrl = [pair[site]["control_acc"][h][hp] for h in range(len(acc)) for hp in range(h)]
         axes2[0].plot(vals, "o-", color=f"C{i}", label=label)
         axes2[0].plot(ctrl, ":", color=f"C{i}")
-    axes2[0].set(xlabel="(h, h' < h), h major", ylabel="held-out accuracy of (x_h', x_h)")
-    axes2[0].set_title("pair probes at demonstration position h (dotted: control)", fontsize=9)
-    axes2[0].legend(fontsize=7)
+    axes2[0].set_xticks(range(len(ticks)), ticks, fontsize=8, rotation=90)
+    axes2[0].set(xlabel="(h, h'), h' < h", ylabel="held-out accuracy of (x_h', x_h)")
+    axes2[0].set_title(
+        "layer 0 gathers the pair (x_h', x_h) at position h\n(dotted: shuffled-label control)", fontsize=11
+    )
+    axes2[0].legend(fontsize=9)
     lp = r["logpi"]
-    axes2[1].bar(range(len(SITES)), [lp["r2"][s] for s in SITES], color="C0")
-    axes2[1].axhline(lp["additive_r2"], color="C3", ls="--", label="f(x_h') + g(x_h) baseline")
-    axes2[1].set_xticks(range(len(SITES)), SITE_NAMES, fontsize=7)
-    axes2[1].set(ylabel="held-out R^2", title="reading log pi(x_h | x_h') at (l, h)")
-    axes2[1].legend(fontsize=7)
-    im = axes2[2].imshow(np.array(lp["implied"]["matrix"]), cmap="viridis")
+    bars = axes2[1].bar(range(len(SITES)), [lp["r2"][s] for s in SITES], color="C0")
+    axes2[1].bar_label(bars, fmt="%.2f", fontsize=9)
+    axes2[1].axhline(
+        lp["additive_r2"], color="C3", ls="--", label=f"f(x_h') + g(x_h) baseline ({lp['additive_r2']:.2f})"
+    )
+    axes2[1].set_xticks(range(len(SITES)), SITE_NAMES, fontsize=9)
+    axes2[1].set(ylabel="held-out R²")
+    axes2[1].set_title("reading log π(x_h | x_h') from the residual at (l, h)", fontsize=11)
+    axes2[1].legend(fontsize=9)
+    m = np.array(lp["implied"]["matrix"])
+    im = axes2[2].imshow(m, cmap="viridis")
     axes2[2].grid(False)
+    for i in range(m.shape[0]):
+        for j in range(m.shape[1]):
+            axes2[2].text(j, i, f"{m[i, j]:.2f}", ha="center", va="center", fontsize=8,
+                          color="k" if m[i, j] > np.nanmean(m) else "w")  # fmt: skip
+    axes2[2].set_xticks(range(m.shape[1]))
+    axes2[2].set_yticks(range(m.shape[0]))
     axes2[2].set(xlabel="x_h", ylabel="x_h'")
     axes2[2].set_title(
-        f"implied matrix: corr with log pi {lp['implied']['correlation']:.2f}, "
-        f"col-softmax err {lp['implied']['column_softmax_max_error']:.3f}\n"
+        f"the implied d × d matrix: corr with log π {lp['implied']['correlation']:.2f},\n"
+        f"col-softmax error {lp['implied']['column_softmax_max_error']:.3f}\n"
         f"(additive read-out: {lp['additive_implied']['correlation']:.2f}, "
         f"{lp['additive_implied']['column_softmax_max_error']:.3f})",
-        fontsize=9,
+        fontsize=11,
     )
-    fig2.colorbar(im, ax=axes2[2])
-    fig2.tight_layout()
+    fig2.colorbar(im, ax=axes2[2], shrink=0.8)
+    fig2.suptitle(f"{args.subject_name}: where the pairs and log π live", fontsize=12)
     return {"standard_circuit": fig, "standard_circuit_logpi": fig2}
 
 

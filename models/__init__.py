@@ -6,6 +6,10 @@ Public names: ``models.load``, ``models.save``, ``models.load_task``, ``models.l
 checkpoints ``models.DEFAULT_CHECKPOINT`` and ``models.STANDARD_CHECKPOINT``.
 """
 
+from models.fast_help import exit_if_help_asked
+
+exit_if_help_asked()  # `python -m ... --help` answers here, before torch is imported
+
 from models.causal_transformer import CausalTransformer, CausalTransformerConfig
 from models.checkpoint import DEFAULT_CHECKPOINT, STANDARD_CHECKPOINT, save
 from models.loading import load, load_layout, load_task

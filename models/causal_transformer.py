@@ -1,4 +1,4 @@
-"""The two-layer disentangled transformer of Wei et al. (ICLR 2026), PAPER.md section 3, with hooks.
+"""The two-layer disentangled transformer of Wei et al. (ICLR 2026), docs/paper.md section 3, with hooks.
 
 Read top to bottom: the config, the copyer layer (``blocks.0``, the paper's layer 1), the bilinear
 parent-selecting head (``blocks.1``, the paper's layer 2), the model that strings them together (with

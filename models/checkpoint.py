@@ -71,6 +71,12 @@ def read_config(path: str | Path, read=read_json) -> dict:
         raise ValueError(f"checkpoint {str(path)!r} has no {CONFIG}; expected a folder written by models.save")
     config = read(path / CONFIG, "checkpoint config")
     where = str(path / CONFIG)
+    if isinstance(config, dict) and ("model_type" in config or "architectures" in config):
+        raise ValueError(
+            f"{str(path)!r} is a Hugging Face folder (config.json has model_type {config.get('model_type')!r}) "
+            f"without task.json; add a task.json beside config.json naming the task it was trained on "
+            f"(README: Loading other formats)"
+        )
     if not isinstance(config, dict) or not isinstance(config.get("model"), dict):
         raise ValueError(f"{where!r} has no 'model' section (a JSON object); expected the architecture config")
     task = config.get("task")

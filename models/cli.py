@@ -56,20 +56,40 @@ def parser(prog: str, doc: str | None) -> argparse.ArgumentParser:
     return p
 
 
+FLAG_HELP = {  # --help of the config fields that models.train and models.standard share
+    "d_vocab": "vocabulary size d of the task",
+    "n_examples": "number of demonstrations L in each context",
+    "seq_len": "length H of each sequence (demonstrations and target)",
+    "alpha": "Dirichlet concentration of the rows of pi: smaller is sharper",
+    "steps": "number of optimisation steps, each on a fresh batch of contexts",
+    "batch_size": "contexts per step",
+    "device": "torch device to train on, e.g. cpu or cuda",
+    "eval_contexts": "held-out contexts for each evaluation",
+}
+
+
 FLAG_TYPES = {"int": int, "float": float, "str": str, "int | None": int}
 
 
-def add_dataclass_flags(p: argparse.ArgumentParser, cls, choices: dict | None = None) -> None:
-    """A ``--field-name`` flag for every field of the dataclass ``cls`` (booleans are switches), with the
-    field's default and, for the fields named in ``choices``, the values argparse accepts and lists."""
+def add_dataclass_flags(p: argparse.ArgumentParser, cls, helps: dict[str, str], choices: dict | None = None) -> None:
+    """A ``--field-name`` flag for every field of the dataclass ``cls`` (booleans are switches), explained
+    by ``helps[field]`` with the field's default and, for the fields named in ``choices``, the values
+    argparse accepts and lists."""
+    missing = [f.name for f in dataclasses.fields(cls) if f.name not in helps]
+    if missing:
+        raise ValueError(f"{cls.__name__} fields without a --help sentence: {', '.join(missing)}")
     for f in dataclasses.fields(cls):
         flag = "--" + f.name.replace("_", "-")
         if f.type == "bool":
-            p.add_argument(flag, action="store_true", help=f"(default: {f.default})")
+            p.add_argument(flag, action="store_true", help=helps[f.name])
             continue
         allowed = (choices or {}).get(f.name)
         p.add_argument(
-            flag, type=FLAG_TYPES[f.type], default=f.default, choices=allowed, help=f"(default: {f.default})"
+            flag,
+            type=FLAG_TYPES[f.type],
+            default=f.default,
+            choices=allowed,
+            help=f"{helps[f.name]} (default: {f.default})",
         )
 
 
@@ -129,7 +149,9 @@ def add_subject_flags(p: argparse.ArgumentParser, default: str = "default") -> N
     )
     p.add_argument("--key-map", metavar="MAP.json", help="for a weight-file --checkpoint: file key -> our key")
     p.add_argument("--config", metavar="CONFIG.json", help="for a weight-file --checkpoint: its config or task.json")
-    p.add_argument("--device", default="cpu", help="torch device (default: cpu)")
+    p.add_argument(
+        "--device", default="cpu", help="torch device to run on, e.g. cpu or cuda (default: cpu)"
+    )
     p.add_argument(
         "--dtype", choices=RUN_DTYPES, default=None, help="convert the weights (default: as saved)"
     )
@@ -145,9 +167,12 @@ def add_run_flags(p: argparse.ArgumentParser, seed: int = 0, n_contexts: int | N
     )
 
 
-def check_run_flags(p: argparse.ArgumentParser, args: argparse.Namespace, argv: list[str] | None = None) -> None:
+def check_run_flags(
+    p: argparse.ArgumentParser, args: argparse.Namespace, argv: list[str] | None = None, make_parents: bool = False
+) -> None:
     """Validate the flags of ``add_run_flags``/``add_subject_flags``, apply ``--threads``, and record the
-    command that reproduces the run in ``args.command``."""
+    command that reproduces the run in ``args.command``. ``make_parents``: ``--out``'s missing parent
+    folders will be made."""
     try:
         check_int(args.seed, "--seed", 0, MAX_SEED)
         if hasattr(args, "n_contexts"):
@@ -159,14 +184,35 @@ def check_run_flags(p: argparse.ArgumentParser, args: argparse.Namespace, argv: 
             if isinstance(value, str) and value not in NAMED and not value.startswith("theorem1"):
                 check_path(value, "--" + name.replace("_", "-"))
         if isinstance(getattr(args, "out", None), str):
-            check_out_folder(args.out)
+            check_out_folder(args.out, make_parents=make_parents)
+            check_not_an_input(args.out, args, "--out")
         if isinstance(getattr(args, "json", None), str):
             check_out_file(args.json, "--json")
+            check_not_an_input(args.json, args, "--json")
     except ValueError as e:
         p.error(str(e) if not str(e).startswith("device") else f"--{e}")
     torch.set_num_threads(args.threads)
     given = sys.argv[1:] if argv is None else argv
     args.command = " ".join([p.prog, *(a for a in given if a != "--debug")])
+
+
+def inputs_of(args: argparse.Namespace) -> list[Path]:
+    """The files and folders a command reads: ``--checkpoint`` (a named one: its folder), ``--config``,
+    ``--key-map``, resolved."""
+    paths = []
+    for name in PATH_FLAGS:
+        value = getattr(args, name, None)
+        if isinstance(value, str) and not value.startswith("theorem1"):
+            paths.append(Path(NAMED.get(value, value)).expanduser().resolve())
+    return paths
+
+
+def check_not_an_input(out: str, args: argparse.Namespace, flag: str) -> None:
+    """``ValueError`` if the output ``out`` is, or lies inside, anything the command reads."""
+    target = Path(out).expanduser().resolve()
+    for source in inputs_of(args):
+        if target == source or source in target.parents:
+            raise ValueError(f"{flag} {out!r} would write into {str(source)!r}, which this command reads; pick another path")
 
 
 def subject_or_exit(p: argparse.ArgumentParser, args: argparse.Namespace) -> Subject:

@@ -7,7 +7,8 @@ small models trained on toy tasks use, so their state dicts (``models.converters
     resid = embed.W_E[ids] + pos_embed.W_pos[pos]                     hook_embed, hook_pos_embed
     per block i (pre-norm):
       q, k, v = ln1(resid) @ W_Q/W_K/W_V + b_Q/b_K/b_V                 [batch, pos, head, d_head]
-      scores = q.k / attn_scale (sqrt(d_head)), causal mask -inf       hook_attn_scores [batch, head, q, k]
+      scores = q.k / attn_scale (sqrt(d_head); x (i+1) with            hook_attn_scores [batch, head, q, k]
+               scale_attn_by_inverse_layer_idx), causal mask -inf
       z = softmax(scores) @ v; attn_out = sum_heads z @ W_O + b_O       hook_pattern, hook_z, hook_attn_out
       resid_mid = resid + attn_out                                     (attention-only: resid_post)
       mlp_out = act(ln2(resid_mid) @ W_in + b_in) @ W_out + b_out      mlp.hook_pre/hook_post, hook_mlp_out
@@ -18,7 +19,8 @@ Covered (anything else is a one-line ``ValueError``): attention-only or with an 
 ``"LN"`` (``(x - mean) / sqrt(var + eps) * w + b``), ``"LNPre"`` (the same without w, b: TransformerLens
 after ``fold_ln``) or ``None``; learned absolute positions (``"standard"``); ``act_fn`` ``"gelu"`` (exact,
 erf), ``"gelu_new"`` (tanh approximation, GPT-2's), ``"relu"``; a causal mask; scores divided by
-``attn_scale`` (``sqrt(d_head)`` by default; 1 when ``use_attn_scale`` is off).
+``attn_scale`` (``sqrt(d_head)`` by default; 1 when ``use_attn_scale`` is off, whatever ``attn_scale`` says,
+as TransformerLens does), times ``i + 1`` in block i with ``scale_attn_by_inverse_layer_idx``.
 """
 
 from __future__ import annotations
@@ -67,7 +69,8 @@ class HookedTransformerConfig:
     eps: float = 1e-5
     d_vocab_out: int = -1  # -1: d_vocab
     use_attn_scale: bool = True
-    attn_scale: float = -1.0  # -1: sqrt(d_head)
+    attn_scale: float = -1.0  # -1: sqrt(d_head); not read when use_attn_scale is off
+    scale_attn_by_inverse_layer_idx: bool = False  # block i divides its scores by (i + 1) as well
     use_attn_result: bool = False  # compute blocks.{i}.attn.hook_result [batch, pos, head, d_model]
     device: str = "cpu"
     dtype: str = "float32"
@@ -96,11 +99,11 @@ class HookedTransformerConfig:
         _positive_int("d_vocab_out", self.d_vocab_out)
         if self.use_attn_scale and self.attn_scale == -1.0:
             self.attn_scale = math.sqrt(self.d_head)
-        if not isinstance(self.attn_scale, (int, float)) or not self.attn_scale > 0:
-            raise ValueError(f"attn_scale must be a positive number, got {self.attn_scale!r}")
+        if self.use_attn_scale and (not isinstance(self.attn_scale, (int, float)) or not self.attn_scale > 0):
+            raise ValueError(f"attn_scale must be a positive number (or use_attn_scale false), got {self.attn_scale!r}")
         if not isinstance(self.eps, (int, float)) or not self.eps > 0:
             raise ValueError(f"eps must be a positive number, got {self.eps!r}")
-        for name in ("attn_only", "use_attn_scale", "use_attn_result"):
+        for name in ("attn_only", "use_attn_scale", "use_attn_result", "scale_attn_by_inverse_layer_idx"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"{name} must be true or false, got {getattr(self, name)!r}")
         if self.dtype not in RUN_DTYPES:
@@ -110,10 +113,10 @@ class HookedTransformerConfig:
     def torch_dtype(self) -> torch.dtype:
         return DTYPES[self.dtype]
 
-    @property
-    def scale(self) -> float:
-        """What the scores are divided by."""
-        return float(self.attn_scale) if self.use_attn_scale else 1.0
+    def scale(self, layer: int) -> float:
+        """What block ``layer``'s scores are divided by (TransformerLens ``AbstractAttention.attn_scale``)."""
+        scale = float(self.attn_scale) if self.use_attn_scale else 1.0
+        return scale * (layer + 1) if self.scale_attn_by_inverse_layer_idx else scale
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -166,9 +169,10 @@ def normalization(cfg: HookedTransformerConfig) -> nn.Module:
 
 
 class Attention(nn.Module):
-    def __init__(self, cfg: HookedTransformerConfig):
+    def __init__(self, cfg: HookedTransformerConfig, layer: int):
         super().__init__()
         self.cfg = cfg
+        self.scale = cfg.scale(layer)
         n, d, e = cfg.n_heads, cfg.d_model, cfg.d_head
         self.W_Q = _zeros(cfg, n, d, e)
         self.W_K = _zeros(cfg, n, d, e)
@@ -192,7 +196,7 @@ class Attention(nn.Module):
         q = self.hook_q(einops.einsum(x, self.W_Q, proj) + self.b_Q)
         k = self.hook_k(einops.einsum(x, self.W_K, proj) + self.b_K)
         v = self.hook_v(einops.einsum(x, self.W_V, proj) + self.b_V)
-        scores = einops.einsum(q, k, "b q n e, b k n e -> b n q k") / self.cfg.scale
+        scores = einops.einsum(q, k, "b q n e, b k n e -> b n q k") / self.scale
         T = x.shape[1]
         scores = self.hook_attn_scores(scores.masked_fill(~self.mask[:T, :T], float("-inf")))
         pattern = self.hook_pattern(scores.softmax(-1))
@@ -220,11 +224,11 @@ class MLP(nn.Module):
 
 
 class TransformerBlock(nn.Module):
-    def __init__(self, cfg: HookedTransformerConfig):
+    def __init__(self, cfg: HookedTransformerConfig, layer: int):
         super().__init__()
         self.cfg = cfg
         self.ln1 = normalization(cfg)
-        self.attn = Attention(cfg)
+        self.attn = Attention(cfg, layer)
         self.hook_resid_pre = HookPoint()  # [batch, pos, d_model]
         self.hook_attn_out = HookPoint()
         self.hook_resid_post = HookPoint()
@@ -272,7 +276,7 @@ class HookedTransformer(HookedRootModule):
         self.pos_embed = PosEmbed(cfg)
         self.hook_embed = HookPoint()  # [batch, pos, d_model]
         self.hook_pos_embed = HookPoint()  # [batch, pos, d_model]
-        self.blocks = nn.ModuleList([TransformerBlock(cfg) for _ in range(cfg.n_layers)])
+        self.blocks = nn.ModuleList([TransformerBlock(cfg, i) for i in range(cfg.n_layers)])
         if cfg.normalization_type is not None:
             self.ln_final = normalization(cfg)
         self.unembed = Unembed(cfg)

@@ -7,8 +7,8 @@ positions) reading the flat example-major context with the ordinary next-token s
 
 The defaults are a recipe that learns (README, "Standard transformers"): d=5, L=6, H=6, sharp kernel
 rows 0.98 Dirichlet(0.1) + 0.02/d drawn with task_seed 37 (demonstrations worth 0.58 nats: the
-plateau's gap to BMA), the 2-layer GPT-2 of PAPER.md section 6 (8 heads, width 64, MLP 256), AdamW 1e-3
-cosine-decayed to 1e-4 over 8000 steps, batch 128, loss on every next token. On the kernel of PAPER.md
+plateau's gap to BMA), the 2-layer GPT-2 of docs/paper.md section 6 (8 heads, width 64, MLP 256), AdamW 1e-3
+cosine-decayed to 1e-4 over 8000 steps, batch 128, loss on every next token. On the kernel of docs/paper.md
 section 6, rows 0.95 Dirichlet(0.3) + 0.05/d (``--alpha 0.3 --gamma 0.05``: 0.32 nats), the same
 recipe leaves the plateau only after about 2000 steps and crawls (progress 0.70 after 6500 steps). On
 the flat kernel 0.8 Dirichlet(1) + 0.2/d (``--alpha 1 --gamma 0.2``: 0.02 nats) it stays on the
@@ -49,6 +49,26 @@ from probes import MarkovTreeTask, bma_predictive, check_tokens, target_nll
 TRAINING_JSON = "training.json"
 ARCHS = ("gpt2", "attn_only")
 LOSSES = ("all", "target")
+STANDARD_HELP = {
+    **cli.FLAG_HELP,  # the fields both trainers share
+    "gamma": "floor of the kernel: every pi entry is at least gamma / d",
+    "task_seed": "seed that draws pi (the default's demonstrations are worth 0.58 nats over the plateau)",
+    "arch": "gpt2 (pre-norm GPT-2 blocks), or attn_only (no MLP, no LayerNorm; cannot be saved)",
+    "n_layers": "number of transformer blocks",
+    "n_heads": "attention heads per block",
+    "d_model": "width of the residual stream (a multiple of --n-heads)",
+    "d_mlp": "hidden width of each MLP",
+    "init_std": "standard deviation of the initial weights (GPT-2's initializer_range)",
+    "seed": "seed of the initialisation and the training data",
+    "lr": "AdamW learning rate: linear warm-up, then cosine decay to lr * final-lr-fraction",
+    "warmup": "steps of linear learning-rate warm-up",
+    "final_lr_fraction": "learning rate at the last step, as a fraction of --lr (1: constant)",
+    "weight_decay": "AdamW weight decay",
+    "loss_on": "all: every next token, as a language model; target: only the target sequence's tokens",
+    "eval_every": "evaluate on held-out contexts every this many steps",
+    "out": "folder to write the trained model to (a Hugging Face folder with task.json)",
+}
+
 CHOICES = {"arch": ARCHS, "loss_on": LOSSES}  # flags with a fixed set of values
 
 
@@ -58,25 +78,25 @@ class StandardConfig:
     d_vocab: int = 5
     n_examples: int = 6
     seq_len: int = 6
-    alpha: float = 0.1  # Dirichlet concentration of the rows of pi: smaller is sharper
-    gamma: float = 0.02  # floor: pi >= gamma / d
-    task_seed: int = 37  # draws pi: its demonstrations are worth 0.58 nats (the plateau's gap to BMA)
+    alpha: float = 0.1
+    gamma: float = 0.02
+    task_seed: int = 37
     # model: GPT-2 blocks are pre-norm (ln_1 -> attn, ln_2 -> MLP, final ln_f)
-    arch: str = "gpt2"  # "gpt2", or "attn_only": no MLP, no LayerNorm (not saveable)
+    arch: str = "gpt2"
     n_layers: int = 2
     n_heads: int = 8
     d_model: int = 64
     d_mlp: int = 256
-    init_std: float = 0.02  # GPT-2's initializer_range
+    init_std: float = 0.02
     # optimisation
     seed: int = 0
     steps: int = 8000
     batch_size: int = 128
-    lr: float = 1e-3  # AdamW; linear warm-up, then cosine decay to lr * final_lr_fraction (1: constant)
+    lr: float = 1e-3
     warmup: int = 0
     final_lr_fraction: float = 0.1
     weight_decay: float = 0.0
-    loss_on: str = "all"  # "all": every next token, as a language model; "target": x_1..x_{H-1} of the target
+    loss_on: str = "all"
     device: str = "cpu"
     eval_every: int = 500
     eval_contexts: int = 512
@@ -286,7 +306,7 @@ def save_standard(model, out: str | Path, task: MarkovTreeTask, training: dict, 
 
 def parse_args(argv: list[str] | None = None) -> tuple[StandardConfig, argparse.Namespace]:
     parser = cli.parser("python -m models.standard", __doc__)
-    cli.add_dataclass_flags(parser, StandardConfig, CHOICES)
+    cli.add_dataclass_flags(parser, StandardConfig, STANDARD_HELP, CHOICES)
     parser.add_argument(
         "--threads",
         type=int,

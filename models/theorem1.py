@@ -19,7 +19,7 @@ def theorem1_model(
     root: Float[Tensor, " d"] | None = None,
     dtype: str = "float64",
 ) -> CausalTransformer:
-    """PAPER.md section 4 with K = L: head k copies demonstration k at the same position
+    """docs/paper.md section 4 with K = L: head k copies demonstration k at the same position
     (``w_H[0] = w_L[k] = +beta``, everything else ``-beta``, the target prefix included);
     ``W_KQ = blockdiag(0, log pi, ..., log pi)``; ``W_OV`` token block ``log pi``; ``b_root = log root``.
     """

@@ -37,41 +37,65 @@ from probes.continuous import ContinuousTask
 from probes.tasks import MAX_N_EXAMPLES, MAX_SEED, check_float, check_int, check_sizes
 
 TASK_KINDS = ("markov_tree", "continuous")
+TRAIN_HELP = {
+    **cli.FLAG_HELP,  # the fields both trainers share
+    "gamma": "floor of the kernel: every pi entry is at least gamma / d (Lemma 3)",
+    "task_seed": "seed that draws pi (and A for the continuous task)",
+    "task_kind": "the task: markov_tree (the paper's), or continuous (x_h = rho A^T x_pa(h) + noise)",
+    "rho": "continuous task only: the parent-to-child correlation",
+    "n_copy_heads": "number K of layer-1 copyer heads (default: K = L)",
+    "dtype": "floating-point type of the weights and the computation",
+    "init_offset": "the copyers' w_H starts at +init_offset at offset 0 and -init_offset elsewhere",
+    "init_demo": "the copyers' w_L starts at +init_demo on one demonstration per head (a random permutation)",
+    "seed": "seed of the initialisation, the training data and the evaluation contexts",
+    "lr": "Adam learning rate, cosine-decayed to lr * final-lr-fraction",
+    "copyer_lr_scale": "the copyers' w_H and w_L learn at lr * copyer-lr-scale",
+    "final_lr_fraction": "learning rate at the last step, as a fraction of --lr",
+    "eval_every": "evaluate on held-out contexts and save a resumable checkpoint every this many steps",
+    "snapshot_every": "if > 0, also keep a checkpoint every this many steps under OUT/snapshots/",
+    "out": "checkpoint folder to write",
+    "resume": "continue from the training state in --out (an error if it has none)",
+    "overwrite": "replace a checkpoint already at --out (otherwise refused)",
+    "compile": "torch.compile the training forward: minutes to compile, then faster steps",
+}
+
 CHOICES = {"task_kind": TASK_KINDS, "dtype": RUN_DTYPES}  # flags with a fixed set of values
 
 
 @dataclass
 class TrainConfig:
+    """What ``python -m models.train`` trains; ``TRAIN_HELP`` says what each field means (its ``--help``)."""
+
     # task
     d_vocab: int = 5
-    n_examples: int = 10  # L
-    seq_len: int = 12  # H
-    alpha: float = 1.0  # Dirichlet concentration of the rows of pi
-    gamma: float = 0.2  # floor: pi >= gamma / d (Lemma 3)
-    task_seed: int = 0  # draws pi
-    task_kind: str = "markov_tree"  # or "continuous": x_h = rho A^T x_pa(h) + noise (models.continuous)
-    rho: float = 0.5  # continuous task only: parent-to-child correlation
+    n_examples: int = 10
+    seq_len: int = 12
+    alpha: float = 1.0
+    gamma: float = 0.2
+    task_seed: int = 0
+    task_kind: str = "markov_tree"
+    rho: float = 0.5
     # model
-    n_copy_heads: int | None = None  # K; None means K = L
+    n_copy_heads: int | None = None
     dtype: str = "float32"
     device: str = "cpu"
-    init_offset: float = 1.0  # w_H starts at +init_offset at offset 0, -init_offset elsewhere
-    init_demo: float = 5.0  # w_L starts with +init_demo on one demonstration per head (a random permutation)
+    init_offset: float = 1.0
+    init_demo: float = 5.0
     # optimisation
-    seed: int = 0  # initialisation, data and evaluation contexts
+    seed: int = 0
     steps: int = 3000
     batch_size: int = 256
-    lr: float = 1e-2  # Adam; cosine-decayed to lr * final_lr_fraction
-    copyer_lr_scale: float = 1.0  # the copyers' w_H, w_L learn at lr * copyer_lr_scale
+    lr: float = 1e-2
+    copyer_lr_scale: float = 1.0
     final_lr_fraction: float = 0.05
     # evaluation and output
     eval_every: int = 250
     eval_contexts: int = 2048
-    snapshot_every: int = 0  # > 0: also keep a checkpoint every this many steps under out/snapshots/
+    snapshot_every: int = 0
     out: str = "runs/train"
-    resume: bool = False  # continue from the training state in `out` (an error if it has none)
-    overwrite: bool = False  # replace a checkpoint already at `out` (otherwise refused)
-    compile: bool = False  # torch.compile the training forward: minutes to compile, then ~3x faster steps (README)
+    resume: bool = False
+    overwrite: bool = False
+    compile: bool = False
 
     def __post_init__(self):
         """Every field checked (type, finiteness, bound) before anything is built: one ValueError that
@@ -311,11 +335,15 @@ def _train_locked(cfg: TrainConfig, progress: bool, place: distributed.Rank, dev
         opt.step()
         sched.step()
         done = step + 1
-        if done % cfg.eval_every == 0 or done == cfg.steps:
-            loss = distributed.mean_over_ranks(loss, place).item()  # the only host-device sync: at evaluation
-            if not place.is_main:
-                continue
-            check_finite(model, loss, done)
+        evaluating = done % cfg.eval_every == 0 or done == cfg.steps
+        snapshot = cfg.snapshot_every > 0 and done % cfg.snapshot_every == 0  # on its own steps, not eval's
+        if not (evaluating or snapshot):
+            continue
+        loss = distributed.mean_over_ranks(loss, place).item()  # the only host-device syncs: eval, snapshots
+        if not place.is_main:
+            continue
+        check_finite(model, loss, done)
+        if evaluating:
             m = {
                 "step": done,
                 "loss": loss,
@@ -326,9 +354,9 @@ def _train_locked(cfg: TrainConfig, progress: bool, place: distributed.Rank, dev
             bar.set_postfix(gap=f"{m['nll_gap']:.4f}", tv=f"{m['tv_to_bma']:.3f}")
             if progress:
                 tqdm.write(_describe(m))
-            _save(model, task, cfg, history, opt, sched, data_gen, done, out)
-            if cfg.snapshot_every and done % cfg.snapshot_every == 0:
-                _save(model, task, cfg, history, None, None, None, done, out / "snapshots" / f"step_{done:06d}")
+        _save(model, task, cfg, history, opt, sched, data_gen, done, out)  # resumable from here (snapshots inside)
+        if snapshot:
+            _save(model, task, cfg, history, None, None, None, done, out / "snapshots" / f"step_{done:06d}")
     bar.close()
     return model.eval(), history
 
@@ -419,7 +447,7 @@ def parse_args(argv: list[str] | None = None) -> TrainConfig:
         default="small",
         help="model size and recipe; other flags override its fields (default: small)",
     )
-    cli.add_dataclass_flags(parser, TrainConfig, CHOICES)
+    cli.add_dataclass_flags(parser, TrainConfig, TRAIN_HELP, CHOICES)
     parser.add_argument(
         "--threads", type=int, default=1, help="torch CPU threads (default: 1; float reductions depend on it)"
     )

@@ -1,4 +1,4 @@
-"""The continuous variant (PAPER.md sections 1 and 4, Proposition 2) and its exact Gaussian BMA.
+"""The continuous variant (docs/paper.md sections 1 and 4, Proposition 2) and its exact Gaussian BMA.
 
 ``x_1 ~ N(0, I_d)``, ``x_h = rho A^T x_pa(h) + sqrt(1 - rho^2) eta_h`` with A orthogonal (fixed per
 experiment) and ``eta_h ~ N(0, I_d)``; every marginal is N(0, I_d). Same flat layout as the discrete

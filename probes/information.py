@@ -1,4 +1,4 @@
-"""Exact information quantities on one causal tree (Lemmas 2 to 4 of PAPER.md section 4), no sampling.
+"""Exact information quantities on one causal tree (Lemmas 2 to 4 of docs/paper.md section 4), no sampling.
 
 Everything is computed in float64 from the kernel ``pi[a, b] = pi(b | a)``, the root distribution and
 a tree ``parents`` (0-based, ``parents[0] = -1``, ``parents[h] < h``):

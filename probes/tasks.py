@@ -1,4 +1,4 @@
-"""The in-context causal-tree task of Wei et al. (ICLR 2026), PAPER.md section 1.
+"""The in-context causal-tree task of Wei et al. (ICLR 2026), docs/paper.md section 1.
 
 Token layout (fixed, used everywhere in the suite): a context is L+1 sequences of H tokens laid out
 example-major, flat index ``l * H + h`` (0-based). Examples ``l = 0 .. L-1`` are the demonstrations,

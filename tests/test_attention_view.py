@@ -1,5 +1,5 @@
 """analyses.attention_view: a well-formed, self-contained HTML page whose circuitsvis views put each
-model pattern value under the right query and key labels."""
+model pattern value under the right query and key labels, and show only what holds data."""
 
 from __future__ import annotations
 
@@ -65,22 +65,34 @@ def test_the_page_is_well_formed_and_labels_every_query_and_key(tmp_path):
     shown = views(page)
     assert set(shown) == {"attention-layer-0", "attention-layer-1"}
     copy, select = shown["attention-layer-0"], shown["attention-layer-1"]
-    assert copy["attentionHeadNames"] == [f"L0H{k}" for k in range(K)] and select["attentionHeadNames"] == ["L1H0"]
-    queries = [f"q:tgt:h{h}" for h in range(H)]
-    keys = [f"d{l}:h{h}" for l in range(L) for h in range(H)] + [f"tgt:h{h}" for h in range(H)]
-    assert copy["tokens"] == queries + keys and select["tokens"] == queries + keys[-H:]
-    for view, hook in ((copy, "blocks.0.attn.hook_pattern"), (select, "blocks.1.attn.hook_pattern")):
-        grid = torch.tensor(view["attention"], dtype=torch.float64)
-        n = len(view["tokens"])
-        assert grid.shape == (len(view["attentionHeadNames"]), n, n)
-        want = cache[hook][0].double()  # [head, query, key]
-        torch.testing.assert_close(grid[:, :H, H:], want, rtol=0, atol=5e-5)  # shown to 4 decimals
-        assert grid[:, H:].abs().sum() == 0 and grid[:, :, :H].abs().sum() == 0
-    # one cell by its labels: head 3's query predicting x_5 on demonstration 4's position 5
-    q, k = copy["tokens"].index("q:tgt:h5"), copy["tokens"].index("d4:h5")
-    assert copy["attention"][3][q][k] == pytest.approx(
-        cache["blocks.0.attn.hook_pattern"][0, 3, 5, 4 * H + 5].item(), abs=5e-5
-    )
+    # blocks.0 (H target queries over all (L+1)H keys): per head, its queries against the H positions of the
+    # sequence holding most of its attention, found here from the cache
+    pattern = cache["blocks.0.attn.hook_pattern"][0].double()  # [head, query, key]
+    per_sequence = pattern.mean(1).view(K, L + 1, H).sum(-1)  # [head, sequence]
+    best = per_sequence.argmax(1)
+    names = [f"d{l}" if l < L else "tgt" for l in best.tolist()]
+    assert copy["attentionHeadNames"] == [
+        f"L0H{k} → {names[k]} ({per_sequence[k, best[k]].item():.2f})" for k in range(K)
+    ]
+    assert copy["tokens"] == [f"q:tgt:h{h} | h{h}" for h in range(H)]
+    grid = torch.tensor(copy["attention"], dtype=torch.float64)
+    want = torch.stack([pattern[k, :, best[k] * H : (best[k] + 1) * H] for k in range(K)])
+    torch.testing.assert_close(grid, want, rtol=0, atol=5e-5)  # shown to 4 decimals
+    # the table beside it: every head's mass on every sequence, printed to 2 decimals
+    table = re.search(r'<table class="mass">(.*?)</table>', page).group(1)
+    rows = re.findall(r"<tr><th>(L0H\d+)</th>(.*?)</tr>", table)
+    assert [r[0] for r in rows] == [f"L0H{k}" for k in range(K)]
+    for k, (_, cells) in enumerate(rows):
+        got = torch.tensor([float(v) for v in re.findall(r">([\d.]+)</td>", cells)], dtype=torch.float64)
+        torch.testing.assert_close(got, per_sequence[k], rtol=0, atol=0.006)
+    # blocks.1 (square: the target queries over the target's keys): as it is, one label per position
+    assert select["attentionHeadNames"] == ["L1H0"]
+    assert select["tokens"] == [f"tgt:h{h} | q:tgt:h{h}" for h in range(H)]
+    grid = torch.tensor(select["attention"], dtype=torch.float64)
+    torch.testing.assert_close(grid, cache["blocks.1.attn.hook_pattern"][0].double(), rtol=0, atol=5e-5)
+    # one cell by its labels: head 3's query predicting x_5 on position 5 of the sequence it reads most
+    q, k = copy["tokens"].index("q:tgt:h5 | h5"), 5
+    assert copy["attention"][3][q][k] == pytest.approx(pattern[3, 5, best[3] * H + 5].item(), abs=5e-5)
     # the context itself is printed, one row per sequence
     assert f"<th>d{L - 1}</th>" in page and "<th>tgt</th>" in page
 
@@ -102,3 +114,13 @@ def test_a_view_too_big_for_a_browser_is_refused_in_one_line(tmp_path, monkeypat
     err = capsys.readouterr().err.strip()
     assert "\n" not in err and "more than a browser page holds" in err
     assert not (tmp_path / "attention_view.html").exists()
+
+
+def test_blocks_that_are_not_square_fall_back_to_the_full_layout():
+    keys = ["d0:h0", "d0:h1", "d0:h2", "tgt:h0", "tgt:h1"]
+    on_d0 = torch.tensor([[[0.5, 0.3, 0.2, 0.0, 0.0], [0.4, 0.4, 0.1, 0.05, 0.05]]])  # [head, query, key]
+    assert attention_view.square_views(on_d0, ["q:tgt:h0", "q:tgt:h1"], keys) is None  # d0 has 3 keys, 2 queries
+    on_tgt = on_d0[:, :, [2, 3, 4, 0, 1]]  # the first two columns moved onto the target's two keys
+    view = attention_view.square_views(on_tgt, ["q:tgt:h0", "q:tgt:h1"], keys)
+    assert view["names"] == ["tgt (0.80)"] and view["tokens"] == ["q:tgt:h0 | h0", "q:tgt:h1 | h1"]
+    assert torch.equal(view["attention"], on_d0[:, :, :2])

@@ -53,8 +53,9 @@ def test_shipped_checkpoint_is_block_diagonal():
     )
 
 
-def train_tiny(out, steps: int):
-    """A tiny training run into ``out`` with a snapshot every 10 steps; returns the final model."""
+def train_tiny(out, steps: int, snapshot_every: int = 10):
+    """A tiny training run into ``out`` (evaluated every 10 steps) with a snapshot every ``snapshot_every``
+    steps; returns the final model."""
     cfg = TrainConfig(
         d_vocab=3,
         n_examples=2,
@@ -63,7 +64,7 @@ def train_tiny(out, steps: int):
         batch_size=32,
         eval_every=10,
         eval_contexts=32,
-        snapshot_every=10,
+        snapshot_every=snapshot_every,
         out=str(out),
     )
     return train(cfg, progress=False)[0]
@@ -79,6 +80,17 @@ def test_snapshots_of_a_training_run_survive_and_are_measured(tmp_path):
     assert all(np.isfinite(s["ratio"]) for s in series)
     with pytest.raises(ValueError, match="no step_XXXXXX"):
         bs.find_snapshots(tmp_path)
+
+
+def test_snapshots_between_evaluations_are_kept_and_distinct(tmp_path):
+    # A snapshot every 5 steps with evaluations every 10: every fifth step is kept, not only the evaluated ones.
+    model = train_tiny(tmp_path / "run", 20, snapshot_every=5)
+    snaps = bs.find_snapshots(tmp_path / "run")
+    assert [s for s, _ in snaps] == [5, 10, 15, 20]
+    weights = [models.load(p).W_KQ.detach() for _, p in snaps]
+    assert all(not torch.equal(a, b) for i, a in enumerate(weights) for b in weights[i + 1 :])
+    torch.testing.assert_close(weights[-1], model.W_KQ.detach(), rtol=0, atol=0)
+    assert [s["step"] for s in bs.emergence(snaps, progress=False)] == [5, 10, 15, 20]
 
 
 def test_cli_with_snapshots(tmp_path):

@@ -147,8 +147,8 @@ def test_model_parent_pick_matches_hugging_face_attentions_and_the_disentangled_
             for b in range(len(tokens)):
                 for h in range(1, H):
                     row = [att[b, head, pred[h], pos[g]].item() for g in range(h)]
-                    mass.append(row[parents[b, h]])
-                    hits.append(max(range(h), key=row.__getitem__) == parents[b, h])
+                    mass.append(row[parents[b, h].item()])
+                    hits.append(max(range(h), key=row.__getitem__) == parents[b, h].item())
             if best is None or sum(mass) / len(mass) > best[0]:
                 best = (sum(mass) / len(mass), sum(hits) / len(hits), f"L{layer}H{head}")
     accuracy, head = model_parent_accuracy(models.load_subject(folder), tokens, parents)

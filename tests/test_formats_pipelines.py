@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import math
+from pathlib import Path
 
 import pytest
 import safetensors.torch
@@ -19,7 +20,9 @@ from torch import nn
 
 from analyses import inspect
 import models
+from models import converters
 from models.hooked_transformer import HookedTransformer
+from models.loading import load as models_load
 from models.subject import load_subject
 
 SPECIAL = {"bos": 0, "sep": 1, "token_offset": 2}  # BOS, separator, task tokens after two specials
@@ -190,6 +193,87 @@ def _with_tanh_gelu(state, args, tokens, task, layout):
         F.gelu = exact
 
 
+NANOGPT_SOURCE = Path(__file__).parent / "data" / "nanogpt" / "model.py"  # karpathy/nanoGPT 3adf61e, MIT
+
+
+def nanogpt_module():
+    """karpathy/nanoGPT's own model.py (vendored unmodified as test data)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("nanogpt_model", NANOGPT_SOURCE)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.filterwarnings("ignore:`torch.jit.script_method` is deprecated")
+@pytest.mark.parametrize(
+    "bias,compiled,flash,dtype",
+    [
+        (True, False, True, torch.float32),
+        (False, True, True, torch.float32),
+        (True, True, False, torch.float32),  # no flash attention: the causal mask is saved as attn.bias
+        (True, False, True, torch.float64),
+        (False, False, False, torch.float64),
+    ],
+)
+def test_a_ckpt_written_by_nanogpts_own_code_loads_with_its_numbers(
+    tmp_path, monkeypatch, bias, compiled, flash, dtype
+):
+    """GPT and GPTConfig from nanoGPT's model.py, trained three steps with its own configure_optimizers,
+    every parameter perturbed, saved as train.py saves it (raw_model.state_dict() of the compiled model
+    when compile=True); the log-probs match GPT.forward: float32 rounding, 1e-12 in float64."""
+    from probes.layout import Layout
+
+    torch.set_num_threads(1)
+    nano = nanogpt_module()
+    task = small_task()
+    lay = Layout(task.n_examples, task.seq_len, task.d_vocab, **SPECIAL)
+    model_args = dict(
+        n_layer=2, n_head=2, n_embd=8, block_size=lay.n_positions, bias=bias, vocab_size=None, dropout=0.1
+    )
+    model_args["vocab_size"] = lay.min_vocab + 2
+    torch.manual_seed(0)
+    with monkeypatch.context() as m:
+        if not flash:
+            m.delattr(torch.nn.functional, "scaled_dot_product_attention")
+        model = nano.GPT(nano.GPTConfig(**model_args)).to(dtype)
+    assert model.transformer.h[0].attn.flash == flash
+    optimizer = model.configure_optimizers(0.1, 1e-2, (0.9, 0.95), "cpu")
+    g = torch.Generator().manual_seed(3)
+    for _ in range(3):
+        x = torch.randint(0, model_args["vocab_size"], (4, lay.n_positions), generator=g)
+        _, loss = model(x, x.roll(-1, 1))
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(0.3 * torch.randn(p.shape, generator=g, dtype=dtype))
+    model.eval()
+    raw_model = torch.compile(model) if compiled else model
+    checkpoint = {
+        "model": raw_model.state_dict(),
+        "optimizer": optimizer.state_dict(),
+        "model_args": model_args,
+        "iter_num": 3,
+        "best_val_loss": loss.detach(),
+        "config": {"out_dir": "out", "compile": compiled, "bias": bias, "dtype": "float32"},
+    }
+    assert any(k.startswith("_orig_mod.") for k in checkpoint["model"]) == compiled
+    assert any(k.endswith(".attn.bias") for k in checkpoint["model"]) == (not flash)
+    torch.save(checkpoint, tmp_path / "ckpt.pt")
+    write_task(tmp_path, task, SPECIAL)
+    subject = load_subject(tmp_path / "ckpt.pt")  # no dtype: the file's own precision
+    assert subject.model.cfg.torch_dtype == dtype
+    tokens, _ = task.sample(6, torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        want = expected_log_probs(lambda ids: model(ids, ids)[0], tokens, task, SPECIAL)
+    assert (subject.log_probs(tokens) - want).abs().max() < (1e-12 if dtype == torch.float64 else 1e-5)
+    if dtype == torch.float64:  # asking for float64 keeps it, too
+        assert (load_subject(tmp_path / "ckpt.pt", dtype="float64").log_probs(tokens) - want).abs().max() < 1e-12
+
+
 def test_nanogpt_errors_are_one_line(tmp_path):
     task = small_task()
     path, state, args = write_nanogpt(tmp_path / "run", task, SPECIAL)
@@ -220,31 +304,23 @@ def test_nanogpt_errors_are_one_line(tmp_path):
 
 
 # TransformerLens --------------------------------------------------------------------------------------
-def tl_cfg_dict(**kw) -> dict:
-    """What ``HookedTransformerConfig(...).to_dict()`` of TransformerLens 2.x holds after __post_init__
-    (dtype as json.dump(default=str) writes it)."""
-    cfg = dict(
-        n_layers=2, d_model=8, n_ctx=70, d_head=4, model_name="custom", n_heads=2, d_mlp=None, act_fn=None,
-        d_vocab=8, eps=1e-5, use_attn_result=False, use_attn_scale=True, attn_scale=2.0, use_split_qkv_input=False,
-        use_hook_mlp_in=False, use_attn_in=False, use_local_attn=False, ungroup_grouped_query_attention=False,
-        original_architecture=None, from_checkpoint=False, checkpoint_index=None, checkpoint_label_type=None,
-        checkpoint_value=None, tokenizer_name=None, window_size=None, attn_types=None, init_mode="gpt2",
-        normalization_type="LN", device="cpu", n_devices=1, attention_dir="causal", attn_only=False, seed=None,
-        initializer_range=0.28, init_weights=True, scale_attn_by_inverse_layer_idx=False,
-        positional_embedding_type="standard", final_rms=False, d_vocab_out=8, parallel_attn_mlp=False,
-        rotary_dim=None, n_params=512, use_hook_tokens=False, gated_mlp=False, default_prepend_bos=True,
-        dtype="torch.float32", tokenizer_prepends_bos=None, n_key_value_heads=None, post_embedding_ln=False,
-        rotary_base=10000, trust_remote_code=False, rotary_adjacent_pairs=False, load_in_4bit=False,
-        num_experts=None, experts_per_token=None, relative_attention_max_distance=None,
-        relative_attention_num_buckets=None, decoder_start_token_id=None, tie_word_embeddings=False,
-        use_normalization_before_and_after=False, attn_scores_soft_cap=-1.0, output_logits_soft_cap=-1.0,
-        use_NTK_by_parts_rope=False, NTK_by_parts_low_freq_factor=1.0, NTK_by_parts_high_freq_factor=4.0,
-        NTK_by_parts_factor=8.0, use_qk_norm=False,
-    )  # fmt: skip
+TL_DATA = json.loads((Path(__file__).parent / "data" / "tl_config_fields.json").read_text())
+TL_GROUPS = {g["releases"][-1]: g for g in TL_DATA["groups"]}  # the last release of each group names it
+TL_RELEASES = [v for g in TL_DATA["groups"] for v in g["releases"]]
+
+
+def tl_group(release: str) -> dict:
+    return next(g for g in TL_DATA["groups"] if release in g["releases"])
+
+
+def tl_cfg_dict(variant: str = "gelu LN", release: str = "2.18.0", **kw) -> dict:
+    """What ``json.dump(cfg.to_dict(), default=str)`` of that TransformerLens release writes for the
+    variant (``tests/data/tl_config_fields.json``, read from the release's own config class), then ``kw``."""
+    group = tl_group(release)
+    cfg = {**{k: v for k, v in group["fields"].items()}, **group["to_dict"][variant]}
+    assert "<required>" not in cfg.values()
     cfg.update(kw)
-    if not cfg["attn_only"] and cfg["d_mlp"] is None:
-        cfg["d_mlp"] = 4 * cfg["d_model"]
-    return cfg
+    return json.loads(json.dumps(cfg))
 
 
 def tl_state(cfg: dict, with_ln: bool, seed: int = 0, scale: float = 0.5) -> dict:
@@ -267,11 +343,19 @@ def tl_state(cfg: dict, with_ln: bool, seed: int = 0, scale: float = 0.5) -> dic
                 shapes[p + f"{ln}.w"], shapes[p + f"{ln}.b"] = (D,), (D,)
     if with_ln:
         shapes["ln_final.w"], shapes["ln_final.b"] = (D,), (D,)
-    state = randomize({k: torch.empty(s) for k, s in shapes.items()}, scale, seed)
+    dtype = torch.float64 if cfg["dtype"] == "torch.float64" else torch.float32
+    state = randomize({k: torch.empty(s, dtype=dtype) for k, s in shapes.items()}, scale, seed)
     for i in range(cfg["n_layers"]):
         state[f"blocks.{i}.attn.mask"] = torch.ones(cfg["n_ctx"], cfg["n_ctx"], dtype=torch.bool).tril()
         state[f"blocks.{i}.attn.IGNORE"] = torch.tensor(-torch.inf)
     return state
+
+
+def tl_attn_scale(cfg: dict, layer: int) -> float:
+    """AbstractAttention.__init__ of TransformerLens 2.x/3.x: ``cfg.attn_scale`` (2.0.x: sqrt(d_head)) if
+    ``use_attn_scale`` else 1, times layer + 1 with ``scale_attn_by_inverse_layer_idx``."""
+    scale = cfg.get("attn_scale", math.sqrt(cfg["d_head"])) if cfg["use_attn_scale"] else 1.0
+    return scale * (layer + 1) if cfg["scale_attn_by_inverse_layer_idx"] else scale
 
 
 def tl_logits(state: dict, cfg: dict, ids: torch.Tensor, norm: str | None, dtype=torch.float64) -> torch.Tensor:
@@ -293,7 +377,7 @@ def tl_logits(state: dict, cfg: dict, ids: torch.Tensor, norm: str | None, dtype
         p = f"blocks.{i}.attn."
         h = normalize(x, f"blocks.{i}.ln1")
         q, k, v = (torch.einsum("bpd,nde->bpne", h, s[p + f"W_{w}"]) + s[p + f"b_{w}"] for w in "QKV")
-        scores = torch.einsum("bqne,bkne->bnqk", q, k) / math.sqrt(cfg["d_head"])
+        scores = torch.einsum("bqne,bkne->bnqk", q, k) / tl_attn_scale(cfg, i)
         pattern = scores.masked_fill(~causal, float("-inf")).softmax(-1)
         z = torch.einsum("bnqk,bkne->bqne", pattern, v)
         x = x + torch.einsum("bqne,ned->bqd", z, s[p + "W_O"]) + s[p + "b_O"]
@@ -304,25 +388,22 @@ def tl_logits(state: dict, cfg: dict, ids: torch.Tensor, norm: str | None, dtype
     return normalize(x, "ln_final") @ s["unembed.W_U"] + s["unembed.b_U"]
 
 
-TL_CASES = {
-    "attn-only LN": (dict(attn_only=True, n_layers=3), True, "LN", "plain"),
-    "gelu_new LNPre float64": (
-        dict(act_fn="gelu_new", normalization_type="LNPre", dtype="torch.float64"),
-        False,
-        "LNPre",
-        "bos",
-    ),
-    "relu no norm": (dict(act_fn="relu", normalization_type=None), False, None, "sep"),
-    "gelu LN folded": (dict(act_fn="gelu"), False, "LNPre", "special"),  # LN config, ln weights folded away
-    "gelu LN": (dict(act_fn="gelu"), True, "LN", "special"),
+TL_CASES = {  # variant of tl_config_fields.json, ln weights saved, normalisation loaded, layout
+    "attn-only LN": ("attn-only LN", True, "LN", "plain"),
+    "gelu_new LNPre float64": ("gelu_new LNPre float64", False, "LNPre", "bos"),
+    "relu no norm": ("relu no norm", False, None, "sep"),
+    "gelu LN folded": ("gelu LN", False, "LNPre", "special"),  # LN config, ln weights folded away
+    "gelu LN": ("gelu LN", True, "LN", "special"),
+    "no attn scale": ("gelu no attn scale", True, "LN", "special"),  # attn_scale -1.0 written, divides by 1
 }
 
 
+@pytest.mark.parametrize("release", ["2.18.0", "3.9.0"])
 @pytest.mark.parametrize("case", TL_CASES)
-def test_transformer_lens_state_dict_matches_its_forward_pass(tmp_path, case):
-    kw, with_ln, norm, layout = TL_CASES[case]
+def test_transformer_lens_state_dict_matches_its_forward_pass(tmp_path, case, release):
+    variant, with_ln, norm, layout = TL_CASES[case]
     task = small_task()
-    cfg = tl_cfg_dict(**kw)
+    cfg = tl_cfg_dict(variant, release)
     # Without normalisation the residual grows layer by layer: smaller weights keep the logits O(10), where
     # float32 rounding stays below 1e-5.
     state = tl_state(cfg, with_ln, scale=0.5 if norm else 0.25)
@@ -335,7 +416,7 @@ def test_transformer_lens_state_dict_matches_its_forward_pass(tmp_path, case):
     tokens, _ = task.sample(6, torch.Generator().manual_seed(2))
     float64 = cfg["dtype"] == "torch.float64"
     want = expected_log_probs(lambda ids: tl_logits(state, cfg, ids, norm), tokens, task, LAYOUTS[layout])
-    assert (subject.log_probs(tokens) - want).abs().max() < (1e-6 if float64 else 1e-5)
+    assert (subject.log_probs(tokens) - want).abs().max() < (1e-12 if float64 else 1e-5)
     # The TransformerLens hooks are where TransformerLens puts them, with its shapes.
     ids = subject.layout.encode(tokens)
     _, cache = model.run_with_cache(ids)
@@ -351,7 +432,7 @@ def test_transformer_lens_state_dict_matches_its_forward_pass(tmp_path, case):
 
 def test_transformer_lens_safetensors_with_explicit_config(tmp_path):
     task = small_task()
-    cfg = tl_cfg_dict(act_fn="gelu_new", use_attn_result=True)
+    cfg = tl_cfg_dict("gelu_new attn result")
     state = tl_state(cfg, True)
     safetensors.torch.save_file(
         {k: v for k, v in state.items() if not k.endswith("IGNORE")}, tmp_path / "w.safetensors"
@@ -384,7 +465,7 @@ def test_transformer_lens_safetensors_with_explicit_config(tmp_path):
 )
 def test_transformer_lens_config_errors_name_the_field(tmp_path, change, message):
     task = small_task()
-    cfg = tl_cfg_dict(act_fn="gelu")
+    cfg = tl_cfg_dict("gelu LN")
     torch.save(tl_state(cfg, True), tmp_path / "model.pt")
     (tmp_path / "model.json").write_text(json.dumps({**cfg, **change}))
     write_task(tmp_path, task, SPECIAL)
@@ -393,9 +474,88 @@ def test_transformer_lens_config_errors_name_the_field(tmp_path, change, message
     assert "\n" not in str(err.value)
 
 
+def _tl_load(folder, cfg: dict, with_ln: bool, layout: str = "special", seed: int = 0):
+    """Write a TransformerLens state dict + cfg.to_dict() JSON + task.json; (subject, state, task)."""
+    task = small_task()
+    folder.mkdir(exist_ok=True)
+    state = tl_state(cfg, with_ln, seed, scale=0.5 if cfg["normalization_type"] else 0.25)
+    torch.save(state, folder / "model.pt")
+    (folder / "model.json").write_text(json.dumps(cfg))
+    write_task(folder, task, LAYOUTS[layout])
+    return load_subject(folder / "model.pt"), state, task
+
+
+@pytest.mark.parametrize("group", TL_GROUPS)
+def test_every_release_config_loads_with_transformer_lens_numbers(tmp_path, group):
+    """Each release's own cfg.to_dict() (every variant it can write) loads, and the log-probs match
+    TransformerLens's forward pass: float32 rounding, 1e-12 in float64."""
+    worst = {}
+    for variant in TL_GROUPS[group]["to_dict"]:
+        cfg = tl_cfg_dict(variant, group)
+        norm = cfg["normalization_type"]
+        subject, state, task = _tl_load(tmp_path / variant.replace(" ", "_"), cfg, with_ln=norm == "LN")
+        tokens, _ = task.sample(6, torch.Generator().manual_seed(2))
+        want = expected_log_probs(lambda ids: tl_logits(state, cfg, ids, norm), tokens, task, SPECIAL)
+        worst[variant] = (subject.log_probs(tokens) - want).abs().max().item()
+        assert worst[variant] < (1e-12 if cfg["dtype"] == "torch.float64" else 1e-5), (variant, worst[variant])
+    assert len(worst) >= 6
+
+
+def test_every_field_of_every_release_is_known_and_classified_once():
+    fields = set().union(*(g["fields"] for g in TL_DATA["groups"]))
+    assert fields - converters.KNOWN_FIELDS == set()
+    classes = [
+        converters.IGNORED_FIELDS, set(converters.REQUIRED_VALUES), set(converters.SOFT_CAPS),
+        set(converters.MODEL_FIELDS), set(converters.CHECKED_FIELDS),
+    ]  # fmt: skip
+    assert sum(len(c) for c in classes) == len(set().union(*classes))
+    # Every field a release writes at a value other than what it covers is one TransformerLens itself
+    # writes at that covered value by default.
+    latest = TL_DATA["groups"][-1]["fields"]
+    for field, allowed in converters.REQUIRED_VALUES.items():
+        assert latest[field] == allowed[0], field
+
+
+@pytest.mark.parametrize("field", sorted(tl_group("3.9.0")["fields"].keys() & set(converters.REQUIRED_VALUES)))
+def test_a_field_that_changes_the_forward_pass_is_refused_by_name(tmp_path, field):
+    default = tl_group("3.9.0")["fields"][field]
+    value = {False: True, None: 2, "causal": "bidirectional"}[default]
+    with pytest.raises(ValueError, match=rf"{field}={value!r} is not covered; covered: {default!r}") as err:
+        _tl_load(tmp_path, tl_cfg_dict("gelu LN", "3.9.0", **{field: value}), with_ln=True)
+    assert "\n" not in str(err.value)
+
+
+def test_fields_that_do_not_change_the_forward_pass_are_accepted_at_any_value(tmp_path):
+    cfg = tl_cfg_dict("gelu LN", "3.9.0")
+    base, _, task = _tl_load(tmp_path / "a", cfg, with_ln=True)
+    changed = dict(
+        seed=3, model_name="mine", use_hook_mlp_in=True, use_split_qkv_input=True, use_attn_in=True,
+        rotary_base=99, train_seq_length=16, yarn_truncate=False, yarn_global_attn_only=True,
+        use_dynamic_ntk_rope=True, init_mode="xavier_normal", initializer_range=0.1, tokenizer_name="gpt2",
+    )  # fmt: skip
+    other, _, _ = _tl_load(tmp_path / "b", {**cfg, **changed}, with_ln=True)
+    tokens, _ = task.sample(6, torch.Generator().manual_seed(2))
+    assert torch.equal(base.log_probs(tokens), other.log_probs(tokens))
+
+
+@pytest.mark.parametrize("release", ["2.0.0", "3.9.0"])
+def test_scale_by_inverse_layer_index_is_computed_as_transformer_lens_does(tmp_path, release):
+    cfg = tl_cfg_dict("gelu LN", release, scale_attn_by_inverse_layer_idx=True, n_layers=3)
+    subject, state, task = _tl_load(tmp_path, cfg, with_ln=True)
+    tokens, _ = task.sample(6, torch.Generator().manual_seed(2))
+    want = expected_log_probs(lambda ids: tl_logits(state, cfg, ids, "LN"), tokens, task, SPECIAL)
+    unscaled = expected_log_probs(
+        lambda ids: tl_logits(state, {**cfg, "scale_attn_by_inverse_layer_idx": False}, ids, "LN"),
+        tokens,
+        task,
+        SPECIAL,
+    )
+    assert (subject.log_probs(tokens) - want).abs().max() < 1e-5 < (want - unscaled).abs().max()
+
+
 def test_transformer_lens_state_dict_errors(tmp_path):
     task = small_task()
-    cfg = tl_cfg_dict(act_fn="gelu")
+    cfg = tl_cfg_dict("gelu LN")
     state = tl_state(cfg, True)
     write_task(tmp_path, task, {})
     torch.save({k: v for k, v in state.items() if k != "blocks.1.attn.W_O"}, tmp_path / "model.pt")
@@ -513,23 +673,33 @@ def test_a_layout_on_a_causal_transformer_state_dict_is_refused(tmp_path):
 
 # Hugging Face GPT-2 in its own layout ---------------------------------------------------------------------
 def write_gpt2(folder, task, layout: dict):
-    from transformers import GPT2Config, GPT2LMHeadModel
-
     from probes.layout import Layout
 
     lay = Layout(task.n_examples, task.seq_len, task.d_vocab, **layout)
-    hf_cfg = GPT2Config(
-        vocab_size=lay.min_vocab + 1, n_positions=lay.n_positions, n_embd=8, n_layer=2, n_head=2,
-        resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, bos_token_id=layout.get("bos", 0), eos_token_id=0,
+    hf = save_random_gpt2(
+        folder, task, layout, vocab_size=lay.min_vocab + 1, n_positions=lay.n_positions,
+        bos_token_id=layout.get("bos", 0), eos_token_id=0,
+    )  # fmt: skip
+    return {k: v.detach().clone() for k, v in hf.state_dict().items()}, hf.config
+
+
+def save_random_gpt2(folder, task, layout: dict, **kw):
+    """A GPT-2 of ``GPT2Config(**kw)`` (small defaults, no dropout), weights N(0, 0.4), saved by
+    ``save_pretrained`` with task.json; returns the model."""
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    cfg = GPT2Config(
+        **{**dict(vocab_size=8, n_positions=20, n_embd=8, n_layer=2, n_head=2), **kw},
+        resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0,
     )  # fmt: skip
     torch.manual_seed(0)
-    hf = GPT2LMHeadModel(hf_cfg).eval()
+    hf = GPT2LMHeadModel(cfg).eval()
     with torch.no_grad():
         for p in hf.parameters():
             p.normal_(0, 0.4)
     hf.save_pretrained(folder)
     write_task(folder, task, layout)
-    return {k: v.detach().clone() for k, v in hf.state_dict().items()}, hf_cfg
+    return hf
 
 
 def gpt2_logits(sd: dict, cfg, ids: torch.Tensor) -> torch.Tensor:
@@ -567,6 +737,92 @@ def test_hugging_face_gpt2_in_its_own_layout_matches_its_forward_pass(tmp_path):
     assert (subject.log_probs(tokens) - want).abs().max() < 1e-5
 
 
+GPT2_ACTS = ["relu", "gelu", "gelu_new", "gelu_fast", "gelu_pytorch_tanh", "gelu_python", "silu", "quick_gelu", "tanh", "sigmoid", "mish"]  # fmt: skip
+GPT2_FLAGS = {
+    "defaults": {},
+    "scale_attn_weights=false": dict(scale_attn_weights=False),
+    "scale_attn_by_inverse_layer_idx": dict(scale_attn_by_inverse_layer_idx=True, n_layer=3),
+    "both scalings off/on": dict(scale_attn_weights=False, scale_attn_by_inverse_layer_idx=True, n_layer=3),
+    "reorder_and_upcast_attn": dict(reorder_and_upcast_attn=True),
+    "layer_norm_epsilon": dict(layer_norm_epsilon=1e-3),
+    "n_inner": dict(n_inner=12),
+    "untied head": dict(tie_word_embeddings=False),
+    "add_cross_attention": dict(add_cross_attention=True),
+    **{f"activation {a}": dict(activation_function=a) for a in GPT2_ACTS},
+    "unscaled, gelu, n_inner, eps, untied": dict(
+        scale_attn_weights=False,
+        activation_function="gelu",
+        n_inner=12,
+        layer_norm_epsilon=1e-3,
+        tie_word_embeddings=False,
+    ),  # fmt: skip
+    "unscaled, relu": dict(scale_attn_weights=False, activation_function="relu"),
+    "unscaled, gelu_pytorch_tanh, reorder": dict(
+        scale_attn_weights=False, activation_function="gelu_pytorch_tanh", reorder_and_upcast_attn=True
+    ),
+}
+
+
+def save_gpt2_config(folder, **kw):
+    """A random GPT-2 of ``GPT2Config(**kw)`` with a plain task.json; returns the task."""
+    task = small_task()
+    save_random_gpt2(folder, task, {}, **kw)
+    return task
+
+
+@pytest.mark.parametrize("flags", GPT2_FLAGS)
+def test_every_gpt2_config_flag_matches_transformers_own_forward(tmp_path, flags):
+    """transformers' GPT2LMHeadModel (eager attention, float64) on the saved folder against what the suite
+    loads from it; reorder_and_upcast_attn computes in float32 inside transformers, so in float32 there."""
+    from transformers import GPT2LMHeadModel
+
+    torch.set_num_threads(1)
+    kw = GPT2_FLAGS[flags]
+    save_gpt2_config(tmp_path / "hf", **kw)
+    dtype = "float32" if kw.get("reorder_and_upcast_attn") else "float64"
+    ours = models_load(tmp_path / "hf", dtype=dtype)
+    ref = GPT2LMHeadModel.from_pretrained(tmp_path / "hf", attn_implementation="eager", dtype=getattr(torch, dtype))
+    ids = torch.randint(0, 8, (3, 20), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        want = ref.eval()(ids).logits.log_softmax(-1)
+        got = ours(ids).log_softmax(-1)
+    assert (got - want).abs().max() < (1e-12 if dtype == "float64" else 1e-5)
+    if kw.get("scale_attn_weights") is False:  # the bridge would divide by sqrt(head_dim): loaded apart
+        assert isinstance(ours, HookedTransformer) and not ours.cfg.use_attn_scale
+
+
+def test_gpt2_scale_attn_weights_false_is_the_saved_model_in_the_subject(tmp_path):
+    from transformers import GPT2LMHeadModel
+
+    task = save_gpt2_config(tmp_path / "hf", scale_attn_weights=False, vocab_size=8)
+    subject = load_subject(tmp_path / "hf", dtype="float64")
+    ref = GPT2LMHeadModel.from_pretrained(tmp_path / "hf", attn_implementation="eager", dtype=torch.float64).eval()
+    tokens, _ = task.sample(6, torch.Generator().manual_seed(2))
+    with torch.no_grad():
+        want = expected_log_probs(lambda ids: ref(ids).logits, tokens, task, {})
+    assert (subject.log_probs(tokens) - want).abs().max() < 1e-12
+    assert subject.family == "standard" and subject.n_heads == [2, 2]
+
+
+def test_gpt2_flags_the_unscaled_path_does_not_cover_are_refused_by_name(tmp_path):
+    save_gpt2_config(tmp_path / "hf", scale_attn_weights=False, activation_function="silu")
+    with pytest.raises(
+        ValueError, match="scale_attn_weights=false with activation_function='silu' is not covered"
+    ) as err:
+        load_subject(tmp_path / "hf")
+    assert "\n" not in str(err.value)
+
+
+def test_a_hugging_face_weight_file_passed_instead_of_its_folder_says_pass_the_folder(tmp_path):
+    save_gpt2_config(tmp_path / "hf")
+    for call in (load_subject, models_load, models.load_task):
+        with pytest.raises(
+            ValueError,
+            match=rf"weight file of a Hugging Face model .* pass the folder .*--checkpoint {tmp_path / 'hf'}$",
+        ):
+            call(tmp_path / "hf" / "model.safetensors")
+
+
 def test_hugging_face_folder_whose_context_is_too_short_is_refused(tmp_path):
     task = small_task()
     write_gpt2(tmp_path / "hf", task, {})
@@ -591,11 +847,13 @@ def run_inspect(tmp_path, args: list[str], n_contexts: int = 64) -> dict:
 
 
 def test_inspect_runs_on_every_format(tmp_path):
+    from probes.layout import Layout
+
     task = small_task()
     path, _, _ = write_nanogpt(tmp_path / "nanogpt", task, SPECIAL)
     r = run_inspect(tmp_path / "nanogpt", ["--checkpoint", str(path)])
     assert r["kind"] == "standard" and len(r["heads"]) == 4
-    cfg = tl_cfg_dict(act_fn="gelu_new")
+    cfg = tl_cfg_dict("gelu_new attn result")
     (tmp_path / "tl").mkdir()
     torch.save(tl_state(cfg, True), tmp_path / "tl" / "model.pt")
     (tmp_path / "tl" / "model.json").write_text(json.dumps(cfg))
@@ -607,6 +865,14 @@ def test_inspect_runs_on_every_format(tmp_path):
     assert r["kind"] == "standard" and len(r["heads"]) == 4
     # Untrained language models: on the plateau, nothing credited.
     assert r["on_plateau"] and r["parent_selecting"] == []
+    # A GPT-2 without attention scaling (loaded apart from the bridge): inspected as the model saved.
+    lay = Layout(task.n_examples, task.seq_len, task.d_vocab, **SPECIAL)
+    save_random_gpt2(
+        tmp_path / "unscaled" / "model", task, SPECIAL, vocab_size=lay.min_vocab, n_positions=lay.n_positions,
+        scale_attn_weights=False,
+    )  # fmt: skip
+    r = run_inspect(tmp_path / "unscaled", ["--checkpoint", str(tmp_path / "unscaled" / "model")])
+    assert r["kind"] == "standard" and len(r["heads"]) == 4 and r["on_plateau"] and r["parent_selecting"] == []
 
 
 def test_inspect_credits_a_paper_literal_reimplementation_trained_to_bma(tmp_path):
@@ -638,7 +904,7 @@ def test_transformer_lens_patching_runs_on_a_loaded_model(tmp_path):
     from transformer_lens import patching
 
     task = small_task()
-    cfg = tl_cfg_dict(act_fn="gelu")
+    cfg = tl_cfg_dict("gelu LN")
     state = tl_state(cfg, True)
     state["blocks.1.attn.W_O"][1] = 0
     torch.save(state, tmp_path / "model.pt")

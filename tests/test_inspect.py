@@ -166,7 +166,7 @@ def test_uniform_attention_model_sits_exactly_on_the_plateau():
     nll = -np.mean([np.log(pi[t[b, :h], t[b, h]].mean()) for b in range(128) for h in range(1, 6)])
     assert abs(r["nll"] - nll) < 1e-9 and abs(r["nll_uniform"] - nll) < 1e-9
     assert r["on_plateau"] and r["parent_selecting"] == [] and r["carriers"] == [] and not r["paper_circuit"]
-    assert "no head credited" in inspect.summary(r)
+    assert not r["worse_than_plateau"] and "ON THE UNIFORM-PARENT PLATEAU: no head credited" in inspect.summary(r)
 
 
 def test_plateau_models_get_no_credit_even_when_a_head_scores_best_among_bad_ones():
@@ -177,6 +177,12 @@ def test_plateau_models_get_no_credit_even_when_a_head_scores_best_among_bad_one
     deaf = inspect_subject(_subject(_plateau_model(task, True), task), n_contexts=128, seed=2)
     assert deaf["heads"][-1]["tv"] < 1e-6
     assert deaf["progress"] < 0 and deaf["on_plateau"] and deaf["parent_selecting"] == [] and deaf["carriers"] == []
+    # Its NLL is above the plateau's: the verdict says so, with the margin, and not "on the plateau".
+    margin = deaf["nll"] - deaf["nll_uniform"]
+    text = inspect.summary(deaf)
+    assert deaf["worse_than_plateau"] and margin > 0.01
+    assert f"WORSE THAN THE UNIFORM-PARENT PLATEAU (its NLL is {margin:.4f} nats above" in text
+    assert "ON THE UNIFORM-PARENT PLATEAU" not in text.replace("WORSE THAN THE UNIFORM-PARENT PLATEAU", "")
 
 
 def test_standard_model_candidate_attention_matches_hugging_face(tmp_path):

@@ -30,7 +30,7 @@ def softmax(x, axis=-1):
 
 
 def numpy_forward(model: CausalTransformer, tokens: np.ndarray) -> dict[str, np.ndarray]:
-    """PAPER.md section 3 written out with loops where they make the maths plain."""
+    """docs/paper.md section 3 written out with loops where they make the maths plain."""
     cfg = model.cfg
     d, L, H, K = cfg.d_vocab, cfg.n_examples, cfg.seq_len, cfg.n_copy_heads
     w_H = model.blocks[0].attn.w_H.detach().numpy()

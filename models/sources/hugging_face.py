@@ -1,5 +1,7 @@
 """A Hugging Face causal-LM folder (``save_pretrained``: ``config.json`` + weights) with a ``task.json``
-in it, loaded offline through ``transformer_lens.TransformerBridge`` (see ``models.standard``)."""
+in it, loaded offline through ``transformer_lens.TransformerBridge`` (see ``models.standard``); a GPT-2 with
+``scale_attn_weights: false``, which the bridge would scale anyway, as ``HookedTransformer``
+(``models.converters.from_hf_gpt2``)."""
 
 from __future__ import annotations
 
@@ -7,9 +9,10 @@ import os
 
 import torch
 
+from models import converters
 from models.checkpoint import CONFIG, FORMAT
 from models.io import one_line
-from models.sources.files import TASK_JSON, Found, Source, check_fits, no_file_options
+from models.sources.files import TASK_JSON, Found, Source, as_state_dict, check_fits, no_file_options, read_archive
 from models.sources.task_json import read_task
 
 NAME = "Hugging Face"
@@ -38,11 +41,22 @@ def read(found: Found, device: str | None = None, *, weights: bool = True) -> So
         raise ValueError(f"{path / CONFIG}: vocab_size={vocab!r}; expected an integer")
     n_pos = hf_config.get("n_positions", hf_config.get("max_position_embeddings"))
     check_fits(layout, vocab, n_pos if _is_int(n_pos) else None, str(path))
+    if converters.needs_hooked_gpt2(hf_config):  # the bridge would scale the scores anyway
+        model = converters.from_hf_gpt2(hf_config, _hf_weights(path), str(path), device)
+        return Source(model, task, layout, found.where, found.digest(), NAME)
     bridge = _boot(path, device or "cpu")
     bad = [n for n, p in bridge.original_model.named_parameters() if not torch.isfinite(p).all()]
     if bad:
         raise ValueError(f"{path} has NaN or Inf values in {', '.join(bad)}; expected finite weights")
     return Source(bridge.eval(), task, layout, found.where, found.digest(), NAME)
+
+
+def _hf_weights(path) -> dict:
+    """The state dict of a Hugging Face folder's single weight file."""
+    for name in ("model.safetensors", "pytorch_model.bin"):
+        if (path / name).is_file():
+            return as_state_dict(read_archive(path / name), path / name)
+    raise ValueError(f"{path} has no model.safetensors or pytorch_model.bin (a sharded checkpoint is not covered here)")
 
 
 def _is_int(x) -> bool:

@@ -29,6 +29,11 @@ def read_config(found: Found) -> tuple[dict, object, object]:
     """(model config dict, task, layout) of the file; checks that the model and the task agree."""
     raw = found.model_config()
     where = str(found.config if found.config is not None else found.config_file)
+    if isinstance(raw, dict) and "model_type" in raw:
+        raise ValueError(
+            f"{found.path} is the weight file of a Hugging Face model (its config is a {raw['model_type']!r} "
+            f"config.json): pass the folder that holds it and a task.json, --checkpoint {found.path.parent}"
+        )
     if not isinstance(raw, dict):
         raise ValueError(f"config {where} must be a JSON object with 'model' and 'task', or a task.json")
     if "model" in raw:

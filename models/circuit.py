@@ -1,0 +1,556 @@
+"""Circuit discovery on any subject: the graph of senders and receivers, exact edge patching, attribution
+patching (EAP, EAP-IG), and the run of a circuit with every other edge ablated.
+
+The graph (``build_graph``). Nodes: the token and position embeddings, each attention head, each MLP, the
+output. An edge runs from a sender into one input of a later receiver (a head's query, key and value
+inputs are separate receivers; an MLP's input; the output), at one group of positions (the positions'
+role in the task: ``demonstrations``, ``target``, ``other`` for BOS and separators). For the disentangled
+model the senders into layer 1 are the subspaces of its concatenated residual (subspace 0 the token,
+subspace k+1 copyer k's write), so an edge there is exact, not a projection.
+
+One mechanism for every family: a receiver is a pair of hooks, ``site`` (the residual it reads) and
+``capture`` (its own activation, computed from that residual position by position or, for the content-free
+copyers, from that residual alone). Editing a receiver's input = one pass with the edit at ``site`` in which
+``capture`` is recorded, then the real pass with the recorded activation patched in
+(``models.interventions.Intervention``). That needs no split-input hooks (``use_split_qkv_input``), which a
+TransformerBridge and our disentangled model do not offer in the same way; on the bridge the MLP's site is
+``blocks.i.hook_resid_mid``, which there feeds only ln_2 (tests/test_circuit.py checks every site and
+capture per family, and that the bridge's resid_mid edit does not reach the residual stream).
+
+Why not a library. auto-circuit (PyPI ``auto-circuit``) builds its graph by patching a model's modules
+(``PatchableModel``) and expects the TransformerLens HookedTransformer layout with split q/k/v inputs;
+TransformerLens 4.x has no HookedTransformer, our disentangled model's residual is a concatenation whose
+layers have different widths and head counts, and the shipped standard model is a TransformerBridge. The
+ACDC / EAP code bases likewise assume ``hook_q_input`` and one residual width. ``transformer_lens.patching``
+patches one activation per cell and cannot express an edge (a sender's change seen by one receiver only).
+What we take from them: the graph (senders, receivers with q/k/v apart), the scores (ACDC's edge ablation,
+EAP's gradient times the change, EAP-IG's integrated gradients over the inputs), the searches and the
+JSON, and ROC AUC against circuits known in advance.
+
+Conventions. Scores are "noising": ``score(edge) = metric(clean run, the edge's receiver seeing its sender's
+ablated value) - metric(clean run)``; with the default metric (target NLL) a positive score is a cost.
+The ablated value of a sender is its value in a run on ``source`` contexts (another tree's demonstrations:
+``corrupted_contexts``; resampled contexts) or its mean over held-out contexts.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import torch
+from jaxtyping import Float, Int
+from torch import Tensor
+
+from models.interventions import Intervention
+from models.subject import DISENTANGLED, Subject, head_label
+
+INPUTS = ("q", "k", "v")
+
+
+@dataclass(frozen=True)
+class Edge:
+    """Sender ``sender`` into input ``input`` (q, k, v; ``in`` of an MLP; ``out`` of the output) of node
+    ``receiver`` at the positions of group ``group``."""
+
+    sender: str
+    receiver: str
+    input: str
+    group: str
+
+    @property
+    def label(self) -> str:
+        return f"{self.sender}->{self.receiver}.{self.input}@{self.group}"
+
+    def to_dict(self) -> dict:
+        return {"sender": self.sender, "receiver": self.receiver, "input": self.input, "group": self.group}
+
+
+@dataclass(frozen=True)
+class Receiver:
+    """One input of one node: ``site`` is the residual it reads, ``capture`` (with ``head``) the activation
+    it computes from it (None: the output, read from ``site`` itself). ``level`` orders receivers: every
+    receiver of a level reads senders of lower levels only."""
+
+    node: str
+    input: str
+    site: str
+    capture: str | None
+    head: int | None
+    level: int
+
+
+@dataclass(frozen=True)
+class Sender:
+    """A node's write into the residual: ``hook``'s activation, head ``head`` through ``W_O`` (standard
+    heads), or its last-axis ``dims`` placed into an otherwise zero residual (disentangled subspaces). A
+    disentangled sender's write reaches a different site at layer 0 and at layer 1: ``at`` maps a site to
+    its (hook, dims) there. ``level``: its value is final once receivers of lower levels are computed."""
+
+    node: str
+    level: int
+    at: dict = field(compare=False)  # site -> (hook, head, dims)
+    W_O: Tensor | None = field(default=None, repr=False, compare=False)  # [head, d_head, d_model]
+
+    def write(self, cache: dict, site: str) -> Tensor:
+        """The sender's write as the residual at ``site`` holds it, ``[batch, pos, D]``."""
+        hook, head, dims = self.at[site]
+        act = cache[hook]
+        if head is not None:
+            return act[:, :, head] @ self.W_O[head].to(act.dtype)
+        if dims is None:
+            return act
+        out = torch.zeros_like(act)
+        out[..., dims[0] : dims[1]] = act[..., dims[0] : dims[1]]
+        return out
+
+
+@dataclass
+class Graph:
+    """Senders, receivers, the positions of each group at each site, and every edge."""
+
+    senders: list[Sender]
+    receivers: list[Receiver]
+    groups: dict  # site -> {group: [positions]}
+    edges: list[Edge]
+    family: str
+
+    def sender(self, name: str) -> Sender:
+        return next(s for s in self.senders if s.node == name)
+
+    def receiver(self, node: str, input: str) -> Receiver:
+        return next(r for r in self.receivers if (r.node, r.input) == (node, input))
+
+    @property
+    def sender_hooks(self) -> list[str]:
+        return sorted({h for s in self.senders for h, _, _ in s.at.values()})
+
+    def nodes(self, edges) -> list[str]:
+        """Heads and MLPs that some edge of ``edges`` enters or leaves (embeddings and the output apart)."""
+        names = {e.sender for e in edges} | {e.receiver for e in edges}
+        return [n for n in self.node_order if n in names and n not in ("embed", "pos_embed", "output")]
+
+    @property
+    def node_order(self) -> list[str]:
+        seen = []
+        for n in [s.node for s in self.senders] + [r.node for r in self.receivers]:
+            if n not in seen:
+                seen.append(n)
+        return seen
+
+    def find(self, label: str) -> Edge:
+        for e in self.edges:
+            if e.label == label:
+                return e
+        raise ValueError(f"no edge {label!r} in this graph; edges look like {self.edges[0].label!r}")
+
+
+def _check_hooks(subject: Subject, names) -> None:
+    missing = [n for n in names if n not in subject.model.hook_dict]
+    if missing:
+        raise ValueError(
+            f"--checkpoint {subject.name}: circuit discovery needs the hooks {', '.join(missing[:4])}"
+            f"{' ...' if len(missing) > 4 else ''}, which this model has not (a {subject.describe()})"
+        )
+
+
+def build_graph(subject: Subject) -> Graph:
+    """The graph of ``subject`` (see the module docstring); ValueError if it lacks a hook the graph uses."""
+    if DISENTANGLED in subject.capabilities:
+        return _disentangled_graph(subject)
+    return _standard_graph(subject)
+
+
+def _edges(senders, receivers, groups) -> list[Edge]:
+    return [
+        Edge(s.node, r.node, r.input, g)
+        for r in receivers
+        for s in senders
+        if s.level <= r.level and r.site in s.at
+        for g in groups[r.site]
+    ]
+
+
+def _disentangled_graph(subject: Subject) -> Graph:
+    L, H, d = subject.task.n_examples, subject.task.seq_len, subject.task.d_vocab
+    K = subject.n_heads[0]
+    site0, site1, out = "blocks.0.hook_resid_pre", "blocks.1.hook_resid_pre", "blocks.1.hook_resid_post"
+    res0 = "blocks.0.hook_resid_post"
+    _check_hooks(subject, ["hook_embed", site0, res0, site1, out, "blocks.0.attn.hook_z",
+                           *(f"blocks.1.attn.hook_{x}" for x in INPUTS)])  # fmt: skip
+    senders = [Sender("embed", 0, {site0: ("hook_embed", None, None), site1: (res0, None, (0, d))})]
+    senders += [Sender(head_label(0, k), 1, {site1: (res0, None, ((k + 1) * d, (k + 2) * d))}) for k in range(K)]
+    senders += [Sender(head_label(1, 0), 2, {out: (out, None, None)})]
+    receivers = [Receiver(head_label(0, k), "v", site0, "blocks.0.attn.hook_z", k, 0) for k in range(K)]
+    receivers += [Receiver(head_label(1, 0), x, site1, f"blocks.1.attn.hook_{x}", 0, 1) for x in INPUTS]
+    receivers += [Receiver("output", "out", out, None, None, 2)]
+    groups = {
+        site0: {"demonstrations": list(range(L * H)), "target": list(range(L * H, (L + 1) * H))},
+        site1: {"target": list(range(H))},
+        out: {"target": list(range(H))},
+    }
+    return Graph(senders, receivers, groups, _edges(senders, receivers, groups), "disentangled")
+
+
+def _standard_graph(subject: Subject) -> Graph:
+    model, n = subject.model, subject.n_layers
+    has_mlp = [f"blocks.{i}.hook_mlp_out" in model.hook_dict for i in range(n)]
+    need = ["hook_embed"] + [f"blocks.{i}.hook_resid_pre" for i in range(n)] + [f"blocks.{n - 1}.hook_resid_post"]
+    need += [f"blocks.{i}.attn.hook_{x}" for i in range(n) for x in (*INPUTS, "z")]
+    need += [f"blocks.{i}.hook_{x}" for i in range(n) if has_mlp[i] for x in ("resid_mid", "mlp_out")]
+    _check_hooks(subject, need)
+    if not all(hasattr(model.blocks[i].attn, "W_O") for i in range(n)):
+        raise ValueError(f"--checkpoint {subject.name}: circuit discovery needs each layer's attn.W_O")
+    layout = subject.layout
+    final = f"blocks.{n - 1}.hook_resid_post"
+    sites = [f"blocks.{i}.hook_resid_pre" for i in range(n)] + [f"blocks.{i}.hook_resid_mid" for i in range(n)]
+    sites.append(final)
+
+    def everywhere(hook, head=None):
+        return {s: (hook, head, None) for s in sites}
+
+    senders = [Sender("embed", 0, everywhere("hook_embed"))]
+    if "hook_pos_embed" in model.hook_dict:
+        senders.append(Sender("pos_embed", 0, everywhere("hook_pos_embed")))
+    receivers = []
+    for i in range(n):
+        W_O = model.blocks[i].attn.W_O.detach()
+        for j in range(subject.n_heads[i]):
+            receivers += [Receiver(head_label(i, j), x, f"blocks.{i}.hook_resid_pre", f"blocks.{i}.attn.hook_{x}", j,
+                                   2 * i) for x in INPUTS]  # fmt: skip
+            senders.append(Sender(head_label(i, j), 2 * i + 1, everywhere(f"blocks.{i}.attn.hook_z", j), W_O))
+        if has_mlp[i]:
+            receivers.append(Receiver(f"MLP{i}", "in", f"blocks.{i}.hook_resid_mid", f"blocks.{i}.hook_mlp_out",
+                                      None, 2 * i + 1))  # fmt: skip
+            senders.append(Sender(f"MLP{i}", 2 * i + 2, everywhere(f"blocks.{i}.hook_mlp_out")))
+    receivers.append(Receiver("output", "out", final, None, None, 2 * n))
+    # A head of layer i reads resid_pre i (senders of levels <= 2i); layer i's MLP also reads its heads.
+    keys = layout.key_tokens()  # [T, 2]: (l, h) of each position's task token, (-1, -1) for none
+    L = subject.task.n_examples
+    role = {"demonstrations": (keys[:, 0] >= 0) & (keys[:, 0] < L), "target": keys[:, 0] == L, "other": keys[:, 0] < 0}
+    by_role = {g: torch.nonzero(m).flatten().tolist() for g, m in role.items() if m.any()}
+    groups = {s: by_role for s in sites}
+    return Graph(senders, receivers, groups, _edges(senders, receivers, groups), "standard")
+
+
+# Runs ---------------------------------------------------------------------------------------------------
+Metric = Callable[[Tensor, Tensor], Tensor]  # (log_probs [batch, H, d], tokens) -> scalar tensor
+
+
+def target_nll(log_probs: Float[Tensor, "batch H d"], tokens: Int[Tensor, "batch T"]) -> Tensor:
+    """Mean NLL of the target tokens x_1..x_{H-1} (as ``probes.target_nll``), differentiable."""
+    H = log_probs.shape[1]
+    target = tokens[:, -H:].to(log_probs.device)
+    return -log_probs.double().gather(-1, target.unsqueeze(-1))[:, 1:].mean()
+
+
+def per_context_nll(log_probs: Float[Tensor, "batch H d"], tokens: Int[Tensor, "batch T"]) -> Float[Tensor, " batch"]:
+    """Target NLL of each context."""
+    H = log_probs.shape[1]
+    target = tokens[:, -H:].to(log_probs.device)
+    return -log_probs.double().gather(-1, target.unsqueeze(-1))[:, 1:, 0].mean(-1)
+
+
+def sender_writes(subject: Subject, graph: Graph, tokens, fwd_hooks=()) -> tuple[dict, Tensor]:
+    """Every sender's write at every site it reaches, ``{(node, site): [batch, pos, D]}``, and the log-probs."""
+    cache = {}
+
+    def grab(act, hook, name):
+        cache[name] = act.detach()
+
+    hooks = [*fwd_hooks, *((h, lambda a, hook, h=h: grab(a, hook, h)) for h in graph.sender_hooks)]
+    with torch.no_grad():
+        lp = subject.log_probs(tokens, hooks)
+    return {(s.node, site): s.write(cache, site) for s in graph.senders for site in s.at}, lp
+
+
+def mean_writes(writes: dict) -> dict:
+    """Each write averaged over contexts (``[1, pos, D]``): the values of mean ablation."""
+    return {k: v.mean(0, keepdim=True) for k, v in writes.items()}
+
+
+def _mask(graph: Graph, site: str, group: str, like: Tensor) -> Tensor:
+    m = torch.zeros(like.shape[1], dtype=like.dtype, device=like.device)
+    m[graph.groups[site][group]] = 1
+    return m.view(1, -1, *([1] * (like.dim() - 2)))
+
+
+class Runner:
+    """Clean contexts, the senders' clean writes and their ablated values (``source``, each broadcastable
+    to the clean write), and the metric: runs circuits and scores edges."""
+
+    def __init__(self, subject: Subject, graph: Graph, tokens, source: dict, metric: Metric = target_nll):
+        self.subject, self.graph, self.tokens, self.source, self.metric = subject, graph, tokens, source, metric
+        self.clean, lp = sender_writes(subject, graph, tokens)
+        self.clean_values = torch.stack([metric(lp[i : i + 1], tokens[i : i + 1]) for i in range(len(lp))])
+        self.clean_metric = float(self.clean_values.mean())
+        self.passes = 0
+
+    def _stacked(self, copies: int, injections=()) -> tuple[Tensor, list]:
+        """The contexts repeated ``copies`` times, and ``injections`` (Interventions) for that batch."""
+        rep = lambda v: v.repeat(copies, *([1] * (v.dim() - 1)))  # noqa: E731
+        ivs = [Intervention(iv.hook, iv.kind, heads=iv.heads, value=rep(iv.value)) for iv in injections]
+        return self.tokens.repeat(copies, 1), [iv.fwd_hook() for iv in ivs]
+
+    def _capture_many(self, rs: list[Receiver], injections, deltas: list[Tensor]) -> list[Tensor]:
+        """Each receiver's captured activation with its own ``delta`` at its site, all in one forward pass
+        over the contexts repeated once per receiver (copy c carries receiver c's edit only)."""
+        b, n = len(self.tokens), len(rs)
+        tokens, hooks = self._stacked(n, injections)
+        for site in {r.site for r in rs}:
+            like = next(d for r, d in zip(rs, deltas) if r.site == site)
+            big = torch.zeros((n * b, *like.shape[1:]), dtype=like.dtype, device=like.device)
+            for c, (r, d) in enumerate(zip(rs, deltas)):
+                if r.site == site:
+                    big[c * b : (c + 1) * b] = d
+            hooks.append(Intervention(site, "add", value=big).fwd_hook())
+        store = {}
+
+        def grab(act, hook, name):
+            store[name] = act.detach().clone()
+
+        hooks += [(c, lambda a, hook, c=c: grab(a, hook, c)) for c in {r.capture for r in rs}]
+        with torch.no_grad():
+            self.subject.log_probs(tokens, hooks)
+        self.passes += 1
+        return [store[r.capture][c * b : (c + 1) * b] for c, r in enumerate(rs)]
+
+    def delta(self, r: Receiver, ablated: list[Edge], now: dict) -> Tensor:
+        """What the receiver's input changes by when ``ablated`` edges into it carry their ablated value:
+        sum of ``(source - value in this run)`` at each edge's positions."""
+        total = 0
+        for e in ablated:
+            key = (e.sender, r.site)
+            diff = self.source[key].to(now[key].dtype) - now[key]
+            total = total + diff * _mask(self.graph, r.site, e.group, diff)
+        return total
+
+    def run(self, ablated) -> float:
+        """``run_values(ablated)`` averaged over contexts."""
+        return float(self.run_values(ablated).mean())
+
+    def run_values(self, ablated) -> Tensor:
+        """Per context, the metric of ``run_log_probs(ablated)``."""
+        lp = self.run_log_probs(ablated)
+        return torch.stack([self.metric(lp[i : i + 1], self.tokens[i : i + 1]) for i in range(len(lp))])
+
+    def run_log_probs(self, ablated) -> Tensor:
+        """The log-probs with every edge of ``ablated`` ablated (its receiver sees the sender's ablated value)
+        and everything else computed as the circuit computes it (ACDC's semantics: a kept edge carries the
+        sender's value in this run, itself downstream of ablated edges)."""
+        ablated = list(ablated)
+        by_receiver: dict = {}
+        for e in ablated:
+            by_receiver.setdefault((e.receiver, e.input), []).append(e)
+        injections, now = [], self.clean
+        final_delta = None
+        for level in sorted({r.level for r in self.graph.receivers}):
+            todo = [r for r in self.graph.receivers if r.level == level and (r.node, r.input) in by_receiver]
+            if not todo:
+                continue
+            if injections:  # the senders' values in this run so far
+                now, _ = sender_writes(self.subject, self.graph, self.tokens, [iv.fwd_hook() for iv in injections])
+                self.passes += 1
+            inner = [r for r in todo if r.capture is not None]
+            for r in todo:
+                if r.capture is None:
+                    final_delta = Intervention(r.site, "add", value=self.delta(r, by_receiver[(r.node, r.input)], now))
+            if inner:
+                deltas = [self.delta(r, by_receiver[(r.node, r.input)], now) for r in inner]
+                acts = self._capture_many(inner, injections, deltas)
+                injections = injections + [
+                    Intervention(r.capture, "patch", heads=None if r.head is None else (r.head,), value=a)
+                    for r, a in zip(inner, acts)
+                ]
+        hooks = [iv.fwd_hook() for iv in injections] + ([] if final_delta is None else [final_delta.fwd_hook()])
+        with torch.no_grad():
+            lp = self.subject.log_probs(self.tokens, hooks)
+        self.passes += 1
+        return lp
+
+    def keep_only(self, kept) -> float:
+        """The metric of the circuit ``kept`` (every other edge ablated)."""
+        return float(self.keep_only_values(kept).mean())
+
+    def keep_only_values(self, kept) -> Tensor:
+        kept = set(kept)
+        return self.run_values([e for e in self.graph.edges if e not in kept])
+
+    def exact_scores(self, edges=None, progress=None, chunk: int = 16) -> list[float]:
+        """Each edge ablated alone: ``metric - clean metric``; ``chunk`` edges per pair of forward passes
+        (the contexts repeated once per edge: the receiver's activation from its edited input, then the
+        run with it patched in). The same numbers as ``run([edge])`` edge by edge (a test checks it)."""
+        edges = self.graph.edges if edges is None else list(edges)
+        self.last_se = []  # each score's standard error over the contexts (paired with the clean run)
+        chunks = [edges[i : i + chunk] for i in range(0, len(edges), chunk)]
+        out = []
+        for part in chunks if progress is None else progress(chunks):
+            rs = [self.graph.receiver(e.receiver, e.input) for e in part]
+            deltas = [self.delta(r, [e], self.clean) for r, e in zip(rs, part)]
+            inner = [c for c, r in enumerate(rs) if r.capture is not None]
+            acts = self._capture_many([rs[c] for c in inner], [], [deltas[c] for c in inner]) if inner else []
+            captured = dict(zip(inner, acts))
+            b, n = len(self.tokens), len(part)
+            tokens, hooks = self._stacked(n)
+            for hook_name in {r.capture for r in rs if r.capture}:
+
+                def patch(act, hook=None, hook_name=hook_name):
+                    act = act.clone()
+                    for c, a in captured.items():
+                        if rs[c].capture == hook_name:
+                            where = (slice(c * b, (c + 1) * b), slice(None)) + (
+                                () if rs[c].head is None else (rs[c].head,)
+                            )
+                            act[where] = a[(slice(None), slice(None)) + (() if rs[c].head is None else (rs[c].head,))]
+                    return act
+
+                hooks.append((hook_name, patch))
+            for site in {r.site for r in rs if r.capture is None}:
+                like = next(deltas[c] for c, r in enumerate(rs) if r.capture is None and r.site == site)
+                big = torch.zeros((n * b, *like.shape[1:]), dtype=like.dtype, device=like.device)
+                for c, r in enumerate(rs):
+                    if r.capture is None and r.site == site:
+                        big[c * b : (c + 1) * b] = deltas[c]
+                hooks.append(Intervention(site, "add", value=big).fwd_hook())
+            with torch.no_grad():
+                lp = self.subject.log_probs(tokens, hooks)
+            self.passes += 1
+            for c in range(n):
+                values = [self.metric(lp[c * b + i : c * b + i + 1], self.tokens[i : i + 1]) for i in range(b)]
+                out.append(float(torch.stack(values).mean()) - self.clean_metric)
+                self.last_se.append(mean_se(torch.stack(values) - self.clean_values)[1])
+        return out
+
+    # Attribution patching -----------------------------------------------------------------------------
+    def input_grads(self, fwd_hooks=()) -> dict:
+        """d metric / d (each receiver's input), ``{(node, input): [batch, pos, D]}``, at the run under
+        ``fwd_hooks``: the gradient at the receiver's captured activation pulled back to its site."""
+        sites, acts = {}, {}
+        captures = {r.capture for r in self.graph.receivers if r.capture}
+
+        def at_site(x, hook, name):
+            sites[name] = x
+            return x
+
+        def at_capture(x, hook, name):
+            acts[name] = x
+            return x
+
+        def leaf(x, hook):
+            return x.detach().requires_grad_(True)
+
+        hooks = [*fwd_hooks]
+        hooks += [(s, leaf) for s in ("hook_embed", "hook_pos_embed") if s in self.subject.model.hook_dict]
+        hooks += [(s, lambda x, hook, s=s: at_site(x, hook, s)) for s in {r.site for r in self.graph.receivers}]
+        hooks += [(c, lambda x, hook, c=c: at_capture(x, hook, c)) for c in captures]
+        with torch.enable_grad():
+            lp = self.subject.log_probs(self.tokens, hooks)
+            m = self.metric(lp, self.tokens)
+            names = sorted(captures)
+            final = [r.site for r in self.graph.receivers if r.capture is None]
+            grads = torch.autograd.grad(m, [acts[c] for c in names] + [sites[s] for s in final], retain_graph=True,
+                                        allow_unused=True)  # fmt: skip
+            g_act = dict(zip(names, grads[: len(names)]))
+            out = {}
+            for r in self.graph.receivers:
+                if r.capture is None:
+                    out[(r.node, r.input)] = grads[len(names) + final.index(r.site)]
+                    continue
+                g = g_act[r.capture]
+                if g is None:
+                    out[(r.node, r.input)] = torch.zeros_like(sites[r.site])
+                    continue
+                a = acts[r.capture]
+                if r.head is not None:
+                    sel = torch.zeros_like(g)
+                    sel[:, :, r.head] = g[:, :, r.head]
+                    g = sel
+                (pulled,) = torch.autograd.grad(a, sites[r.site], grad_outputs=g, retain_graph=True, allow_unused=True)
+                out[(r.node, r.input)] = torch.zeros_like(sites[r.site]) if pulled is None else pulled
+        self.passes += 1
+        return {k: v.detach() for k, v in out.items()}
+
+    def _attribution(self, grads: dict, edges) -> list[float]:
+        scores = []
+        for e in edges:
+            r = self.graph.receiver(e.receiver, e.input)
+            key = (e.sender, r.site)
+            diff = self.source[key].to(self.clean[key].dtype) - self.clean[key]
+            g = grads[(e.receiver, e.input)].to(diff.dtype)
+            scores.append(float((diff * g * _mask(self.graph, r.site, e.group, diff)).sum()))
+        return scores
+
+    def eap_scores(self, edges=None) -> list[float]:
+        """EAP: ``(ablated - clean write) . d metric / d input`` at the clean run (first order in the change)."""
+        edges = self.graph.edges if edges is None else edges
+        return self._attribution(self.input_grads(), edges)
+
+    def eap_ig_scores(self, edges=None, steps: int = 8) -> list[float]:
+        """EAP-IG: the gradient averaged over ``steps`` runs whose embeddings move from clean to ablated
+        (midpoints ``(i + 1/2) / steps``), times the change: integrated gradients along the inputs."""
+        edges = self.graph.edges if edges is None else edges
+        embeds = [s for s in self.graph.senders if s.node in ("embed", "pos_embed")]
+        total = None
+        for i in range(steps):
+            a = (i + 0.5) / steps
+            hooks = []
+            for s in embeds:
+                hook = s.at[next(iter(s.at))][0]
+                if hook not in ("hook_embed", "hook_pos_embed"):
+                    continue
+                site = next(k for k, v in s.at.items() if v[0] == hook)
+                diff = self.source[(s.node, site)] - self.clean[(s.node, site)]
+                hooks.append(Intervention(hook, "add", value=a * diff).fwd_hook())
+            g = self.input_grads(hooks)
+            total = g if total is None else {k: total[k] + g[k] for k in total}
+        return self._attribution({k: v / steps for k, v in total.items()}, edges)
+
+
+def roc_auc(scores, truth) -> float:
+    """ROC AUC of ``scores`` (higher: more likely an edge) against booleans ``truth``; ties count half."""
+    pos = [s for s, t in zip(scores, truth) if t]
+    neg = [s for s, t in zip(scores, truth) if not t]
+    if not pos or not neg:
+        raise ValueError(f"ROC AUC needs true and false edges, got {len(pos)} true and {len(neg)} false")
+    wins = sum((p > q) + 0.5 * (p == q) for p in pos for q in neg)
+    return wins / (len(pos) * len(neg))
+
+
+def ratio_se(a: Float[Tensor, " n"], b: Float[Tensor, " n"]) -> tuple[float, float]:
+    """``mean(a) / mean(b)`` and its standard error over the n contexts (delta method)."""
+    a, b = a.double(), b.double()
+    r = a.mean() / b.mean()
+    se = ((a - r * b).std() / (len(a) ** 0.5) / b.mean().abs()).item() if len(a) > 1 else float("nan")
+    return r.item(), se
+
+
+def mean_se(x: Float[Tensor, " n"]) -> tuple[float, float]:
+    x = x.double()
+    return x.mean().item(), (x.std() / len(x) ** 0.5).item() if len(x) > 1 else float("nan")
+
+
+# Search -------------------------------------------------------------------------------------------------
+def top_n(edges, scores, n: int) -> list[Edge]:
+    """The ``n`` edges of largest |score|."""
+    order = sorted(range(len(edges)), key=lambda i: -abs(scores[i]))
+    return [edges[i] for i in order[:n]]
+
+
+def threshold(edges, scores, tau: float) -> list[Edge]:
+    """The edges with |score| >= ``tau``."""
+    return [e for e, s in zip(edges, scores) if abs(s) >= tau]
+
+
+def greedy(runner: Runner, tau: float, order=None) -> list[Edge]:
+    """ACDC-style pruning: from the full graph, visit receivers from the output backwards and remove each
+    edge whose removal (with those already removed) moves the metric by less than ``tau``."""
+    removed: list[Edge] = []
+    current = runner.clean_metric
+    levels = {(r.node, r.input): r.level for r in runner.graph.receivers}
+    edges = order or sorted(runner.graph.edges, key=lambda e: -levels[(e.receiver, e.input)])
+    for e in edges:
+        value = runner.run(removed + [e])
+        if abs(value - current) < tau:
+            removed.append(e)
+            current = value
+    return [e for e in runner.graph.edges if e not in set(removed)]

@@ -1,0 +1,269 @@
+"""models.circuit: hooks that mean what they say (per family), exact edge patching and EAP-IG recover the
+circuits known in advance (ROC AUC), EAP equals exact patching where the metric is linear in the patched
+input, and single-edge scores add up where they must."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from conftest import build_task
+from test_formats import hf_folder
+from test_formats_pipelines import SPECIAL, write_nanogpt
+
+import models
+from models.circuit import Runner, build_graph, per_context_nll, ratio_se, roc_auc, sender_writes
+from models.hooked_transformer import HookedTransformer, HookedTransformerConfig
+from models.interventions import Intervention
+from models.subject import StandardSubject, load_subject, subject_of
+from probes import Layout, bma_predictive
+
+
+def _grab_all(subject, tokens, names, extra=()):
+    store = {}
+
+    def grab(a, hook, n):
+        store[n] = a.detach().clone()
+
+    lp = subject.log_probs(tokens, [*extra, *((n, lambda a, hook, n=n: grab(a, hook, n)) for n in names)])
+    return lp, store
+
+
+def _subjects(tmp_path):
+    task = build_task(n_examples=3, seq_len=4)
+    theorem1 = subject_of(models.theorem1_model(task.pi, 3, 4, 5.0), task, None, "theorem1", "0")
+    hf, _, _ = hf_folder(tmp_path, task)
+    nano, _, _ = write_nanogpt(tmp_path / "nano", task, SPECIAL)
+    return {"theorem1": theorem1, "default": load_subject("default"), "bridge": load_subject(hf),
+            "nanogpt": load_subject(nano)}  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def subjects(tmp_path_factory):
+    return _subjects(tmp_path_factory.mktemp("circuit"))
+
+
+@pytest.mark.parametrize("family", ["theorem1", "default", "bridge", "nanogpt"])
+def test_every_receiver_edit_moves_only_its_own_input_at_its_positions(subjects, family):
+    """Adding a change at a receiver's site at one position moves its captured activation (its head's
+    q / k / v, the MLP's output, the copyer's copy) and, for a position-wise input, only at that position."""
+    subject = subjects[family]
+    subject.model.eval()
+    graph = build_graph(subject)
+    tokens, _ = subject.task.sample(3, torch.Generator().manual_seed(0))
+    captures = sorted({r.capture for r in graph.receivers if r.capture})
+    _, clean = _grab_all(subject, tokens, captures + sorted({r.site for r in graph.receivers}))
+    g = torch.Generator().manual_seed(1)
+    H = subject.task.seq_len
+    lp_clean = subject.log_probs(tokens)
+    for r in graph.receivers:
+        site = clean[r.site]
+        p = graph.groups[r.site][next(iter(graph.groups[r.site]))][-1]
+        if r.capture is None:  # the output: the position that predicts the last target token
+            p = H - 1 if family in ("theorem1", "default") else int(subject.layout.prediction_positions()[H - 1])
+        delta = torch.zeros_like(site)
+        delta[:, p] = torch.randn(site.shape[-1], generator=g, dtype=site.dtype)
+        if r.capture is None and family in ("theorem1", "default"):  # the site is a mixture: keep it positive
+            delta = 0.1 * delta.abs()
+        lp, moved = _grab_all(subject, tokens, captures, [Intervention(r.site, "add", value=delta).fwd_hook()])
+        if r.capture is None:  # only that prediction moves
+            change = (lp - lp_clean).abs()
+            assert change[:, H - 1].max() > 1e-6 and change[:, : H - 1].max() <= 1e-9
+            continue
+        change = (moved[r.capture] - clean[r.capture]).abs()
+        assert change.max() > 1e-6, f"{r.node}.{r.input}: editing {r.site} does not reach {r.capture}"
+        if r.capture != "blocks.0.attn.hook_z":  # position-wise inputs (the copyers read every position)
+            others = torch.ones(change.shape[1], dtype=torch.bool)
+            others[p] = False
+            assert change[:, others].max() <= 1e-6, f"{r.capture} moved at positions other than {p}"
+
+
+def test_bridge_resid_mid_reaches_only_ln2_and_attn_out_reaches_the_residual(subjects):
+    """On a TransformerBridge an edit of blocks.0.hook_resid_mid changes the MLP's output but does not
+    itself enter the residual stream; an edit of blocks.0.hook_attn_out does (the site standard_circuit's
+    through-the-MLP path patch now uses); a head's write is hook_z through W_O, as Sender.write reads it."""
+    subject = subjects["bridge"]
+    tokens, _ = subject.task.sample(3, torch.Generator().manual_seed(0))
+    names = ["blocks.0.hook_mlp_out", "blocks.0.hook_resid_post", "blocks.0.hook_resid_mid", "blocks.0.attn.hook_z"]
+    _, clean = _grab_all(subject, tokens, names)
+    delta = torch.zeros_like(clean["blocks.0.hook_resid_mid"])
+    delta[:, 2] = torch.randn(delta.shape[-1], generator=torch.Generator().manual_seed(2))
+    for site, carried in (("blocks.0.hook_resid_mid", 0.0), ("blocks.0.hook_attn_out", 1.0)):
+        _, moved = _grab_all(subject, tokens, names, [Intervention(site, "add", value=delta).fwd_hook()])
+        mlp = moved["blocks.0.hook_mlp_out"] - clean["blocks.0.hook_mlp_out"]
+        resid = moved["blocks.0.hook_resid_post"] - clean["blocks.0.hook_resid_post"]
+        assert mlp.abs().max() > 1e-4
+        assert torch.allclose(resid, mlp + carried * delta, atol=1e-5)
+    z = clean["blocks.0.attn.hook_z"].clone()
+    z[:, :, 1] += 0.5
+    _, moved = _grab_all(subject, tokens, names, [Intervention("blocks.0.attn.hook_z", "patch", value=z).fwd_hook()])
+    W_O = subject.model.blocks[0].attn.W_O[1].detach()
+    want = clean["blocks.0.hook_resid_mid"] + 0.5 * W_O.sum(0)
+    assert torch.allclose(moved["blocks.0.hook_resid_mid"], want, atol=1e-5)
+
+
+def _paper_truth(subject, graph) -> list[bool]:
+    """The true edges of the paper's circuit on the disentangled model, read from the Theorem 1
+    construction of the subject's task: a copyer reads its demonstration; a layer-1 input reads subspace s
+    where the construction's W_KQ (query columns / key rows) or W_OV has a non-zero block; the head writes
+    the output."""
+    task = subject.task
+    exact = models.theorem1_model(task.pi, task.n_examples, task.seq_len, 50.0, task.root)
+    d, K = task.d_vocab, exact.cfg.n_copy_heads
+    W_KQ, W_OV = exact.blocks[1].attn.W_KQ.detach(), exact.blocks[1].attn.W_OV.detach()
+    block = lambda s: slice(s * d, (s + 1) * d)  # noqa: E731
+    sub = {"embed": 0, **{f"L0H{k}": k + 1 for k in range(K)}}
+    truth = []
+    for e in graph.edges:
+        if e.receiver == "output":
+            truth.append(True)
+        elif e.receiver.startswith("L0"):
+            truth.append(e.group == "demonstrations")
+        else:
+            s = sub[e.sender]
+            w = {"q": W_KQ[d:, block(s)], "k": W_KQ[block(s), d:], "v": W_OV[block(s)]}[e.input]
+            truth.append(bool(w.abs().max() > 1e-9) and not (e.input == "q" and s == 0))
+    return truth
+
+
+@pytest.mark.parametrize("spec", ["theorem1:beta=50", "default"])
+def test_exact_patching_and_eap_ig_recover_the_paper_circuit(spec):
+    subject = load_subject(spec)
+    subject.model.eval()
+    graph = build_graph(subject)
+    task = subject.task
+    tokens, _ = task.sample(48, torch.Generator().manual_seed(0))
+    resampled, _ = task.sample(48, torch.Generator().manual_seed(1))
+    runner = Runner(subject, graph, tokens, sender_writes(subject, graph, resampled)[0])
+    truth = _paper_truth(subject, graph)
+    assert 0 < sum(truth) < len(truth)
+    # Ranked by |score|: ablating a true edge may help on a finite sample (the resampled contexts differ).
+    assert roc_auc([abs(x) for x in runner.exact_scores()], truth) == 1.0
+    assert roc_auc([abs(x) for x in runner.eap_ig_scores()], truth) >= 0.95
+    # The known circuit alone keeps the model's progress over the uniform-parent plateau.
+    kept = [e for e, t in zip(graph.edges, truth) if t]
+    plateau = bma_predictive(task.pi, tokens, task.n_examples, task.seq_len, task.root, demonstrations=[], log=True)
+    plateau_nll = per_context_nll(plateau, tokens)
+    share, se = ratio_se(plateau_nll - runner.keep_only_values(kept), plateau_nll - runner.clean_values)
+    print(f"known circuit keeps {share:.4f} +- {se:.4f} of the progress")
+    assert share >= 0.95
+
+
+def _linear_subject():
+    """A one-layer attention-only transformer with no normalisation: its logits are linear in every
+    head's value input and in the final residual."""
+    task = build_task(n_examples=2, seq_len=3)
+    layout = Layout(task.n_examples, task.seq_len, task.d_vocab)
+    cfg = HookedTransformerConfig(n_layers=2, d_model=6, n_ctx=layout.n_positions, d_head=3, n_heads=2,
+                                  d_vocab=task.d_vocab, attn_only=True, normalization_type=None, dtype="float64")  # fmt: skip
+    model = HookedTransformer(cfg)
+    g = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.copy_(torch.randn(p.shape, generator=g, dtype=p.dtype))
+    return StandardSubject(model.eval(), task, layout, "linear", "0"), task
+
+
+def _logit_difference(log_probs, tokens):
+    return (log_probs[..., 0] - log_probs[..., 1]).mean()  # = the logits' difference: linear in them
+
+
+def test_eap_equals_exact_patching_where_the_metric_is_linear_in_the_input_and_scores_add_up():
+    subject, task = _linear_subject()
+    graph = build_graph(subject)
+    tokens, _ = task.sample(16, torch.Generator().manual_seed(0))
+    resampled, _ = task.sample(16, torch.Generator().manual_seed(1))
+    runner = Runner(subject, graph, tokens, sender_writes(subject, graph, resampled)[0], _logit_difference)
+    linear = [e for e in graph.edges if e.receiver == "output" or (e.receiver.startswith("L1") and e.input == "v")]
+    exact, eap = runner.exact_scores(linear), runner.eap_scores(linear)
+    assert max(abs(a) for a in exact) > 1e-3
+    assert torch.allclose(torch.tensor(exact), torch.tensor(eap), atol=1e-9, rtol=1e-7)
+    into_output = [e for e in graph.edges if e.receiver == "output"]
+    total = runner.run(into_output) - runner.clean_metric
+    assert abs(sum(runner.exact_scores(into_output)) - total) < 1e-9
+    # Where the metric is not linear (layer-0 queries feed a softmax), EAP is only an approximation.
+    q0 = [e for e in graph.edges if e.receiver.startswith("L0") and e.input == "q"]
+    assert max(abs(a - b) for a, b in zip(runner.exact_scores(q0), runner.eap_scores(q0))) > 1e-6
+
+
+def test_a_model_without_the_hooks_is_refused_in_one_line():
+    from test_inspect import transposed_subject
+
+    with pytest.raises(ValueError, match="circuit discovery needs the hooks"):
+        build_graph(transposed_subject(build_task(n_examples=2, seq_len=3)))
+
+
+def test_batched_exact_scores_equal_edge_by_edge_runs(subjects):
+    subject = subjects["bridge"]
+    graph = build_graph(subject)
+    tokens, _ = subject.task.sample(6, torch.Generator().manual_seed(0))
+    resampled, _ = subject.task.sample(6, torch.Generator().manual_seed(1))
+    runner = Runner(subject, graph, tokens, sender_writes(subject, graph, resampled)[0])
+    edges = graph.edges[::7]
+    batched = runner.exact_scores(edges, chunk=5)
+    one_by_one = [runner.run([e]) - runner.clean_metric for e in edges]
+    assert max(abs(x) for x in one_by_one) > 1e-4
+    assert torch.allclose(torch.tensor(batched), torch.tensor(one_by_one), atol=1e-6)
+
+
+def test_cli_writes_the_set_and_refuses_an_unknown_node_in_one_line(tmp_path, capsys):
+    import json
+
+    from analyses import circuit, common
+
+    argv = ["--checkpoint", "theorem1:beta=50", "--out", str(tmp_path), "--n-contexts", "8", "--curve-points", "2"]
+    r = circuit.main(argv + ["--nodes", ",".join([f"L0H{k}" for k in range(10)] + ["L1H0"])])
+    assert r["faithfulness"] == pytest.approx(1.0, abs=1e-9)  # every edge between every node: the full model
+    saved = json.loads((tmp_path / "circuit.json").read_text())["results"]
+    assert {"nodes", "edges", "n_edges_total", "ablation", "corruption", "metric", "checkpoint_hash", "curve"} <= set(
+        saved
+    )
+    assert (
+        saved["interventions"]
+        and (tmp_path / "circuit_graph.pdf").exists()
+        and (tmp_path / "circuit_curve.png").exists()
+    )
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as e:
+        common.run(circuit.main, argv + ["--nodes", "L7H3"])
+    assert e.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "no node L7H3" in err[0]
+
+
+def test_inspect_sufficiency_is_the_share_kept_with_every_other_head_mean_ablated():
+    """Against a hand-written hook: the copyers' hook_z replaced by its mean over the contexts."""
+    from analyses.inspect import sufficiency
+    from probes import bma_predictive
+    from probes import target_nll as nll
+
+    task = build_task(n_examples=3, seq_len=4)
+    subject = subject_of(models.theorem1_model(task.pi, 3, 4, 5.0), task, None, "theorem1", "0")
+    tokens, _ = task.sample(40, torch.Generator().manual_seed(3))
+    log: list = []
+    got = sufficiency(subject, tokens, ["L0H0", "L1H0"], log)
+
+    def mean_rest(z, hook):
+        z = z.clone()
+        z[:, :, 1:] = z[:, :, 1:].mean(0, keepdim=True)
+        return z
+
+    plateau = bma_predictive(task.pi, tokens, 3, 4, task.root, demonstrations=[], log=True)
+    ablated = subject.log_probs(tokens, [("blocks.0.attn.hook_z", mean_rest)])
+    one = lambda lp, i: nll(lp[i : i + 1], tokens[i : i + 1])  # noqa: E731
+    a = torch.tensor([one(plateau, i) - one(ablated, i) for i in range(40)], dtype=torch.float64)
+    b = torch.tensor([one(plateau, i) - one(subject.log_probs(tokens), i) for i in range(40)], dtype=torch.float64)
+    assert got["share"] == pytest.approx((a.mean() / b.mean()).item(), abs=1e-9)
+    assert 0 < got["se"] < 1 and got["share"] < 0.99  # ablating two of three copyers costs progress
+    assert log and log[0]["hook"] == "blocks.0.attn.hook_z" and log[0]["heads"] == [1, 2]
+
+
+def test_greedy_pruning_keeps_exactly_the_paper_circuit_on_theorem1():
+    from models.circuit import greedy
+
+    subject = load_subject("theorem1:beta=50")
+    graph = build_graph(subject)
+    tokens, _ = subject.task.sample(24, torch.Generator().manual_seed(0))
+    resampled, _ = subject.task.sample(24, torch.Generator().manual_seed(1))
+    runner = Runner(subject, graph, tokens, sender_writes(subject, graph, resampled)[0])
+    kept = set(greedy(runner, 1e-9))
+    assert kept == {e for e, t in zip(graph.edges, _paper_truth(subject, graph)) if t}
