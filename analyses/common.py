@@ -32,7 +32,8 @@ import torch
 
 from models import cli
 from models.io import write_json, write_set
-from models.subject import CONTENT_FREE_COPYERS, DISENTANGLED, MARKOV_TASK, NAMED, Subject
+from models.sources import NAMED
+from models.subject import CONTENT_FREE_COPYERS, DISENTANGLED, MARKOV_TASK, Subject
 
 FIGURES_DIR = Path(__file__).resolve().parent.parent / "figures"  # the paper's figures: analyses.paper only
 RUNS_DIR = Path("runs") / "figures"  # every other run's, relative to the working folder
