@@ -1,0 +1,421 @@
+"""Every number the README states, read back from the JSON it came from (issue 19).
+
+CLAIMS: (README phrase with ``{...}`` format fields, source file, function of the parsed JSON returning the
+values). The test formats the values with the README's own rounding and asserts the phrase occurs in
+README.md (whitespace-normalised), so a stale number fails naming the claim, the README's text and the
+JSON's value. UNCHECKED lists the numbers that come from no committed JSON, with the reason.
+A second test checks that every relative link and image in README.md, figures/README.md and docs/*.md
+resolves to a file inside the repository.
+"""
+
+import functools
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+README = ROOT / "README.md"
+
+HA = "figures/head_ablation.json"
+DEFAULT_CFG = "models/checkpoints/default/config.json"
+STANDARD_TRAINING = "models/checkpoints/standard/training.json"
+SCALE = "figures/scale.json"
+MEDIUM = "scale init, copyer lr x0.3 = --preset medium"
+LARGE = "large: scale init, copyer lr x0.3 = --preset large"
+LARGE_X1 = "large: scale init, copyer lr x1, 400-step schedule (stopped)"
+LARGE_X01 = "large: copyer lr x0.1 (--preset large --copyer-lr-scale 0.1)"
+REFERENCE = "reference recipe, lr 3e-2 const, init_demo 3 (stopped)"
+MEDIUM_X1 = "scale init, copyer lr x1"
+
+
+def _last(d):
+    return d["training"]["history"][-1]
+
+
+def _at(run, step, key):
+    """One value of a scale.json run's history at ``step``."""
+    return run[key][run["step"].index(step)]
+
+
+def _cell(d, family, alpha):
+    """One phase-diagram cell's value as the figure prints it: the mean final progress over its seeds."""
+    (cell,) = [c for c in d["results"]["cells"] if c["family"] == family and c["alpha"] == alpha]
+    return cell["mean_progress"]
+
+
+def _head(d, label):
+    (head,) = [h for h in d["results"]["heads"] if h["label"] == label]
+    return head
+
+
+def _history_at(d, step):
+    (row,) = [r for r in d["history"] if r["step"] == step]
+    return row
+
+
+def _r(name):
+    """The ``results`` of one committed figure JSON (for the claims that read two files)."""
+    return _load(f"figures/{name}.json")["results"]
+
+
+def _struct(d, key, n, field):
+    """cape_structure.json: one structure-learning metric at N samples."""
+    (row,) = [r for r in d["results"]["structure"][key] if r["N"] == n]
+    return row[field]
+
+
+def _bma_at(d, kind, L):
+    (row,) = [r for r in d["results"]["bma"][kind] if r["L"] == L]
+    return row["parent_accuracy"]
+
+
+def _pair_acc(d, hook):
+    """Mean pair-probe accuracy over every (h, h') cell the probe was fitted on."""
+    accs = [a for row in d["results"]["pair_probes"][hook]["test_acc"] for a in row if a is not None]
+    return sum(accs) / len(accs)
+
+
+def _role_range(d, layer, role, queries=(0, 1)):
+    """standard_circuit.json: (min, max) of one role-profile mass over a layer's heads, the query kinds
+    (0 demonstration, 1 target) pooled."""
+    masses = [h[role][q] for h in d["results"]["heads"] if h["layer"] == layer for q in queries]
+    return min(masses), max(masses)
+
+
+def _first_step(d, fraction):
+    """First training step of init_gradient's W_KQ-only run at ``fraction`` of BMA's parent accuracy."""
+    t = d["results"]["training"]
+    return next(s for s, a in zip(t["step"], t["parent_acc"]) if a >= fraction * t["bma_parent_acc"])
+
+
+def _sci(x):
+    """The README's short scientific notation: 3.4e-3, 2e-16."""
+    mantissa, exponent = f"{x:.1e}".split("e")
+    mantissa = mantissa.rstrip("0").rstrip(".")
+    return f"{mantissa}e{int(exponent)}"
+
+
+def _sci0(x):
+    mantissa, exponent = f"{x:.0e}".split("e")
+    return f"{mantissa}e{int(exponent)}"
+
+
+AP = "figures/activation_patching.json"
+SC = "figures/standard_circuit.json"
+CD = "figures/cape_downstream.json"
+CS = "figures/cape_structure.json"
+
+CLAIMS = [
+    # Training and the shipped checkpoint: the default run's last eval (training history).
+    ("ends at: NLL {:.4f} vs BMA {:.4f} (gap {:.4f} nats), mean TV to the BMA posterior {:.3f}, parent accuracy "
+     "{:.3f} vs BMA's {:.3f}, ten heads copying ten distinct demonstrations with purity >= {:.3f}",
+     DEFAULT_CFG, lambda d: (_last(d)["nll"], _last(d)["nll_bma"], _last(d)["nll_gap"], _last(d)["tv_to_bma"],
+                             _last(d)["parent_acc"], _last(d)["parent_acc_bma"], min(_last(d)["head_purity"]))),
+    ("The default (lr 1e-2, 3000 steps) keeps {:.2f}.", DEFAULT_CFG,
+     lambda d: (min(_last(d)["head_purity"]),)),
+    # Analyses: the paragraph before the table.
+    ("shipped checkpoint `{}`", HA, lambda d: (d["checkpoint_hash"],)),
+    # Analyses: the table rows.
+    ("Intact TV to BMA {:.4f}.", HA, lambda d: (d["results"]["claims"]["intact_tv"],)),
+    ("TV to BMA-without-its-demonstration {:.4f} on average (max {:.4f}) against {:.3f} to full BMA", HA,
+     lambda d: tuple(d["results"]["claims"]["zero"][k] for k in ("mean_tv_without", "max_tv_without", "mean_tv_full"))),
+    ("down to {:.3f} with none", HA, lambda d: (d["results"]["cumulative"][-1]["bma"]["parent_acc"],)),
+    ("the query's token subspace changes nothing (max change {:.0f}", HA,
+     lambda d: (d["results"]["controls"]["query_token_zero"]["max_abs_log_prob_change"],)),
+    ("the key's token subspace moves the attention by TV {:.3f}", HA,
+     lambda d: (d["results"]["controls"]["key_token_zero"]["tv_to_intact"],)),
+    ("{} heads on {} distinct demonstrations", "figures/copyers.json",
+     lambda d: (len(d["results"]["heads"]), d["results"]["distinct_demos"])),
+    ("mass {:.3f} to {:.3f} on the demonstration, {:.2f} to {:.2f} on its same position", "figures/copyers.json",
+     lambda d: (min(d["results"]["purity"]), max(d["results"]["purity"]),
+                min(d["results"]["copy_purity"]), max(d["results"]["copy_purity"]))),
+    ("On the shipped checkpoint: {:.3f} of the way from the uniform-parent plateau to BMA", "figures/inspect.json",
+     lambda d: (d["results"]["progress"],)),
+    ("{} credited as the parent-selecting head (accuracy {:.3f}, TV {:.3f})", "figures/inspect.json",
+     lambda d: (d["results"]["parent_selecting"][0], _head(d, "L1H0")["parent_acc"], _head(d, "L1H0")["tv"])),
+    # Key figures.
+    ("stays near the intact {:.3f} while its TV to full BMA grows", HA, lambda d: (d["results"]["claims"]["intact_tv"],)),
+    # Standard transformers: the standard checkpoint's training history.
+    ("It reaches progress {:.2f} by step 1000", STANDARD_TRAINING, lambda d: (_history_at(d, 1000)["progress"],)),
+    # Standard transformers: the committed quick phase-diagram grid (cell means, flattest kernel to sharpest).
+    ("GPT-2 {:.2f} / {:.2f} / {:.2f}, attention-only {:.2f} / {:.2f} / {:.2f}, disentangled {:.2f} / {:.2f} / {:.2f}",
+     "figures/phase_diagram.json",
+     lambda d: tuple(_cell(d, f, a) for f in ("gpt2", "attn_only", "disentangled") for a in (1.0, 0.3, 0.1))),
+    ("the committed figure is the quick grid (L={}, all tokens, {} kernels, {}/{} steps)", "figures/phase_diagram.json",
+     lambda d: (d["results"]["grid"]["rows"][0][0], len(d["results"]["grid"]["kernels"]),
+                d["results"]["grid"]["steps"], d["results"]["grid"]["disentangled_steps"])),
+    # Scale (figures/scale.json; the same runs as figures/scale_histories.json, checked below).
+    ("at step 1000 the NLL gap to BMA is {:.4f} nats and the mean TV {:.3f}", SCALE,
+     lambda d: (_at(d["results"][MEDIUM], 1000, "nll_gap"), _at(d["results"][MEDIUM], 1000, "tv_to_bma"))),
+    ("least pure head {:.2f} at initialisation, {:.2f} after 300 steps, {}/{} distinct) and it stalls {:.2f} nats "
+     "above BMA with TV {:.2f}", SCALE,
+     lambda d: (d["results"][REFERENCE]["min_purity"][0], _at(d["results"][REFERENCE], 300, "min_purity"),
+                d["results"][REFERENCE]["final"]["distinct_demos"], d["results"][REFERENCE]["final"]["n_heads"],
+                d["results"][REFERENCE]["final"]["nll_gap"], d["results"][REFERENCE]["final"]["tv_to_bma"])),
+    ("copies soften (least pure head {:.2f} to {:.2f} by step {}) for the same loss; at 0.3x purity stays at {:.2f}",
+     SCALE, lambda d: (d["results"][MEDIUM_X1]["min_purity"][0], d["results"][MEDIUM_X1]["final"]["min_purity"],
+                       d["results"][MEDIUM_X1]["final"]["step"], d["results"][MEDIUM]["final"]["min_purity"])),
+    ("(gap {:.3f}, TV {:.2f} at step 500), then leaves it (gap {:.3f}, TV {:.3f} at step 1000), and ends at step {} "
+     "with gap {:.4f} and TV {:.3f}", SCALE,
+     lambda d: (_at(d["results"][LARGE], 500, "nll_gap"), _at(d["results"][LARGE], 500, "tv_to_bma"),
+                _at(d["results"][LARGE], 1000, "nll_gap"), _at(d["results"][LARGE], 1000, "tv_to_bma"),
+                d["results"][LARGE]["final"]["step"], d["results"][LARGE]["final"]["nll_gap"],
+                d["results"][LARGE]["final"]["tv_to_bma"])),
+    ("the least pure at {:.3f} (it falls from {:.3f} at initialisation", SCALE,
+     lambda d: (d["results"][LARGE]["final"]["min_purity"], d["results"][LARGE]["min_purity"][0])),
+    ("was stopped at step {} (gap {:.3f}, least pure head {:.2f} and falling)", SCALE,
+     lambda d: (d["results"][LARGE_X1]["final"]["step"], d["results"][LARGE_X1]["final"]["nll_gap"],
+                d["results"][LARGE_X1]["final"]["min_purity"])),
+    ("(least pure head {:.3f})", SCALE, lambda d: (d["results"][LARGE_X01]["final"]["min_purity"],)),
+    # Analyses table: activation_patching.
+    ("Patching all copyer heads restores {:.6f} on both metrics; nothing gives {:.0f}.", AP,
+     lambda d: (min(d["results"]["all_heads"]), max(d["results"]["nothing"]))),
+    ("One head restores {:.2f} to {:.2f} of the clean token's log-prob but only ~{:.2f} of the parent attention "
+     "(sum {:.2f}: not additive)", AP,
+     lambda d: (min(d["results"]["heads_all_positions"][0]), max(d["results"]["heads_all_positions"][0]),
+                sum(d["results"]["heads_all_positions"][1]) / len(d["results"]["heads_all_positions"][1]),
+                sum(d["results"]["heads_all_positions"][1]))),
+    ("The query side alone restores {:.3f} of the parent attention, the key side {:.3f}, both together {:.3f}", AP,
+     lambda d: (d["results"]["query_all"][1], d["results"]["key_all"][1], d["results"]["query_and_key_all"][1])),
+    # logpi_recovery.
+    ("c = {:.2f} to {:.2f}, correlation >= {:.3f}, worst column-softmax error {:.3f} at the fitted scale ({:.3f} at "
+     "scale 1)", "figures/logpi_recovery.json",
+     lambda d: (*d["results"]["c_range"], d["results"]["min_correlation"], d["results"]["worst"]["error_fitted_max"],
+                d["results"]["worst"]["error_unit_max"])),
+    ("row softmax is {:.3f} from pi", "figures/logpi_recovery.json",
+     lambda d: (d["results"]["ov"]["error_fitted_max"],)),
+    ("matches pi to {}.", "figures/logpi_recovery.json",
+     lambda d: (_sci(d["results"]["ov"]["effective_value"]["error_max"]),)),
+    ("with c about {:.1f} (Proposition 1)", "figures/logpi_recovery.json",
+     lambda d: (sum(d["results"]["c_range"]) / 2,)),
+    # block_structure.
+    ("Off-diagonal / diagonal block-norm ratio {:.3f} (Theorem 1: 0); the key-token row {:.3f} of the diagonal; the "
+     "query-token column exactly {:.0f}", "figures/block_structure.json",
+     lambda d: (d["results"]["ratio"], d["results"]["token_key_row_mean_over_diag"],
+                max(d["results"]["token_query_column"]))),
+    ("In a {}-step run the ratio falls from {:.3f} at step {} to {:.3f}.", "figures/block_structure.json",
+     lambda d: (d["results"]["emergence"][-1]["step"], d["results"]["emergence"][0]["ratio"],
+                d["results"]["emergence"][0]["step"], d["results"]["emergence"][-1]["ratio"])),
+    # bma_agreement.
+    ("falls from {:.2f} at beta = 1 to {} at 10 and {} from 31.6 on", "figures/bma_agreement.json",
+     lambda d: ({r["beta"]: r["tv"] for r in d["results"]["theorem1"]["sweep"]}[1.0],
+                _sci({r["beta"]: r["tv"] for r in d["results"]["theorem1"]["sweep"]}[10.0]),
+                _sci0(max(r["tv"] for r in d["results"]["theorem1"]["sweep"] if r["beta"] > 31)))),
+    ("grows {:.2f}, {:.2f}, {:.2f}, {:.3f}, {:.3f} at L = 1, 4, 16, 32, 64", "figures/bma_agreement.json",
+     lambda d: tuple({r["L"]: r["parent_mass"] for r in d["results"]["bma_vs_L"]}[L] for L in (1, 4, 16, 32, 64))),
+    ("short trained models ({} steps) follow it ({:.3f}, {:.3f}, {:.3f} at L = 1, 4, 16)", "figures/bma_agreement.json",
+     lambda d: (d["results"]["train_steps"], *(r["parent_mass"] for r in d["results"]["trained_vs_L"]))),
+    # init_gradient.
+    ("Autograd matches the closed form `-A (v/p - 1)` to {}.", "figures/init_gradient.json",
+     lambda d: (_sci0(d["results"]["by_tree"]["max_abs_autograd_vs_closed"]),)),
+    ("the largest in {:.0f}% of {} (tree, h) pairs, all {} paired differences", "figures/init_gradient.json",
+     lambda d: (100 * d["results"]["by_tree"]["parent_largest_in_expectation"], len(d["results"]["by_tree"]["rows"]),
+                d["results"]["by_tree"]["n_excluding_zero"])),
+    ("in a single context only {:.0f}%", "figures/init_gradient.json",
+     lambda d: (100 * d["results"]["by_tree"]["single_context_parent_largest"],)),
+    ("reaches 90% of BMA's parent accuracy in ~{} steps", "figures/init_gradient.json", lambda d: (_first_step(d, 0.9),)),
+    # information.
+    ("{} DPI violations in {:,} (tree, h, h') pairs", "figures/information.json",
+     lambda d: (d["results"]["dpi_violations"], d["results"]["n_pairs_checked"])),
+    ("over {} kernels", "figures/information.json", lambda d: (len(d["results"]["kernels"]),)),
+    ("Lemma 4 margins all positive (min {:.2f})", "figures/information.json",
+     lambda d: (d["results"]["lemma4_min_margin"],)),
+    # continuous.
+    ("its accuracy gap falls from {:.3f} at L = 1 to {:.3f} at L = 16; the fitted W has cosine {:.4f} with A",
+     "figures/continuous.json",
+     lambda d: (d["results"]["bma"][0]["parent_acc"] - d["results"]["bilinear"][0]["parent_acc"],
+                d["results"]["bma"][-1]["parent_acc"] - d["results"]["bilinear"][-1]["parent_acc"],
+                d["results"]["bilinear"][0]["cos_W_A"])),
+    # linear_probes.
+    ("held-out accuracy {:.2f} (shuffled-label control <= {:.2f})", "figures/linear_probes.json",
+     lambda d: (min(max(row) for row in d["results"]["copyers"]["test_acc"]),
+                max(max(row) for row in d["results"]["copyers"]["control_acc"]))),
+    # Standard transformers: standard_circuit.json (--checkpoint standard).
+    ("(512 contexts): progress {:.3f}; the paper's circuit is absent", SC, lambda d: (d["results"]["progress"],)),
+    ("({:.2f} to {:.2f} on earlier tokens of it, {:.2f} to {:.2f} on itself;", SC,
+     lambda d: (*_role_range(d, 0, "prefix"), *_role_range(d, 0, "self"))),
+    ("(same position h {:.2f} to {:.2f}, other positions {:.2f} to {:.2f}) and put at most {:.2f} on the target's "
+     "candidate parents", SC,
+     lambda d: (*_role_range(d, 1, "same_position"), *_role_range(d, 1, "other_position"),
+                _role_range(d, 1, "candidates", queries=(1,))[1])),
+    ("restores {:.2f}; mean-ablating them costs {:.2f} nats", SC,
+     lambda d: (d["results"]["interventions"]["groups"]["within"]["patching_restored"],
+                d["results"]["interventions"]["groups"]["within"]["ablation_dnll"])),
+    ("so do the cross-demonstration layer-1 heads (patching restores {:.2f}; ablation +{:.2f} nats)", SC,
+     lambda d: (d["results"]["interventions"]["groups"]["readers"]["patching_restored"],
+                d["results"]["interventions"]["groups"]["readers"]["ablation_dnll"])),
+    ("(largest mass on them {}): the paper's", SC,
+     lambda d: (re.search(r"candidates from the target queries ([\d.]+)", d["results"]["checks"][2]["numbers"]).group(1),)),
+    ("(summed KL over h: earlier {:.3f}, at h {:.3f}, later {:.3f})", SC,
+     lambda d: tuple(sum(x for x in d["results"]["corruption"][k]["model"] if x is not None)
+                     for k in ("earlier", "at_h", "later"))),
+    ("(linear-probe accuracy {:.2f} in the embedding, {:.2f} after layer 0)", SC,
+     lambda d: (_pair_acc(d, "blocks.0.hook_resid_pre"), _pair_acc(d, "blocks.0.hook_resid_post"))),
+    ("(slope {:.2f}, correlation {:.2f}; KL to BMA-without-l {:.4f} -> {:.4f}, the clean model's KL to BMA being {:.4f})",
+     SC, lambda d: tuple(d["results"]["bma_without"]["readers"][k] for k in
+                         ("slope", "correlation", "kl_without_vs_clean", "kl_without_vs_ablated", "kl_bma_vs_clean"))),
+    ("carries only {:.2f} of the corruption effect directly and {:.2f} through the layer-0 MLP", SC,
+     lambda d: (d["results"]["path_patching"]["all"], d["results"]["path_patching"]["all_through_mlp"])),
+    ("against the {:.2f} of patching the layer-0 heads everywhere", SC,
+     lambda d: (d["results"]["interventions"]["groups"]["within"]["patching_restored"],)),
+    ("reaches held-out R^2 {:.2f} from the embedding, {:.2f} after layer 0's attention and {:.2f} after layer 0 (a "
+     "function of x_h' plus one of x_h: {:.2f})", SC,
+     lambda d: (*(d["results"]["logpi"]["r2"][f"blocks.0.hook_resid_{k}"] for k in ("pre", "mid", "post")),
+                d["results"]["logpi"]["additive_r2"])),
+    ("(correlation {:.2f}, largest column error {:.3f}; the additive read-out's {:.2f} and {:.3f})", SC,
+     lambda d: (d["results"]["logpi"]["implied"]["correlation"], d["results"]["logpi"]["implied"]["column_softmax_max_error"],
+                d["results"]["logpi"]["additive_implied"]["correlation"],
+                d["results"]["logpi"]["additive_implied"]["column_softmax_max_error"])),
+    # CAPE: cape_structure.json.
+    ("(trained at L = 10: {:.3f} vs BMA {:.3f}; Theorem 1 elsewhere) identify parents at {:.2f} from L = 20 "
+     "demonstrations of the Markov task and the continuous system's Gaussian BMA at {:.2f} from L = 20", CS,
+     lambda d: ({r["L"]: r["parent_accuracy"] for r in d["results"]["model"]}[10], _bma_at(d, "markov", 10),
+                _bma_at(d, "markov", 20), _bma_at(d, "continuous", 20))),
+    ("needs N = 500 samples for the Markov skeleton (F1 {:.2f}; {:.2f} at N = 100) and N = 100 on the continuous "
+     "system (F1 {:.2f})", CS,
+     lambda d: (_struct(d, "markov/linear", 500, "skeleton_f1"), _struct(d, "markov/linear", 100, "skeleton_f1"),
+                _struct(d, "continuous/linear", 100, "skeleton_f1"))),
+    ("(parent accuracy {:.2f} and {:.2f} at N = 500)", CS,
+     lambda d: (_struct(d, "markov/linear", 500, "parent_accuracy"), _struct(d, "continuous/linear", 500, "parent_accuracy"))),
+    ("parents are {:.2f} at N = 100 ({:.2f} at N = 500)", CS,
+     lambda d: (_struct(d, "markov/linear", 100, "ordered_parent_accuracy"),
+                _struct(d, "markov/linear", 500, "ordered_parent_accuracy"))),
+    ("(continuous system, N = 100: skeleton F1 {:.2f} against {:.2f} with the linear f", CS,
+     lambda d: (_struct(d, "continuous/mlp", 100, "skeleton_f1"), _struct(d, "continuous/linear", 100, "skeleton_f1"))),
+    ("skeleton F1 {:.2f} against {:.2f} at N = 500", CS,
+     lambda d: (_struct(d, "nonlinear/mlp", 500, "skeleton_f1"), _struct(d, "nonlinear/linear", 500, "skeleton_f1"))),
+    # CAPE: cape_downstream.json is the --seed 0 tree: the first of each "a / b / c" triple.
+    ("(M = {} features, d = {}, rho = {}, {} training samples)", CD,
+     lambda d: tuple(d["results"]["config"][k] for k in ("M", "d", "rho", "n_train"))),
+    ("(0.{:03.0f} per coordinate; predicting 0 gives {:.0f})", CD,
+     lambda d: (1000 * d["results"]["bayes_mse"], d["results"]["marginal_mse"])),
+    ("a learned slot PE is as useless as none ({:.2f} /", CD, lambda d: (d["results"]["variants"]["slot"]["mean"],)),
+    ("barely helps ({:.2f} /", CD, lambda d: (d["results"]["variants"]["cape"]["mean"],)),
+    ("(scGPT's gene token, {:.2f} /", CD, lambda d: (d["results"]["variants"]["identity"]["mean"],)),
+    ("lowers the error to {:.2f} /", CD, lambda d: (d["results"]["variants"]["identity_cape"]["mean"],)),
+    ("worse on all three trees but by little ({:.2f} /", CD,
+     lambda d: (d["results"]["variants"]["identity_cape_random"]["mean"],)),
+    ("Euclidean instead of hyperbolic changes nothing ({:.2f} /", CD,
+     lambda d: (d["results"]["variants"]["identity_cape_euclidean"]["mean"],)),
+    ("additive instead of rotary is not worse ({:.2f} /", CD,
+     lambda d: (d["results"]["variants"]["identity_cape_additive"]["mean"],)),
+    ("The true tree instead of the learned one gives {:.2f} /", CD,
+     lambda d: (d["results"]["variants"]["identity_cape_oracle"]["mean"],)),
+    ("uniform {:.2f}): CAPE alone {:.2f} /", CD,
+     lambda d: (d["results"]["blanket_chance"], d["results"]["variants"]["cape"]["blanket_attention"][0])),
+    ("the identity token {:.2f} /", CD, lambda d: (d["results"]["variants"]["identity"]["blanket_attention"][0],)),
+    ("identity + CAPE {:.2f} /", CD, lambda d: (d["results"]["variants"]["identity_cape"]["blanket_attention"][0],)),
+    ("a random DAG's angles do about as well ({:.2f} /", CD,
+     lambda d: (d["results"]["variants"]["identity_cape_random"]["blanket_attention"][0],)),
+    ("additive coordinates better ({:.2f} /", CD,
+     lambda d: (d["results"]["variants"]["identity_cape_additive"]["blanket_attention"][0],)),
+    # CAPE: properties.
+    ("(per-graph Spearman {:.2f} on trees, {:.2f} on DAGs, random-angle control {:.2f})", "figures/cape_properties.json",
+     lambda d: (d["results"]["summary"]["tree"]["rho_score_distance"]["mean"],
+                d["results"]["summary"]["dag"]["rho_score_distance"]["mean"],
+                d["results"]["summary"]["tree"]["rho_random_angles"]["mean"])),
+    ("(at most ~{:.0f}% below its maximum)", "figures/cape_properties.json",
+     lambda d: (100 * d["results"]["summary"]["all"]["rel_score_drop"]["max"],)),
+    ("embedding norms grow with depth (Spearman {:+.2f} on trees)", "figures/cape_properties.json",
+     lambda d: (d["results"]["summary"]["tree"]["rho_norm_depth"]["mean"],)),
+    ("`python -m analyses.cape_properties` (23 s, {} random graphs)", "figures/cape_properties.json",
+     lambda d: (d["results"]["n_graphs"],)),
+    ("L0H4 (within-sequence, ablation {:+.3f} nats), L1H2 and L1H4 (cross-demonstration same-position readers, {:+.3f} "
+     "and {:+.3f}, patching restores {:.2f} and {:.2f})", "figures/inspect_standard.json",
+     lambda d: (_head(d, "L0H4")["ablation_dnll"], _head(d, "L1H2")["ablation_dnll"], _head(d, "L1H4")["ablation_dnll"],
+                _head(d, "L1H2")["patching_restored"], _head(d, "L1H4")["patching_restored"])),
+]
+
+# Numbers the README states that no committed JSON holds, or that this registry does not map yet.
+UNCHECKED = [
+    ("regeneration within 1.8e-5 (3.2e-3 on another machine), 54 s; ~20 s; 339 s / 599 s wall for analyses.paper",
+     "timings and a one-off comparison made by hand on 2026-12-01 (models.train --out X, then the largest weight "
+     "difference to models/checkpoints/default); no file records them"),
+    ("default run ends 4096-context test", "tests/test_checkpoint_and_train.py thresholds, not results"),
+    ("purity 0.68 -> 0.58, TV 0.022 (--init-demo 3, lr 3e-2, 4000 steps); 0.94 -> 0.75 (--init-demo 5)",
+     "training runs whose output is not committed; the README gives the command"),
+    ("Theorem 1 numbers in the head_ablation row (2e-16, TV 3e-4)", "from a run with --checkpoint theorem1:beta=50 "
+     "whose JSON is not committed; the README gives the command"),
+    ("linear_probes: 'pa(h) at chance from the layer-2 query', 'a small GPT-2 decodes no demonstration token'",
+     "qualitative statements; no number stated"),
+    ("standard checkpoint on 4096 fresh contexts: gap 0.0045, NLL 0.3772, BMA 0.3726, plateau 0.9515, progress 0.992",
+     "models.evaluate output, not committed; training.json's last eval (2048 contexts) differs in the 3rd decimal"),
+    ("the demonstrations are worth 0.58 nats", "plateau minus BMA on the 4096 evaluate contexts (0.9515 - 0.3726), "
+     "not committed; training.json's plateau_gap on its 2048 eval contexts is 0.607"),
+    ("0.32 nats; progress 0.42/0.67/0.70 at 2500/5000/6500 steps; plateau control 0.023 nats, progress 0.04",
+     "models.standard runs whose output is not committed; the README gives the commands"),
+    ("phase diagram full sweep: 0.6 to 0.86 in 100 to 300 steps; 0.58/0.63 at L=3, 0.67, 0.85, 0.14, -0.03 to -0.10, "
+     "<= 0.03", "from the full sweep, stopped after 8 cells; not committed (the README says so)"),
+    ("1165 s; 416 KB; 99 s; 56 s; 23 s; 86 s; 2436 s; 5159 s; 1182 s; 0.23/0.8/1.5 s a step", "timings"),
+    ("medium at step 1500 on 4096 fresh contexts: gap 0.0047, TV 0.040, accuracy 0.951 (BMA 0.965)",
+     "models.evaluate output, not committed; scale.json's last eval is on 1024 contexts"),
+    ("large on 4096 fresh contexts: gap 0.0067, TV 0.022, accuracy 0.984 (BMA 0.999); x0.1: 0.0081, 0.022, 0.981",
+     "models.evaluate output, not committed; scale.json holds the 256/512-context training evals"),
+    ("e^w / (e^w + L - 1): 0.94, 0.82; offset 0.70 vs 0.24", "closed-form arithmetic in the text"),
+    ("CAPE downstream, the second and third of each 'a / b / c' triple and the 1000-step 0.284",
+     "runs with --seed 1, 2 and --steps 1000 whose JSON is not committed (figures/cape_downstream.json is --seed 0)"),
+    ("continuous: KL 0.023 and 1.6e-16 on a small case", "measured in tests/test_continuous.py (d=3), the README says so"),
+    ("CAPE structure: 'N = 500', '5 to 25 times fewer samples'", "sample sizes and a ratio of them, not results"),
+]
+
+
+def _normalise(text: str) -> str:
+    return re.sub(r"\s+", " ", text)
+
+
+@functools.lru_cache(maxsize=None)
+def _load(path: str):
+    return json.loads((ROOT / path).read_text())
+
+
+@pytest.mark.parametrize("phrase, source, get", CLAIMS, ids=[c[0][:40] for c in CLAIMS])
+def test_readme_number_matches_json(phrase, source, get):
+    """The README contains the phrase with the numbers formatted from the JSON they came from."""
+    readme = _normalise(README.read_text())
+    values = get(_load(source))
+    expected = _normalise(phrase.format(*values))
+    if expected in readme:
+        return
+    # The README's version of the phrase: the same words with any numbers in the fields.
+    pattern = r"[^\s,;()]+".join(re.escape(f) for f in re.split(r"\{[^}]*\}", _normalise(phrase)))
+    match = re.search(pattern, readme)
+    found = match.group(0) if match else "(phrase not found at all)"
+    pytest.fail(f"stale README claim from {source}:\n  expected: {expected!r}\n  README:   {found!r}\n"
+                f"  JSON values: {values!r}")
+
+
+def test_scale_json_and_histories_agree():
+    """scale.json and scale_histories.json hold the same runs, so one registry entry covers both."""
+    scale = _load(SCALE)["results"]
+    histories = _load("figures/scale_histories.json")
+    assert set(histories) == set(scale)
+    for name, run in histories.items():
+        assert [r["step"] for r in run["history"]] == scale[name]["step"], name
+        assert [r["nll_gap"] for r in run["history"]] == scale[name]["nll_gap"], name
+
+
+LINK = re.compile(r"!?\[[^\]]*\]\(([^)\s]+)(?:\s+\"[^\"]*\")?\)")
+
+
+def _documents():
+    return [README, ROOT / "figures" / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+
+
+@pytest.mark.parametrize("doc", _documents(), ids=lambda p: str(p.relative_to(ROOT)))
+def test_relative_links_resolve(doc):
+    """Every relative link and image points at a file in the repository, never out of it through ../."""
+    bad = []
+    for target in LINK.findall(doc.read_text()):
+        if re.match(r"^[a-z][a-z0-9+.-]*:", target) or target.startswith("#"):
+            continue  # an absolute URL or an anchor in the same page
+        path = target.split("#", 1)[0]
+        resolved = (doc.parent / path).resolve()
+        if ".." in Path(path).parts and not resolved.is_relative_to(ROOT):
+            bad.append(f"{target} (leaves the repository)")
+        elif not resolved.is_relative_to(ROOT):
+            bad.append(f"{target} (outside the repository)")
+        elif not resolved.exists():
+            bad.append(f"{target} (no such file)")
+    assert not bad, f"{doc.relative_to(ROOT)}: broken relative links: {bad}"
