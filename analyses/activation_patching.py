@@ -407,6 +407,7 @@ def figures(r: dict, args) -> dict:
     return {f"{NAME}_{name}": fig for name, fig in plot(r, args.n_contexts, args.subject_name).items()}
 
 
+REQUIRES = frozenset({common.DISENTANGLED, common.MARKOV_TASK})  # what it needs of its subject
 ANALYSIS = common.Analysis.from_module(globals())
 
 

@@ -245,6 +245,7 @@ def _check_flags(p, args) -> None:
         p.error(f"--context must be >= 0, got {args.context}")
 
 
+REQUIRES = frozenset({common.MARKOV_TASK})  # what it needs of its subject
 ANALYSIS = common.Analysis(
     NAME,
     __doc__,
@@ -252,6 +253,7 @@ ANALYSIS = common.Analysis(
     lambda result, args: {},
     summary,
     n_contexts=None,
+    requires=REQUIRES,
     add_flags=_add_flags,
     check_flags=_check_flags,
 )
@@ -262,7 +264,7 @@ def main(argv: list[str] | None = None) -> dict:
     p, args = common.parse(ANALYSIS, argv)
     subject = cli.subject_or_exit(p, args)
     try:
-        common.check_requirements(NAME, subject)
+        common.check_requirements(ANALYSIS, subject)
     except ValueError as e:
         p.error(str(e))
     subject.model.eval()

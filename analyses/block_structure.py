@@ -281,6 +281,7 @@ def summary(r: dict) -> str:
     return "\n".join(lines)
 
 
+REQUIRES = frozenset({common.DISENTANGLED})  # what it needs of its subject
 ANALYSIS = common.Analysis.from_module(globals())
 
 

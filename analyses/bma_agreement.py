@@ -232,6 +232,7 @@ def summary(r: dict) -> str:
     return "\n".join(lines)
 
 
+REQUIRES = frozenset({common.DISENTANGLED, common.MARKOV_TASK})  # what it needs of its subject
 ANALYSIS = common.Analysis.from_module(globals())
 
 

@@ -271,6 +271,7 @@ def check_flags(parser, args) -> None:
         parser.error(f"--variants: unknown {unknown}; expected names from {','.join(ALL_VARIANTS)}")
 
 
+REQUIRES = None  # its own synthetic tasks: no --checkpoint
 ANALYSIS = common.Analysis.from_module(globals())
 
 

@@ -302,6 +302,7 @@ def check_flags(parser, args) -> None:
         parser.error("need --n-contexts >= 2, --nodes >= 3, --dim >= 1, --n-queries >= 1, --n-perm >= 1")
 
 
+REQUIRES = None  # its own synthetic tasks: no --checkpoint
 ANALYSIS = common.Analysis.from_module(globals())
 
 

@@ -260,6 +260,7 @@ def check_flags(parser, args) -> None:
     common.check_at_least(parser, args, n_trees=1, inner_steps=1)
 
 
+REQUIRES = frozenset({common.MARKOV_TASK})  # what it needs of its subject
 ANALYSIS = common.Analysis.from_module(globals())
 
 

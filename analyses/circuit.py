@@ -294,6 +294,7 @@ def record(r: dict) -> dict:
     return r
 
 
+REQUIRES = frozenset({common.MARKOV_TASK})  # what it needs of its subject
 ANALYSIS = common.Analysis.from_module(globals())
 
 main = ANALYSIS.main

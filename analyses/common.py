@@ -2,7 +2,7 @@
 PNG + PDF + JSON as one set, printing a summary, and errors.
 
 An analysis module defines ``NAME``, ``compute``, ``figures`` and ``summary`` and declares
-``ANALYSIS = Analysis.from_module(globals())`` (optional names: ``N_CONTEXTS``, ``add_flags``,
+``REQUIRES`` and ``ANALYSIS = Analysis.from_module(globals())`` (optional names: ``N_CONTEXTS``, ``add_flags``,
 ``check_flags``, ``record``):
 ``compute(subject, args) -> result`` (plain data; ``subject`` is a ``models.Subject``, or None for an
 analysis of its own synthetic tasks), ``figures(result, args) -> {stem: matplotlib figure}`` (or one
@@ -11,14 +11,16 @@ figure, filed under ``NAME``), and ``summary(result) -> str``; ``FIGURES`` descr
     python -m analyses.<name> [--checkpoint default] [--out figures/] [--seed 0] [--n-contexts N]
                               [--device cpu] [--threads 1] [--key-map MAP.json] [--config CONFIG.json]
 
-What an analysis needs of its subject beyond the common interface is ``REQUIRES[name]`` (capabilities of
-``models.subject``); a subject that lacks one is refused with one line naming the need and the analyses
+What an analysis needs of its subject beyond the common interface is its module's ``REQUIRES`` (capabilities
+of ``models.subject``; every analysis is named once more, in order, in ``ANALYSES``); a subject that lacks one is refused with one line naming the need and the analyses
 that do apply to it (exit code 2).
 """
 
 from __future__ import annotations
 
 import argparse
+import difflib
+import importlib
 import hashlib
 import os
 import re
@@ -30,50 +32,43 @@ import torch
 
 from models import cli
 from models.io import write_json, write_set
-from models.subject import CONTENT_FREE_COPYERS, DISENTANGLED, MARKOV_TASK, NAMED, Subject
+from models.sources import NAMED
+from models.subject import CONTENT_FREE_COPYERS, DISENTANGLED, MARKOV_TASK, Subject
 
 FIGURES_DIR = Path(__file__).resolve().parent.parent / "figures"  # the paper's figures: analyses.paper only
 RUNS_DIR = Path("runs") / "figures"  # every other run's, relative to the working folder
 
-# Every analysis, in the order of the paper's argument (mechanism, theory, other models, scale, CAPE), with
-# what it needs of its subject. None: it studies synthetic tasks of its own and takes no --checkpoint.
-REQUIRES: dict[str, frozenset[str] | None] = {
-    "head_ablation": frozenset({DISENTANGLED, MARKOV_TASK}),
-    "activation_patching": frozenset({DISENTANGLED, MARKOV_TASK}),
-    "copyers": frozenset({CONTENT_FREE_COPYERS}),
-    "logpi_recovery": frozenset({DISENTANGLED, MARKOV_TASK}),
-    "block_structure": frozenset({DISENTANGLED}),
-    "bma_agreement": frozenset({DISENTANGLED, MARKOV_TASK}),
-    "init_gradient": None,
-    "information": None,
-    "continuous": None,
-    "inspect": frozenset({MARKOV_TASK}),
-    "inspect_standard": frozenset({MARKOV_TASK}),
-    "linear_probes": frozenset({MARKOV_TASK}),
-    "standard_circuit": frozenset({MARKOV_TASK}),
-    "circuit": frozenset({MARKOV_TASK}),
-    "standard_vs_disentangled": None,
-    "phase_diagram": None,
-    "attention_view": frozenset({MARKOV_TASK}),
-    "scale": None,
-    "cape_structure": frozenset({MARKOV_TASK}),
-    "cape_properties": None,
-    "cape_downstream": None,
-}
+# Every analysis, in the order of the paper's argument (mechanism, theory, other models, scale, CAPE). What
+# each needs of its subject is its module's REQUIRES (None: it studies synthetic tasks of its own and takes no
+# --checkpoint); tests/test_registration.py fails if a module of analyses/ is missing here.
+ANALYSES = [
+    "head_ablation", "activation_patching", "copyers", "logpi_recovery", "block_structure", "bma_agreement",
+    "init_gradient", "information", "continuous", "inspect", "inspect_standard", "linear_probes", "standard_circuit", "circuit",
+    "standard_vs_disentangled", "phase_diagram", "attention_view", "scale", "cape_structure", "cape_properties",
+    "cape_downstream",
+]  # fmt: skip
+# The names Analysis.from_module reads; a module-level name within a typo of one (add_flag) is refused.
+HOOKS = ("NAME", "REQUIRES", "compute", "figures", "summary", "N_CONTEXTS", "add_flags", "check_flags", "record")
+OTHER_NAMES = ("FIGURES", "PAPER_ARGS", "QUICK_ARGS", "ANALYSIS")  # read by analyses.paper and the tests
+
+
+def registry() -> dict[str, Analysis]:
+    """Every analysis of ``ANALYSES``, in order (its module imported on first use)."""
+    return {name: importlib.import_module(f"analyses.{name}").ANALYSIS for name in ANALYSES}
 
 
 def applicable(subject: Subject) -> list[str]:
     """The analyses whose needs ``subject`` meets."""
-    return [name for name, needs in REQUIRES.items() if needs is not None and needs <= subject.capabilities]
+    return [n for n, a in registry().items() if a.requires is not None and a.requires <= subject.capabilities]
 
 
-def check_requirements(name: str, subject: Subject) -> None:
-    """One-line ``ValueError`` if ``subject`` lacks what analysis ``name`` needs."""
-    missing = sorted((REQUIRES.get(name) or frozenset()) - subject.capabilities)
+def check_requirements(analysis: Analysis, subject: Subject) -> None:
+    """One-line ``ValueError`` if ``subject`` lacks what ``analysis`` needs."""
+    missing = sorted((analysis.requires or frozenset()) - subject.capabilities)
     if missing:
         others = ", ".join(applicable(subject)) or "none"
         raise ValueError(
-            f"analyses.{name} needs a model with {' and '.join(missing)}; --checkpoint {subject.name} is a "
+            f"analyses.{analysis.name} needs a model with {' and '.join(missing)}; --checkpoint {subject.name} is a "
             f"{subject.describe()}. Analyses that apply to it: {others}"
         )
 
@@ -88,6 +83,7 @@ class Analysis:
     figures: Callable  # (result, args) -> {file stem: figure}, or one figure (stem: the name)
     summary: Callable  # (result) -> str
     n_contexts: int | None = 2048  # default --n-contexts (None: no such flag)
+    requires: frozenset[str] | None = None  # capabilities it needs of its subject (None: no --checkpoint)
     add_flags: Callable | None = None  # (parser) -> None: flags of its own
     check_flags: Callable | None = None  # (parser, args) -> None: validate them (parser.error)
     record: Callable = field(default=lambda result: result)  # result -> what the JSON keeps
@@ -95,8 +91,15 @@ class Analysis:
     @classmethod
     def from_module(cls, ns: dict) -> Analysis:
         """The analysis a module declares by its names: ``NAME``, ``__doc__``, ``compute``, ``figures``,
-        ``summary``, and optionally ``N_CONTEXTS``, ``add_flags``, ``check_flags``, ``record``."""
+        ``summary``, ``REQUIRES``, and optionally ``N_CONTEXTS``, ``add_flags``, ``check_flags``, ``record``."""
+        near = {n: difflib.get_close_matches(n, HOOKS, 1, 0.85) for n in ns if n not in HOOKS + OTHER_NAMES}
+        typos = {n: m[0] for n, m in near.items() if m and not n.startswith("_")}
+        if typos:
+            raise ValueError(f"analyses.{ns.get('NAME')}: unknown names {typos} (did you mean them?); expected {HOOKS}")
+        if "REQUIRES" not in ns:
+            raise ValueError(f"analyses.{ns.get('NAME')} declares no REQUIRES (its needs, or None: no --checkpoint)")
         optional = {
+            "requires": "REQUIRES",
             "n_contexts": "N_CONTEXTS",
             "add_flags": "add_flags",
             "check_flags": "check_flags",
@@ -112,7 +115,7 @@ class Analysis:
 
 def parser_for(analysis: Analysis) -> argparse.ArgumentParser:
     p = cli.parser(f"python -m analyses.{analysis.name}", analysis.doc)
-    if REQUIRES.get(analysis.name) is not None:
+    if analysis.requires is not None:
         cli.add_subject_flags(p)
     p.add_argument(
         "--out",
@@ -121,7 +124,7 @@ def parser_for(analysis: Analysis) -> argparse.ArgumentParser:
         "analysed; the committed figures/ are written only by python -m analyses.paper)",
     )
     cli.add_run_flags(p, n_contexts=analysis.n_contexts)
-    if REQUIRES.get(analysis.name) is None:
+    if analysis.requires is None:
         p.add_argument("--device", default="cpu", help="torch device to run on, e.g. cpu or cuda (default: cpu)")
     if analysis.add_flags is not None:
         analysis.add_flags(p)
@@ -181,10 +184,10 @@ def main(analysis: Analysis, argv: list[str] | None = None) -> dict:
     """Parse, load, compute, save the figures and JSON as one set, print the summary; returns the result."""
     p, args = parse(analysis, argv)
     subject = None
-    if REQUIRES.get(analysis.name) is not None:
+    if analysis.requires is not None:
         subject = cli.subject_or_exit(p, args)
         try:
-            check_requirements(analysis.name, subject)
+            check_requirements(analysis, subject)
         except ValueError as e:
             p.error(str(e))
         if hasattr(subject.model, "eval"):

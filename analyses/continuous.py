@@ -288,6 +288,7 @@ def check_flags(parser, args) -> None:
     common.check_at_least(parser, args, steps=1)
 
 
+REQUIRES = None  # its own synthetic tasks: no --checkpoint
 ANALYSIS = common.Analysis.from_module(globals())
 
 

@@ -126,6 +126,7 @@ def summary(res: dict) -> str:
     return "\n".join(lines)
 
 
+REQUIRES = frozenset({common.CONTENT_FREE_COPYERS})  # what it needs of its subject
 ANALYSIS = common.Analysis.from_module(globals())
 
 

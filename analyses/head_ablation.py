@@ -365,6 +365,7 @@ def figures(r: dict, args) -> dict:
 record = _strip
 
 
+REQUIRES = frozenset({common.DISENTANGLED, common.MARKOV_TASK})  # what it needs of its subject
 ANALYSIS = common.Analysis.from_module(globals())
 
 

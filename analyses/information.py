@@ -186,6 +186,7 @@ def summary(res: dict) -> str:
     return "\n".join(lines)
 
 
+REQUIRES = None  # its own synthetic tasks: no --checkpoint
 ANALYSIS = common.Analysis.from_module(globals())
 
 

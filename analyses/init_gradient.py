@@ -367,6 +367,7 @@ def record(res) -> dict:
     return {k: v for k, v in res.items() if k != "task"}
 
 
+REQUIRES = None  # its own synthetic tasks: no --checkpoint
 ANALYSIS = common.Analysis.from_module(globals())
 
 

@@ -526,6 +526,7 @@ def compute(subject, args) -> dict:
     return inspect_subject(subject, args.n_contexts, args.seed)
 
 
+REQUIRES = frozenset({common.MARKOV_TASK})  # what it needs of its subject
 ANALYSIS = common.Analysis.from_module(globals())
 
 

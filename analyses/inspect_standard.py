@@ -30,7 +30,8 @@ def add_flags(parser) -> None:
     parser.set_defaults(checkpoint="standard")  # the point of this set: the standard GPT-2
 
 
-ANALYSIS = dataclasses.replace(inspect.ANALYSIS, name=NAME, doc=__doc__, figures=figures, add_flags=add_flags)
+REQUIRES = inspect.REQUIRES  # what it needs of its subject
+ANALYSIS = dataclasses.replace(inspect.ANALYSIS, name=NAME, requires=REQUIRES, doc=__doc__, figures=figures, add_flags=add_flags)
 
 
 main = ANALYSIS.main

@@ -221,6 +221,7 @@ def add_flags(parser) -> None:
     )
 
 
+REQUIRES = frozenset({common.MARKOV_TASK})  # what it needs of its subject
 ANALYSIS = common.Analysis.from_module(globals())
 
 

@@ -252,6 +252,7 @@ def summary(res: dict) -> str:
     return "\n".join(lines)
 
 
+REQUIRES = frozenset({common.DISENTANGLED, common.MARKOV_TASK})  # what it needs of its subject
 ANALYSIS = common.Analysis.from_module(globals())
 
 

@@ -2,7 +2,7 @@
 
     python -m analyses.paper [--out figures/] [--seed 0] [--only head_ablation copyers] [--jobs 2]
 
-The analyses are ``analyses.common.REQUIRES``'s names, in its order (the paper's argument); each runs as
+The analyses are ``analyses.common.ANALYSES``, in its order (the paper's argument); each runs as
 ``python -m analyses.<name> --out OUT --seed SEED`` would, on its default subject, plus the module's
 ``PAPER_ARGS`` (``phase_diagram``: ``--quick``). A name whose module
 does not exist (yet) is skipped, and said so. ``--jobs N`` runs N analyses at a time in separate
@@ -27,7 +27,7 @@ from analyses import common
 from models import cli
 from models.io import atomic_write
 
-ANALYSES = list(common.REQUIRES)  # every analysis, in the order of the paper's argument
+ANALYSES = common.ANALYSES  # every analysis, in the order of the paper's argument
 
 
 def module_of(name: str) -> ModuleType | None:

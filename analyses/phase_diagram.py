@@ -339,6 +339,7 @@ def compute_from_args(subject, args) -> dict:
     return {**compute(grid, args.seed, args.device), "mode": "quick" if args.quick else "full"}
 
 
+REQUIRES = None  # its own synthetic tasks: no --checkpoint
 ANALYSIS = common.Analysis(
     NAME,
     __doc__,
@@ -346,6 +347,7 @@ ANALYSIS = common.Analysis(
     lambda res, args: {NAME: plot(res), f"{NAME}_curves": plot_curves(res)},
     lambda res: f"{NAME} ({res['mode']} grid, {res['seconds']:.0f} s):\n" + "\n".join(summary(res)),
     n_contexts=None,
+    requires=REQUIRES,
     add_flags=add_flags,
 )
 

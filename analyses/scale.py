@@ -140,6 +140,7 @@ def check_flags(parser, args) -> None:
         parser.error(f"--histories {args.histories} does not exist; collect it with --from-runs LABEL=FOLDER ...")
 
 
+REQUIRES = None  # its own synthetic tasks: no --checkpoint
 ANALYSIS = common.Analysis.from_module(globals())
 
 

@@ -694,6 +694,7 @@ def check_flags(parser, args) -> None:
         parser.error(f"--n-contexts must be >= 16 for the probes' train/test split, got {args.n_contexts}")
 
 
+REQUIRES = frozenset({common.MARKOV_TASK})  # what it needs of its subject
 ANALYSIS = common.Analysis.from_module(globals())
 
 

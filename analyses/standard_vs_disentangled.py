@@ -133,6 +133,7 @@ def check_flags(parser, args) -> None:
 figures = plot  # one figure, filed under NAME
 
 
+REQUIRES = None  # its own synthetic tasks: no --checkpoint
 ANALYSIS = common.Analysis.from_module(globals())
 
 

@@ -32,10 +32,10 @@ from transformer_lens import ActivationCache, HookedRootModule
 from transformer_lens.hook_points import HookPoint
 from transformer_lens.utilities import Slice
 
+from models.dtypes import DTYPES, dtype_name
 from models.patching import check_sweep
 from probes.bma import check_tokens
 
-DTYPES = {"float32": torch.float32, "float64": torch.float64, "float16": torch.float16, "bfloat16": torch.bfloat16}
 RETURN_TYPES = ("log_probs", "loss", None)
 
 
@@ -427,10 +427,10 @@ class CausalTransformer(HookedRootModule):
         ``cfg.device`` true (the forward follows the parameters' dtype and device)."""
         super()._apply(fn, recurse)
         dtype = self.b_root.dtype
-        names = [name for name, t in DTYPES.items() if t == dtype]
-        if not names:
+        name = dtype_name(dtype)
+        if name is None:
             raise ValueError(f"the model does not run in {dtype}; convert it to one of {sorted(DTYPES)}")
-        self.cfg.dtype, self.cfg.device = names[0], str(self.b_root.device)
+        self.cfg.dtype, self.cfg.device = name, str(self.b_root.device)
         return self
 
     def decompose_resid(self, cache: ActivationCache) -> tuple[Float[Tensor, "piece batch H D"], list[str]]:

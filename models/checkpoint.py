@@ -27,6 +27,7 @@ from torch import Tensor
 
 from models.causal_transformer import CausalTransformer, CausalTransformerConfig
 from models.continuous import ContinuousTransformer
+from models.dtypes import dtype_name
 from models.io import check_memory, exclusive_lock, name_too_long, one_line, read_json
 from probes.tasks import check_sizes
 
@@ -51,9 +52,10 @@ def versions() -> dict:
     }
 
 
-def read_config(path: str | Path) -> dict:
+def read_config(path: str | Path, read=read_json) -> dict:
     """The parsed, validated ``config.json`` of a checkpoint folder: a ``model`` section (a JSON object)
-    and a ``task`` section whose sizes agree with it. One ``ValueError`` if it is not one."""
+    and a ``task`` section whose sizes agree with it. One ``ValueError`` if it is not one. ``read(file,
+    what)`` parses a JSON file (``models.sources`` passes its reader, which reads each file once)."""
     path = Path(path)
     long = name_too_long(path)
     if long is not None:
@@ -67,7 +69,7 @@ def read_config(path: str | Path) -> dict:
         )
     if not path.is_dir() or not (path / CONFIG).is_file():
         raise ValueError(f"checkpoint {str(path)!r} has no {CONFIG}; expected a folder written by models.save")
-    config = read_json(path / CONFIG, "checkpoint config")
+    config = read(path / CONFIG, "checkpoint config")
     where = str(path / CONFIG)
     if isinstance(config, dict) and ("model_type" in config or "architectures" in config):
         raise ValueError(
@@ -96,7 +98,6 @@ def check_task_fits(model_cfg: dict, task: dict, where: str) -> None:
 
 
 SIZES = ("d_vocab", "n_examples", "seq_len")
-FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 
 
 def check_tensor_kinds(state: dict, source: str) -> None:
@@ -111,7 +112,7 @@ def check_tensor_kinds(state: dict, source: str) -> None:
             kind = "a meta tensor (no data)"
         elif v.is_quantized:
             kind = "a quantized tensor"
-        elif v.dtype not in FLOAT_DTYPES:
+        elif dtype_name(v.dtype) is None:
             kind = f"of dtype {str(v.dtype).replace('torch.', '')}"
         if kind:
             raise ValueError(f"{source}: {key!r} is {kind}; expected dense float16/bfloat16/float32/float64 weights")
@@ -187,11 +188,12 @@ def model_bytes(cls: type[CausalTransformer], cfg: CausalTransformerConfig) -> i
     return sum(t.numel() * t.element_size() for t in [*meta.parameters(), *meta.buffers()])
 
 
-def load_checkpoint(path: str | Path, device: str | None = None) -> CausalTransformer:
-    """Rebuild a ``CausalTransformer`` from one of our checkpoint folders (eval mode). The config is
-    validated and the file's tensor shapes compared with it before anything is allocated."""
+def load_checkpoint(path: str | Path, device: str | None = None, config: dict | None = None) -> CausalTransformer:
+    """Rebuild a ``CausalTransformer`` from one of our checkpoint folders (eval mode). The config
+    (``read_config``'s, read here unless given) is validated and the file's tensor shapes compared with
+    it before anything is allocated."""
     path = Path(path)
-    config = read_config(path)
+    config = read_config(path) if config is None else config
     cfg_dict = dict(config["model"])
     if device is not None:
         cfg_dict["device"] = device
@@ -393,9 +395,10 @@ def _sync(path: Path) -> None:
         os.close(fd)
 
 
-def checkpoint_hash(path: str | Path) -> str:
-    """sha256 of the weights and config of a checkpoint folder (first 16 hex digits)."""
+def checkpoint_hash(path: str | Path, read_config_bytes=None) -> str:
+    """sha256 of the weights and config of a checkpoint folder (first 16 hex digits);
+    ``read_config_bytes(file, what)`` reads config.json (default: from disk)."""
     h = hashlib.sha256()
-    for name in (WEIGHTS, CONFIG):
-        h.update((Path(path) / name).read_bytes())
+    h.update((Path(path) / WEIGHTS).read_bytes())
+    h.update((Path(path) / CONFIG).read_bytes() if read_config_bytes is None else read_config_bytes(Path(path) / CONFIG, "checkpoint config"))
     return h.hexdigest()[:16]

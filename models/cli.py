@@ -19,8 +19,10 @@ from pathlib import Path
 import torch
 
 from models.checkpoint import check_device
+from models.dtypes import RUN_DTYPES
 from models.io import check_memory, name_too_long, run_cli, size
-from models.subject import NAMED, THEOREM1_USAGE, Subject, load_subject
+from models.sources import NAMED
+from models.subject import THEOREM1_USAGE, Subject, load_subject
 from probes.tasks import MAX_SEED, check_int
 
 __all__ = [
@@ -151,7 +153,7 @@ def add_subject_flags(p: argparse.ArgumentParser, default: str = "default") -> N
         "--device", default="cpu", help="torch device to run on, e.g. cpu or cuda (default: cpu)"
     )
     p.add_argument(
-        "--dtype", choices=["float32", "float64"], default=None, help="convert the weights (default: as saved)"
+        "--dtype", choices=RUN_DTYPES, default=None, help="convert the weights (default: as saved)"
     )
 
 

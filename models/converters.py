@@ -22,6 +22,7 @@ import torch
 from torch import Tensor
 
 from models.checkpoint import check_state_dict
+from models.dtypes import RUN_DTYPES, dtype_name
 from models.hooked_transformer import HookedTransformer, HookedTransformerConfig
 
 # TransformerLens 2.x/3.x HookedTransformerConfig fields that do not change the forward pass of the
@@ -73,7 +74,6 @@ MODEL_FIELDS = (
 )  # fmt: skip
 CHECKED_FIELDS = ("dtype", "n_key_value_heads", "attn_types")  # checked one by one in tl_config
 KNOWN_FIELDS = IGNORED_FIELDS | set(REQUIRED_VALUES) | set(SOFT_CAPS) | set(MODEL_FIELDS) | set(CHECKED_FIELDS)
-TL_DTYPES = {"torch.float32": "float32", "float32": "float32", "torch.float64": "float64", "float64": "float64"}
 TL_BUFFERS = (".attn.mask", ".attn.IGNORE")  # TransformerLens's causal mask, re-made here
 
 NANOGPT_ARGS = ("n_layer", "n_head", "n_embd", "block_size", "bias", "vocab_size", "dropout")
@@ -108,9 +108,9 @@ def tl_config(raw: dict, where: str, device: str | None = None) -> HookedTransfo
     if kv is not None and kv != cfg["n_heads"]:
         raise ValueError(f"{where}: n_key_value_heads={kv!r} (grouped-query attention) is not covered; covered: null")
     dtype = raw.get("dtype", "float32")
-    if str(dtype) not in TL_DTYPES:
+    if dtype_name(dtype) not in RUN_DTYPES or not isinstance(dtype, str):
         raise ValueError(f"{where}: dtype={dtype!r} is not covered; covered: torch.float32, torch.float64")
-    cfg["dtype"] = TL_DTYPES[str(dtype)]
+    cfg["dtype"] = dtype_name(dtype)
     if device is not None:
         cfg["device"] = device
     try:

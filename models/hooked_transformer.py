@@ -36,7 +36,8 @@ from torch import Tensor, nn
 from transformer_lens import ActivationCache, HookedRootModule
 from transformer_lens.hook_points import HookPoint
 
-DTYPES = {"float32": torch.float32, "float64": torch.float64}
+from models.dtypes import DTYPES, RUN_DTYPES
+
 NORMALIZATIONS = ("LN", "LNPre", None)
 ACTIVATIONS = ("gelu", "gelu_new", "relu")
 POSITIONAL = ("standard",)
@@ -105,8 +106,8 @@ class HookedTransformerConfig:
         for name in ("attn_only", "use_attn_scale", "use_attn_result", "scale_attn_by_inverse_layer_idx"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"{name} must be true or false, got {getattr(self, name)!r}")
-        if self.dtype not in DTYPES:
-            raise ValueError(f"dtype={self.dtype!r} is not covered; covered: {', '.join(DTYPES)}")
+        if self.dtype not in RUN_DTYPES:
+            raise ValueError(f"dtype={self.dtype!r} is not covered; covered: {', '.join(RUN_DTYPES)}")
 
     @property
     def torch_dtype(self) -> torch.dtype:

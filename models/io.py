@@ -45,24 +45,35 @@ def write_json(path: str | Path, record) -> None:
     atomic_write(path, lambda tmp: tmp.write_text(text))
 
 
-def read_json(path: str | Path, what: str):
-    """The parsed JSON file ``path``; a missing, huge, unreadable, malformed or too deeply nested file is
-    one ``ValueError`` naming ``what`` and the path."""
+def read_small(path: str | Path, what: str) -> bytes:
+    """The bytes of the small file ``path`` (a config, a task.json, a key map); a missing, huge or
+    unreadable file is one ``ValueError`` naming ``what`` and the path. Every such file is read here."""
     path = Path(path)
+    if not path.is_file():
+        raise ValueError(
+            f"{what} {str(path)!r} {'is a folder' if path.is_dir() else 'does not exist'}; expected a JSON file"
+        )
     try:
-        if not path.is_file():
-            raise ValueError(
-                f"{what} {str(path)!r} {'is a folder' if path.is_dir() else 'does not exist'}; expected a JSON file"
-            )
         if path.stat().st_size > MAX_JSON_BYTES:
             raise ValueError(f"{what} {str(path)!r} is over {MAX_JSON_BYTES >> 20} MiB; expected a small JSON file")
-        return json.loads(path.read_text())
+        return path.read_bytes()
+    except OSError as e:
+        raise ValueError(f"{what} {str(path)!r} cannot be read ({e.strerror or e})") from None
+
+
+def parse_json(data: bytes, path: str | Path, what: str):
+    """``data`` (the bytes of ``path``) parsed as JSON; malformed or too deeply nested is one ``ValueError``."""
+    try:
+        return json.loads(data.decode())
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise ValueError(f"{what} {str(path)!r} is not valid JSON ({one_line(e)})") from None
     except RecursionError:
         raise ValueError(f"{what} {str(path)!r} is nested too deeply to parse; expected a flat JSON object") from None
-    except OSError as e:
-        raise ValueError(f"{what} {str(path)!r} cannot be read ({e.strerror or e})") from None
+
+
+def read_json(path: str | Path, what: str):
+    """The parsed JSON file ``path`` (``read_small`` then ``parse_json``)."""
+    return parse_json(read_small(path, what), path, what)
 
 
 class Busy(ValueError):

@@ -19,7 +19,7 @@ never saved).
 The logits at flat position p predict token p + 1, so the prediction of the target token x_h sits at
 flat position ``L*H + h - 1``; the root x_0 of the target is predicted from the last token of the last
 demonstration. Saved as a Hugging Face causal-LM folder (``config.json``, ``model.safetensors``) with a
-``task.json`` beside it (schema: ``models.formats``) and ``training.json`` (config and eval history);
+``task.json`` beside it (schema: ``models.sources.task_json``) and ``training.json`` (config and eval history);
 ``models.load(folder)`` returns it as a ``transformer_lens.TransformerBridge``. Training is a function
 of the config and the torch thread count (``--threads``, default 1): the same seed gives the same weights.
 """
@@ -42,7 +42,7 @@ from tqdm.auto import tqdm
 
 from models import cli
 from models.checkpoint import write_folder_atomically
-from models.formats import TASK_JSON
+from models.sources.files import TASK_JSON
 from models.optim import cosine_factor
 from probes import MarkovTreeTask, bma_predictive, check_tokens, target_nll
 

@@ -20,7 +20,6 @@ maps input ids to logits: a ``TransformerBridge`` over Hugging Face weights, ``m
 
 from __future__ import annotations
 
-import hashlib
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -28,9 +27,8 @@ import torch
 from jaxtyping import Float, Int
 from torch import Tensor
 
-from models import checkpoint, formats, loading
+from models.sources import resolve, theorem1
 from models.causal_transformer import CausalTransformer
-from models.theorem1 import theorem1_model
 from probes import MarkovTreeTask
 from probes.layout import Layout
 
@@ -171,8 +169,7 @@ class StandardSubject(Subject):
 
 
 # Resolving --checkpoint ---------------------------------------------------------------------------------
-THEOREM1_USAGE = "theorem1:beta=B[,from=FOLDER]"
-NAMED = {"default": checkpoint.DEFAULT_CHECKPOINT, "standard": checkpoint.STANDARD_CHECKPOINT}
+THEOREM1_USAGE = theorem1.USAGE
 
 
 def subject_of(model, task, layout: Layout | None, name: str, digest: str) -> Subject:
@@ -187,44 +184,8 @@ def subject_of(model, task, layout: Layout | None, name: str, digest: str) -> Su
 def load_subject(
     spec: str | Path, device: str = "cpu", *, key_map=None, config=None, dtype: str | None = None
 ) -> Subject:
-    """Resolve ``--checkpoint``: a named checkpoint (``default``, ``standard``), a path any of
-    ``models.load``'s formats, or ``theorem1:beta=B[,from=FOLDER]`` (the construction on a folder's task)."""
-    spec = str(spec)
-    if spec.startswith("theorem1"):
-        options = parse_theorem1(spec)
-        task = loading.load_task(options.get("from", checkpoint.DEFAULT_CHECKPOINT))
-        if not isinstance(task, MarkovTreeTask):
-            raise ValueError(f"--checkpoint {spec}: Theorem 1 needs a Markov-tree task, the folder's task is continuous")
-        beta = float(options.get("beta", 50))
-        model = theorem1_model(task.pi, task.n_examples, task.seq_len, beta, task.root).to(device)
-        digest = hashlib.sha256(f"{spec}|{task.pi.tolist()}".encode()).hexdigest()[:16]
-        return DisentangledSubject(model, task, spec, digest)
-    path = Path(NAMED.get(spec, spec))
-    if spec in NAMED and not path.exists():
-        raise ValueError(f"--checkpoint {spec}: the shipped checkpoint {path} is missing from this installation")
-    model = loading.load(path, device, dtype=dtype, key_map=key_map, config=config)
-    task = loading.load_task(path, config)
-    if formats.is_foreign(path):
-        digest = formats.foreign_hash(path, key_map, config)
-    else:
-        digest = checkpoint.checkpoint_hash(path)
-    return subject_of(model, task, loading.load_layout(path, config), spec, digest)
-
-
-def parse_theorem1(spec: str) -> dict:
-    head, _, rest = spec.partition(":")
-    options = {}
-    for item in filter(None, rest.split(",")):
-        key, eq, value = item.partition("=")
-        if not eq or key not in ("beta", "from"):
-            raise ValueError(f"bad --checkpoint {spec!r}; expected {THEOREM1_USAGE}")
-        options[key] = value
-    if head != "theorem1":
-        raise ValueError(f"bad --checkpoint {spec!r}; expected {THEOREM1_USAGE}")
-    try:
-        beta = float(options.get("beta", 50))
-    except ValueError:
-        beta = float("nan")
-    if not (beta > 0 and beta < float("inf")):
-        raise ValueError(f"bad beta in --checkpoint {spec!r}; expected a finite positive number")
-    return options
+    """Resolve ``--checkpoint`` (``models.sources.resolve``): a named checkpoint (``default``,
+    ``standard``), a path in any of its formats, or ``theorem1:beta=B[,from=FOLDER]`` (the construction
+    on a folder's task)."""
+    source = resolve(spec, device, dtype=dtype, key_map=key_map, config=config)
+    return subject_of(source.model, source.task, source.layout, source.name, source.digest)

@@ -25,7 +25,8 @@ import torch
 from tqdm.auto import tqdm
 
 from models import checkpoint, cli, distributed
-from models.causal_transformer import DTYPES, CausalTransformer, CausalTransformerConfig
+from models.causal_transformer import CausalTransformer, CausalTransformerConfig
+from models.dtypes import RUN_DTYPES
 from models.checkpoint import CONFIG, TRAIN_META, TRAIN_STATE, load_checkpoint, model_class, read_config, save
 from models.continuous import mse_loss
 from models.evaluate import evaluate
@@ -58,7 +59,7 @@ TRAIN_HELP = {
     "compile": "torch.compile the training forward: minutes to compile, then faster steps",
 }
 
-CHOICES = {"task_kind": TASK_KINDS, "dtype": tuple(DTYPES)}  # flags with a fixed set of values
+CHOICES = {"task_kind": TASK_KINDS, "dtype": RUN_DTYPES}  # flags with a fixed set of values
 
 
 @dataclass
@@ -117,8 +118,8 @@ class TrainConfig:
         check_float(self.init_demo, "init_demo", -1e4, 1e4)
         if self.task_kind not in TASK_KINDS:
             raise ValueError(f"task_kind must be 'markov_tree' or 'continuous', got {self.task_kind!r}")
-        if self.dtype not in ("float32", "float64"):
-            raise ValueError(f"dtype must be 'float32' or 'float64', got {self.dtype!r}")
+        if self.dtype not in RUN_DTYPES:
+            raise ValueError(f"dtype must be one of {', '.join(RUN_DTYPES)}, got {self.dtype!r}")
         for name in ("resume", "overwrite", "compile"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"{name} must be true or false, got {getattr(self, name)!r}")

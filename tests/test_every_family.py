@@ -14,7 +14,7 @@ from analyses import common
 from models.subject import DISENTANGLED, StandardSubject, load_subject
 from probes import MarkovTreeTask
 
-WITH_CHECKPOINT = [name for name, needs in common.REQUIRES.items() if needs is not None]
+WITH_CHECKPOINT = [name for name, a in common.registry().items() if a.requires is not None]
 
 
 def module(name: str):
@@ -66,7 +66,7 @@ def test_each_analysis_runs_or_refuses_in_one_line(name, gpt2_folder, tmp_path, 
         err = capsys.readouterr().err.strip().splitlines()
         assert e.code == 2, err
         assert len(err) == 1 and err[0].startswith(f"python -m analyses.{name}: error: "), err
-        needs = common.REQUIRES[name]
+        needs = mod.ANALYSIS.requires
         if DISENTANGLED in needs:
             assert DISENTANGLED in err[-1] and "Analyses that apply to it: " in err[-1]
         return

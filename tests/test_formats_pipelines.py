@@ -19,7 +19,8 @@ from test_layout import assemble
 from torch import nn
 
 from analyses import inspect
-from models import converters, formats
+import models
+from models import converters
 from models.hooked_transformer import HookedTransformer
 from models.loading import load as models_load
 from models.subject import load_subject
@@ -667,7 +668,7 @@ def test_a_layout_on_a_causal_transformer_state_dict_is_refused(tmp_path):
     path, key_map = write_paper_literal(tmp_path, task, PaperLiteral(task.d_vocab, task.n_examples, task.seq_len))
     write_task(tmp_path, task, SPECIAL)
     with pytest.raises(ValueError, match="applies to language models"):
-        formats.load_foreign_layout(path)
+        models.load_layout(path)
 
 
 # Hugging Face GPT-2 in its own layout ---------------------------------------------------------------------
@@ -814,7 +815,7 @@ def test_gpt2_flags_the_unscaled_path_does_not_cover_are_refused_by_name(tmp_pat
 
 def test_a_hugging_face_weight_file_passed_instead_of_its_folder_says_pass_the_folder(tmp_path):
     save_gpt2_config(tmp_path / "hf")
-    for call in (load_subject, models_load, formats.load_foreign_task):
+    for call in (load_subject, models_load, models.load_task):
         with pytest.raises(
             ValueError,
             match=rf"weight file of a Hugging Face model .* pass the folder .*--checkpoint {tmp_path / 'hf'}$",

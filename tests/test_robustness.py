@@ -19,7 +19,8 @@ from test_formats import file_config, hf_folder, small_model
 import models
 from analyses import inspect
 from models import standard, train
-from models.formats import read_key_map, task_from_dict
+from models.sources.key_map import read_key_map
+from models.sources.task_json import read_task as task_from_dict
 from models.subject import load_subject
 from probes import MarkovTreeTask
 
@@ -139,7 +140,7 @@ CATALOGUE = [
     (
         "task bad n_examples",
         lambda t, c, k: task_from_dict(_bad_task(n_examples="ten"), "task.json"),
-        "n_examples must be a positive integer",
+        "n_examples must be an integer",
     ),
     (
         "task d_vocab disagrees with pi",

@@ -1,0 +1,86 @@
+"""A Hugging Face causal-LM folder (``save_pretrained``: ``config.json`` + weights) with a ``task.json``
+in it, loaded offline through ``transformer_lens.TransformerBridge`` (see ``models.standard``); a GPT-2 with
+``scale_attn_weights: false``, which the bridge would scale anyway, as ``HookedTransformer``
+(``models.converters.from_hf_gpt2``)."""
+
+from __future__ import annotations
+
+import os
+
+import torch
+
+from models import converters
+from models.checkpoint import CONFIG, FORMAT
+from models.io import one_line
+from models.sources.files import TASK_JSON, Found, Source, as_state_dict, check_fits, no_file_options, read_archive
+from models.sources.task_json import read_task
+
+NAME = "Hugging Face"
+
+
+def detect(found: Found) -> bool:
+    return found.path.is_dir() and (found.path / TASK_JSON).is_file()
+
+
+def read(found: Found, device: str | None = None, *, weights: bool = True) -> Source:
+    path = found.path
+    no_file_options(found, "a Hugging Face folder: its config.json and task.json define it")
+    task, layout = read_task(found.json(path / TASK_JSON, "task.json"), str(path / TASK_JSON))
+    if not weights:
+        return Source(None, task, layout, found.where, "", NAME)
+    hf_config = found.json(path / CONFIG, "Hugging Face config")
+    if isinstance(hf_config, dict) and hf_config.get("format") == FORMAT:
+        raise ValueError(
+            f"{str(path)!r} is one of our checkpoint folders with a stray {TASK_JSON} (its task is in {CONFIG}); "
+            f"remove the {TASK_JSON}"
+        )
+    if not isinstance(hf_config, dict) or "model_type" not in hf_config:
+        raise ValueError(f"{path / CONFIG} is not a Hugging Face config (no model_type)")
+    vocab = hf_config.get("vocab_size")
+    if not _is_int(vocab):
+        raise ValueError(f"{path / CONFIG}: vocab_size={vocab!r}; expected an integer")
+    n_pos = hf_config.get("n_positions", hf_config.get("max_position_embeddings"))
+    check_fits(layout, vocab, n_pos if _is_int(n_pos) else None, str(path))
+    if converters.needs_hooked_gpt2(hf_config):  # the bridge would scale the scores anyway
+        model = converters.from_hf_gpt2(hf_config, _hf_weights(path), str(path), device)
+        return Source(model, task, layout, found.where, found.digest(), NAME)
+    bridge = _boot(path, device or "cpu")
+    bad = [n for n, p in bridge.original_model.named_parameters() if not torch.isfinite(p).all()]
+    if bad:
+        raise ValueError(f"{path} has NaN or Inf values in {', '.join(bad)}; expected finite weights")
+    return Source(bridge.eval(), task, layout, found.where, found.digest(), NAME)
+
+
+def _hf_weights(path) -> dict:
+    """The state dict of a Hugging Face folder's single weight file."""
+    for name in ("model.safetensors", "pytorch_model.bin"):
+        if (path / name).is_file():
+            return as_state_dict(read_archive(path / name), path / name)
+    raise ValueError(f"{path} has no model.safetensors or pytorch_model.bin (a sharded checkpoint is not covered here)")
+
+
+def _is_int(x) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool)
+
+
+def _boot(path, device: str):
+    import transformers
+    from transformer_lens import TransformerBridge
+
+    previous = {k: os.environ.get(k) for k in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE")}
+    os.environ.update(HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")  # a local folder: never download
+    verbosity = transformers.logging.get_verbosity()
+    transformers.logging.set_verbosity_error()
+    transformers.logging.disable_progress_bar()
+    try:
+        return TransformerBridge.boot_transformers(str(path), device=device)
+    except Exception as e:  # missing/corrupt weights, unsupported architecture, ...
+        raise ValueError(f"{path} could not be loaded as a Hugging Face model ({one_line(e)[:200]})") from None
+    finally:
+        transformers.logging.set_verbosity(verbosity)
+        transformers.logging.enable_progress_bar()
+        for k, v in previous.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v

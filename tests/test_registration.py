@@ -1,0 +1,47 @@
+"""One registration per analysis: every module of analyses/ is in ``analyses.common.ANALYSES`` (and only
+those), each declares its needs (``REQUIRES``) in its own module, and ``Analysis.from_module`` refuses a
+misspelt hook name instead of ignoring it."""
+
+from __future__ import annotations
+
+import importlib
+from pathlib import Path
+
+import pytest
+
+from analyses import common
+
+NOT_ANALYSES = {"__init__", "common", "paper"}  # the shared main and the paper run
+
+
+def test_every_module_of_analyses_is_registered_once():
+    on_disk = {p.stem for p in (Path(common.__file__).parent).glob("*.py")} - NOT_ANALYSES
+    assert sorted(common.ANALYSES) == sorted(on_disk)
+    assert len(set(common.ANALYSES)) == len(common.ANALYSES)
+
+
+@pytest.mark.parametrize("name", common.ANALYSES)
+def test_each_analysis_declares_its_needs_in_its_module(name):
+    module = importlib.import_module(f"analyses.{name}")
+    assert module.ANALYSIS.name == name
+    assert "REQUIRES" in vars(module) and module.ANALYSIS.requires == module.REQUIRES
+    # no --checkpoint exactly where it studies synthetic tasks of its own
+    assert ("--checkpoint" in common.parser_for(module.ANALYSIS).format_help()) == (module.REQUIRES is not None)
+
+
+def namespace(**extra):
+    return {"NAME": "x", "__doc__": "x", "compute": None, "figures": None, "summary": None, "REQUIRES": None, **extra}
+
+
+@pytest.mark.parametrize("typo", ["add_flag", "check_flag", "N_CONTEXT", "records", "REQUIRE"])
+def test_a_misspelt_hook_is_refused(typo):
+    with pytest.raises(ValueError, match=typo):
+        common.Analysis.from_module(namespace(**{typo: None}))
+
+
+def test_a_missing_requires_is_refused_and_helpers_are_not_hooks():
+    ns = namespace(plot=None, measure=None, FIGURES={}, add_flags=lambda p: None)
+    del ns["REQUIRES"]
+    with pytest.raises(ValueError, match="REQUIRES"):
+        common.Analysis.from_module(ns)
+    assert common.Analysis.from_module(namespace(plot=None, measure=None, FIGURES={})).requires is None
