@@ -42,8 +42,8 @@ from tqdm.auto import tqdm
 
 from models import cli
 from models.checkpoint import write_folder_atomically
-from models.sources.files import TASK_JSON
 from models.optim import cosine_factor
+from models.sources.files import TASK_JSON
 from probes import MarkovTreeTask, bma_predictive, check_tokens, target_nll
 
 TRAINING_JSON = "training.json"

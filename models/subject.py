@@ -27,8 +27,8 @@ import torch
 from jaxtyping import Float, Int
 from torch import Tensor
 
-from models.sources import resolve, theorem1
 from models.causal_transformer import CausalTransformer
+from models.sources import resolve, theorem1
 from probes import MarkovTreeTask
 from probes.layout import Layout
 

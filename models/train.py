@@ -26,9 +26,9 @@ from tqdm.auto import tqdm
 
 from models import checkpoint, cli, distributed
 from models.causal_transformer import CausalTransformer, CausalTransformerConfig
-from models.dtypes import RUN_DTYPES
 from models.checkpoint import CONFIG, TRAIN_META, TRAIN_STATE, load_checkpoint, model_class, read_config, save
 from models.continuous import mse_loss
+from models.dtypes import RUN_DTYPES
 from models.evaluate import evaluate
 from models.io import check_memory, describe, exclusive_lock, read_json, run_cli, size
 from models.optim import cosine_factor

@@ -18,8 +18,8 @@ from conftest import build_task
 from test_layout import assemble
 from torch import nn
 
-from analyses import inspect
 import models
+from analyses import inspect
 from models import converters
 from models.hooked_transformer import HookedTransformer
 from models.loading import load as models_load

@@ -13,8 +13,8 @@ import torch
 from models.causal_transformer import CausalTransformer, CausalTransformerConfig
 from models.checkpoint import build, check_state_dict
 from models.sources.files import Found, Source, shapes, strip_prefixes
-from models.sources.task_json import read_task
 from models.sources.key_map import apply_key_map
+from models.sources.task_json import read_task
 
 NAME = "CausalTransformer"
 PLAIN = "example-major"
