@@ -1,4 +1,4 @@
-"""models.formats: plain state dicts, key maps, bare safetensors, Hugging Face folders (models.standard)."""
+"""models.sources: plain state dicts, key maps, bare safetensors, Hugging Face folders (models.standard)."""
 
 from __future__ import annotations
 

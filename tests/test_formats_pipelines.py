@@ -1,4 +1,4 @@
-"""Checkpoints from the pipelines researchers use (models.formats, models.converters): each test writes a
+"""Checkpoints from the pipelines researchers use (models.sources, models.converters): each test writes a
 small model IN THAT PIPELINE'S OWN FORMAT AND LAYOUT (nanoGPT's ckpt.pt, a TransformerLens state dict and
 its cfg.to_dict(), a paper-literal re-implementation with a key map, a Hugging Face GPT-2 folder) and
 compares the target log-probabilities that every analysis reads (``Subject.log_probs``) with a forward
@@ -570,10 +570,10 @@ def test_transformer_lens_state_dict_errors(tmp_path):
 
 # Paper-literal re-implementation + key map --------------------------------------------------------------
 class PaperLiteral(nn.Module):
-    """PAPER.md section 3 taken literally, as a user would write it: per head ``w^H`` (2H-1 offsets) and
+    """docs/paper.md section 3 taken literally, as a user would write it: per head ``w^H`` (2H-1 offsets) and
     ``w^L`` (L entries), the copyers' softmax over the demonstrations only; ``W_KQ`` (Kd x Kd) between
     the copies at key h' and query h; values ``softmax(x_h' W_OV)`` from the target token (d x d); no
-    root bias (a uniform prior for x_0). Initialised as PAPER.md section 5: w^H +1 at offset 0, -1
+    root bias (a uniform prior for x_0). Initialised as docs/paper.md section 5: w^H +1 at offset 0, -1
     elsewhere; head k prefers demonstration ``prefer[k]`` by +3."""
 
     def __init__(self, d: int, L: int, H: int, prefer: list[int] | None = None, dtype=torch.float32):

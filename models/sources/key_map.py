@@ -3,7 +3,7 @@ our names, each optionally transformed, in this order: ``transpose`` (two dims; 
 two), ``reshape``, ``pad`` (``dim``, ``before``/``after`` counts, constant ``value``), ``place`` (into a
 zero tensor of ``shape``, default the expected shape of ``to``, with its first element at ``at``).
 The reserved key ``default`` gives constants for tensors the file lacks, filled to the expected shape.
-Keys the map does not name keep their name. The paper-literal parameterisation (PAPER.md section 3
+Keys the map does not name keep their name. The paper-literal parameterisation (docs/paper.md section 3
 taken literally: ``w^L`` with L entries, ``W_KQ`` Kd x Kd over the copies only, ``W_OV`` d x d from the
 token only, no root bias), with d = 5, L = K = 10, maps exactly onto ``CausalTransformer`` by::
 
