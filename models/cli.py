@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import os
+import re
 import sys
 import tempfile
 import warnings
@@ -91,6 +92,13 @@ def add_dataclass_flags(p: argparse.ArgumentParser, cls, helps: dict[str, str], 
             choices=allowed,
             help=f"{helps[f.name]} (default: {f.default})",
         )
+
+
+def as_flags(message: str, cls) -> str:
+    """An error about a field of the dataclass ``cls`` for the command line: a leading field name becomes
+    its flag (``lr must be ...`` -> ``--lr must be ...``)."""
+    fields = {f.name for f in dataclasses.fields(cls)}
+    return re.sub(r"^ ?(\w+)", lambda m: "--" + m[1].replace("_", "-") if m[1] in fields else m[0], message)
 
 
 def dataclass_from_args(cls, args: argparse.Namespace):

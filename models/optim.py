@@ -1,8 +1,11 @@
-"""The learning-rate schedule every trainer uses: linear warm-up, then cosine decay to a floor."""
+"""What every trainer shares: the learning-rate schedule (linear warm-up, then cosine decay to a floor) and
+the stop on divergence."""
 
 from __future__ import annotations
 
 import math
+
+import torch
 
 
 def cosine_factor(step: int, total: int, final_fraction: float = 0.0, warmup: int = 0) -> float:
@@ -12,3 +15,11 @@ def cosine_factor(step: int, total: int, final_fraction: float = 0.0, warmup: in
         return (step + 1) / warmup
     progress = min((step - warmup) / max(total - warmup, 1), 1.0)
     return final_fraction + (1 - final_fraction) * 0.5 * (1 + math.cos(math.pi * progress))
+
+
+def check_finite(model, loss: float, step: int) -> None:
+    """Training diverged (a NaN or Inf loss or weight): stop before writing a checkpoint that cannot load."""
+    bad = [name for name, p in model.named_parameters() if not torch.isfinite(p).all()]
+    if bad or not math.isfinite(loss):
+        where = f"weights {', '.join(bad)}" if bad else f"loss {loss}"
+        raise ValueError(f"training diverged at step {step} ({where} not finite); lower --lr")

@@ -42,9 +42,10 @@ from tqdm.auto import tqdm
 
 from models import cli
 from models.checkpoint import write_folder_atomically
-from models.optim import cosine_factor
+from models.optim import check_finite, cosine_factor
 from models.sources.files import TASK_JSON
 from probes import MarkovTreeTask, bma_predictive, check_tokens, target_nll
+from probes.tasks import check_float
 
 TRAINING_JSON = "training.json"
 ARCHS = ("gpt2", "attn_only")
@@ -108,12 +109,12 @@ class StandardConfig:
                 raise ValueError(f"{name} must be a positive integer, got {getattr(self, name)!r}")
         if self.d_model % self.n_heads:
             raise ValueError(f"d_model={self.d_model} must be a multiple of n_heads={self.n_heads}")
-        if self.lr <= 0 or self.init_std <= 0:
-            raise ValueError(f"lr and init_std must be > 0, got {self.lr} and {self.init_std}")
-        if self.warmup < 0 or not 0 < self.final_lr_fraction <= 1:
-            raise ValueError(
-                f"need warmup >= 0 and 0 < final_lr_fraction <= 1, got {self.warmup} and {self.final_lr_fraction}"
-            )
+        check_float(self.lr, "lr", 0, 10, open_low=True)  # above 10 Adam only diverges
+        check_float(self.init_std, "init_std", 0, 10, open_low=True)
+        check_float(self.weight_decay, "weight_decay", 0, 10)
+        check_float(self.final_lr_fraction, "final_lr_fraction", 0, 1, open_low=True)
+        if self.warmup < 0:
+            raise ValueError(f"warmup must be >= 0, got {self.warmup}")
         for name, allowed in CHOICES.items():
             if getattr(self, name) not in allowed:
                 raise ValueError(f"{name} must be one of {', '.join(allowed)}; got {getattr(self, name)!r}")
@@ -252,6 +253,7 @@ def train_standard(cfg: StandardConfig, progress: bool = True, save: bool = True
         loss = _loss(model, task.sample(cfg.batch_size, data_gen)[0].to(cfg.device), cfg)
         _descend(loss, opt, sched)
         if done % cfg.eval_every == 0 or done == cfg.steps:
+            check_finite(model, loss.item(), done)  # no NaN model is ever saved
             m = {
                 "step": done,
                 "loss": loss.item(),
@@ -323,7 +325,7 @@ def parse_args(argv: list[str] | None = None) -> tuple[StandardConfig, argparse.
             raise ValueError("--arch attn_only cannot be saved as a Hugging Face folder; use analyses.phase_diagram")
         check_out(cfg.out, args.overwrite)
     except ValueError as e:
-        parser.error(str(e))
+        parser.error(cli.as_flags(str(e), StandardConfig))
     out = Path(cfg.out)
     if not out.parent.is_dir():
         parser.error(f"--out {out}: parent folder {out.parent} does not exist")

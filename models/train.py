@@ -14,8 +14,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import math
-import re
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -31,7 +29,7 @@ from models.continuous import mse_loss
 from models.dtypes import RUN_DTYPES
 from models.evaluate import evaluate
 from models.io import check_memory, describe, exclusive_lock, read_json, run_cli, size
-from models.optim import cosine_factor
+from models.optim import check_finite, cosine_factor
 from probes import MarkovTreeTask
 from probes.continuous import ContinuousTask
 from probes.tasks import MAX_N_EXAMPLES, MAX_SEED, check_float, check_int, check_sizes
@@ -361,14 +359,6 @@ def _train_locked(cfg: TrainConfig, progress: bool, place: distributed.Rank, dev
     return model.eval(), history
 
 
-def check_finite(model, loss: float, step: int) -> None:
-    """Training diverged (a NaN or Inf loss or weight): stop before writing a checkpoint that cannot load."""
-    bad = [name for name, p in model.named_parameters() if not torch.isfinite(p).all()]
-    if bad or not math.isfinite(loss):
-        where = f"weights {', '.join(bad)}" if bad else f"loss {loss}"
-        raise ValueError(f"training diverged at step {step} ({where} not finite); lower --lr")
-
-
 def _describe(m: dict) -> str:
     """One line of evaluation metrics."""
     return (
@@ -431,12 +421,9 @@ def _resume(out: Path, cfg: TrainConfig, model, opt, sched, data_gen) -> tuple[i
     return step, training["history"]
 
 
-FIELDS = {f.name for f in dataclasses.fields(TrainConfig)}
-
-
 def as_flags(message: str) -> str:
-    """A ``TrainConfig`` error for the command line: a leading field name becomes its flag."""
-    return re.sub(r"^ ?(\w+)", lambda m: "--" + m[1].replace("_", "-") if m[1] in FIELDS else m[0], message)
+    """A ``TrainConfig`` error for the command line (``cli.as_flags``)."""
+    return cli.as_flags(message, TrainConfig)
 
 
 def parse_args(argv: list[str] | None = None) -> TrainConfig:

@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 import models
 
@@ -42,3 +43,44 @@ def test_an_output_inside_the_checkpoint_read_is_refused(tmp_path, argv):
     lines = run.stderr.strip().splitlines()
     assert len(lines) == 1 and "which this command reads" in lines[0], run.stderr
     assert tree(tmp_path) == before
+
+
+@pytest.mark.parametrize(
+    "flags, message",
+    [
+        (["--lr", "inf"], "--lr must be a finite number in (0, 10], got inf"),
+        (["--lr", "1e300"], "--lr must be a finite number in (0, 10], got 1e+300"),
+        (["--init-std", "nan"], "--init-std must be a finite number in (0, 10], got nan"),
+        (["--weight-decay", "inf"], "--weight-decay must be a finite number in [0, 10], got inf"),
+        (["--final-lr-fraction", "0"], "--final-lr-fraction must be a finite number in (0, 1], got 0.0"),
+    ],
+)
+def test_standard_refuses_numbers_that_would_train_a_nan_model(tmp_path, flags, message):
+    run = subprocess.run(
+        [sys.executable, "-m", "models.standard", *flags, "--out", str(tmp_path / "out")],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+    )
+    assert run.returncode == 2
+    assert run.stderr.strip().splitlines() == [f"python -m models.standard: error: {message}"]
+    assert not (tmp_path / "out").exists()
+
+
+def test_standard_stops_on_divergence_and_saves_nothing(tmp_path, monkeypatch):
+    from models import standard
+
+    descend = standard._descend
+
+    def poisoned(loss, opt, sched):  # an update that leaves a NaN weight, as a diverging run does
+        descend(loss, opt, sched)
+        with torch.no_grad():
+            next(p for group in opt.param_groups for p in group["params"]).fill_(float("nan"))
+
+    monkeypatch.setattr(standard, "_descend", poisoned)
+    cfg = standard.StandardConfig(
+        d_model=8, n_heads=2, d_mlp=16, steps=4, eval_every=2, eval_contexts=8, batch_size=4, out=str(tmp_path / "out")
+    )
+    with pytest.raises(ValueError, match=r"^training diverged at step 2 \(weights .* not finite\); lower --lr$"):
+        standard.train_standard(cfg, progress=False)
+    assert not (tmp_path / "out").exists()
