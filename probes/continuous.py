@@ -107,7 +107,7 @@ class ContinuousTask:
         missing = {"A", "rho", "n_examples", "seq_len"} - set(d)
         if missing or d.get("kind") != "continuous":
             raise ValueError(f"not a continuous task description (kind {d.get('kind')!r}, missing {sorted(missing)})")
-        return cls(torch.tensor(d["A"]), float(d["rho"]), int(d["n_examples"]), int(d["seq_len"]))
+        return cls(torch.tensor(d["A"], dtype=torch.float64), float(d["rho"]), int(d["n_examples"]), int(d["seq_len"]))
 
 
 def gaussian_coefficients(rho: float) -> tuple[float, float]:
