@@ -135,13 +135,16 @@ def default_out(checkpoint: str | None) -> Path:
     """Where an analysis writes unless told: ``runs/figures/<name>/``, named for the model analysed (a named
     checkpoint or ``theorem1:...`` spec as written; a path by its name and a digest of its absolute path;
     ``synthetic`` for an analysis of its own tasks), so that no run replaces the committed figures."""
+    def slug(name: str) -> str:
+        return re.sub(r"[^A-Za-z0-9._=+-]+", "_", name)
+
     if checkpoint is None:
         return RUNS_DIR / "synthetic"
     if checkpoint in NAMED or checkpoint.startswith("theorem1"):
-        return RUNS_DIR / re.sub(r"[^A-Za-z0-9._=+-]+", "_", checkpoint)
+        return RUNS_DIR / slug(checkpoint)
     path = Path(checkpoint).expanduser().resolve()
     digest = hashlib.sha1(os.fsencode(path)).hexdigest()[:8]
-    return RUNS_DIR / f"{re.sub(r'[^A-Za-z0-9._=+-]+', '_', path.name) or 'checkpoint'}-{digest}"
+    return RUNS_DIR / f"{slug(path.name) or 'checkpoint'}-{digest}"
 
 
 def parse(analysis: Analysis, argv: list[str] | None) -> tuple[argparse.ArgumentParser, argparse.Namespace]:
