@@ -298,29 +298,29 @@ def parse_spec(spec: str) -> dict:
     """``--task-kind`` for the family, ``GRAPH[:key=value...]`` (``SPEC_HELP``) -> a dict of its parts.
     One ValueError naming what was wrong and what is expected."""
     if not isinstance(spec, str) or not spec:
-        raise ValueError(f"task kind must be a string, got {spec!r}")
+        raise ValueError(f"expected a string, got {spec!r}")
     graph, *options = spec.split(":")
     if graph not in GRAPHS:
-        raise ValueError(f"task kind {graph!r} is unknown; expected markov_tree, continuous or {SPEC_HELP}")
+        raise ValueError(f"{graph!r} is unknown; expected markov_tree, continuous or {SPEC_HELP}")
     out: dict = {"graph": graph, "kernel": "fixed"}
     for opt in options:
         key, eq, value = opt.partition("=")
         if not eq or key not in SPEC_KEYS:
-            raise ValueError(f"task kind {spec!r}: option {opt!r} is not key=value with key in {sorted(SPEC_KEYS)}")
+            raise ValueError(f"option {opt!r} is not key=value with key in {sorted(SPEC_KEYS)}")
         if key == "kernel":
             if value not in KERNELS:
-                raise ValueError(f"task kind {spec!r}: kernel={value!r}; expected fixed or dirichlet")
+                raise ValueError(f"kernel={value!r}; expected fixed or dirichlet")
             out["kernel"] = value
         elif key == "parents" and graph == "given":
             try:
                 out["parents"] = json.loads(value)
             except json.JSONDecodeError:
-                raise ValueError(f"task kind {spec!r}: parents={value!r} is not a JSON list of lists") from None
+                raise ValueError(f"parents={value!r} is not a JSON list of lists") from None
         else:
             try:
                 out[key] = int(value)
             except ValueError:
-                raise ValueError(f"task kind {spec!r}: {key}={value!r} must be an integer") from None
+                raise ValueError(f"{key}={value!r} must be an integer") from None
     allowed = {
         "random_tree": set(),
         "chain": set(),
@@ -330,11 +330,11 @@ def parse_spec(spec: str) -> dict:
     }
     extra = set(out) - {"graph", "kernel"} - allowed[graph]
     if extra:
-        raise ValueError(f"task kind {spec!r}: {graph} takes no option {sorted(extra)[0]!r}")
+        raise ValueError(f"{graph} takes no option {sorted(extra)[0]!r}")
     if graph == "ngram" and "n" not in out:
-        raise ValueError(f"task kind {spec!r}: ngram needs n=N (N >= 2)")
+        raise ValueError("ngram needs n=N (N >= 2)")
     if graph == "given" and "parents" not in out:
-        raise ValueError(f"task kind {spec!r}: given needs parents=[[],[0],...]")
+        raise ValueError("given needs parents=[[],[0],...]")
     return out
 
 
@@ -346,16 +346,19 @@ def make_task(
     ``alpha`` is the Dirichlet concentration of either kernel, ``gamma`` the fixed kernel's floor."""
     if spec == "markov_tree":
         return MarkovTreeTask.random(d_vocab, n_examples, seq_len, alpha, gamma, task_seed)
-    parts = parse_spec(spec)
-    graph, kernel = parts["graph"], parts["kernel"]
+    seq_len = check_int(seq_len, "seq_len", 2, MAX_SEQ_LEN)
+    try:
+        parts = parse_spec(spec)
+        graph, kernel = parts["graph"], parts["kernel"]
+        parents = None
+        if graph != "random_tree":
+            parents = fixed_graph(
+                graph, seq_len, parts.get("n", 2), parts.get("parents", 1), parts.get("seed", 0), parts.get("parents")
+            )
+    except ValueError as e:
+        raise ValueError(f"task_kind {spec!r}: {e}") from None
     if graph == "random_tree" and kernel == "fixed":
         return MarkovTreeTask.random(d_vocab, n_examples, seq_len, alpha, gamma, task_seed)
-    seq_len = check_int(seq_len, "seq_len", 2, MAX_SEQ_LEN)
-    parents = None
-    if graph != "random_tree":
-        parents = fixed_graph(
-            graph, seq_len, parts.get("n", 2), parts.get("parents", 1), parts.get("seed", 0), parts.get("parents")
-        )
     tables = None
     if kernel == "fixed":
         d = check_int(d_vocab, "d_vocab", 2, MAX_D_VOCAB)
