@@ -99,9 +99,11 @@ class TrainConfig:
     def __post_init__(self):
         """Every field checked (type, finiteness, bound) before anything is built: one ValueError that
         starts with the field's name."""
-        check_sizes(self.d_vocab, self.n_examples, self.seq_len, where="")
+        check_sizes(self.d_vocab, self.n_examples, self.seq_len, where="", min_examples=0)  # 0: family tasks
         if self.n_copy_heads is not None:
             check_int(self.n_copy_heads, "n_copy_heads", 1, MAX_N_EXAMPLES)
+        elif self.n_examples == 0:
+            raise ValueError("n_copy_heads must be given when n_examples = 0 (its default is K = L)")
         for name in ("steps", "batch_size", "eval_every", "eval_contexts"):
             check_int(getattr(self, name), name, 1)
         check_int(self.snapshot_every, "snapshot_every", 0)
@@ -202,6 +204,8 @@ def init_copyers(model: CausalTransformer, offset: float, demo: float, generator
     attn.w_H.fill_(-offset)
     attn.w_H[:, H - 1] = offset
     attn.w_L.zero_()
+    if L == 0:  # no demonstration: the copyers read the target's own prefix
+        return [-1] * K
     perm = torch.randperm(max(K, L), generator=generator)[:K] % L
     attn.w_L[torch.arange(K), perm] = demo
     return perm.tolist()

@@ -329,3 +329,29 @@ def test_graph_task_rejects_bad_fields():
         GraphTask(3, 1, 4, "random_tree", "fixed")
     with pytest.raises(ValueError, match="tables for parent counts"):
         GraphTask(3, 1, 4, "chain", "fixed", [[], [0], [1], [2]])
+
+
+# One sequence per context (L = 0), the peers' setting ---------------------------------------------------
+def test_no_demonstrations_the_copyers_read_the_target_prefix():
+    """With L = 0 the copyers attend inside the target's own prefix (w_L[k, 0]); row 0, with no key, copies
+    nothing; a copyer preferring offset -1 is a previous-token head; the loss and its gradient are finite."""
+    from models.causal_transformer import CausalTransformer, CausalTransformerConfig
+
+    with pytest.raises(ValueError, match="n_copy_heads must be given"):
+        CausalTransformerConfig(3, 0, 6)
+    model = CausalTransformer(CausalTransformerConfig(3, 0, 6, n_copy_heads=2, dtype="float64"))
+    with torch.no_grad():
+        model.blocks[0].attn.w_H[0, 6 - 2] = 50.0  # offset h' - h = -1
+    tokens = make_task("chain:kernel=dirichlet", 3, 0, 6).sample(4)[0]
+    _, cache = model.run_with_cache(tokens)
+    z = cache["blocks.0.attn.hook_z"]  # [batch, H, K, d]
+    assert torch.equal(z[:, 0], torch.zeros_like(z[:, 0]))
+    previous = torch.nn.functional.one_hot(tokens[:, :-1], 3).double()
+    torch.testing.assert_close(z[:, 1:, 0], previous, atol=1e-12, rtol=0)
+    loss = model(tokens, return_type="loss")
+    loss.backward()
+    assert torch.isfinite(loss) and all(torch.isfinite(p.grad).all() for p in model.parameters())
+    with pytest.raises(ValueError, match="n_copy_heads must be given"):
+        TrainConfig(n_examples=0, task_kind="chain:kernel=dirichlet")
+    with pytest.raises(ValueError, match="task n_examples must be in"):
+        TrainConfig(n_examples=0, n_copy_heads=2)  # ours needs a demonstration
