@@ -237,7 +237,7 @@ def test_config_round_trip_and_bad_values():
     with pytest.raises(ValueError, match="unknown config fields"):
         CausalTransformerConfig.from_dict({**cfg.to_dict(), "n_ctx": 3})
     with pytest.raises(ValueError, match="positive integer"):
-        CausalTransformerConfig(5, 0, 6)
+        CausalTransformerConfig(5, 4, 0)  # n_examples = 0 is allowed (with n_copy_heads): the family tasks
     with pytest.raises(ValueError, match="dtype"):
         CausalTransformerConfig(5, 4, 6, dtype="int32")
 
