@@ -46,7 +46,7 @@ from models.optim import check_finite, cosine_factor
 from models.sources.files import TASK_JSON
 from probes import MarkovTreeTask, bma_predictive, check_tokens, target_nll
 from probes.graph_task import SPEC_HELP, GraphTask, make_task
-from probes.oracles import bayes, count_log_predictive, graph_tensor
+from probes.oracles import bayes, check_bayes, count_log_predictive, graph_tensor
 from probes.tasks import check_float
 
 TRAINING_JSON = "training.json"
@@ -129,7 +129,7 @@ class StandardConfig:
             raise ValueError(
                 f"task_kind {self.task_kind!r}: a standard transformer reads tokens; expected a discrete task"
             )
-        self.task()  # an unknown kind, a graph that is not a DAG: one ValueError here
+        check_bayes(self.task())  # an unknown kind, a graph that is not a DAG, no exact oracle: one ValueError
 
     def task(self) -> MarkovTreeTask | GraphTask:
         return make_task(

@@ -33,6 +33,7 @@ from models.optim import check_finite, cosine_factor
 from probes import MarkovTreeTask
 from probes.continuous import ContinuousTask
 from probes.graph_task import SPEC_HELP, GraphTask, make_task
+from probes.oracles import check_bayes
 from probes.tasks import MAX_N_EXAMPLES, MAX_SEED, check_float, check_int, check_sizes
 
 TRAIN_HELP = {
@@ -119,7 +120,7 @@ class TrainConfig:
         check_float(self.init_demo, "init_demo", -1e4, 1e4)
         if not isinstance(self.task_kind, str):
             raise ValueError(f"task_kind must be a string, got {self.task_kind!r}")
-        self.task()  # an unknown kind, a graph that is not a DAG: one ValueError here
+        check_bayes(self.task())  # an unknown kind, a graph that is not a DAG, no exact oracle: one ValueError
         if self.dtype not in RUN_DTYPES:
             raise ValueError(f"dtype must be one of {', '.join(RUN_DTYPES)}, got {self.dtype!r}")
         for name in ("resume", "overwrite", "compile"):

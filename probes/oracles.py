@@ -100,16 +100,22 @@ def _dirichlet_log_marginal(counts: Float[Tensor, "... rows d"], alpha: float) -
     return per_row.sum(-1)
 
 
+def check_bayes(task) -> None:
+    """One ValueError if ``bayes`` cannot compute this task's predictive exactly (trainers call it first)."""
+    if isinstance(task, GraphTask) and task.graph == "random_tree":
+        n_trees = math.factorial(task.seq_len - 1)
+        if n_trees > MAX_TREES:
+            raise ValueError(
+                f"seq_len {task.seq_len}: the exact Bayes predictive of a random tree with a per-context Dirichlet "
+                f"kernel sums over the (H-1)! = {n_trees} trees; refused above {MAX_TREES} trees (seq_len <= 7)"
+            )
+
+
 def random_tree_dirichlet_bayes(task: GraphTask, tokens: Int[Tensor, "batch T"]) -> tuple[Tensor, Tensor]:
     """(log predictive ``[batch, H, d]``, parent posterior ``[batch, H, H]``) of a random tree per context
     with a Dirichlet(alpha) kernel, by summing over every tree (module docstring)."""
     L, H, d, alpha = task.n_examples, task.seq_len, task.d_vocab, task.alpha
-    n_trees = math.factorial(H - 1)
-    if n_trees > MAX_TREES:
-        raise ValueError(
-            f"the exact Bayes predictive of a random tree with a per-context Dirichlet kernel sums over the "
-            f"(H-1)! = {n_trees} trees of H = {H} positions; refused above {MAX_TREES} (seq_len <= 7)"
-        )
+    check_bayes(task)
     x = check_tokens(tokens, d, L, H).view(-1, L + 1, H)
     b = x.shape[0]
     target = x[:, L]

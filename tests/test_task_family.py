@@ -136,6 +136,8 @@ def test_random_tree_with_dirichlet_kernel_refuses_what_it_cannot_enumerate():
     assert math.factorial(7) > MAX_TREES
     with pytest.raises(ValueError, match=r"\(H-1\)! = 5040 trees"):
         bayes(task, task.sample(2)[0])
+    with pytest.raises(ValueError, match=r"seq_len 8: .* 5040 trees"):
+        TrainConfig(task_kind="random_tree:kernel=dirichlet", seq_len=8)
 
 
 def test_our_bma_is_the_posterior_predictive_over_enumerated_trees():
