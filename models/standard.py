@@ -4,6 +4,8 @@ positions) reading the flat example-major context with the ordinary next-token s
     python -m models.standard --out models/checkpoints/standard --overwrite   # regenerates the shipped checkpoint
     python -m models.standard --out runs/plateau --alpha 1 --gamma 0.2 --steps 1000   # stays on the plateau
     python -m models.standard --help                     # every StandardConfig field is a flag
+    python -m models.standard --task-kind random_dag:parents=1:kernel=dirichlet --alpha 1 --d-vocab 3 \
+        --n-examples 0 --seq-len 20 --out runs/dag       # a task of the family (probes.graph_task)
 
 The defaults are a recipe that learns (README, "Standard transformers"): d=5, L=6, H=6, sharp kernel
 rows 0.98 Dirichlet(0.1) + 0.02/d drawn with task_seed 37 (demonstrations worth 0.58 nats: the
@@ -18,7 +20,8 @@ never saved).
 
 The logits at flat position p predict token p + 1, so the prediction of the target token x_h sits at
 flat position ``L*H + h - 1``; the root x_0 of the target is predicted from the last token of the last
-demonstration. Saved as a Hugging Face causal-LM folder (``config.json``, ``model.safetensors``) with a
+demonstration (with no demonstration, L = 0, nothing precedes it: row 0 is read at position -1, the last
+token, and stays out of every NLL, which starts at h = 1). Saved as a Hugging Face causal-LM folder (``config.json``, ``model.safetensors``) with a
 ``task.json`` beside it (schema: ``models.sources.task_json``) and ``training.json`` (config and eval history);
 ``models.load(folder)`` returns it as a ``transformer_lens.TransformerBridge``. Training is a function
 of the config and the torch thread count (``--threads``, default 1): the same seed gives the same weights.

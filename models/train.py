@@ -4,9 +4,12 @@
     python -m models.train --help                      # every TrainConfig field is a flag
     python -m models.train --preset medium --out runs/medium    # d=10, L=K=32, H=24 (README: scale)
     torchrun --standalone --nproc_per_node 2 -m models.train --out runs/ddp   # data-parallel (models.distributed)
+    python -m models.train --task-kind ngram:n=3:kernel=dirichlet --alpha 0.1 --d-vocab 3 --n-examples 0 \
+        --n-copy-heads 3 --seq-len 32 --out runs/ngram      # a task of the family (probes.graph_task)
 
 Every ``eval_every`` steps it evaluates on held-out contexts (the NLL gap to BMA, the mean TV between
-the blocks.1 attention and the BMA posterior, parent-identification accuracy next to BMA's) and
+the blocks.1 attention and the BMA posterior, parent-identification accuracy next to BMA's; on a family
+task the task's Bayes oracle, ``probes.oracles``, and for a fixed graph the graph as the posterior) and
 writes the checkpoint with its training state, so ``--resume`` continues a killed run exactly.
 """
 
@@ -199,13 +202,16 @@ def init_copyers(model: CausalTransformer, offset: float, demo: float, generator
 
     Heads get demonstrations through a random permutation, so nothing downstream may assume that
     head k copies demonstration k. Returns the preferred demonstration of each head (K <= L: distinct).
+    With no demonstration (L = 0) head k prefers offset -(k+1) instead, and the demonstrations are [-1] * K.
     """
     attn = model.blocks[0].attn
     K, L, H = model.cfg.n_copy_heads, model.cfg.n_examples, model.cfg.seq_len
     attn.w_H.fill_(-offset)
     attn.w_H[:, H - 1] = offset
     attn.w_L.zero_()
-    if L == 0:  # no demonstration: the copyers read the target's own prefix
+    if L == 0:  # no demonstration: head k starts at offset -(k+1) in the target's own prefix (offset 0 is masked)
+        attn.w_H[:, H - 1] = -offset
+        attn.w_H[torch.arange(K), (H - 2 - torch.arange(K)).clamp_min(0)] = offset
         return [-1] * K
     perm = torch.randperm(max(K, L), generator=generator)[:K] % L
     attn.w_L[torch.arange(K), perm] = demo

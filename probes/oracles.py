@@ -35,6 +35,7 @@ from probes.tasks import MarkovTreeTask
 
 MAX_TREES = 720  # (H-1)! trees: H <= 7 for a random tree with a Dirichlet kernel
 DISTANCES = ("kl", "nll_gap")
+CHUNK_ENTRIES = 2**24  # contexts are counted in chunks of at most this many match entries (128 MiB)
 
 
 def graph_tensor(parents: list[list[int]], batch: int) -> Int[Tensor, "batch H P"]:
@@ -79,6 +80,12 @@ def count_log_predictive(
     ``root`` given, parentless positions predict ``root`` instead of learning it."""
     L1, H, d = n_examples + 1, seq_len, d_vocab
     x = check_tokens(tokens, d, n_examples, seq_len).view(-1, L1, H)
+    chunk = max(1, CHUNK_ENTRIES // (L1 * H * max(H, d)))  # the match and one-hot tensors of a chunk
+    if len(x) > chunk:
+        return torch.cat([
+            count_log_predictive(tokens[i : i + chunk], n_examples, seq_len, d, parents[i : i + chunk], alpha, root)
+            for i in range(0, len(x), chunk)
+        ])  # fmt: skip
     keys = context_keys(x, parents, d)
     seen = torch.ones(L1, H, H, dtype=torch.bool)  # [l, h', h]: token (l, h') is seen when predicting h
     seen[L1 - 1] = torch.ones(H, H, dtype=torch.bool).tril(-1).T

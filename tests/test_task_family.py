@@ -357,3 +357,27 @@ def test_no_demonstrations_the_copyers_read_the_target_prefix():
         TrainConfig(n_examples=0, task_kind="chain:kernel=dirichlet")
     with pytest.raises(ValueError, match="task n_examples must be in"):
         TrainConfig(n_examples=0, n_copy_heads=2)  # ours needs a demonstration
+
+
+def test_no_demonstrations_init_gives_each_copyer_its_own_offset():
+    """Without demonstrations to spread the heads over, head k starts at offset -(k+1): distinct heads."""
+    from models.causal_transformer import CausalTransformer, CausalTransformerConfig
+    from models.train import init_copyers
+
+    model = CausalTransformer(CausalTransformerConfig(3, 0, 6, n_copy_heads=3))
+    assert init_copyers(model, 1.0, 5.0, torch.Generator().manual_seed(0)) == [-1, -1, -1]
+    pattern = model.copyer_pattern().detach()  # [K, H, H]
+    h = 5
+    assert pattern[:, h].argmax(-1).tolist() == [h - 1, h - 2, h - 3]
+
+
+def test_counting_in_chunks_changes_nothing(monkeypatch):
+    import probes.oracles
+
+    task = make_task("ngram:n=3:kernel=dirichlet", 3, 2, 8)
+    tokens, _ = task.sample(40, torch.Generator().manual_seed(0))
+    whole = bayes(task, tokens)[0]
+    monkeypatch.setattr(probes.oracles, "CHUNK_ENTRIES", 1000)  # 1 context a chunk
+    assert torch.equal(bayes(task, tokens)[0], whole)
+    with pytest.raises(ValueError, match="bound is"):
+        make_task("chain:kernel=dirichlet", 4096, 1, 4).sample(16)
