@@ -59,7 +59,8 @@ class CausalTransformerConfig:
         for name in ("d_vocab", "n_examples", "seq_len", "n_copy_heads"):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < (name != "n_examples"):
-                raise ValueError(f"config field {name} must be a positive integer, got {value!r}")
+                kind = "a non-negative" if name == "n_examples" else "a positive"
+                raise ValueError(f"config field {name} must be {kind} integer, got {value!r}")
         if self.d_vocab < 2 or self.seq_len < 2:
             raise ValueError(f"need d_vocab >= 2 and seq_len >= 2, got {self.d_vocab} and {self.seq_len}")
         if not isinstance(self.use_attn_result, bool):
