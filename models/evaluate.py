@@ -62,7 +62,10 @@ def eval_metrics(model: CausalTransformer, nll: float, nll_bma: float, attention
 @torch.no_grad()
 def evaluate(model: CausalTransformer, task, inputs, parents) -> dict:
     """Held-out metrics of the disentangled model on any task kind. Discrete tasks: NLL (h >= 1) of the
-    model and of the task's Bayes oracle (``probes.oracles.bayes``; ours: BMA). Continuous task: ``nll`` is the Gaussian NLL of the target under the model's mean
+    model and of the task's Bayes oracle (``probes.oracles.bayes``; ours: BMA); on a fixed graph the
+    "posterior" is the graph itself, where the parents are, which under a per-context kernel is not where
+    an optimal layer 2 attends (an induction head attends to earlier tokens that followed the same parent
+    values). Continuous task: ``nll`` is the Gaussian NLL of the target under the model's mean
     and the known noise variance, ``nll_bma`` BMA's exact mixture NLL, plus ``mse`` and ``mse_bma``."""
     out, attention = output_and_pattern(model, inputs)
     if not isinstance(task, ContinuousTask):
