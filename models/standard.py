@@ -132,7 +132,10 @@ class StandardConfig:
             raise ValueError(
                 f"task_kind {self.task_kind!r}: a standard transformer reads tokens; expected a discrete task"
             )
-        check_bayes(self.task())  # an unknown kind, a graph that is not a DAG, no exact oracle: one ValueError
+        if self.task_kind in ("markov_tree", "continuous") and self.n_examples == 0:
+            raise ValueError(f"n_examples must be >= 1 for the task {self.task_kind} (only the family's tasks take 0)")
+        if self.task_kind not in ("markov_tree", "continuous"):  # ours need no drawing to be checked
+            check_bayes(self.task())  # an unknown kind, a graph that is not a DAG, no exact oracle: one ValueError
 
     def task(self) -> MarkovTreeTask | GraphTask:
         return make_task(

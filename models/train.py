@@ -123,7 +123,10 @@ class TrainConfig:
         check_float(self.init_demo, "init_demo", -1e4, 1e4)
         if not isinstance(self.task_kind, str):
             raise ValueError(f"task_kind must be a string, got {self.task_kind!r}")
-        check_bayes(self.task())  # an unknown kind, a graph that is not a DAG, no exact oracle: one ValueError
+        if self.task_kind in ("markov_tree", "continuous") and self.n_examples == 0:
+            raise ValueError(f"n_examples must be >= 1 for the task {self.task_kind} (only the family's tasks take 0)")
+        if self.task_kind not in ("markov_tree", "continuous"):  # ours need no drawing to be checked
+            check_bayes(self.task())  # an unknown kind, a graph that is not a DAG, no exact oracle: one ValueError
         if self.dtype not in RUN_DTYPES:
             raise ValueError(f"dtype must be one of {', '.join(RUN_DTYPES)}, got {self.dtype!r}")
         for name in ("resume", "overwrite", "compile"):

@@ -355,8 +355,10 @@ def test_no_demonstrations_the_copyers_read_the_target_prefix():
     assert torch.isfinite(loss) and all(torch.isfinite(p.grad).all() for p in model.parameters())
     with pytest.raises(ValueError, match="n_copy_heads must be given"):
         TrainConfig(n_examples=0, task_kind="chain:kernel=dirichlet")
-    with pytest.raises(ValueError, match="task n_examples must be in"):
+    with pytest.raises(ValueError, match="n_examples must be >= 1 for the task markov_tree"):
         TrainConfig(n_examples=0, n_copy_heads=2)  # ours needs a demonstration
+    with pytest.raises(ValueError, match="n_examples must be in"):
+        TrainConfig(n_examples=0, n_copy_heads=2, task_kind="random_tree")  # ours, by its family name
 
 
 def test_no_demonstrations_init_gives_each_copyer_its_own_offset():
