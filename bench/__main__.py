@@ -32,8 +32,7 @@ import torch
 
 from bench.reference import bma_posterior_loop, reference_model
 from models import CausalTransformer, load_subject
-from models.circuit import Runner, build_graph, sender_writes
-from models.interventions import corrupted_contexts
+from models.circuit import Runner, build_graph, source_writes
 from models.io import write_json
 from models.train import TrainConfig, init_copyers, step_loss, train
 from probes import bma_posterior
@@ -320,8 +319,7 @@ def circuit_rows(n_contexts: int, seed: int = 0) -> list[dict]:
     subject = load_subject("standard")
     graph = build_graph(subject)
     tokens, _ = subject.task.sample(n_contexts, torch.Generator().manual_seed(seed))
-    corrupted = corrupted_contexts(subject.task, tokens, torch.Generator().manual_seed(seed + 1))[0]
-    runner = Runner(subject, graph, tokens, sender_writes(subject, graph, corrupted)[0])
+    runner = Runner(subject, graph, tokens, source_writes(subject, graph, tokens, "demonstrations", seed))
     timed = {}
     for name, score in (
         ("exact", runner.exact_scores),
