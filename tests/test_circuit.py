@@ -342,7 +342,7 @@ def _final_resid_patch(subject, tokens, sub: slice, positions, value):
 
 def _final_resid(subject, tokens):
     store = {}
-    subject.log_probs(tokens, [("blocks.1.hook_resid_post", lambda x, hook: store.setdefault("r", x.clone()))])
+    subject.log_probs(tokens, [("blocks.1.hook_resid_post", lambda x, hook: store.update(r=x.clone()))])
     return store["r"]
 
 
@@ -424,7 +424,7 @@ def test_eap_ig_equals_brute_force_integrated_gradients():
     def cache(toks):
         store = {}
         names = ["hook_embed", "blocks.0.attn.hook_z"]
-        subject.log_probs(toks, [(n, lambda x, hook, n=n: store.setdefault(n, x.clone())) for n in names])
+        subject.log_probs(toks, [(n, lambda x, hook, n=n: store.update({n: x.clone()})) for n in names])
         return store
 
     clean, corrupt = cache(tokens), cache(other)

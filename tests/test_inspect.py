@@ -12,7 +12,7 @@ from constructed import transposed_subject
 from test_formats import file_config, hf_folder
 
 import models
-from analyses import inspect
+from analyses import common, inspect
 from analyses.inspect import inspect_subject
 from models.subject import load_subject, subject_of
 from probes import bma_posterior, bma_predictive
@@ -41,6 +41,10 @@ def test_theorem1_model_is_credited_with_its_parent_head_and_copyers():
     assert head["tv"] < 1e-6 and abs(head["parent_acc"] - r["acc_bma"]) < 1e-12
     assert r["paper_circuit"] and r["carriers"][0] == "L1H0"
     assert r["roles"] == {"L1H0": "parent selector", **{f"L0H{k}": f"copyer of demonstration {k}" for k in range(4)}}
+    # The parent selector acts through its keys and queries: its values read the target's own tokens,
+    # which the corruption (demonstrations from another tree) keeps, so they carry nothing.
+    assert r["inputs"]["L1H0"]["through"] == "keys/queries" and r["inputs"]["L1H0"]["v"]["cost"] == 0
+    assert r["inputs"]["L1H0"]["k"]["cost"] > 0 and r["inputs"]["L1H0"]["q"]["cost"] > 0
     # The profile of the parent head, by brute force on the BMA posterior it equals: mass on the true parent.
     tokens, parents = task.sample(256, torch.Generator().manual_seed(0))
     post = bma_posterior(task.pi, tokens, 4, 6)
@@ -57,7 +61,31 @@ def test_a_non_paper_circuit_gets_its_heads_named_with_their_roles():
     assert sorted(r["carriers"]) == ["L0H0", "L0H1", "L1H0"] and not r["carriers_distributed"]
     assert r["roles"]["L0H0"].startswith("within-sequence (prefix) head")
     assert r["roles"]["L0H1"].startswith("within-sequence (prefix) head")
-    assert r["roles"]["L1H0"].startswith("cross-demonstration same-position reader [")
+    # Measured, not read off its attention: L1H0's effect goes through its value input alone (its queries
+    # and keys read positions only), so it is named for the mechanism, beside its attention role.
+    assert r["roles"]["L1H0"].startswith(f"{inspect.POOLING} (cross-demonstration same-position reader [")
+    assert r["inputs"]["L1H0"]["through"] == "values" and r["inputs"]["L1H1"]["through"] is None
+    assert r["inputs"]["L1H0"]["q"]["cost"] == 0 and r["inputs"]["L1H0"]["k"]["cost"] == 0
+    # Its value cost by a hand-written hook: layer 1's input subspace S (MLP0's write, which only L1H0's
+    # value reads) set to its value on the corrupted contexts.
+    n = r["intervention_contexts"]
+    tokens, _ = task.sample(256, torch.Generator().manual_seed(0))
+    tokens = tokens[:n]
+    bad = inspect.corrupt(task, tokens, 0)
+    subject = transposed_subject(task)
+    S = subject.model.sub["S"]
+    store = {}
+    subject.log_probs(bad, [("blocks.1.hook_resid_pre", lambda x, hook: store.update(S=x[..., S].clone()))])
+
+    def swap(x, hook):
+        x = x.clone()
+        x[..., S] = store["S"]
+        return x
+
+    from probes import target_nll as nll
+
+    want = nll(subject.log_probs(tokens, [("blocks.1.hook_resid_pre", swap)]), tokens) - nll(subject.log_probs(tokens), tokens)
+    assert want > 0.05 and abs(r["inputs"]["L1H0"]["v"]["cost"] - want) < 1e-9
     heads = {h["label"]: h for h in r["heads"]}
     assert heads["L1H1"]["ablation_dnll"] == 0  # it writes nothing
     # L0H1 feeds the read-out the target's own prefix: its mean ablation costs, but corrupting the
@@ -70,7 +98,8 @@ def test_a_non_paper_circuit_gets_its_heads_named_with_their_roles():
     assert abs(heads["L1H0"]["role_profile"]["self"][1] - 1 / 6) < 1e-12
     assert np.allclose(heads["L1H0"]["copy_mass"], 5 / 6 / 4)
     text = inspect.summary(r)
-    assert "paper's circuit is absent" in text and "L1H0 (cross-demonstration same-position reader" in text
+    assert "paper's circuit is absent" in text and f"L1H0 ({inspect.POOLING} (cross-demonstration" in text
+    assert "L1H0: v 1.00 +- 0.00, k 0.00 +- 0.00, q 0.00 +- 0.00" in text
 
 
 def _plateau_model(task, w_kq_from_theorem1: bool, noise: float = 0.0):
@@ -156,3 +185,12 @@ def test_cli_on_a_pt_file_writes_the_report(tmp_path, capsys):
         assert (tmp_path / "out" / stem).is_file()
     out = capsys.readouterr().out
     assert "parent-selecting heads: L1H0" in out and "THE PAPER'S CIRCUIT" in out
+    # The heads it names link to the discovered circuit: where analyses.circuit writes it for this checkpoint.
+    want = str(common.default_out(str(tmp_path / "w.pt")) / "circuit.json")
+    assert saved["results"]["circuit_link"]["json"] == want and f"the discovered circuit (the edges between these heads): {want}" in out
+
+
+def test_the_standard_gpt2_links_to_its_committed_circuit():
+    committed = json.loads((common.FIGURES_DIR / "circuit.json").read_text())
+    assert inspect.circuit_link("standard", committed["checkpoint_hash"])["json"] == "figures/circuit.json"
+    assert inspect.circuit_link("standard", "another")["json"] == str(common.default_out("standard") / "circuit.json")
