@@ -222,8 +222,9 @@ def interventions(subject, tokens, corrupted) -> dict:
 def input_costs(subject, tokens, corrupted) -> dict | None:
     """Per head of the last layer, ``{q, k, v: cost, se, share, share_se}`` and ``through``: the NLL change
     when every edge into that input carries its value on ``corrupted`` (``models.circuit``, exact), its share
-    of the three inputs' summed cost, with standard errors over the contexts. None when the model lacks a
-    hook the circuit graph needs."""
+    of the three inputs' summed cost (``cost``), with standard errors over the contexts; ``through`` is
+    ``values``, ``keys/queries`` or None (no verdict: that sum within two standard errors of zero, or
+    neither share reached). None when the model lacks a hook the circuit graph needs."""
     try:
         graph = build_graph(subject)
     except ValueError:
@@ -246,20 +247,25 @@ def input_costs(subject, tokens, corrupted) -> dict | None:
             share, share_se = ratio_se(c, total)
             head[x] = {"cost": cost, "se": se, "share": share, "share_se": share_se}
         selecting = head["q"]["share"] + head["k"]["share"]
-        head["through"] = (
-            "values" if head["v"]["share"] >= VALUES_SHARE else "keys/queries" if selecting >= SELECT_SHARE else None
-        )
+        cost, se = mean_se(total)
+        head["cost"], head["se"] = cost, se
+        head["through"] = (  # no verdict for a cost within two standard errors of zero
+            None if cost <= 2 * se
+            else "values" if head["v"]["share"] >= VALUES_SHARE
+            else "keys/queries" if selecting >= SELECT_SHARE
+            else None
+        )  # fmt: skip
         out[label] = head
     return out
 
 
 def through_words(label: str, inputs: dict) -> str:
-    """``L1H0: v 0.99 +- 0.01, k 0.00 +- 0.00, q 0.00 +- 0.00 of its inputs' cost (0.153 nats)``."""
+    """``L1H0: v 0.99 +- 0.01, k 0.00 +- 0.00, q 0.00 +- 0.00 of its inputs' cost (0.153 +- 0.010 nats)``."""
     h = inputs[label]
     if h["v"]["share"] is None:
         return f"{label}: no cost (nothing the corruption changes reaches its inputs)"
     shares = ", ".join(f"{x} {h[x]['share']:.2f} +- {h[x]['share_se']:.2f}" for x in ("v", "k", "q"))
-    return f"{label}: {shares} of its inputs' cost ({sum(h[x]['cost'] for x in INPUTS):.3f} nats)"
+    return f"{label}: {shares} of its inputs' cost ({h['cost']:.3f} +- {h['se']:.3f} nats)"
 
 
 def corrupt(task, tokens, seed: int):
