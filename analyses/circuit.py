@@ -187,7 +187,8 @@ def summary(r: dict) -> str:
         "nodes: " + (", ".join(r["nodes"]) or "none"),
         f"faithfulness curve area {r['curve_area']:.3f}: "
         + ", ".join(f"{c['n_edges']}: {c['faithfulness']:.2f}+-{c['se']:.2f}" for c in r["curve"]),
-        "strongest edges (sender -> receiver.input @ positions: score, the metric's change when it alone is ablated"
+        "strongest edges (sender -> receiver.input @ positions: score, the metric's change when it alone is "
+        + ("restored to its clean value in the corrupted run" if r.get("direction") == "denoising" else "ablated")
         + (", with its standard error):" if r["method"] == "exact" else "; attribution, no standard error):"),
     ]
     for e in r["edges"][:15]:

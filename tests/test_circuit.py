@@ -239,6 +239,11 @@ def test_cli_writes_the_set_and_refuses_an_unknown_node_in_one_line(tmp_path, ca
     assert e.value.code == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "no node L7H3" in err[0]
+    with pytest.raises(SystemExit) as e:
+        common.run(circuit.main, argv + ["--direction", "denoising", "--corruption", "mean"])
+    assert e.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "--direction denoising needs a corruption that is a run on other contexts" in err[0]
 
 
 def test_inspect_sufficiency_is_the_share_kept_with_every_other_head_mean_ablated():
