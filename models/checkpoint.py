@@ -28,7 +28,7 @@ from torch import Tensor
 from models.causal_transformer import CausalTransformer, CausalTransformerConfig
 from models.continuous import ContinuousTransformer
 from models.dtypes import dtype_name
-from models.io import check_memory, exclusive_lock, name_too_long, one_line, read_json
+from models.io import check_memory, exclusive_lock, name_too_long, one_line, read_json, what_is
 from probes.tasks import check_sizes
 
 FORMAT = "causal-transformer-checkpoint/1"
@@ -65,7 +65,7 @@ def read_config(path: str | Path, read=read_json) -> dict:
         if _old(path).is_dir():
             hint = f"; an interrupted write left {_old(path).name!r} beside it: the next write to it restores it"
         raise ValueError(
-            f"checkpoint {str(path)!r} does not exist; expected a folder with {CONFIG} and {WEIGHTS}{hint}"
+            f"checkpoint {str(path)!r} {what_is(path)}; expected a folder with {CONFIG} and {WEIGHTS}{hint}"
         )
     if not path.is_dir() or not (path / CONFIG).is_file():
         raise ValueError(f"checkpoint {str(path)!r} has no {CONFIG}; expected a folder written by models.save")

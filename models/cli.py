@@ -21,7 +21,7 @@ import torch
 
 from models.checkpoint import check_device
 from models.dtypes import RUN_DTYPES
-from models.io import check_memory, name_too_long, one_line, run_cli, size
+from models.io import check_memory, name_too_long, one_line, run_cli, size, what_is
 from models.sources import NAMED
 from models.subject import THEOREM1_USAGE, Subject, load_subject
 from probes.tasks import MAX_SEED, check_int
@@ -148,6 +148,8 @@ def check_out_file(out: str, flag: str) -> None:
     path = Path(out)
     if path.is_dir():
         raise ValueError(f"{flag} {out!r} is a folder; expected a file name")
+    if not path.parent.is_dir():
+        raise ValueError(f"{flag} {out!r}: folder {str(path.parent)!r} {what_is(path.parent)}")
     check_out_folder(str(path.parent), flag=f"{flag} {out!r}: folder")
 
 

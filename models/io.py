@@ -146,6 +146,9 @@ def write_set(folder: str | Path, name: str, writers: dict) -> list[Path]:
     ``.NAME.ready``, the commit point, and its files are moved into place; an interrupted move is
     finished by the next call (roll forward)."""
     folder = Path(folder)
+    blocked = [file for file in writers if (folder / file).is_dir() and not (folder / file).is_symlink()]
+    if blocked:  # found before anything is written: a move onto a folder would fail half-way through the set
+        raise ValueError(f"cannot write the {name} set in {str(folder)!r}: {listing(blocked)} is a folder; expected a file")
     staging = folder / f".{name}.set-{os.getpid()}-{os.urandom(4).hex()}"
     staging.mkdir()
     try:
