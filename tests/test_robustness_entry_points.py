@@ -50,6 +50,9 @@ def lab(tmp_path_factory) -> Path:
     torch.save(model.state_dict(), t / "good.pt")
     (t / "cfg.json").write_text(json.dumps(file_config(model, task)))
     hf_folder(t, task)  # t / "hf": a Hugging Face folder, the format models.standard writes
+    shutil.copytree(t / "hf", t / "hf_other_shapes")
+    config = json.loads((t / "hf_other_shapes" / checkpoint.CONFIG).read_text())
+    (t / "hf_other_shapes" / checkpoint.CONFIG).write_text(json.dumps({**config, "n_embd": 2 * config["n_embd"]}))
     train.main([*TINY, "--steps", "2", "--eval-every", "2", "--out", str(t / "run")])
     shutil.copytree(t / "run", t / "empty_run")
     config = json.loads((t / "empty_run" / checkpoint.CONFIG).read_text())
@@ -313,6 +316,12 @@ CASES = [
             "--checkpoint", str(t / "good.pt"), "--config", str(t / "cfg.json"), "--key-map", str(t / "long_map.json")
         ),
         "... and 19995 more",
+    ),
+    (
+        "message",
+        "Hugging Face weights of other shapes than its config",
+        lambda t, s: _evaluate("--checkpoint", str(t / "hf_other_shapes")),
+        "lm_head.weight [4, 8] vs [4, 16]",
     ),
 ]
 
