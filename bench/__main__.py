@@ -31,7 +31,7 @@ from pathlib import Path
 import torch
 
 from bench.reference import bma_posterior_loop, reference_model
-from models import CausalTransformer, load_subject
+from models import DEFAULT_CHECKPOINT, STANDARD_CHECKPOINT, CausalTransformer, cli, load_subject
 from models.circuit import Runner, build_graph, per_context_nll, ratio_se, source_writes, top_n
 from models.io import write_json
 from models.train import TrainConfig, init_copyers, step_loss, train
@@ -372,8 +372,10 @@ def table(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
-def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__.split("\n\n")[0])
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """The flags, checked before any work (``models.cli``: threads, device, a ``--json`` in an existing
+    writable folder that is none of the checkpoints the rows read)."""
+    parser = cli.parser("python -m bench", __doc__)
     parser.add_argument("--only", nargs="+", choices=ROWS, help=f"measure only these rows (default: all of {ROWS})")
     parser.add_argument(
         "--quick",
@@ -384,19 +386,16 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--threads", type=int, help="torch CPU threads (default: torch's choice)")
     parser.add_argument("--json", help="also write the rows to this JSON file")
     args = parser.parse_args(argv)
-    if args.threads is not None:
-        if args.threads < 1:
-            parser.error(f"--threads must be >= 1, got {args.threads}")
-        torch.set_num_threads(args.threads)
-    if args.device.startswith("cuda") and not torch.cuda.is_available():
-        parser.error(
-            f"--device {args.device}: CUDA is not available on this machine (this is a CPU-only torch "
-            "build or there is no GPU); run on a machine with a GPU or use --device cpu"
-        )
-    try:
-        torch.device(args.device)
-    except RuntimeError:
-        parser.error(f"--device {args.device!r} is not a torch device (expected cpu, cuda, cuda:0, ...)")
+    cli.check_run_flags(parser, args, argv, reads=(DEFAULT_CHECKPOINT, STANDARD_CHECKPOINT))
+    return args
+
+
+def main(argv: list[str] | None = None) -> None:
+    cli.run_cli(_main, argv)
+
+
+def _main(argv: list[str]) -> None:
+    args = parse_args(argv)
     only = set(args.only or (ROWS if not args.quick else ("step", "cache", "bma", "train")))
     repeat = 1 if args.quick else 3
     print(f"machine: {machine(args.device)}", flush=True)
@@ -418,7 +417,7 @@ def main(argv: list[str] | None = None) -> None:
     print(table(rows))
     if args.json:
         record = {
-            "command": "python -m bench " + " ".join(sys.argv[1:] if argv is None else argv),
+            "command": args.command,
             "machine": machine(args.device),
             "rows": rows,
         }

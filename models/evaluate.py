@@ -12,8 +12,6 @@ seed that training does not use (its data and eval seeds derive from ``seed``), 
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import torch
 from jaxtyping import Float
 from torch import Tensor
@@ -105,11 +103,7 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--batch-size", type=int, default=1024, help="contexts per chunk (default: 1024)")
     parser.add_argument("--json", metavar="FILE", help="also write the metrics to this JSON file")
     args = parser.parse_args(argv)
-    cli.check_run_flags(parser, args, argv)
-    if args.batch_size < 1:
-        parser.error(f"--batch-size must be >= 1, got {args.batch_size}")
-    if args.json and not Path(args.json).resolve().parent.is_dir():
-        parser.error(f"--json {args.json}: folder {Path(args.json).resolve().parent} does not exist")
+    cli.check_run_flags(parser, args, argv)  # --batch-size and --json included
     subject = cli.subject_or_exit(parser, args)
     if not isinstance(subject, DisentangledSubject):
         parser.error(

@@ -32,7 +32,6 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import sys
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -44,7 +43,8 @@ from torch import Tensor, nn
 from tqdm.auto import tqdm
 
 from models import cli
-from models.checkpoint import write_folder_atomically
+from models.checkpoint import HUGGING_FACE, check_replaceable, write_folder_atomically
+from models.io import check_memory, size
 from models.optim import check_finite, cosine_factor
 from models.sources.files import TASK_JSON
 from probes import MarkovTreeTask, bma_predictive, check_tokens, target_nll
@@ -300,10 +300,15 @@ def _descend(loss: Tensor, opt: torch.optim.Optimizer, sched) -> None:
 
 
 def check_out(out: str | Path, overwrite: bool) -> None:
-    """Refuse an ``out`` that is a file, or a non-empty folder when not ``overwrite``."""
+    """Refuse an ``out`` that is a file, another format's checkpoint or a folder that is not one (even
+    with ``overwrite``), or a non-empty folder when not ``overwrite``."""
     out = Path(out)
     if out.exists() and not out.is_dir():
         raise ValueError(f"--out {out} is a file; expected a folder")
+    try:
+        check_replaceable(out, HUGGING_FACE)
+    except ValueError as e:
+        raise ValueError(f"--out {e}") from None
     if out.is_dir() and any(out.iterdir()) and not overwrite:
         raise ValueError(f"--out {out} is not empty; refusing to overwrite it (pass --overwrite to replace it)")
 
@@ -323,12 +328,14 @@ def save_standard(model, out: str | Path, task: MarkovTreeTask, training: dict, 
 
     transformers.logging.disable_progress_bar()
     try:
-        write_folder_atomically(out, write)
+        write_folder_atomically(out, write, HUGGING_FACE)
     finally:
         transformers.logging.enable_progress_bar()
 
 
 def parse_args(argv: list[str] | None = None) -> tuple[StandardConfig, argparse.Namespace]:
+    """The flags, every one checked before any work (``cli.check_run_flags``: seeds, sizes, threads,
+    device, a writable ``--out``); then the config, the memory it needs, and what ``--out`` holds."""
     parser = cli.parser("python -m models.standard", __doc__)
     cli.add_dataclass_flags(parser, StandardConfig, STANDARD_HELP, CHOICES)
     parser.add_argument(
@@ -339,35 +346,44 @@ def parse_args(argv: list[str] | None = None) -> tuple[StandardConfig, argparse.
     )
     parser.add_argument("--overwrite", action="store_true", help="replace --out if it is a non-empty folder")
     args = parser.parse_args(argv)
-    if args.threads < 1:
-        parser.error(f"--threads must be >= 1, got {args.threads}")
+    cli.check_run_flags(parser, args, argv)
     try:
         cfg = cli.dataclass_from_args(StandardConfig, args)
         if cfg.arch == "attn_only":
             raise ValueError("--arch attn_only cannot be saved as a Hugging Face folder; use analyses.phase_diagram")
+        check_resources(cfg)
         check_out(cfg.out, args.overwrite)
     except ValueError as e:
         parser.error(cli.as_flags(str(e), StandardConfig))
-    out = Path(cfg.out)
-    if not out.parent.is_dir():
-        parser.error(f"--out {out}: parent folder {out.parent} does not exist")
     return cfg, args
 
 
-def main(argv: list[str] | None = None) -> None:
+def check_resources(cfg: StandardConfig) -> None:
+    """One line if a training step would not fit in memory, estimated from the config before anything
+    is built: float32 weights, gradients and AdamW's two moments, and per context the activations kept for
+    the backward pass (each block's residual, attention and MLP widths, and its heads' score matrices)."""
+    task = cfg.task()
+    t, d, v = task.n_tokens, cfg.d_model, cfg.d_vocab
+    params = 2 * v * d + t * d + cfg.n_layers * (4 * d * d + 2 * d * cfg.d_mlp + 10 * d + cfg.d_mlp)
+    per = 4 * t * (cfg.n_layers * (10 * d + 2 * cfg.d_mlp + 3 * cfg.n_heads * t) + 3 * v)
+    check_memory(16 * params + per * cfg.batch_size, f"--batch-size {cfg.batch_size} ({size(per)} a context)")
+    check_memory(4 * params + per * cfg.eval_contexts, f"--eval-contexts {cfg.eval_contexts} ({size(per)} a context)")
+
+
+def _main(argv: list[str]) -> None:
     cfg, args = parse_args(argv)
-    torch.set_num_threads(args.threads)
-    try:
-        _, history = train_standard(cfg, overwrite=args.overwrite)
-        last = history[-1]
-        print(
-            f"wrote {cfg.out} ({last['seconds']:.1f} s): NLL {last['nll']:.4f}, BMA {last['nll_bma']:.4f}, "
-            f"uniform-parent plateau {last['nll_uniform']:.4f} (gap to BMA {last['nll_gap']:+.4f}, "
-            f"plateau's {last['plateau_gap']:+.4f}; progress {last['progress']:.3f})"
-        )
-    except (ValueError, OSError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        raise SystemExit(2) from None
+    _, history = train_standard(cfg, overwrite=args.overwrite)
+    last = history[-1]
+    print(
+        f"wrote {cfg.out} ({last['seconds']:.1f} s): NLL {last['nll']:.4f}, BMA {last['nll_bma']:.4f}, "
+        f"uniform-parent plateau {last['nll_uniform']:.4f} (gap to BMA {last['nll_gap']:+.4f}, "
+        f"plateau's {last['plateau_gap']:+.4f}; progress {last['progress']:.3f})"
+    )
+
+
+def main(argv: list[str] | None = None) -> None:
+    """The command line: bad input (or any failure) is one line on stderr and exit code 2 (``run_cli``)."""
+    cli.run_cli(_main, argv)
 
 
 if __name__ == "__main__":

@@ -275,6 +275,10 @@ def check_start(cfg: TrainConfig, out: Path) -> bool:
     """Whether to resume: never replace existing work unless asked. ``--resume`` needs a run with
     training state (``--resume --overwrite``: resume if there is one, else start afresh); a checkpoint
     already at ``--out`` is replaced only with ``--overwrite``; anything else there is refused."""
+    try:  # never another format's checkpoint, not even with --overwrite
+        checkpoint.check_replaceable(out)
+    except ValueError as e:
+        raise ValueError(f"--out {e}") from None
     has_state = (out / TRAIN_STATE).is_file() and (out / TRAIN_META).is_file()
     if cfg.resume and has_state:
         return True
@@ -286,7 +290,6 @@ def check_start(cfg: TrainConfig, out: Path) -> bool:
             f"--out {cfg.out!r} holds a checkpoint; refusing to replace it: pass --overwrite to replace it"
             + (" or --resume to continue it" if has_state else "")
         )
-    checkpoint.check_replaceable(out)
     return False
 
 
