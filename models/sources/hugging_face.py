@@ -12,7 +12,16 @@ import torch
 from models import converters, io
 from models.checkpoint import CONFIG, FORMAT
 from models.io import one_line
-from models.sources.files import TASK_JSON, Found, Source, as_state_dict, check_fits, no_file_options, read_archive
+from models.sources.files import (
+    HF_WEIGHTS,
+    TASK_JSON,
+    Found,
+    Source,
+    as_state_dict,
+    check_fits,
+    no_file_options,
+    read_archive,
+)
 from models.sources.task_json import read_task
 
 NAME = "Hugging Face"
@@ -88,7 +97,7 @@ def _field(hf_config: dict, names: tuple[str, ...]) -> int:
 
 def _hf_weights(path) -> dict:
     """The state dict of a Hugging Face folder's single weight file."""
-    for name in ("model.safetensors", "pytorch_model.bin"):
+    for name in HF_WEIGHTS:
         if (path / name).is_file():
             return as_state_dict(read_archive(path / name), path / name)
     raise ValueError(f"{path} has no model.safetensors or pytorch_model.bin (a sharded checkpoint is not covered here)")
