@@ -121,7 +121,7 @@ class HookedTransformerConfig:
         """The parameters and buffers of ``HookedTransformer(self)``, counted from the config."""
         norm = 2 if self.normalization_type == "LN" else 0
         block = 9 + norm + (0 if self.attn_only else 4 + norm)  # attention: 8 weights + the mask
-        return self.n_layers * block + 5 + norm
+        return self.n_layers * block + 4 + norm  # W_E, W_pos, W_U, b_U, ln_final
 
     def n_bytes(self) -> int:
         """Bytes of the parameters and buffers of ``HookedTransformer(self)``, by arithmetic (nothing allocated)."""
