@@ -148,7 +148,7 @@ def lab(tmp_path_factory) -> Path:
     model, task = small_model()
     models.save(model, t / "ckpt", task=task)
     (t / "cfg.json").write_text(json.dumps(file_config(model, task)))
-    torch.save(_overflowing(model.state_dict(), "blocks.0.attn.w_H"), t / "hot.pt")
+    torch.save(_overflowing(_overflowing(model.state_dict(), "blocks.0.attn.w_H"), "blocks.0.attn.w_L"), t / "hot.pt")
     big = build_task(d_vocab=400, n_examples=200, seq_len=2)  # its construction: ((K+1) d)^2 float64 = 52 GB
     shutil.copytree(t / "ckpt", t / "bigtask")
     _edit_config(
@@ -279,7 +279,7 @@ CASES = [
     ("numbers", "Hugging Face wpe 3e38 overflows", lambda t: _evaluate("--checkpoint", _ck(t, "hf_hot")), NAN),
     (
         "numbers",
-        "state dict w_H 3e38 overflows",
+        "state dict w_H + w_L overflow",
         lambda t: _evaluate("--checkpoint", str(t / "hot.pt"), "--config", str(t / "cfg.json")),
         NAN,
     ),
