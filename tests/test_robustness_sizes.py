@@ -167,6 +167,11 @@ def _inspect(*argv: str):
     return "analyses.inspect", ["--n-contexts", "8", *argv]
 
 
+def _analysis(t: Path, name: str, *argv: str):
+    extra = {"bma_agreement": ["--train-L", "none"], "attention_view": []}.get(name, ["--n-contexts", "8"])
+    return f"analyses.{name}", [*extra, *argv, "--out", str(t / "out")]
+
+
 def _ck(t: Path, name: str) -> str:
     return (
         str(t / name / "w.pt")
@@ -252,6 +257,40 @@ CASES = [
         "n-contexts huge on a TransformerLens model",
         lambda t: _inspect("--checkpoint", _ck(t, "tl"), "--n-contexts", HUGE, "--out", str(t / "out")),
         "--n-contexts 10000000000",
+    ),
+    # --- analysis size flags: sized from the flags (and the task) before any work ------------------------
+    (
+        "bomb",
+        "bma_agreement --bma-L 1e5",
+        lambda t: _analysis(t, "bma_agreement", "--bma-L", "100000"),
+        "every L must be in",
+    ),
+    (
+        "bomb",
+        "bma_agreement --bma-L 60000",
+        lambda t: _analysis(t, "bma_agreement", "--bma-L", "60000", "--n-contexts", "4096"),
+        "--bma-L 60000 with --n-contexts 4096 would need about",
+    ),
+    ("bomb", "cape_properties --nodes 1e6", lambda t: _analysis(t, "cape_properties", "--nodes", "1000000"), NEEDS),
+    ("bomb", "cape_properties --dim 1e8", lambda t: _analysis(t, "cape_properties", "--dim", "100000000"), NEEDS),
+    (
+        "bomb",
+        "cape_properties --n-queries 1e9",
+        lambda t: _analysis(t, "cape_properties", "--n-queries", "1000000000"),
+        NEEDS,
+    ),
+    (
+        "bomb",
+        "attention_view --context 1e9",
+        lambda t: _analysis(t, "attention_view", "--context", "1000000000"),
+        "--context 1000000000 (samples 1000000001 contexts",
+    ),
+    ("bomb", "init_gradient --n-trees 1e9", lambda t: _analysis(t, "init_gradient", "--n-trees", "1000000000"), NEEDS),
+    (
+        "bomb",
+        "cape_structure --n-trees 1e9",
+        lambda t: _analysis(t, "cape_structure", "--n-trees", "1000000000"),
+        NEEDS,
     ),
     # --- wrong numbers with exit 0: a forward pass that yields NaN says so ----------------------------
     ("numbers", "theorem1 beta 1e308", lambda t: _evaluate("--checkpoint", "theorem1:beta=1e308"), "(0, 1e+300]"),
