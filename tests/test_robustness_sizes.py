@@ -444,6 +444,16 @@ def test_a_large_file_beside_the_weights_is_never_read(tmp_path):
     assert tl_digest == h.hexdigest()[:16]
 
 
+def test_a_huge_safetensors_file_is_sized_before_it_is_read(tmp_path):
+    """safetensors files are read whole: one that would not fit is refused by its size on disk."""
+    pt = _tl_folder(tmp_path, "tl")
+    huge = pt.with_suffix(".safetensors")
+    with open(huge, "wb") as f:
+        f.truncate(10**13)  # sparse: no disk used
+    with pytest.raises(ValueError, match=r"reading .*w\.safetensors would need about 10\.0 TB"):
+        models.load(huge)
+
+
 def test_the_digest_of_a_sharded_folder_covers_its_index_and_every_shard(tmp_path):
     folder, _, _ = hf_folder(tmp_path, small_task())
     (folder / "model.safetensors").rename(folder / "model-00001-of-00001.safetensors")

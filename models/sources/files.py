@@ -201,6 +201,7 @@ def read_archive(path: Path):
         except Exception as e:  # truncated or corrupt archives raise RuntimeError, EOFError, ...
             raise ValueError(f"{path} is not a readable PyTorch file ({io.one_line(e)})") from None
     if suffix == SAFETENSORS_SUFFIX:
+        io.check_memory(path.stat().st_size, f"reading {path}")  # read whole (a .pt is memory-mapped)
         try:
             return safetensors.torch.load_file(path)
         except Exception as e:
