@@ -18,7 +18,7 @@ from pathlib import Path
 
 MEMORY_FRACTION = 0.8  # refuse work whose estimated memory exceeds this share of the available memory
 MAX_JSON_BYTES = 256 * 2**20  # config, task and key-map files are small; refuse to parse more
-MAX_TENSORS = 200_000  # refuse to build a model of more tensors (work, whatever their sizes)
+MAX_TENSORS = 20_000  # refuse to build a model of more tensors (work, whatever their sizes): 10x the largest LLMs
 
 
 def atomic_write(path: str | Path, write) -> None:
@@ -179,7 +179,7 @@ def memory_limit(device: str | None = None) -> tuple[int, str]:
     (``torch.cuda.mem_get_info``). The CPU: the least of the memory the system has free
     (``MemAvailable``; physical memory if unknown), what this process's address-space limit leaves
     (``ulimit -v``, ``RLIMIT_AS``, less the address space already mapped) and what its cgroup leaves
-    (``memory.max`` less ``memory.current``)."""
+    (``_cgroup_left``)."""
     if isinstance(device, str) and device.startswith("cuda"):
         import torch
 
@@ -199,16 +199,30 @@ def memory_limit(device: str | None = None) -> tuple[int, str]:
                 if line.startswith("VmSize:")
             )
             limits.append((max(soft - mapped, 0), "what the address-space limit (ulimit -v) leaves"))
+    left = _cgroup_left()
+    if left is not None:
+        limits.append((left, "what the cgroup's memory limit leaves"))
+    return min(limits)
+
+
+def _cgroup_left() -> int | None:
+    """Bytes this process's cgroup may still take (v2 ``memory.max - memory.current``, v1
+    ``memory.limit_in_bytes - memory.usage_in_bytes``), or None without a limit."""
     with contextlib.suppress(OSError, ValueError, StopIteration):
-        cgroup = Path("/sys/fs/cgroup") / next(
-            line.split("::", 1)[1].lstrip("/") for line in Path("/proc/self/cgroup").read_text().splitlines()
+        v2 = Path("/sys/fs/cgroup") / next(
+            line.split("::", 1)[1].strip().lstrip("/")
+            for line in Path("/proc/self/cgroup").read_text().splitlines()
             if line.startswith("0::")
         )
-        limit = (cgroup / "memory.max").read_text().strip()
-        if limit != "max":
-            used = int((cgroup / "memory.current").read_text())
-            limits.append((max(int(limit) - used, 0), "what the cgroup's memory.max leaves"))
-    return min(limits)
+        if (v2 / "memory.max").is_file():
+            limit = (v2 / "memory.max").read_text().strip()
+            return None if limit == "max" else max(int(limit) - int((v2 / "memory.current").read_text()), 0)
+    with contextlib.suppress(OSError, ValueError):
+        v1 = Path("/sys/fs/cgroup/memory")
+        limit = int((v1 / "memory.limit_in_bytes").read_text())
+        if limit < 2**62:  # no limit reads as the largest page-aligned int64
+            return max(limit - int((v1 / "memory.usage_in_bytes").read_text()), 0)
+    return None
 
 
 def available_memory() -> int:

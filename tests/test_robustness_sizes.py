@@ -401,7 +401,7 @@ def test_the_hugging_face_estimate_is_within_one_percent_of_what_the_bridge_hold
     needed = []
     with monkeypatch.context() as m:
         m.setattr(io, "check_memory", lambda n, what, device=None: needed.append(n))
-        hugging_face.check_size(folder, config, None)
+        hugging_face.check_size(config, "config.json", None)
     true = allocated(resolve(folder).model)
     floor, estimate = needed
     assert floor <= true

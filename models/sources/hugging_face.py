@@ -54,7 +54,7 @@ def read(found: Found, device: str | None = None, *, weights: bool = True) -> So
         converters.hf_gpt2_config(hf_config, str(path), device)  # sized before the weights are read
         model = converters.from_hf_gpt2(hf_config, _hf_weights(path), str(path), device)
         return Source(model, task, layout, found.where, found.digest(), NAME)
-    check_size(path, hf_config, device)
+    check_size(hf_config, str(path / CONFIG), device)
     bridge = _boot(path, device or "cpu")
     bad = [n for n, p in bridge.original_model.named_parameters() if not torch.isfinite(p).all()]
     if bad:
@@ -66,15 +66,15 @@ LAYER_FIELDS = ("n_layer", "num_hidden_layers", "n_layers", "num_layers")
 WIDTH_FIELDS = ("n_embd", "hidden_size", "d_model")
 
 
-def check_size(path, hf_config: dict, device: str | None) -> None:
-    """The memory of the model ``config.json`` describes, before the bridge builds it: a floor from its
-    numbers first (every layer has at least a query and an output projection, width x width; the
+def check_size(hf_config: dict, where: str, device: str | None) -> None:
+    """The memory of the model a Hugging Face ``config.json`` (``where``) describes, before it is built: a
+    floor from its numbers first (every layer has at least a query and an output projection, width x width; the
     embedding is vocab x width), so that no absurd config is even built on the meta device; then its
     parameters and buffers counted on the meta device (``from_config``, nothing allocated)."""
-    layers, width = _field(hf_config, LAYER_FIELDS), _field(hf_config, WIDTH_FIELDS)
+    layers, width = _field(hf_config, LAYER_FIELDS, where), _field(hf_config, WIDTH_FIELDS, where)
     vocab = hf_config["vocab_size"]
-    what = f"{path / CONFIG} (a {hf_config['model_type']!r} model of {layers} layers, width {width}, vocab_size {vocab})"
-    io.check_tensors(2 * layers, what)
+    what = f"{where} (a {hf_config['model_type']!r} model of {layers} layers, width {width}, vocab {vocab})"
+    io.check_tensors(4 * layers, what)  # every layer: at least the weights and biases of two projections
     io.check_memory((2 * layers * width * width + vocab * width) * 2, what, device)  # 2 bytes: float16 or more
     import transformers
 
@@ -83,15 +83,15 @@ def check_size(path, hf_config: dict, device: str | None) -> None:
         with torch.device("meta"):
             meta = transformers.AutoModelForCausalLM.from_config(config)
     except Exception as e:  # an architecture transformers does not know, a config it refuses
-        raise ValueError(f"{path} could not be loaded as a Hugging Face model ({one_line(e)[:200]})") from None
+        raise ValueError(f"{where} is not a Hugging Face config transformers can build ({one_line(e)[:200]})") from None
     io.check_memory(sum(t.numel() * t.element_size() for t in [*meta.parameters(), *meta.buffers()]), what, device)
 
 
-def _field(hf_config: dict, names: tuple[str, ...]) -> int:
+def _field(hf_config: dict, names: tuple[str, ...], where: str) -> int:
     """The first of the config fields ``names`` present (a non-negative integer), else 0."""
     value = next((hf_config[n] for n in names if n in hf_config), 0)
     if not _is_int(value) or value < 0:
-        raise ValueError(f"config.json: {next(n for n in names if n in hf_config)}={value!r}; expected an integer >= 0")
+        raise ValueError(f"{where}: {next(n for n in names if n in hf_config)}={value!r}; expected an integer >= 0")
     return value
 
 

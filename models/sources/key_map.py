@@ -170,7 +170,8 @@ def _transform(key: str, value: Tensor, entry: dict, expected: tuple[int, ...] |
             raise ValueError(
                 f"key map cannot place {key!r} of shape {tuple(value.shape)} at {at} in a tensor of shape {list(shape)}"
             )
-        check_memory(tensor_bytes(shape, value.element_size()), f"key map entry {key!r}: place into shape {list(shape)}")
+        what = f"key map entry {key!r}: place into shape {list(shape)}"
+        check_memory(tensor_bytes(shape, value.element_size()), what)
         block = value.new_zeros(shape)
         block[tuple(slice(a, a + n) for a, n in zip(at, value.shape))] = value
         value = block
