@@ -197,7 +197,7 @@ CASES = [
     ),
     (
         "bomb",
-        "TransformerLens 20 000 layers of width 2",
+        "TransformerLens 2000 layers of width 2",
         lambda t: _evaluate("--checkpoint", _ck(t, "tl_many_layers")),
         TENSORS,
     ),
@@ -213,12 +213,12 @@ CASES = [
         "what the address-space limit (ulimit -v) leaves",
     ),
     ("bomb", "nanoGPT n_layer 1e9", lambda t: _evaluate("--checkpoint", _ck(t, "nano_layers")), "n_layers=1000000000"),
-    ("bomb", "nanoGPT 200 000 layers", lambda t: _evaluate("--checkpoint", _ck(t, "nano_many_layers")), TENSORS),
+    ("bomb", "nanoGPT 20 000 layers", lambda t: _evaluate("--checkpoint", _ck(t, "nano_many_layers")), TENSORS),
     ("bomb", "nanoGPT block_size 1e12", lambda t: _evaluate("--checkpoint", _ck(t, "nano_block")), NEEDS),
     ("bomb", "nanoGPT n_embd 1e7", lambda t: _evaluate("--checkpoint", _ck(t, "nano_embd")), NEEDS),
     ("bomb", "nanoGPT vocab_size 1e12", lambda t: _evaluate("--checkpoint", _ck(t, "nano_vocab")), NEEDS),
     ("bomb", "Hugging Face n_layer 1e9", lambda t: _evaluate("--checkpoint", _ck(t, "hf_layers")), TENSORS),
-    ("bomb", "Hugging Face 200 000 layers", lambda t: _evaluate("--checkpoint", _ck(t, "hf_many_layers")), TENSORS),
+    ("bomb", "Hugging Face 20 000 layers", lambda t: _evaluate("--checkpoint", _ck(t, "hf_many_layers")), TENSORS),
     ("bomb", "Hugging Face n_positions 1e12", lambda t: _evaluate("--checkpoint", _ck(t, "hf_positions")), NEEDS),
     ("bomb", "Hugging Face n_embd 1e7", lambda t: _evaluate("--checkpoint", _ck(t, "hf_embd")), NEEDS),
     ("bomb", "Hugging Face vocab_size 1e12", lambda t: _evaluate("--checkpoint", _ck(t, "hf_vocab")), NEEDS),
@@ -257,6 +257,18 @@ CASES = [
         "n-contexts huge on a TransformerLens model",
         lambda t: _inspect("--checkpoint", _ck(t, "tl"), "--n-contexts", HUGE, "--out", str(t / "out")),
         "--n-contexts 10000000000",
+    ),
+    (
+        "bomb",
+        "models.standard --n-layers 1e5",
+        lambda t: ("models.standard", ["--n-layers", "100000", "--d-model", "8", "--out", str(t / "out" / "std")]),
+        "the GPT-2 of these flags (a 'gpt2' model of 100000 layers",
+    ),
+    (
+        "bomb",
+        "models.standard --d-model 1e5",
+        lambda t: ("models.standard", ["--d-model", "100000", "--n-heads", "1", "--out", str(t / "out" / "std")]),
+        NEEDS,
     ),
     # --- analysis size flags: sized from the flags (and the task) before any work ------------------------
     (
