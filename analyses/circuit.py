@@ -65,6 +65,10 @@ def scores_of(runner: Runner, method: str, ig_steps: int) -> list[float]:
     return runner.eap_ig_scores(steps=ig_steps)
 
 
+MAX_CURVE_POINTS = 1000  # circuit sizes on the curve; each is one ablated run over every context
+MAX_IG_STEPS = 1024  # EAP-IG converges by 8 on the standard GPT-2 (README: Circuit discovery)
+
+
 def curve_sizes(n_total: int, points: int) -> list[int]:
     """0, then ``points`` sizes spaced geometrically up to every edge."""
     sizes = {0, n_total}
@@ -271,12 +275,13 @@ def add_flags(parser) -> None:
     parser.add_argument("--target", type=float, default=0.9, help="top-n without --n-edges: the share of the model's progress the circuit must keep (default: 0.9)")
     parser.add_argument("--threshold", type=float, default=None, help="threshold / greedy: keep edges whose |score| exceeds this (default: 1e-3)")
     parser.add_argument("--nodes", default=None, help="score a given circuit instead of searching: every edge among these comma-separated nodes (L1H2,MLP0,...)")
-    parser.add_argument("--curve-points", type=int, default=8, help="number of circuit sizes on the faithfulness curve (default: 8)")
-    parser.add_argument("--ig-steps", type=int, default=8, help="EAP-IG: interpolation steps between the clean and corrupted runs (default: 8)")
+    parser.add_argument("--curve-points", type=int, default=8, help="number of circuit sizes on the faithfulness curve, at most 1000 (default: 8)")
+    parser.add_argument("--ig-steps", type=int, default=8, help="EAP-IG: interpolation steps between the clean and corrupted runs, at most 1024 (default: 8)")
 
 
 def check_flags(parser, args) -> None:
     common.check_at_least(parser, args, n_contexts=2, curve_points=1, ig_steps=1)
+    common.check_at_most(parser, args, curve_points=MAX_CURVE_POINTS, ig_steps=MAX_IG_STEPS)
     if args.direction == "denoising" and args.corruption == "mean":
         parser.error("--direction denoising needs a corruption that is a run on other contexts, not --corruption mean")
     if args.n_edges is not None and args.n_edges < 0:

@@ -183,6 +183,15 @@ def check_at_least(p: argparse.ArgumentParser, args: argparse.Namespace, **minim
             p.error(f"--{name.replace('_', '-')} must be >= {low}, got {value}")
 
 
+def check_at_most(p: argparse.ArgumentParser, args: argparse.Namespace, **maximums: int) -> None:
+    """``p.error`` for the first of ``args``' integer flags above its maximum (work that no memory check
+    bounds, e.g. interpolation steps): ``--ig-steps must be <= 1024, got 10**9``."""
+    for name, high in maximums.items():
+        value = getattr(args, name)
+        if value > high:
+            p.error(f"--{name.replace('_', '-')} must be <= {high}, got {value}")
+
+
 def main(analysis: Analysis, argv: list[str] | None = None) -> dict:
     """Parse, load, compute, save the figures and JSON as one set, print the summary; returns the result."""
     p, args = parse(analysis, argv)

@@ -297,6 +297,18 @@ CASES = [
         lambda t: _analysis(t, "attention_view", "--context", "1000000000"),
         "--context 1000000000 (samples 1000000001 contexts",
     ),
+    (
+        "bomb",
+        "circuit --ig-steps 1e9",
+        lambda t: _analysis(t, "circuit", "--checkpoint", "theorem1:beta=5", "--ig-steps", "1000000000"),
+        "--ig-steps must be <= 1024, got 1000000000",
+    ),
+    (
+        "bomb",
+        "circuit --curve-points 1e9",
+        lambda t: _analysis(t, "circuit", "--checkpoint", "theorem1:beta=5", "--curve-points", "1000000000"),
+        "--curve-points must be <= 1000, got 1000000000",
+    ),
     ("bomb", "init_gradient --n-trees 1e9", lambda t: _analysis(t, "init_gradient", "--n-trees", "1000000000"), NEEDS),
     (
         "bomb",
