@@ -44,7 +44,7 @@ RUNS_DIR = Path("runs") / "figures"  # every other run's, relative to the workin
 ANALYSES = [
     "head_ablation", "activation_patching", "copyers", "logpi_recovery", "block_structure", "bma_agreement",
     "init_gradient", "information", "continuous", "inspect", "inspect_standard", "linear_probes", "standard_circuit", "circuit",
-    "standard_vs_disentangled", "phase_diagram", "attention_view", "scale", "cape_structure", "cape_properties",
+    "standard_vs_disentangled", "trajectory", "phase_diagram", "attention_view", "scale", "cape_structure", "cape_properties",
     "cape_downstream",
 ]  # fmt: skip
 # The names Analysis.from_module reads; a module-level name within a typo of one (add_flag) is refused.
