@@ -288,10 +288,14 @@ def figures(r: dict, args) -> dict:
     ax.legend(fontsize=8)
     ax = axes[1]
     for s in r["strategies"]:
-        ax.plot(steps, [max(row["kl"][s], 1e-6) for row in r["snapshots"]], ".-", color=colors[s], label=f"KL({s} || model)")
+        ax.plot(
+            steps, [max(row["kl"][s], 1e-6) for row in r["snapshots"]], ".-", color=colors[s], label=f"KL({s} || model)"
+        )
     _phase_background(ax, r, colors)
     order = " -> ".join(r["order"])
-    ax.set(yscale="log", xlabel="training step", ylabel="KL (nats)", title=f"Distance from each strategy; phases: {order}")
+    ax.set(
+        yscale="log", xlabel="training step", ylabel="KL (nats)", title=f"Distance from each strategy; phases: {order}"
+    )
     ax.legend(fontsize=8)
     out = {"trajectory_loss": fig}
 
