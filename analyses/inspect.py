@@ -32,6 +32,9 @@ the candidates, BMA with no demonstration: the plateau at initialisation). Verdi
   Each is named with its role: parent selector, copyer of demonstration l, or the category holding at
   least half its attention (``probes.roles.ROLE_NAMES``: within-sequence (prefix) head, cross-
   demonstration same-position reader, ...).
+- Heads named by what they read in the sequence (``sequence_heads``; ``probes.roles.sequence_scores``):
+  previous-token heads and induction heads (in-context Markov chains), heads on the parent of the query's
+  own token (a fixed graph).
 """
 
 from __future__ import annotations
@@ -44,7 +47,7 @@ from models.circuit import per_context_nll, ratio_se
 from models.interventions import ablate, corrupted_contexts, head_ablation, head_outputs, hooks, patch_heads
 from models.subject import head_label
 from probes import bma_posterior, bma_predictive, parent_accuracy, target_nll, total_variation
-from probes.roles import CATEGORIES, GROUPS, OVERLAPPING, attention_role, role_profile
+from probes.roles import CATEGORIES, GROUPS, OVERLAPPING, attention_role, role_profile, sequence_scores
 
 NAME = "inspect"
 N_CONTEXTS = 512  # default --n-contexts
@@ -228,6 +231,8 @@ def inspect_subject(subject, n_contexts: int = 512, seed: int = 0, batch: int = 
             )
             prof = role_profile(att.pattern, att.query_predicts, att.key_token, part_parents, L)
             layer.update({f"role:{k}": v.tolist() for k, v in prof.items()})
+            seq = sequence_scores(att.pattern, att.query_predicts, att.key_token, part_tokens, part_parents, H)
+            layer.update({f"seq:{k}": v.tolist() for k, v in seq.items()})
             part.append(layer)
         w = len(part_tokens) / n_contexts
         part = [{k: torch.tensor(v, dtype=torch.float64) * w for k, v in layer.items()} for layer in part]
@@ -236,8 +241,9 @@ def inspect_subject(subject, n_contexts: int = 512, seed: int = 0, batch: int = 
     for i, layer in enumerate(stats):
         for j in range(subject.n_heads[i]):
             head = {"label": subject.head_labels()[len(per_head)]}
-            head.update({k: v[j].tolist() for k, v in layer.items() if not k.startswith("role:")})
+            head.update({k: v[j].tolist() for k, v in layer.items() if not k.startswith(("role:", "seq:"))})
             head["role_profile"] = {k[5:]: v[j].tolist() for k, v in layer.items() if k.startswith("role:")}
+            head["sequence"] = {k[4:]: v[j].item() for k, v in layer.items() if k.startswith("seq:")}
             per_head.append(head)
     n_int = min(n_contexts, 128)
     inter = interventions(subject, tokens[:n_int], corrupt(task, tokens[:n_int], seed))
@@ -256,6 +262,7 @@ def inspect_subject(subject, n_contexts: int = 512, seed: int = 0, batch: int = 
     }
     for h in per_head:
         h["role"] = out["roles"][h["label"]]
+    out["sequence_heads"] = sequence_heads(per_head)
     named = {"paper_circuit": sorted(set(out["parent_selecting"]) | set(out["copyers"])), "carriers": out["carriers"]}
     out["sufficiency"] = {
         name: sufficiency(subject, tokens[:n_int], heads, out["interventions"])
@@ -279,6 +286,46 @@ def sufficiency(subject, tokens, heads: list[str], log: list) -> dict:
     share, se = ratio_se(nll(plateau) - nll(subject.log_probs(tokens, hooks(ivs, log))),
                          nll(plateau) - nll(subject.log_probs(tokens)))  # fmt: skip
     return {"heads": sorted(keep), "share": share, "se": se, "contexts": len(tokens)}
+
+
+# Heads named by what they read in the sequence (in-context Markov chains, fixed graphs) -------------------
+SEQUENCE_MASS = 0.5  # a previous-token, induction or own-parent head puts at least this on its keys
+INDUCTION_OVER_CHANCE = 2.0  # and an induction head at least this many times what uniform attention would
+
+
+def sequence_heads(heads: list[dict]) -> dict[str, list[str]]:
+    """The heads named by ``probes.roles.sequence_scores``: PREVIOUS-TOKEN heads (mass on the token
+    before the query's own >= ``SEQUENCE_MASS``), INDUCTION heads (mass on the tokens that followed earlier
+    occurrences of the query's own token >= ``SEQUENCE_MASS`` and >= ``INDUCTION_OVER_CHANCE`` x chance),
+    and OWN-PARENT heads (mass on the parent of the query's own token >= ``SEQUENCE_MASS``; a fixed graph's
+    first layer). A previous-token head whose parents are all the previous token (a chain) is both."""
+
+    def at_least(h: dict, key: str) -> bool:
+        v = h["sequence"][key]
+        return v == v and v >= SEQUENCE_MASS
+
+    return {
+        "previous_token": [h["label"] for h in heads if at_least(h, "previous_token")],
+        "induction": [
+            h["label"] for h in heads
+            if at_least(h, "induction") and h["sequence"]["induction"] >= INDUCTION_OVER_CHANCE * h["sequence"]["induction_chance"]
+        ],
+        "own_parent": [h["label"] for h in heads if at_least(h, "own_parent")],
+    }  # fmt: skip
+
+
+def sequence_text(r: dict) -> list[str]:
+    """One line per kind of sequence head, with each head's mass (and the induction chance level)."""
+    by_label = {h["label"]: h["sequence"] for h in r["heads"]}
+    words = {"previous_token": "previous-token heads", "induction": "induction heads", "own_parent": "own-parent heads"}
+    lines = []
+    for kind, labels in r["sequence_heads"].items():
+        found = ", ".join(
+            f"{x} ({by_label[x][kind]:.2f}" + (f", chance {by_label[x]['induction_chance']:.2f})" if kind == "induction" else ")")
+            for x in labels
+        )  # fmt: skip
+        lines.append(f"{words[kind]}: {found or 'none'}")
+    return lines
 
 
 def _fmt(x) -> str:
@@ -369,6 +416,7 @@ def summary(r: dict) -> str:
             f"sufficiency of the {name.replace('_', ' ')} ({', '.join(suff['heads'])}): every other head mean-ablated "
             f"keeps {suff['share']:.3f} +- {suff['se']:.3f} of the progress ({suff['contexts']} contexts)"
         )
+    lines += sequence_text(r)
     lines.append("the edges between these heads: python -m analyses.circuit (figures/circuit_graph.png)")
     return "\n".join(lines)
 
