@@ -19,7 +19,10 @@ Every snapshot is loaded as a ``Subject`` and measured on the same ``--n-context
   BMA posterior (TV; ``analyses.inspect.head_attention_stats``) and its parent accuracy, beside BMA's
   and the uniform baseline's;
 - per head, from the target queries (``probes.roles``): WITHIN-SEQUENCE mass (earlier positions of the
-  target and its own) and CROSS-DEMONSTRATION mass (every position of the other sequences).
+  target and its own) and CROSS-DEMONSTRATION mass (every position of the other sequences); and from
+  every query (``probes.roles.sequence_scores``): the mass on the PREVIOUS TOKEN, on the tokens that
+  followed earlier occurrences of the current one (INDUCTION, beside its chance level) and on the
+  current token's PARENT.
 
 PHASES (``phases``): at each snapshot the strategy the model is closest to (smallest KL); a phase is a
 maximal run of snapshots with one closest strategy (runs shorter than ``--min-phase`` snapshots are
@@ -43,7 +46,7 @@ from analyses.block_structure import find_snapshots
 from analyses.inspect import baselines, head_attention_stats
 from models.subject import load_subject
 from probes import bma_predictive, demonstration_mass, target_nll
-from probes.roles import role_profile
+from probes.roles import role_profile, sequence_scores
 
 NAME = "trajectory"
 N_CONTEXTS = 256  # default --n-contexts: every snapshot is measured on them
@@ -76,7 +79,7 @@ def merge_identical(strats: dict[str, Tensor]) -> dict[str, Tensor]:
     groups: list[tuple[list[str], Tensor]] = []
     for name, lp in strats.items():
         for names, ref in groups:
-            if (lp.double() - ref.double()).abs().max().item() <= SAME:
+            if (lp[:, 1:].double() - ref[:, 1:].double()).abs().max().item() <= SAME:  # h >= 1, as every measure
                 names.append(name)
                 break
         else:
@@ -105,6 +108,7 @@ def measure(subject, tokens, parents, strats: dict[str, Tensor], base: dict) -> 
         rows = att.target_rows(L, H).cpu()
         stats = head_attention_stats(rows, parents, base["posterior"], L, H)
         prof = role_profile(att.pattern, att.query_predicts, att.key_token, parents, L)
+        seq = sequence_scores(att.pattern, att.query_predicts, att.key_token, tokens, parents, H)
         demo = demonstration_mass(rows.mean(0), L)[:, :L]  # [head, L]: mass on each demonstration
         layers.append({
             "purity": demo.max(-1).values.tolist(),
@@ -114,6 +118,7 @@ def measure(subject, tokens, parents, strats: dict[str, Tensor], base: dict) -> 
             "candidate_mass": stats["candidate_mass"],
             "within_sequence": (prof["prefix"][:, 1] + prof["self"][:, 1]).tolist(),
             "cross_demonstration": (prof["same_position"][:, 1] + prof["other_position"][:, 1]).tolist(),
+            **{name: v.tolist() for name, v in seq.items()},
         })  # fmt: skip
     tvs = [(tv, i, j) for i, layer in enumerate(layers) for j, tv in enumerate(layer["tv"])]
     _, li, hj = min(tvs)
@@ -272,6 +277,17 @@ def _phase_background(ax, r: dict, colors: dict) -> None:
         ax.axvline(s["crossing"], color="k", ls="--", lw=0.8)
 
 
+def _per_head(ax, steps: list[int], rows: list[dict], styles: dict[str, str]) -> None:
+    """One line per head and score (``styles``: score -> line style), coloured by layer."""
+    for i, layer in enumerate(rows[0]["layers"]):
+        for j in range(len(layer["purity"])):
+            for k, (score, ls) in enumerate(styles.items()):
+                kw = {"label": f"layer {i}"} if j == 0 and k == 0 else {}
+                ax.plot(steps, [row["layers"][i][score][j] for row in rows], ls, color=f"C{i}", lw=1, **kw)
+    ax.set(ylim=(0, 1.05))
+    ax.legend(fontsize=8)
+
+
 def figures(r: dict, args) -> dict:
     import matplotlib.pyplot as plt
 
@@ -299,7 +315,7 @@ def figures(r: dict, args) -> dict:
     ax.legend(fontsize=8)
     out = {"trajectory_loss": fig}
 
-    fig, axes = plt.subplots(2, 2, figsize=(10, 6.4), sharex=True, layout="constrained")
+    fig, axes = plt.subplots(3, 2, figsize=(10, 9.2), sharex=True, layout="constrained")
     rows = r["snapshots"]
     ax = axes[0, 0]
     ax.plot(steps, [row["progress"] for row in rows], "k.-")
@@ -319,17 +335,19 @@ def figures(r: dict, args) -> dict:
     ax.plot(steps, [row["selector_parent_acc"] for row in rows], "C0.-", label="parent accuracy")
     ax.axhline(r["acc_bma"], color="C0", ls=":", label="BMA's accuracy")
     ax.axhline(r["acc_uniform"], color="C3", ls=":", label="uniform's accuracy")
-    ax.set(xlabel="training step", ylim=(0, 1.05), title="Parent selection (the head closest to BMA)")
+    ax.set(ylim=(0, 1.05), title="Parent selection (the head closest to BMA)")
     ax.legend(fontsize=8)
     ax = axes[1, 1]
-    for i, layer in enumerate(rows[0]["layers"]):
-        for j in range(len(layer["within_sequence"])):
-            kw = {"label": f"layer {i}"} if j == 0 else {}
-            ax.plot(steps, [row["layers"][i]["within_sequence"][j] for row in rows], "-", color=f"C{i}", lw=1, **kw)
-            ax.plot(steps, [row["layers"][i]["cross_demonstration"][j] for row in rows], "--", color=f"C{i}", lw=1)
-    ax.set(xlabel="training step", ylim=(0, 1.05),
-           title="Per head, from target queries: within-sequence (solid)\nand cross-demonstration (dashed) mass")  # fmt: skip
-    ax.legend(fontsize=8)
+    _per_head(ax, steps, rows, {"within_sequence": "-", "cross_demonstration": "--"})
+    ax.set_title("Per head, from target queries: within-sequence (solid)\nand cross-demonstration (dashed) mass")
+    _per_head(axes[2, 0], steps, rows, {"previous_token": "-", "own_parent": ":"})
+    axes[2, 0].set_title("Per head: mass on the previous token (solid)\nand on the current token's parent (dotted)")
+    _per_head(axes[2, 1], steps, rows, {"induction": "-", "induction_chance": ":"})
+    axes[2, 1].set_title(
+        "Per head: mass on the tokens after earlier occurrences\nof the current one (induction; dotted: chance)"
+    )
+    for ax in axes[2]:
+        ax.set_xlabel("training step")
     for ax in axes.flat:
         _phase_background(ax, r, colors)
     fig.suptitle(f"Circuit parts over training ({where})")
