@@ -33,7 +33,7 @@ import torch
 from models import cli
 from models.io import write_json, write_set
 from models.sources import NAMED
-from models.subject import CONTENT_FREE_COPYERS, DISENTANGLED, MARKOV_TASK, Subject  # noqa: F401 (analyses declare REQUIRES with them)
+from models.subject import BAYES_TASK, CONTENT_FREE_COPYERS, DISENTANGLED, MARKOV_TASK, Subject  # noqa: F401 (analyses declare REQUIRES with them)
 
 FIGURES_DIR = Path(__file__).resolve().parent.parent / "figures"  # the paper's figures: analyses.paper only
 RUNS_DIR = Path("runs") / "figures"  # every other run's, relative to the working folder

@@ -45,8 +45,10 @@ from tqdm.auto import tqdm
 from analyses import common
 from models.circuit import per_context_nll, ratio_se
 from models.interventions import ablate, corrupted_contexts, head_ablation, head_outputs, hooks, patch_heads
+from models.standard import uniform_parent_predictive
 from models.subject import head_label
-from probes import bma_posterior, bma_predictive, parent_accuracy, target_nll, total_variation
+from probes import bma_posterior, bma_predictive, oracles, parent_accuracy, target_nll, total_variation
+from probes.graph_task import GraphTask
 from probes.roles import CATEGORIES, GROUPS, OVERLAPPING, attention_role, role_profile, sequence_scores
 
 NAME = "inspect"
@@ -99,7 +101,10 @@ def head_attention_stats(rows, parents, posterior, n_examples: int, seq_len: int
 
 
 def baselines(task, tokens, parents) -> dict:
-    """NLL, TV and parent accuracy of BMA and the uniform-parent mixture on the same contexts."""
+    """NLL, TV and parent accuracy of BMA and the uniform-parent mixture on the same contexts (a task of
+    the family: ``family_baselines``)."""
+    if isinstance(task, GraphTask):
+        return family_baselines(task, tokens, parents)
     L, H = task.n_examples, task.seq_len
     posterior = bma_posterior(task.pi, tokens, L, H)
     uniform = bma_posterior(task.pi, tokens, L, H, demonstrations=[])  # uniform over h' < h
@@ -109,6 +114,27 @@ def baselines(task, tokens, parents) -> dict:
         "nll_uniform": target_nll(
             bma_predictive(task.pi, tokens, L, H, task.root, demonstrations=[], log=True), tokens
         ),
+        "acc_bma": parent_accuracy(posterior, parents),
+        "acc_uniform": parent_accuracy(uniform, parents),
+        "tv_uniform": total_variation(uniform, posterior)[:, 1:].mean().item(),
+    }
+
+
+def family_baselines(task, tokens, parents) -> dict:
+    """``baselines`` for a task of the family (``probes.graph_task``), against its own Bayes oracle
+    (``probes.oracles.bayes``: the predictive and the posterior over each position's parents; a fixed graph's
+    is the graph) and its plateau (``models.standard.uniform_parent_predictive``: the unigram strategy); the
+    uniform baseline spreads each position's attention evenly over h' < h."""
+    H = task.seq_len
+    if parents.ndim != 2:
+        raise ValueError("analyses.inspect reads one parent per position; this task's positions have several")
+    predictive, posterior = oracles.bayes(task, tokens)
+    uniform = torch.ones(H, H, dtype=torch.float64).tril(-1)
+    uniform = (uniform / uniform.sum(-1, keepdim=True).clamp_min(1)).expand_as(posterior)
+    return {
+        "posterior": posterior,
+        "nll_bma": target_nll(predictive, tokens),
+        "nll_uniform": target_nll(uniform_parent_predictive(task, tokens), tokens),
         "acc_bma": parent_accuracy(posterior, parents),
         "acc_uniform": parent_accuracy(uniform, parents),
         "tv_uniform": total_variation(uniform, posterior)[:, 1:].mean().item(),
@@ -150,7 +176,9 @@ def verdict(nll: float, base: dict, heads: list[dict], inter: dict | None = None
         and h["tv"] < base["tv_uniform"]
     ]
     copyers = {
-        h["label"]: int(torch.tensor(h["copy_mass"]).argmax()) for h in heads if max(h["copy_mass"]) >= COPY_MASS
+        h["label"]: int(torch.tensor(h["copy_mass"]).argmax())
+        for h in heads
+        if max(h["copy_mass"], default=0) >= COPY_MASS
     }
     best = max(heads, key=lambda h: h["parent_acc"])["label"]
     roles = {h["label"]: head_role(h, selecting, copyers) for h in heads}
@@ -281,7 +309,7 @@ def sufficiency(subject, tokens, heads: list[str], log: list) -> dict:
     keep = set(heads)
     ivs = [head_ablation(subject, i, [j for j in range(n) if head_label(i, j) not in keep], "mean")
            for i, n in enumerate(subject.n_heads) if any(head_label(i, j) not in keep for j in range(n))]  # fmt: skip
-    plateau = bma_predictive(task.pi, tokens, task.n_examples, task.seq_len, task.root, demonstrations=[], log=True)
+    plateau = uniform_parent_predictive(task, tokens)
     nll = lambda lp: per_context_nll(lp, tokens)  # noqa: E731
     share, se = ratio_se(nll(plateau) - nll(subject.log_probs(tokens, hooks(ivs, log))),
                          nll(plateau) - nll(subject.log_probs(tokens)))  # fmt: skip
@@ -391,7 +419,7 @@ def summary(r: dict) -> str:
     for h in r["heads"]:
         lines.append(
             f"{h['label']:6s}{h['candidate_mass']:10.3f}{h['tv']:7.3f}{h['parent_acc']:11.3f}"
-            f"{max(h['copy_mass']):9.3f}{h['ablation_dnll']:+12.4f}{_fmt(h['patching_restored']):>7s}  {h['role']}"
+            f"{max(h['copy_mass'], default=float('nan')):9.3f}{h['ablation_dnll']:+12.4f}{_fmt(h['patching_restored']):>7s}  {h['role']}"
         )
     lines += ["", "role profile: attention mass from demonstration / target queries"]
     lines.append(f"{'head':6s}" + "".join(f"{c[:13]:>14s}" for c in CATEGORIES))
@@ -574,7 +602,7 @@ def compute(subject, args) -> dict:
     return inspect_subject(subject, args.n_contexts, args.seed)
 
 
-REQUIRES = frozenset({common.MARKOV_TASK})  # what it needs of its subject
+REQUIRES = frozenset({common.BAYES_TASK})  # what it needs of its subject
 ANALYSIS = common.Analysis.from_module(globals())
 
 
