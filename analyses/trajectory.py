@@ -7,11 +7,14 @@ circuit part, over the snapshots of its training run, with the phases read off t
 Every snapshot is loaded as a ``Subject`` and measured on the same ``--n-contexts`` contexts (drawn with
 ``--seed`` from the run's task):
 
-- the target NLL (h >= 1, nats) of the model and of each STRATEGY (``strategies``: the Bayes oracle, the
-  uniform-parent plateau, ...), and the model's distance from each: the mean KL(strategy || model) of
+- the target NLL (h >= 1, nats) of the model and of each STRATEGY (``strategies``: uniform, unigram and
+  bigram counts, ..., on our task the uniform-parent plateau, and the task's Bayes oracle,
+  ``probes.oracles``), and the model's distance from each: the mean KL(strategy || model) of
   the predictive distributions over contexts and positions h >= 1; strategies that agree to 1e-9 on
   these contexts are one (``bigram=bayes``);
-- PROGRESS from the uniform-parent plateau (0) to Bayes (1), ``(NLL_plateau - NLL) / (NLL_plateau - NLL_Bayes)``;
+- PROGRESS from the plateau (0: the uniform-parent mixture on our task, the unigram strategy on the
+  family's, ``models.standard.uniform_parent_predictive``) to Bayes (1),
+  ``(NLL_plateau - NLL) / (NLL_plateau - NLL_Bayes)``;
 - COPYING (layer 0): each head's attention from the query predicting x_h of the target, by
   demonstration (its purity: the largest mass on one demonstration; ``probes.demonstration_mass``) and
   the number of distinct demonstrations the heads attend to most;
@@ -34,6 +37,7 @@ times the median decrease per step over the run.
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 import torch
@@ -44,8 +48,9 @@ from tqdm.auto import tqdm
 from analyses import common
 from analyses.block_structure import find_snapshots
 from analyses.inspect import baselines, head_attention_stats
+from models.standard import uniform_parent_predictive
 from models.subject import load_subject
-from probes import bma_predictive, demonstration_mass, target_nll
+from probes import MarkovTreeTask, demonstration_mass, oracles, target_nll
 from probes.roles import role_profile, sequence_scores
 
 NAME = "trajectory"
@@ -66,12 +71,14 @@ SHARP_RATIO = 3.0  # a switch is sharp if the loss falls this many times faster 
 
 # The strategies ---------------------------------------------------------------------------------------
 def strategies(task, tokens: Int[Tensor, "batch T"]) -> dict[str, Float[Tensor, "batch H d"]]:
-    """Log-probabilities of the target tokens under Bayes and each simpler strategy."""
-    L, H = task.n_examples, task.seq_len
-    return {
-        "bayes": bma_predictive(task.pi, tokens, L, H, task.root, log=True),
-        "uniform-parent": bma_predictive(task.pi, tokens, L, H, task.root, demonstrations=[], log=True),
-    }
+    """Log-probabilities of the target tokens under each strategy of ``probes.oracles.strategies``
+    (uniform, unigram, bigram, ..., Bayes) and, on our task, the uniform-parent plateau before Bayes."""
+    out = oracles.strategies(task, tokens)
+    if isinstance(task, MarkovTreeTask):
+        bayes = out.pop("bayes")
+        out["uniform-parent"] = uniform_parent_predictive(task, tokens)
+        out["bayes"] = bayes
+    return out
 
 
 def merge_identical(strats: dict[str, Tensor]) -> dict[str, Tensor]:
@@ -111,8 +118,8 @@ def measure(subject, tokens, parents, strats: dict[str, Tensor], base: dict) -> 
         seq = sequence_scores(att.pattern, att.query_predicts, att.key_token, tokens, parents, H)
         demo = demonstration_mass(rows.mean(0), L)[:, :L]  # [head, L]: mass on each demonstration
         layers.append({
-            "purity": demo.max(-1).values.tolist(),
-            "demonstration": demo.argmax(-1).tolist(),
+            "purity": demo.max(-1).values.tolist() if L else [math.nan] * len(demo),  # L = 0: no demonstration
+            "demonstration": demo.argmax(-1).tolist() if L else [-1] * len(demo),
             "tv": stats["tv"],
             "parent_acc": stats["parent_acc"],
             "candidate_mass": stats["candidate_mass"],
@@ -129,7 +136,7 @@ def measure(subject, tokens, parents, strats: dict[str, Tensor], base: dict) -> 
         "progress": (base["nll_uniform"] - nll) / gap if gap > 0 else float("nan"),
         "layers": layers,
         "copyer_purity": sum(layers[0]["purity"]) / len(layers[0]["purity"]),
-        "distinct_demonstrations": len(set(layers[0]["demonstration"])),
+        "distinct_demonstrations": len(set(layers[0]["demonstration"]) - {-1}),
         "selector": f"L{li}H{hj}",
         "selector_tv": layers[li]["tv"][hj],
         "selector_parent_acc": layers[li]["parent_acc"][hj],
@@ -217,7 +224,10 @@ def trajectory(subject, snapshots: list[tuple[int, Path]], n_contexts: int, seed
     found = phases(steps, {s: [r["kl"][s] for r in rows] for s in strats}, [r["nll"] for r in rows], min_phase)
     return {
         "family": subject.family,
+        "task": task.to_dict().get("spec") or task.to_dict().get("kind", "markov_tree"),
+        "plateau": "uniform-parent" if isinstance(task, MarkovTreeTask) else "unigram",
         "n_contexts": n_contexts,
+        "n_examples": task.n_examples,
         "strategies": {s: target_nll(lp, tokens) for s, lp in strats.items()},
         "nll_bma": base["nll_bma"],
         "nll_uniform": base["nll_uniform"],
@@ -319,7 +329,7 @@ def figures(r: dict, args) -> dict:
     rows = r["snapshots"]
     ax = axes[0, 0]
     ax.plot(steps, [row["progress"] for row in rows], "k.-")
-    ax.axhline(0, color="C3", ls=":", label="uniform-parent plateau")
+    ax.axhline(0, color="C3", ls=":", label=f"{r['plateau']} plateau")
     ax.axhline(1, color="C0", ls=":", label="Bayes")
     ax.set(ylabel="progress", title="Progress from the plateau (0) to Bayes (1)")
     ax.legend(fontsize=8)
@@ -330,6 +340,8 @@ def figures(r: dict, args) -> dict:
             label=f"distinct demonstrations / {n_heads} heads")  # fmt: skip
     ax.set(ylim=(0, 1.05), title="Layer 0: copying")
     ax.legend(fontsize=8)
+    if not r["n_examples"]:
+        ax.text(0.5, 0.5, "no demonstrations (L = 0)", transform=ax.transAxes, ha="center", va="center")
     ax = axes[1, 0]
     ax.plot(steps, [row["selector_tv"] for row in rows], "C1.-", label="TV to BMA posterior")
     ax.plot(steps, [row["selector_parent_acc"] for row in rows], "C0.-", label="parent accuracy")
@@ -355,7 +367,7 @@ def figures(r: dict, args) -> dict:
     return out
 
 
-REQUIRES = frozenset({common.MARKOV_TASK})  # what it needs of its subject
+REQUIRES = frozenset({common.BAYES_TASK})  # what it needs of its subject
 ANALYSIS = common.Analysis.from_module(globals())
 
 
