@@ -3,6 +3,7 @@ circuit part, over the snapshots of its training run, with the phases read off t
 
     python -m models.train --out runs/x --snapshot-every 50          # (or models.standard --snapshot-every 50)
     python -m analyses.trajectory --checkpoint runs/x                # reads runs/x/snapshots/step_XXXXXX/
+    python -m analyses.trajectory --train-steps 200                  # a short run of the shipped config (the paper's)
 
 Every snapshot is loaded as a ``Subject`` and measured on the same ``--n-contexts`` contexts (drawn with
 ``--seed`` from the run's task):
@@ -38,6 +39,7 @@ times the median decrease per step over the run.
 from __future__ import annotations
 
 import math
+import tempfile
 from pathlib import Path
 
 import torch
@@ -46,7 +48,7 @@ from torch import Tensor
 from tqdm.auto import tqdm
 
 from analyses import common
-from analyses.block_structure import find_snapshots
+from analyses.block_structure import find_snapshots, train_short_run
 from analyses.inspect import baselines, head_attention_stats
 from models.standard import uniform_parent_predictive
 from models.subject import load_subject
@@ -55,14 +57,17 @@ from probes.roles import role_profile, sequence_scores
 
 NAME = "trajectory"
 N_CONTEXTS = 256  # default --n-contexts: every snapshot is measured on them
+PAPER_ARGS = ["--train-steps", "200", "--snapshot-every", "25", "--n-contexts", "128"]  # about 10 s of CPU
 FIGURES = {
     "trajectory_loss.png": (
-        "over training: the model's target NLL beside each strategy's (Bayes, the uniform-parent plateau, ...) and its KL "
+        "over training (a 200-step run of the shipped config): the model's target NLL beside each strategy's (uniform, "
+        "unigram, bigram, stationary, the uniform-parent plateau, Bayes) and its KL "
         "from each; shaded: the phase (the strategy it is closest to), dashed: the detected switches."
     ),
     "trajectory_circuit.png": (
         "over training: progress from the plateau to Bayes, copyer purity and distinct demonstrations, the parent "
-        "selector's TV to BMA and parent accuracy, and each head's within-sequence and cross-demonstration attention mass."
+        "selector's TV to BMA and parent accuracy, each head's within-sequence and cross-demonstration attention mass, "
+        "and its mass on the previous token, the current token's parent and the induction keys (beside chance)."
     ),
 }
 SAME = 1e-9  # strategies whose log-probabilities agree to this on the contexts are one
@@ -240,10 +245,26 @@ def trajectory(subject, snapshots: list[tuple[int, Path]], n_contexts: int, seed
 
 
 def compute(subject, args) -> dict:
-    return trajectory(subject, run_snapshots(args.checkpoint), args.n_contexts, args.seed, args.min_phase, args.device)
+    if not args.train_steps:
+        return trajectory(
+            subject, run_snapshots(args.checkpoint), args.n_contexts, args.seed, args.min_phase, args.device
+        )
+    with tempfile.TemporaryDirectory() as tmp:
+        print(f"training a {args.train_steps}-step run with snapshots every {args.snapshot_every} steps ...")
+        run = train_short_run(Path(tmp), args.checkpoint, args.train_steps, args.snapshot_every, args.seed)
+        snaps = find_snapshots(run / "snapshots")
+        return trajectory(subject, snaps, args.n_contexts, args.seed, args.min_phase, args.device, progress=False)
 
 
 def add_flags(parser) -> None:
+    parser.add_argument(
+        "--train-steps", type=int, default=0,
+        help="train a short run of --checkpoint's training config (models.train) with snapshots and read those "
+        "instead of --checkpoint's snapshots/ (default 0: read them)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--snapshot-every", type=int, default=20, help="with --train-steps: the snapshot interval (default 20)"
+    )
     parser.add_argument(
         "--min-phase", type=int, default=1,
         help="a phase lasts at least this many snapshots; shorter runs join the phase before (default: 1)",
@@ -251,7 +272,9 @@ def add_flags(parser) -> None:
 
 
 def check_flags(parser, args) -> None:
-    common.check_at_least(parser, args, min_phase=1)
+    common.check_at_least(parser, args, min_phase=1, train_steps=0, snapshot_every=1)
+    if args.train_steps:
+        return
     try:
         run_snapshots(args.checkpoint)
     except ValueError as e:

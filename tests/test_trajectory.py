@@ -158,3 +158,9 @@ def test_a_run_without_snapshots_is_one_line_and_exit_2(tmp_path, capsys):
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "no snapshots/ folder" in err[0] and "--snapshot-every" in err[0]
     assert not (tmp_path / "figs").exists()
+
+
+def test_train_steps_trains_and_reads_a_short_run_of_the_shipped_config(tmp_path):
+    tj.main(["--train-steps", "8", "--snapshot-every", "4", "--n-contexts", "16", "--out", str(tmp_path / "figs")])
+    r = json.loads((tmp_path / "figs" / "trajectory.json").read_text())["results"]
+    assert [s["step"] for s in r["snapshots"]] == [4, 8] and r["plateau"] == "uniform-parent"
