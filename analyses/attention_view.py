@@ -27,7 +27,7 @@ import torch
 
 from analyses import common
 from models import cli
-from models.io import atomic_write, write_json
+from models.io import write_json, write_set
 
 NAME = "attention_view"
 MAX_CELLS = 5_000_000  # numbers in the page's views: about 40 MB of HTML
@@ -273,10 +273,16 @@ def main(argv: list[str] | None = None) -> dict:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     page = render_html(result, f"Attention of {subject.name}, context {args.context} (seed {args.seed})")
-    atomic_write(out / "attention_view.html", lambda tmp: tmp.write_text(page, encoding="utf-8"))
-    write_json(out / f"{NAME}.json", common.json_record(args, subject, result))
+    written = write_set(  # the page and its numbers as one set: both new, or both as they were
+        out,
+        NAME,
+        {
+            "attention_view.html": lambda path: path.write_text(page, encoding="utf-8"),
+            f"{NAME}.json": lambda path: write_json(path, common.json_record(args, subject, result)),
+        },
+    )
     print(summary(result))
-    common.report_written([out / "attention_view.html", out / f"{NAME}.json"])
+    common.report_written(written)
     return result
 
 

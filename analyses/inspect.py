@@ -35,15 +35,25 @@ the candidates, BMA with no demonstration: the plateau at initialisation). Verdi
 - Heads named by what they read in the sequence (``sequence_heads``; ``probes.roles.sequence_scores``):
   previous-token heads and induction heads (in-context Markov chains), heads on the parent of the query's
   own token (a fixed graph).
+- THROUGH WHICH INPUT each head of the last layer acts (``input_costs``): the metric's change when every
+  edge into its query, key or value input (every sender, every position: per-input path patching of
+  ``models.circuit``) carries the corrupted run's value, and each input's share of their sum, with
+  standard errors. A carrier whose value input takes at least 0.8 of it, its attention nearly content-free,
+  is named for the mechanism: EVIDENCE POOLED THROUGH THE VALUES AT FIXED POSITIONS; one whose query and
+  key inputs take at least half SELECTS THROUGH ITS KEYS/QUERIES (the paper's parent selector does).
+The report links to the discovered circuit (``python -m analyses.circuit``), whose edges are the
+mechanism; ``inspect``'s head names are its summary.
 """
 
 from __future__ import annotations
+
+import json
 
 import torch
 from tqdm.auto import tqdm
 
 from analyses import common
-from models.circuit import per_context_nll, ratio_se
+from models.circuit import INPUTS, Runner, build_graph, mean_se, per_context_nll, ratio_se, sender_writes
 from models.interventions import ablate, corrupted_contexts, head_ablation, head_outputs, hooks, patch_heads
 from models.standard import uniform_parent_predictive
 from models.subject import head_label
@@ -79,6 +89,10 @@ MIN_PATCH_EFFECT = 0.005  # nats between clean and corrupted runs for patching t
 CARRY_FRACTION = 0.1  # a carrying head's ablation costs this share of the gain over the plateau (or its
 # patching restores this share of the clean-vs-corrupted difference)
 N_DISTRIBUTED = 3  # heads named when no single head reaches the carrying bar
+VALUES_SHARE = 0.8  # a last-layer head whose value input carries this share of its inputs' cost pools
+# evidence through its values (its attention is nearly content-free)
+SELECT_SHARE = 0.5  # ... whose query and key inputs carry this share: it selects through its keys/queries
+POOLING = "evidence pooled through the values at fixed positions"
 
 
 def head_attention_stats(rows, parents, posterior, n_examples: int, seq_len: int) -> dict:
@@ -235,6 +249,56 @@ def interventions(subject, tokens, corrupted) -> dict:
     }
 
 
+@torch.no_grad()
+def input_costs(subject, tokens, corrupted) -> dict | None:
+    """Per head of the last layer, ``{q, k, v: cost, se, share, share_se}`` and ``through``: the NLL change
+    when every edge into that input carries its value on ``corrupted`` (``models.circuit``, exact), its share
+    of the three inputs' summed cost (``cost``), with standard errors over the contexts; ``through`` is
+    ``values``, ``keys/queries`` or None (no verdict: that sum within two standard errors of zero, or
+    neither share reached). None when the model lacks a hook the circuit graph needs."""
+    try:
+        graph = build_graph(subject)
+    except ValueError:
+        return None
+    runner = Runner(subject, graph, tokens, sender_writes(subject, graph, corrupted)[0])
+    last = subject.n_layers - 1
+    out = {}
+    for j in range(subject.n_heads[last]):
+        label = head_label(last, j)
+        costs = {x: runner.run_values([e for e in graph.edges if (e.receiver, e.input) == (label, x)])
+                 - runner.clean_values for x in INPUTS}  # fmt: skip
+        total = sum(costs.values())
+        if not total.abs().max() > 0:  # nothing the corruption changes reaches it
+            out[label] = {**{x: {"cost": 0.0, "se": 0.0, "share": None, "share_se": None} for x in INPUTS},
+                          "through": None}  # fmt: skip
+            continue
+        head = {}
+        for x, c in costs.items():
+            cost, se = mean_se(c)
+            share, share_se = ratio_se(c, total)
+            head[x] = {"cost": cost, "se": se, "share": share, "share_se": share_se}
+        selecting = head["q"]["share"] + head["k"]["share"]
+        cost, se = mean_se(total)
+        head["cost"], head["se"] = cost, se
+        head["through"] = (  # no verdict for a cost within two standard errors of zero
+            None if cost <= 2 * se
+            else "values" if head["v"]["share"] >= VALUES_SHARE
+            else "keys/queries" if selecting >= SELECT_SHARE
+            else None
+        )  # fmt: skip
+        out[label] = head
+    return out
+
+
+def through_words(label: str, inputs: dict) -> str:
+    """``L1H0: v 0.99 +- 0.01, k 0.00 +- 0.00, q 0.00 +- 0.00 of its inputs' cost (0.153 +- 0.010 nats)``."""
+    h = inputs[label]
+    if h["v"]["share"] is None:
+        return f"{label}: no cost (nothing the corruption changes reaches its inputs)"
+    shares = ", ".join(f"{x} {h[x]['share']:.2f} +- {h[x]['share_se']:.2f}" for x in ("v", "k", "q"))
+    return f"{label}: {shares} of its inputs' cost ({h['cost']:.3f} +- {h['se']:.3f} nats)"
+
+
 def corrupt(task, tokens, seed: int):
     """Same target sequence, demonstrations from a fresh tree (the corrupted run of issue 3)."""
     return corrupted_contexts(task, tokens, torch.Generator().manual_seed(seed + 7919))[0]
@@ -288,6 +352,10 @@ def inspect_subject(subject, n_contexts: int = 512, seed: int = 0, batch: int = 
         "interventions": inter["interventions"],
         **verdict(nll, base, per_head, inter),
     }
+    out["inputs"] = input_costs(subject, tokens[:n_int], corrupt(task, tokens[:n_int], seed))
+    for c in out["carriers"] if out["inputs"] else []:
+        if out["inputs"].get(c, {}).get("through") == "values" and c not in out["parent_selecting"]:
+            out["roles"][c] = f"{POOLING} ({out['roles'][c]})"
     for h in per_head:
         h["role"] = out["roles"][h["label"]]
     out["sequence_heads"] = sequence_heads(per_head)
@@ -444,9 +512,33 @@ def summary(r: dict) -> str:
             f"sufficiency of the {name.replace('_', ' ')} ({', '.join(suff['heads'])}): every other head mean-ablated "
             f"keeps {suff['share']:.3f} +- {suff['se']:.3f} of the progress ({suff['contexts']} contexts)"
         )
+    if r.get("inputs"):
+        lines.append(
+            "through which input each last-layer head acts (every edge into it patched from the corrupted run, "
+            f"{r['intervention_contexts']} contexts):"
+        )
+        for label, h in r["inputs"].items():
+            verdict_ = {"values": POOLING, "keys/queries": "selects through its keys/queries"}.get(h["through"], "")
+            lines.append(f"  {through_words(label, r['inputs'])}{'  -> ' + verdict_ if verdict_ else ''}")
     lines += sequence_text(r)
-    lines.append("the edges between these heads: python -m analyses.circuit (figures/circuit_graph.png)")
+    link = r.get("circuit_link")
+    if link:
+        lines.append(f"the discovered circuit (the edges between these heads): {link['json']} ({link['command']})")
     return "\n".join(lines)
+
+
+def circuit_link(checkpoint: str | None, digest: str) -> dict:
+    """Where ``analyses.circuit`` writes (or, for the shipped standard GPT-2, has written) this model's
+    circuit: the committed ``figures/circuit.json`` when its checkpoint hash is this model's, else the
+    folder ``python -m analyses.circuit --checkpoint X`` writes by default."""
+    command = "python -m analyses.circuit" + ("" if checkpoint is None else f" --checkpoint {checkpoint}")
+    committed = common.FIGURES_DIR / "circuit.json"
+    try:
+        if json.loads(committed.read_text()).get("checkpoint_hash") == digest:
+            return {"command": command, "json": "figures/circuit.json"}
+    except (OSError, ValueError):
+        pass
+    return {"command": command, "json": str(common.default_out(checkpoint) / "circuit.json")}
 
 
 def _pair(v: list[float]) -> str:
@@ -599,7 +691,9 @@ def _roles_figure(r: dict, n: int):
 
 
 def compute(subject, args) -> dict:
-    return inspect_subject(subject, args.n_contexts, args.seed)
+    r = inspect_subject(subject, args.n_contexts, args.seed)
+    r["circuit_link"] = circuit_link(getattr(args, "checkpoint", None), subject.hash)
+    return r
 
 
 REQUIRES = frozenset({common.BAYES_TASK})  # what it needs of its subject

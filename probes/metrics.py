@@ -64,6 +64,8 @@ def copy_mass(pattern: Float[Tensor, "K H T"], n_examples: int) -> Float[Tensor,
 
 def head_assignment(pattern: Float[Tensor, "K H T"], n_examples: int) -> tuple[list[int], list[float]]:
     """For each copyer head, the demonstration it attends to most and the mass it puts there."""
+    if n_examples == 0:  # no demonstration to copy: every head reads the target's prefix
+        return [-1] * pattern.shape[0], [0.0] * pattern.shape[0]
     mass = demonstration_mass(pattern, n_examples)[:, :n_examples]
     purity, demo = mass.max(-1)
     return demo.tolist(), purity.tolist()

@@ -63,10 +63,11 @@ def _bounds(low, high, open_low: bool, open_high: bool) -> str:
     return "(any)"
 
 
-def check_sizes(d_vocab, n_examples, seq_len, where: str = "task") -> tuple[int, int, int]:
-    """d, L, H as ints within the stated bounds (``MAX_*``), the context length (L+1) H included."""
+def check_sizes(d_vocab, n_examples, seq_len, where: str = "task", min_examples: int = 1) -> tuple[int, int, int]:
+    """d, L, H as ints within the stated bounds (``MAX_*``), the context length (L+1) H included. Our task
+    needs a demonstration; the family's (``probes.graph_task``) may have none (``min_examples=0``)."""
     d = check_int(d_vocab, f"{where} d_vocab".strip(), 2, MAX_D_VOCAB)
-    L = check_int(n_examples, f"{where} n_examples".strip(), 1, MAX_N_EXAMPLES)
+    L = check_int(n_examples, f"{where} n_examples".strip(), min_examples, MAX_N_EXAMPLES)
     H = check_int(seq_len, f"{where} seq_len".strip(), 2, MAX_SEQ_LEN)
     if (L + 1) * H > MAX_N_TOKENS:
         raise ValueError(

@@ -11,7 +11,7 @@ import torch
 
 from models import converters
 from models.checkpoint import CONFIG, FORMAT
-from models.io import one_line
+from models.io import listing, one_line
 from models.sources.files import TASK_JSON, Found, Source, as_state_dict, check_fits, no_file_options, read_archive
 from models.sources.task_json import read_task
 
@@ -63,6 +63,24 @@ def _is_int(x) -> bool:
     return isinstance(x, int) and not isinstance(x, bool)
 
 
+def _mismatched(path) -> str:
+    """The tensors of the folder's model.safetensors whose shapes differ from those its config.json
+    builds (on the meta device: nothing allocated), as ``name (file) vs (config)``, cut with a count."""
+    import transformers
+    from safetensors import safe_open
+
+    try:
+        with torch.device("meta"):
+            model = transformers.AutoModelForCausalLM.from_config(transformers.AutoConfig.from_pretrained(str(path)))
+        expected = {k: tuple(v.shape) for k, v in model.state_dict().items()}
+        with safe_open(str(path / "model.safetensors"), "pt") as f:
+            found = {k: tuple(f.get_slice(k).get_shape()) for k in f.keys()}
+    except Exception:  # another weight file, or a config transformers cannot build
+        return "see the shapes of its weights against its config.json"
+    bad = [f"{k} {list(found[k])} vs {list(expected[k])}" for k in found if found[k] != expected.get(k, found[k])]
+    return listing(bad, 3) if bad else "see the shapes of its weights against its config.json"
+
+
 def _boot(path, device: str):
     import transformers
     from transformer_lens import TransformerBridge
@@ -75,6 +93,8 @@ def _boot(path, device: str):
     try:
         return TransformerBridge.boot_transformers(str(path), device=device)
     except Exception as e:  # missing/corrupt weights, unsupported architecture, ...
+        if "ignore_mismatched_sizes" in str(e):  # transformers names the tensors in a report it does not show
+            raise ValueError(f"{path}: weights of other shapes than its config.json says: {_mismatched(path)}") from None
         raise ValueError(f"{path} could not be loaded as a Hugging Face model ({one_line(e)[:200]})") from None
     finally:
         transformers.logging.set_verbosity(verbosity)

@@ -26,7 +26,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from models.io import read_json
+from models.io import listing, read_json
 
 DEFAULTS = "default"  # reserved key-map key: constants for tensors the file lacks
 ENTRY_FIELDS = ("to", "transpose", "reshape", "pad", "place")
@@ -112,7 +112,7 @@ def apply_key_map(
     entries = {k: v for k, v in spec.items() if k != DEFAULTS}
     absent = sorted(set(entries) - set(state))
     if absent:
-        raise ValueError(f"key map names {', '.join(absent)}, not in the file (it has {', '.join(sorted(state))})")
+        raise ValueError(f"key map names {listing(absent)}, not in the file (it has {listing(sorted(state))})")
     out: dict[str, Tensor] = {}
     for key, value in state.items():
         entry = entries.get(key)
