@@ -27,7 +27,7 @@ import torch
 
 from analyses import common
 from models import cli
-from models.io import write_json, write_set
+from models.io import check_memory, write_json, write_set
 
 NAME = "attention_view"
 MAX_CELLS = 5_000_000  # numbers in the page's views: about 40 MB of HTML
@@ -69,7 +69,9 @@ def layer_view(pattern: torch.Tensor, query_labels: list[str], key_labels: list[
 def compute(subject, args) -> dict:
     """The patterns of context ``--context`` of those sampled with ``--seed``, with their labels."""
     task = subject.task
-    tokens, parents = common.sample_contexts(task, args.context + 1, args.seed)
+    n = args.context + 1  # the contexts and their sampling buffers (int64), as cli.forward_bytes counts them
+    check_memory(3 * n * task.n_tokens * 8, f"--context {args.context} (samples {n} contexts of {task.n_tokens} tokens)")
+    tokens, parents = common.sample_contexts(task, n, args.seed)
     tokens, parents = tokens[args.context :], parents[args.context]
     with torch.no_grad():
         layers = subject.attention(tokens.to(getattr(subject.model.cfg, "device", "cpu")))

@@ -20,7 +20,7 @@ from models import cli
 from models.causal_transformer import CausalTransformer
 from models.continuous import bma_nll, gaussian_nll
 from models.io import write_json
-from models.subject import DisentangledSubject
+from models.subject import DisentangledSubject, check_finite
 from probes import head_assignment, mean_tv, parent_accuracy, target_nll
 from probes.continuous import ContinuousTask, gaussian_bma_posterior, predictive_mean, target_mse
 from probes.metrics import parent_set_accuracy
@@ -35,6 +35,7 @@ def output_and_pattern(model: CausalTransformer, inputs) -> tuple[Tensor, Float[
     model.eval()
     out, cache = model.run_with_cache(inputs, names_filter="blocks.1.attn.hook_pattern")
     model.train(was_training)
+    check_finite(out, "the model")
     return out, cache["blocks.1.attn.hook_pattern"][:, 0].double().cpu()
 
 

@@ -8,7 +8,9 @@ import contextlib
 import errno
 import fcntl
 import json
+import math
 import os
+import resource
 import select
 import shutil
 import stat
@@ -19,6 +21,7 @@ from pathlib import Path
 
 MEMORY_FRACTION = 0.8  # refuse work whose estimated memory exceeds this share of the available memory
 MAX_JSON_BYTES = 256 * 2**20  # config, task and key-map files are small; refuse to parse more
+MAX_TENSORS = 20_000  # refuse to build a model of more tensors (work, whatever their sizes): 10x the largest LLMs
 
 
 def atomic_write(path: str | Path, write) -> None:
@@ -201,32 +204,97 @@ def _alive(pid: int) -> bool:
     return True
 
 
-def available_memory() -> int:
-    """Bytes of memory available to a new allocation (``MemAvailable``; physical memory if unknown)."""
+def memory_limit(device: str | None = None) -> tuple[int, str]:
+    """(bytes a new allocation on ``device`` may take, what bounds it). A CUDA device: its free memory
+    (``torch.cuda.mem_get_info``). The CPU: the least of the memory the system has free
+    (``MemAvailable``; physical memory if unknown), what this process's address-space limit leaves
+    (``ulimit -v``, ``RLIMIT_AS``, less the address space already mapped) and what its cgroup leaves
+    (``_cgroup_left``)."""
+    if isinstance(device, str) and device.startswith("cuda"):
+        import torch
+
+        with contextlib.suppress(RuntimeError, AssertionError, ValueError):
+            return torch.cuda.mem_get_info(torch.device(device))[0], f"the free memory of {device}"
+    limits = [(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"), "the physical memory")]
     with contextlib.suppress(OSError, ValueError):
         for line in Path("/proc/meminfo").read_text().splitlines():
             if line.startswith("MemAvailable:"):
-                return int(line.split()[1]) * 1024
-    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+                limits = [(int(line.split()[1]) * 1024, "the memory free (MemAvailable)")]
+    with contextlib.suppress(OSError, ValueError):
+        soft = resource.getrlimit(resource.RLIMIT_AS)[0]
+        if soft != resource.RLIM_INFINITY:
+            mapped = next(
+                int(line.split()[1]) * 1024
+                for line in Path("/proc/self/status").read_text().splitlines()
+                if line.startswith("VmSize:")
+            )
+            limits.append((max(soft - mapped, 0), "what the address-space limit (ulimit -v) leaves"))
+    left = _cgroup_left()
+    if left is not None:
+        limits.append((left, "what the cgroup's memory limit leaves"))
+    return min(limits)
+
+
+def _cgroup_left() -> int | None:
+    """Bytes this process's cgroup may still take (v2 ``memory.max - memory.current``, v1
+    ``memory.limit_in_bytes - memory.usage_in_bytes``), or None without a limit."""
+    with contextlib.suppress(OSError, ValueError, StopIteration):
+        v2 = Path("/sys/fs/cgroup") / next(
+            line.split("::", 1)[1].strip().lstrip("/")
+            for line in Path("/proc/self/cgroup").read_text().splitlines()
+            if line.startswith("0::")
+        )
+        if (v2 / "memory.max").is_file():
+            limit = (v2 / "memory.max").read_text().strip()
+            return None if limit == "max" else max(int(limit) - int((v2 / "memory.current").read_text()), 0)
+    with contextlib.suppress(OSError, ValueError):
+        v1 = Path("/sys/fs/cgroup/memory")
+        limit = int((v1 / "memory.limit_in_bytes").read_text())
+        if limit < 2**62:  # no limit reads as the largest page-aligned int64
+            return max(limit - int((v1 / "memory.usage_in_bytes").read_text()), 0)
+    return None
+
+
+def available_memory() -> int:
+    """Bytes of memory available to a new allocation (``memory_limit``)."""
+    return memory_limit()[0]
 
 
 def size(n: float) -> str:
     """``n`` bytes, human readable."""
-    for unit in ("B", "KB", "MB", "GB", "TB"):
-        if abs(n) < 1000 or unit == "TB":
+    for unit in ("B", "KB", "MB", "GB", "TB", "PB"):
+        if abs(n) < 1000:
             return f"{n:.1f} {unit}" if unit != "B" else f"{int(n)} B"
         n /= 1000
-    return f"{n:.1f} PB"
+    return f"{n:.3g} PB"
 
 
-def check_memory(needed: float, what: str) -> None:
-    """One-line ``ValueError`` if ``needed`` bytes exceed ``MEMORY_FRACTION`` of the available memory."""
-    bound = MEMORY_FRACTION * available_memory()
+def check_memory(needed: float, what: str, device: str | None = None) -> None:
+    """One-line ``ValueError`` if ``needed`` bytes exceed ``MEMORY_FRACTION`` of the available memory
+    on ``device`` (default the CPU; ``memory_limit``): what was asked (``what``), how much it needs, what
+    is available. Every size check of the suite ends here, before the allocation it sizes."""
+    available, source = memory_limit(device)
+    bound = MEMORY_FRACTION * available
     if needed > bound:
         raise ValueError(
             f"{what} would need about {size(needed)}, more than the bound of {size(bound)} "
-            f"({MEMORY_FRACTION:.0%} of the memory available); use smaller sizes"
+            f"({MEMORY_FRACTION:.0%} of {size(available)}, {source}); use smaller sizes"
         )
+
+
+def check_tensors(count: float, what: str) -> None:
+    """One-line ``ValueError`` if building a model would make more than ``MAX_TENSORS`` tensors: the work
+    of building (one Python object per tensor) grows with the count even where each tensor is tiny."""
+    if count > MAX_TENSORS:
+        raise ValueError(
+            f"{what} would build about {count:.3g} tensors, more than the bound of {MAX_TENSORS} "
+            f"(the largest published models have a few thousand); use fewer layers"
+        )
+
+
+def tensor_bytes(shape, itemsize: int) -> int:
+    """Bytes of a dense tensor of ``shape`` (integers) and ``itemsize``, by arithmetic (nothing allocated)."""
+    return math.prod(int(n) for n in shape) * itemsize
 
 
 def one_line(e: BaseException | str) -> str:

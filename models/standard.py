@@ -47,6 +47,7 @@ from models.checkpoint import HUGGING_FACE, check_replaceable, write_folder_atom
 from models.io import check_memory, size
 from models.optim import check_finite, cosine_factor
 from models.sources.files import TASK_JSON
+from models.sources.hugging_face import check_size
 from probes import MarkovTreeTask, bma_predictive, check_tokens, target_nll
 from probes.graph_task import SPEC_HELP, GraphTask, make_task
 from probes.oracles import bayes, check_bayes, count_log_predictive, graph_tensor
@@ -174,6 +175,7 @@ def build_gpt2(cfg: StandardConfig, n_tokens: int):
         eos_token_id=0,
         tie_word_embeddings=False,
     )
+    check_size(hf.to_dict(), "the GPT-2 of these flags", cfg.device)  # sized before it is built
     model = GPT2LMHeadModel(hf)
     if cfg.arch == "attn_only":
         for block in model.transformer.h:

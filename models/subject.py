@@ -40,6 +40,21 @@ MARKOV_TASK = "Markov-tree task"  # discrete tokens with a kernel pi (BMA over p
 BAYES_TASK = "task with a Bayes oracle"  # discrete tokens of the family, ours included (probes.oracles)
 
 
+def check_finite(out: Tensor, what: str) -> Tensor:
+    """``out``, the output of a forward pass of the model ``what``, if it holds no NaN and no +Inf (a
+    log-probability of -Inf is a probability of 0, which a model may give); else one ``ValueError``:
+    a NaN would become a NaN metric reported with exit code 0."""
+    bad = torch.isnan(out) | torch.isposinf(out)
+    if bad.any():
+        rows = bad.flatten(1).any(1) if bad.ndim > 1 else bad
+        raise ValueError(
+            f"{what}: the forward pass gave NaN or Inf on {int(rows.sum())} of {len(rows)} contexts "
+            f"({int(bad.sum())} of {bad.numel()} values): its weights or config overflow (e.g. an attn_scale "
+            f"near 0, a huge beta or weights); no metric is computed from it"
+        )
+    return out
+
+
 def head_label(layer: int, head: int) -> str:
     """TransformerLens-style head name, ``L0H3``."""
     return f"L{layer}H{head}"
@@ -104,6 +119,10 @@ class Subject:
         return f"{self.family} model ({self.n_layers} layers, {heads} heads)"
 
     def log_probs(self, tokens: Int[Tensor, "batch n_tokens"], fwd_hooks=()) -> Float[Tensor, "batch H d"]:
+        """The forward pass every analysis reads, checked: a NaN or +Inf is one ``ValueError``, never a metric."""
+        return check_finite(self._log_probs(tokens, fwd_hooks), f"--checkpoint {self.name}")
+
+    def _log_probs(self, tokens, fwd_hooks) -> Float[Tensor, "batch H d"]:
         raise NotImplementedError
 
     def attention(self, tokens: Int[Tensor, "batch n_tokens"], fwd_hooks=()) -> list[LayerAttention]:
@@ -135,7 +154,7 @@ class DisentangledSubject(Subject):
             caps.add(BAYES_TASK)
         self.capabilities = frozenset(caps)
 
-    def log_probs(self, tokens, fwd_hooks=()):
+    def _log_probs(self, tokens, fwd_hooks):
         with self.model.hooks(fwd_hooks=list(fwd_hooks)):
             return self.model(tokens).double()
 
@@ -160,7 +179,7 @@ class StandardSubject(Subject):
         caps = {MARKOV_TASK} if isinstance(task, MarkovTreeTask) else set()
         self.capabilities = frozenset(caps | ({BAYES_TASK} if isinstance(task, MarkovTreeTask | GraphTask) else set()))
 
-    def log_probs(self, tokens, fwd_hooks=()):
+    def _log_probs(self, tokens, fwd_hooks):
         ids = self.layout.encode(tokens).to(self.model.cfg.device)
         with self.model.hooks(fwd_hooks=list(fwd_hooks)):
             logits = self.model(ids)
