@@ -74,6 +74,7 @@ STANDARD_HELP = {
     "weight_decay": "AdamW weight decay",
     "loss_on": "all: every next token, as a language model; target: only the target sequence's tokens",
     "eval_every": "evaluate on held-out contexts every this many steps",
+    "snapshot_every": "if > 0, also keep the model every this many steps under OUT/snapshots/step_XXXXXX/",
     "out": "folder to write the trained model to (a Hugging Face folder with task.json)",
 }
 
@@ -109,12 +110,15 @@ class StandardConfig:
     device: str = "cpu"
     eval_every: int = 500
     eval_contexts: int = 512
+    snapshot_every: int = 0
     out: str = "runs/standard"
 
     def __post_init__(self):
         for name in ("steps", "batch_size", "eval_every", "eval_contexts", "n_layers", "n_heads", "d_model", "d_mlp"):
             if not isinstance(getattr(self, name), int) or getattr(self, name) < 1:
                 raise ValueError(f"{name} must be a positive integer, got {getattr(self, name)!r}")
+        if not isinstance(self.snapshot_every, int) or self.snapshot_every < 0:
+            raise ValueError(f"snapshot_every must be an integer >= 0, got {self.snapshot_every!r}")
         if self.d_model % self.n_heads:
             raise ValueError(f"d_model={self.d_model} must be a multiple of n_heads={self.n_heads}")
         check_float(self.lr, "lr", 0, 10, open_low=True)  # above 10 Adam only diverges
@@ -260,6 +264,8 @@ def train_standard(cfg: StandardConfig, progress: bool = True, save: bool = True
         check_out(cfg.out, overwrite)
     if save and cfg.arch == "attn_only":
         raise ValueError("an attn_only model has no Hugging Face folder; train it with save=False")
+    if cfg.snapshot_every and not save:
+        raise ValueError("snapshot_every needs save=True: snapshots are kept under the run's folder")
     task = cfg.task()
     torch.manual_seed(cfg.seed)
     model = build_gpt2(cfg, task.n_tokens)
@@ -276,6 +282,10 @@ def train_standard(cfg: StandardConfig, progress: bool = True, save: bool = True
     for done in (bar := tqdm(range(1, cfg.steps + 1), disable=not progress, desc="train standard")):
         loss = _loss(model, task.sample(cfg.batch_size, data_gen)[0].to(cfg.device), cfg)
         _descend(loss, opt, sched)
+        if cfg.snapshot_every and done % cfg.snapshot_every == 0:  # as models.train: the run, then the snapshot
+            training = {"config": asdict(cfg), "threads": torch.get_num_threads(), "step": done, "history": history}
+            save_standard(model, cfg.out, task, training, overwrite=True)  # out is ours from here (checked above)
+            save_standard(model, Path(cfg.out) / "snapshots" / f"step_{done:06d}", task, training)
         if done % cfg.eval_every == 0 or done == cfg.steps:
             check_finite(model, loss.item(), done)  # no NaN model is ever saved
             m = {
@@ -290,7 +300,7 @@ def train_standard(cfg: StandardConfig, progress: bool = True, save: bool = True
     model.eval()
     if save:
         training = {"config": asdict(cfg), "threads": torch.get_num_threads(), "history": history}
-        save_standard(model, cfg.out, task, training, overwrite=overwrite)
+        save_standard(model, cfg.out, task, training, overwrite=overwrite or cfg.snapshot_every > 0)
     return model, history
 
 

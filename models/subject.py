@@ -30,12 +30,14 @@ from torch import Tensor
 from models.causal_transformer import CausalTransformer
 from models.sources import resolve, theorem1
 from probes import MarkovTreeTask
+from probes.graph_task import GraphTask
 from probes.layout import Layout
 
 # Capabilities a family may have beyond the common interface.
 DISENTANGLED = "disentangled residual"  # [x_h, u_h^1..u_h^K] subspaces, blocks.1 bilinear W_KQ / W_OV
 CONTENT_FREE_COPYERS = "content-free copyer layer"  # blocks.0 pattern is the same for every context
 MARKOV_TASK = "Markov-tree task"  # discrete tokens with a kernel pi (BMA over parents applies)
+BAYES_TASK = "task with a Bayes oracle"  # discrete tokens of the family, ours included (probes.oracles)
 
 
 def check_finite(out: Tensor, what: str) -> Tensor:
@@ -75,9 +77,12 @@ class LayerAttention:
         rows = torch.full((H,), -1, dtype=torch.long)
         is_target = self.query_predicts[:, 0] == L
         rows[self.query_predicts[is_target, 1]] = torch.nonzero(is_target).flatten()
-        if (rows < 0).any():
-            raise ValueError(f"this layer has no query predicting target positions {torch.nonzero(rows < 0).flatten().tolist()}")
-        picked = self.pattern[:, :, rows.to(self.pattern.device)].double()
+        if (rows[1:] < 0).any():  # x_0 may have none (a lone target without BOS): it has no parent to attend to
+            raise ValueError(
+                f"this layer has no query predicting target positions {torch.nonzero(rows < 0).flatten().tolist()}"
+            )
+        picked = self.pattern[:, :, rows.clamp_min(0).to(self.pattern.device)].double()
+        picked[:, :, rows < 0] = 0
         keep = self.key_token[:, 0] >= 0
         flat = self.key_token[keep, 0] * H + self.key_token[keep, 1]
         out = picked.new_zeros(*picked.shape[:3], (L + 1) * H)
@@ -145,6 +150,8 @@ class DisentangledSubject(Subject):
         caps = {DISENTANGLED, CONTENT_FREE_COPYERS}
         if isinstance(task, MarkovTreeTask):
             caps.add(MARKOV_TASK)
+        if isinstance(task, MarkovTreeTask | GraphTask):
+            caps.add(BAYES_TASK)
         self.capabilities = frozenset(caps)
 
     def _log_probs(self, tokens, fwd_hooks):
@@ -169,7 +176,8 @@ class StandardSubject(Subject):
     def __init__(self, model, task, layout: Layout, name: str, digest: str):
         super().__init__(model, task, layout, name, digest)
         self.n_heads = [model.cfg.n_heads] * model.cfg.n_layers
-        self.capabilities = frozenset({MARKOV_TASK} if isinstance(task, MarkovTreeTask) else ())
+        caps = {MARKOV_TASK} if isinstance(task, MarkovTreeTask) else set()
+        self.capabilities = frozenset(caps | ({BAYES_TASK} if isinstance(task, MarkovTreeTask | GraphTask) else set()))
 
     def _log_probs(self, tokens, fwd_hooks):
         ids = self.layout.encode(tokens).to(self.model.cfg.device)
