@@ -325,6 +325,22 @@ def _recover(path: Path) -> None:
         shutil.rmtree(old)
 
 
+SNAPSHOTS = "snapshots"  # a run's snapshots/step_XXXXXX/ folders (models.train, models.standard)
+
+
+def snapshot_folder(out: str | Path, step: int) -> Path:
+    """Where a run at ``out`` keeps its snapshot of step ``step``."""
+    return Path(out) / SNAPSHOTS / f"step_{step:06d}"
+
+
+def clear_snapshots(out: str | Path) -> None:
+    """A run started afresh over ``out`` (``--overwrite``, not resumed) replaces the old run's snapshots
+    too: kept, they would mix into the new run's trajectory (``analyses.trajectory``)."""
+    folder = Path(out) / SNAPSHOTS
+    if folder.is_dir():
+        shutil.rmtree(folder)
+
+
 def recover(path: str | Path) -> None:
     """Restore ``path`` after a write to it was killed part-way, and remove the write's leftovers."""
     path = Path(path)

@@ -43,7 +43,7 @@ from torch import Tensor, nn
 from tqdm.auto import tqdm
 
 from models import cli
-from models.checkpoint import HUGGING_FACE, check_replaceable, write_folder_atomically
+from models.checkpoint import HUGGING_FACE, check_replaceable, clear_snapshots, snapshot_folder, write_folder_atomically
 from models.io import check_memory, size
 from models.optim import check_finite, cosine_factor
 from models.sources.files import TASK_JSON
@@ -262,6 +262,7 @@ def train_standard(cfg: StandardConfig, progress: bool = True, save: bool = True
     replace a non-empty folder unless ``overwrite``). Runs on torch's current thread count."""
     if save:
         check_out(cfg.out, overwrite)
+        clear_snapshots(cfg.out)  # only reached over an empty folder or with overwrite
     if save and cfg.arch == "attn_only":
         raise ValueError("an attn_only model has no Hugging Face folder; train it with save=False")
     if cfg.snapshot_every and not save:
@@ -285,7 +286,7 @@ def train_standard(cfg: StandardConfig, progress: bool = True, save: bool = True
         if cfg.snapshot_every and done % cfg.snapshot_every == 0:  # as models.train: the run, then the snapshot
             training = {"config": asdict(cfg), "threads": torch.get_num_threads(), "step": done, "history": history}
             save_standard(model, cfg.out, task, training, overwrite=True)  # out is ours from here (checked above)
-            save_standard(model, Path(cfg.out) / "snapshots" / f"step_{done:06d}", task, training)
+            save_standard(model, snapshot_folder(cfg.out, done), task, training)
         if done % cfg.eval_every == 0 or done == cfg.steps:
             check_finite(model, loss.item(), done)  # no NaN model is ever saved
             m = {

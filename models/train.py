@@ -58,7 +58,7 @@ TRAIN_HELP = {
     "snapshot_every": "if > 0, also keep a checkpoint every this many steps under OUT/snapshots/",
     "out": "checkpoint folder to write",
     "resume": "continue from the training state in --out (an error if it has none)",
-    "overwrite": "replace a checkpoint already at --out (otherwise refused)",
+    "overwrite": "replace a checkpoint already at --out, and its snapshots/ (otherwise refused)",
     "compile": "torch.compile the training forward: minutes to compile, then faster steps",
 }
 
@@ -313,6 +313,8 @@ def _train_locked(cfg: TrainConfig, progress: bool, place: distributed.Rank, dev
     resume = check_start(cfg, out) if place.is_main else cfg.resume and (out / TRAIN_STATE).is_file()
     if resume:
         check_resumable(out, cfg)
+    elif place.is_main:
+        checkpoint.clear_snapshots(out)
     task = cfg.task()
     torch.manual_seed(cfg.seed)
     init_gen = torch.Generator().manual_seed(cfg.seed)
@@ -373,7 +375,7 @@ def _train_locked(cfg: TrainConfig, progress: bool, place: distributed.Rank, dev
                 tqdm.write(_describe(m))
         _save(model, task, cfg, history, opt, sched, data_gen, done, out)  # resumable from here (snapshots inside)
         if snapshot:
-            _save(model, task, cfg, history, None, None, None, done, out / "snapshots" / f"step_{done:06d}")
+            _save(model, task, cfg, history, None, None, None, done, checkpoint.snapshot_folder(out, done))
     bar.close()
     return model.eval(), history
 

@@ -4,6 +4,7 @@ per-snapshot number equal to the one computed from that snapshot loaded directly
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 
@@ -164,3 +165,20 @@ def test_train_steps_trains_and_reads_a_short_run_of_the_shipped_config(tmp_path
     tj.main(["--train-steps", "8", "--snapshot-every", "4", "--n-contexts", "16", "--out", str(tmp_path / "figs")])
     r = json.loads((tmp_path / "figs" / "trajectory.json").read_text())["results"]
     assert [s["step"] for s in r["snapshots"]] == [4, 8] and r["plateau"] == "uniform-parent"
+
+
+def test_a_run_started_afresh_with_overwrite_replaces_the_old_runs_snapshots(tmp_path):
+    """Snapshots of a longer earlier run must not mix into the new run's trajectory (both trainers)."""
+    long = tiny_train_config(tmp_path, n_examples=2, seq_len=4, steps=12, snapshot_every=4, eval_every=12)
+    train(long, progress=False)
+    names = lambda folder: sorted(p.name for p in (folder / "snapshots").iterdir())  # noqa: E731
+    assert names(tmp_path / "run") == ["step_000004", "step_000008", "step_000012"]
+    train(dataclasses.replace(long, steps=6, snapshot_every=3, eval_every=6, overwrite=True), progress=False)
+    assert names(tmp_path / "run") == ["step_000003", "step_000006"]
+
+    std = StandardConfig(d_vocab=3, n_examples=2, seq_len=3, n_heads=2, d_model=8, d_mlp=16, steps=6, batch_size=8,
+                         eval_every=6, eval_contexts=16, snapshot_every=2, out=str(tmp_path / "std"))  # fmt: skip
+    train_standard(std, progress=False)
+    assert names(tmp_path / "std") == ["step_000002", "step_000004", "step_000006"]
+    train_standard(dataclasses.replace(std, steps=3, snapshot_every=3, eval_every=3), progress=False, overwrite=True)
+    assert names(tmp_path / "std") == ["step_000003"]
