@@ -155,10 +155,9 @@ class _Zero(nn.Module):
         return torch.zeros_like(x)
 
 
-def build_gpt2(cfg: StandardConfig, n_tokens: int):
-    """An untrained ``GPT2LMHeadModel`` (no dropout) with ``cfg.d_vocab`` tokens and n_tokens positions.
-    For ``cfg.arch == 'attn_only'`` its LayerNorms are the identity and its MLPs add zero."""
-    from transformers import GPT2Config, GPT2LMHeadModel  # heavy; only when a model is built
+def gpt2_config(cfg: StandardConfig, n_tokens: int):
+    """The ``GPT2Config`` of these flags (no dropout), sized (``check_size``) before anything is built."""
+    from transformers import GPT2Config  # heavy; only when a model is sized or built
 
     hf = GPT2Config(
         vocab_size=cfg.d_vocab,
@@ -175,7 +174,16 @@ def build_gpt2(cfg: StandardConfig, n_tokens: int):
         eos_token_id=0,
         tie_word_embeddings=False,
     )
-    check_size(hf.to_dict(), "the GPT-2 of these flags", cfg.device)  # sized before it is built
+    check_size(hf.to_dict(), "the GPT-2 of these flags", cfg.device)
+    return hf
+
+
+def build_gpt2(cfg: StandardConfig, n_tokens: int):
+    """An untrained ``GPT2LMHeadModel`` (no dropout) with ``cfg.d_vocab`` tokens and n_tokens positions.
+    For ``cfg.arch == 'attn_only'`` its LayerNorms are the identity and its MLPs add zero."""
+    from transformers import GPT2LMHeadModel
+
+    hf = gpt2_config(cfg, n_tokens)
     model = GPT2LMHeadModel(hf)
     if cfg.arch == "attn_only":
         for block in model.transformer.h:
@@ -376,6 +384,7 @@ def check_resources(cfg: StandardConfig) -> None:
     is built: float32 weights, gradients and AdamW's two moments, and per context the activations kept for
     the backward pass (each block's residual, attention and MLP widths, and its heads' score matrices)."""
     task = cfg.task()
+    gpt2_config(cfg, task.n_tokens)  # the model itself first: a message naming its size, not the batch's
     t, d, v = task.n_tokens, cfg.d_model, cfg.d_vocab
     params = 2 * v * d + t * d + cfg.n_layers * (4 * d * d + 2 * d * cfg.d_mlp + 10 * d + cfg.d_mlp)
     per = 4 * t * (cfg.n_layers * (10 * d + 2 * cfg.d_mlp + 3 * cfg.n_heads * t) + 3 * v)
