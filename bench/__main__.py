@@ -2,13 +2,14 @@
 
     python -m bench                       # every row (about 3 minutes on 2 cores, plus the figures)
     python -m bench --quick               # small sizes, one repeat: a smoke run in seconds
-    python -m bench --only step cache     # a subset: step cache bma memory train figures circuit
+    python -m bench --only step cache     # a subset: step cache bma memory train large figures circuit
     python -m bench --device cuda         # time on the GPU (memory row: torch.cuda peak allocation)
 
 Rows: a training step of our model against ``bench.reference`` (the full ((L+1)H)^2 copyer score
 matrix per head) at three sizes; ``run_with_cache`` against a plain forward; the vectorised BMA
 posterior against a per-context loop; the peak memory of a cached forward at L=K=64, H=32, batch 256;
-training steps per second at the default config; the time to regenerate every paper figure; exact edge
+training steps per second at the default config; the large preset's time to the training targets against
+the recipe it replaced; the time to regenerate every paper figure; exact edge
 patching against EAP and EAP-IG on the shipped standard GPT-2 (time, and the Spearman rank correlation of
 their edge scores with the exact ones). Each
 time is the median of a few repeats after a warm-up. It measures; it asserts nothing about speed.
@@ -17,6 +18,7 @@ time is the median of a few repeats after a warm-up. It measures; it asserts not
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import datetime
 import json
 import os
@@ -31,14 +33,14 @@ from pathlib import Path
 import torch
 
 from bench.reference import bma_posterior_loop, reference_model
-from models import CausalTransformer, load_subject
+from models import CausalTransformer, causal_transformer, load_subject
 from models.circuit import Runner, build_graph, sender_writes
 from models.interventions import corrupted_contexts
 from models.io import write_json
-from models.train import TrainConfig, init_copyers, step_loss, train
+from models.train import PRESETS, TrainConfig, init_copyers, step_loss, train
 from probes import bma_posterior
 
-ROWS = ("step", "cache", "bma", "memory", "train", "figures", "circuit")
+ROWS = ("step", "cache", "bma", "memory", "train", "large", "figures", "circuit")
 # (name, d, L = K, H, batch): the reference's full score matrix outgrows the default batch at scale.
 SIZES = [("small", 5, 10, 12, 256), ("medium", 10, 32, 24, 64), ("large", 20, 64, 32, 8)]
 MEMORY_SIZE = (20, 64, 32, 256)  # d, L = K, H, batch of the cached forward
@@ -269,6 +271,60 @@ def train_row(device: str, steps: int) -> dict:
     }
 
 
+# The large preset before (dense copies, float32, 3000 steps) and now, and where their histories are recorded.
+SCALE_HISTORIES = ROOT / "figures" / "scale_histories.json"
+LARGE_BEFORE = "large: scale init, copyer lr x0.3 = --preset large"
+LARGE_NOW = "large: --preset large (factored copies, bf16 autocast, 2000 steps)"
+BEFORE_FIELDS = {"steps": 3000, "autocast": False}  # the preset's fields that changed, as they were
+
+
+def steps_to_targets(history: list[dict], gap: float = 0.01, tv: float = 0.05) -> int | None:
+    """The first evaluated step with the NLL gap to BMA <= ``gap`` and the mean TV <= ``tv``."""
+    return next((m["step"] for m in history if m["nll_gap"] <= gap and m["tv_to_bma"] <= tv), None)
+
+
+def _step_seconds(fields: dict, dense: bool, steps: int, device: str) -> float:
+    """Seconds a step of ``models.train.train`` at the large preset with ``fields`` over it (one 16-context
+    evaluation and a checkpoint write included); ``dense``: the copies through the full pattern, as before."""
+    saved = causal_transformer.FACTOR_ABOVE
+    causal_transformer.FACTOR_ABOVE = float("inf") if dense else saved
+    try:
+        with tempfile.TemporaryDirectory() as tmp:
+            cfg = TrainConfig(**{**PRESETS["large"], **fields, "steps": steps, "eval_every": steps})
+            cfg = dataclasses.replace(cfg, eval_contexts=16, device=device, out=tmp)
+            _, history = train(cfg, progress=False)
+    finally:
+        causal_transformer.FACTOR_ABOVE = saved
+    return history[-1]["seconds"] / steps
+
+
+def large_row(device: str, steps: int, repeat: int) -> dict:
+    """The large preset's time to the targets (gap <= 0.01, TV <= 0.05), before and now: the seconds a step
+    of each measured here side by side (alternating, median of ``repeat``, on ``steps`` steps: a shortened
+    run), times the steps each recorded run took to the targets (figures/scale_histories.json)."""
+    histories = json.loads(SCALE_HISTORIES.read_text())
+    row = {"row": "large preset, time to the targets (d=20, L=K=64, H=32, batch 256)", "baseline": "before"}
+    if LARGE_NOW not in histories:
+        return {**row, "ours_s": None, "baseline_s": None, "ratio": None, "note": f"skipped: no {LARGE_NOW!r} run"}
+    n_before = steps_to_targets(histories[LARGE_BEFORE]["history"])
+    n_now = steps_to_targets(histories[LARGE_NOW]["history"])
+    timed = {"before": [], "now": []}
+    for _ in range(repeat):
+        timed["before"].append(_step_seconds(BEFORE_FIELDS, True, steps, device))
+        timed["now"].append(_step_seconds({}, False, steps, device))
+    before, now = (statistics.median(timed[k]) for k in ("before", "now"))
+    return {
+        **row,
+        "ours_s": now * n_now,
+        "baseline_s": before * n_before,
+        "ratio": before * n_before / (now * n_now),
+        "note": (
+            f"before: {before:.2f} s a step (dense copies, float32) x {n_before} steps; now: {now:.2f} s a step "
+            f"(factored copies, bf16 autocast) x {n_now} steps; per step {before / now:.1f}x; evaluation excluded"
+        ),
+    }
+
+
 def figures_row() -> dict:
     """Wall time of ``python -m analyses.paper`` into a temporary folder (skipped if it is missing)."""
     row = {
@@ -399,6 +455,8 @@ def main(argv: list[str] | None = None) -> None:
         rows.append(memory_row(args.device))
     if "train" in only:
         rows.append(train_row(args.device, 50 if args.quick else 500))
+    if "large" in only:
+        rows.append(large_row(args.device, 3 if args.quick else 8, 1 if args.quick else 2))
     if "figures" in only:
         rows.append(figures_row())
     if "circuit" in only:
