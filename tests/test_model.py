@@ -107,7 +107,9 @@ def test_factored_copies_match_numpy_and_the_gradients_through_the_pattern(K):
     np.testing.assert_allclose(plain.detach().numpy(), ref["hook_log_probs"], rtol=1e-10, atol=1e-12)
     out, cache = model.run_with_cache(tokens)
     assert torch.equal(out, plain), "caching the copyer pattern changed the output"
-    np.testing.assert_allclose(cache["blocks.0.attn.hook_z"].numpy(), ref["blocks.0.attn.hook_z"], rtol=1e-10, atol=1e-12)
+    np.testing.assert_allclose(
+        cache["blocks.0.attn.hook_z"].numpy(), ref["blocks.0.attn.hook_z"], rtol=1e-10, atol=1e-12
+    )
     attn = model.blocks[0].attn
 
     def copyer_grads():
