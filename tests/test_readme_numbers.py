@@ -355,6 +355,8 @@ UNCHECKED = [
     ("where a large step goes: 1.62 s, 38% / 33% / 29%, 5 ms, 43 ms, 3.0 s, 2%; copies 1.64 s vs 0.55 s (3.0x); "
      "0.097 s vs 0.41 s; 4.19 s vs 2.20 s (1.9x); gradient differences 2.1%, 0.24%, 0.6%, 0.4%, loss 2e-4; load "
      "1.8 to 9", "timings and one-batch comparisons printed by scripts of the session that made them (issue 25)"),
+    ("bench large row: 7.10 s, 13.40 s, 1.9x, load 9.3 / 7.5, 2 x 8 steps", "python -m bench --only large output "
+     "of 2026-12-02, not committed; the README gives the command"),
     ("autocast candidate at step 100: gap 0.2388, TV 0.852; --lr 3e-2 run: 0.2545, 0.2578; step 2300",
      "training runs whose output is not committed (the README gives the commands); 2300 is read from "
      "scale_histories.json by bench.steps_to_targets"),
