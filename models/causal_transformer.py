@@ -42,7 +42,7 @@ RETURN_TYPES = ("log_probs", "loss", None)
 @dataclass
 class CausalTransformerConfig:
     d_vocab: int  # d, vocabulary size (tokens are one-hot)
-    n_examples: int  # L, demonstrations per context
+    n_examples: int  # L, demonstrations per context (0: the target alone; then K must be given)
     seq_len: int  # H, tokens per sequence
     n_copy_heads: int | None = None  # K, copyer heads in blocks.0; None means K = L
     dtype: str = "float32"
@@ -52,12 +52,15 @@ class CausalTransformerConfig:
     use_attn_result: bool = False
 
     def __post_init__(self):
+        if self.n_copy_heads is None and self.n_examples == 0:
+            raise ValueError("config field n_copy_heads must be given when n_examples = 0 (the default is K = L)")
         if self.n_copy_heads is None:
             self.n_copy_heads = self.n_examples
         for name in ("d_vocab", "n_examples", "seq_len", "n_copy_heads"):
             value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-                raise ValueError(f"config field {name} must be a positive integer, got {value!r}")
+            if not isinstance(value, int) or isinstance(value, bool) or value < (name != "n_examples"):
+                kind = "a non-negative" if name == "n_examples" else "a positive"
+                raise ValueError(f"config field {name} must be {kind} integer, got {value!r}")
         if self.d_vocab < 2 or self.seq_len < 2:
             raise ValueError(f"need d_vocab >= 2 and seq_len >= 2, got {self.d_vocab} and {self.seq_len}")
         if not isinstance(self.use_attn_result, bool):
@@ -196,7 +199,8 @@ FACTOR_ABOVE = 4  # CopyerAttention.factored: the work ratio above which the cop
 
 class CopyerAttention(nn.Module):
     """K content-free relative-position heads. Score from target row h to key (example l, position h'):
-    ``w_H[k, h' - h + H - 1] + w_L[k, l]``; target keys h' >= h are masked."""
+    ``w_H[k, h' - h + H - 1] + w_L[k, l]``; target keys h' >= h are masked. With no demonstrations
+    (L = 0) row 0 has no key: its score on key 0 is left finite and its pattern row is zero (no copy)."""
 
     def __init__(self, cfg: CausalTransformerConfig):
         super().__init__()
@@ -213,10 +217,17 @@ class CopyerAttention(nn.Module):
         offsets = torch.arange(H).view(1, H) - torch.arange(H).view(H, 1)  # [h, h'] -> h' - h
         self.register_buffer("offset_index", offsets + H - 1, persistent=False)
         future = torch.ones(H, H, dtype=torch.bool).triu()  # target key h' >= h
+        future[0, 0] = L > 0  # L = 0: a finite score in the keyless row 0, whose pattern is then zeroed
         self.register_buffer("future_mask", future, persistent=False)
+        self.register_buffer("keyed_rows", (torch.arange(H) > 0).view(H, 1).to(**kw), persistent=False)
         # The copies through factored_copies where that saves over FACTOR_ABOVE times the dense work
-        # (medium 10x, large 16x); the default size keeps the dense contraction, its numbers bit for bit.
+        # (medium 10x, large 16x; never at L = 0); the default size keeps the dense contraction, bit for bit.
         self.factored = (L + 1) * H > FACTOR_ABOVE * (L + 2 * H)
+
+    def softmax(self, scores: Float[Tensor, "... H T"]) -> Float[Tensor, "... H T"]:
+        """The pattern from the scores; with L = 0 the keyless row 0 is zero."""
+        pattern = scores.softmax(-1)
+        return pattern if self.cfg.n_examples else pattern * self.keyed_rows
 
     def scores(self) -> Float[Tensor, "K H T"]:
         """The (batch-independent) copyer scores; -inf on target keys h' >= h."""
@@ -259,9 +270,9 @@ class CopyerAttention(nn.Module):
         untouched = scores is broadcast  # no hook replaced the scores
         shared = _unbroadcast(scores, broadcast, base)
         if shared is None:
-            pattern, broadcast = scores.softmax(-1), None
+            pattern, broadcast = self.softmax(scores), None
         else:
-            shared = shared.softmax(-1)
+            shared = self.softmax(shared)
             pattern = broadcast = _shared(shared.expand_as(scores), self.hook_pattern)
         pattern = self.hook_pattern(pattern)
         untouched = self.factored and untouched and pattern is broadcast
@@ -477,7 +488,7 @@ class CausalTransformer(HookedRootModule):
     # Readable views of the mechanism ------------------------------------------------------------
     def copyer_pattern(self) -> Float[Tensor, "K H T"]:
         """The blocks.0 attention pattern (the same for every context)."""
-        return self.blocks[0].attn.scores().softmax(-1)
+        return self.blocks[0].attn.softmax(self.blocks[0].attn.scores())
 
     @property
     def W_KQ(self) -> Float[Tensor, "D D"]:

@@ -61,7 +61,7 @@ FLAG_HELP = {  # --help of the config fields that models.train and models.standa
     "d_vocab": "vocabulary size d of the task",
     "n_examples": "number of demonstrations L in each context",
     "seq_len": "length H of each sequence (demonstrations and target)",
-    "alpha": "Dirichlet concentration of the rows of pi: smaller is sharper",
+    "alpha": "Dirichlet concentration of the kernel's rows (drawn once, or per context for kernel=dirichlet): smaller is sharper",
     "steps": "number of optimisation steps, each on a fresh batch of contexts",
     "batch_size": "contexts per step",
     "device": "torch device to train on, e.g. cpu or cuda",

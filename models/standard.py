@@ -45,6 +45,8 @@ from models.checkpoint import write_folder_atomically
 from models.optim import check_finite, cosine_factor
 from models.sources.files import TASK_JSON
 from probes import MarkovTreeTask, bma_predictive, check_tokens, target_nll
+from probes.graph_task import SPEC_HELP, GraphTask, make_task
+from probes.oracles import bayes, count_log_predictive, graph_tensor
 from probes.tasks import check_float
 
 TRAINING_JSON = "training.json"
@@ -53,6 +55,7 @@ LOSSES = ("all", "target")
 STANDARD_HELP = {
     **cli.FLAG_HELP,  # the fields both trainers share
     "gamma": "floor of the kernel: every pi entry is at least gamma / d",
+    "task_kind": f"the task: markov_tree (the paper's), or one of the family (probes.graph_task): {SPEC_HELP}",
     "task_seed": "seed that draws pi (the default's demonstrations are worth 0.58 nats over the plateau)",
     "arch": "gpt2 (pre-norm GPT-2 blocks), or attn_only (no MLP, no LayerNorm; cannot be saved)",
     "n_layers": "number of transformer blocks",
@@ -82,6 +85,7 @@ class StandardConfig:
     alpha: float = 0.1
     gamma: float = 0.02
     task_seed: int = 37
+    task_kind: str = "markov_tree"
     # model: GPT-2 blocks are pre-norm (ln_1 -> attn, ln_2 -> MLP, final ln_f)
     arch: str = "gpt2"
     n_layers: int = 2
@@ -120,10 +124,16 @@ class StandardConfig:
                 raise ValueError(f"{name} must be one of {', '.join(allowed)}; got {getattr(self, name)!r}")
         if self.device.startswith("cuda") and not torch.cuda.is_available():
             raise ValueError(f"device {self.device!r} requested but CUDA is not available; use --device cpu")
+        check_float(self.alpha, "alpha", 0, open_low=True)
+        if self.task_kind == "continuous" or not isinstance(self.task_kind, str):
+            raise ValueError(
+                f"task_kind {self.task_kind!r}: a standard transformer reads tokens; expected a discrete task"
+            )
+        self.task()  # an unknown kind, a graph that is not a DAG: one ValueError here
 
-    def task(self) -> MarkovTreeTask:
-        return MarkovTreeTask.random(
-            self.d_vocab, self.n_examples, self.seq_len, self.alpha, self.gamma, self.task_seed
+    def task(self) -> MarkovTreeTask | GraphTask:
+        return make_task(
+            self.task_kind, self.d_vocab, self.n_examples, self.seq_len, self.alpha, self.gamma, self.task_seed
         )
 
 
@@ -182,9 +192,14 @@ def target_log_probs(model, tokens: Int[Tensor, "batch T"], task: MarkovTreeTask
     return logits[..., : task.d_vocab].float().log_softmax(-1).cpu()
 
 
-def uniform_parent_predictive(task: MarkovTreeTask, tokens, log: bool = True) -> Float[Tensor, "batch H d"]:
+def uniform_parent_predictive(task: MarkovTreeTask | GraphTask, tokens, log: bool = True) -> Float[Tensor, "batch H d"]:
     """The plateau: attention spread evenly over the candidate parents, mean over h' < h of pi(. | x_h').
-    It is BMA conditioned on no demonstration at all."""
+    It is BMA conditioned on no demonstration at all. On a family task (``GraphTask``), the plateau is the
+    unigram strategy (add-one token counts, ``probes.oracles``): the first phase of in-context Markov chains."""
+    if isinstance(task, GraphTask):
+        b, H = len(tokens), task.seq_len
+        lp = count_log_predictive(tokens, task.n_examples, H, task.d_vocab, graph_tensor([[]] * H, b), 1.0)
+        return lp if log else lp.exp()
     return bma_predictive(task.pi, tokens, task.n_examples, task.seq_len, task.root, demonstrations=[], log=log)
 
 
@@ -223,8 +238,9 @@ def evaluate(model, task: MarkovTreeTask, tokens: Int[Tensor, "batch T"], refere
 
 
 def reference_nlls(task: MarkovTreeTask, tokens: Int[Tensor, "batch T"]) -> dict:
-    """NLL (h >= 1) of BMA and of the uniform-parent plateau, and the plateau's gap to BMA."""
-    nll_bma = target_nll(bma_predictive(task.pi, tokens, task.n_examples, task.seq_len, task.root, log=True), tokens)
+    """NLL (h >= 1) of BMA and of the uniform-parent plateau, and the plateau's gap to BMA (a family task: its
+    Bayes oracle, ``probes.oracles.bayes``, and the unigram plateau)."""
+    nll_bma = target_nll(bayes(task, tokens)[0], tokens)
     nll_uniform = target_nll(uniform_parent_predictive(task, tokens), tokens)
     return {"nll_bma": nll_bma, "nll_uniform": nll_uniform, "plateau_gap": nll_uniform - nll_bma}
 

@@ -32,14 +32,15 @@ from models.io import check_memory, describe, exclusive_lock, read_json, run_cli
 from models.optim import check_finite, cosine_factor
 from probes import MarkovTreeTask
 from probes.continuous import ContinuousTask
+from probes.graph_task import SPEC_HELP, GraphTask, make_task
 from probes.tasks import MAX_N_EXAMPLES, MAX_SEED, check_float, check_int, check_sizes
 
-TASK_KINDS = ("markov_tree", "continuous")
 TRAIN_HELP = {
     **cli.FLAG_HELP,  # the fields both trainers share
     "gamma": "floor of the kernel: every pi entry is at least gamma / d (Lemma 3)",
     "task_seed": "seed that draws pi (and A for the continuous task)",
-    "task_kind": "the task: markov_tree (the paper's), or continuous (x_h = rho A^T x_pa(h) + noise)",
+    "task_kind": "the task: markov_tree (the paper's), continuous (x_h = rho A^T x_pa(h) + noise), or one of the "
+    f"family (probes.graph_task): {SPEC_HELP}",
     "rho": "continuous task only: the parent-to-child correlation",
     "n_copy_heads": "number K of layer-1 copyer heads (default: K = L)",
     "dtype": "floating-point type of the weights and the computation",
@@ -58,7 +59,7 @@ TRAIN_HELP = {
     "autocast": "training forward and backward in bfloat16 (torch.autocast); weights, Adam and evaluation stay in --dtype",
 }
 
-CHOICES = {"task_kind": TASK_KINDS, "dtype": RUN_DTYPES}  # flags with a fixed set of values
+CHOICES = {"dtype": RUN_DTYPES}  # flags with a fixed set of values
 
 
 @dataclass
@@ -100,9 +101,11 @@ class TrainConfig:
     def __post_init__(self):
         """Every field checked (type, finiteness, bound) before anything is built: one ValueError that
         starts with the field's name."""
-        check_sizes(self.d_vocab, self.n_examples, self.seq_len, where="")
+        check_sizes(self.d_vocab, self.n_examples, self.seq_len, where="", min_examples=0)  # 0: family tasks
         if self.n_copy_heads is not None:
             check_int(self.n_copy_heads, "n_copy_heads", 1, MAX_N_EXAMPLES)
+        elif self.n_examples == 0:
+            raise ValueError("n_copy_heads must be given when n_examples = 0 (its default is K = L)")
         for name in ("steps", "batch_size", "eval_every", "eval_contexts"):
             check_int(getattr(self, name), name, 1)
         check_int(self.snapshot_every, "snapshot_every", 0)
@@ -116,8 +119,9 @@ class TrainConfig:
         check_float(self.final_lr_fraction, "final_lr_fraction", 0, 1)
         check_float(self.init_offset, "init_offset", -1e4, 1e4)
         check_float(self.init_demo, "init_demo", -1e4, 1e4)
-        if self.task_kind not in TASK_KINDS:
-            raise ValueError(f"task_kind must be 'markov_tree' or 'continuous', got {self.task_kind!r}")
+        if not isinstance(self.task_kind, str):
+            raise ValueError(f"task_kind must be a string, got {self.task_kind!r}")
+        self.task()  # an unknown kind, a graph that is not a DAG: one ValueError here
         if self.dtype not in RUN_DTYPES:
             raise ValueError(f"dtype must be one of {', '.join(RUN_DTYPES)}, got {self.dtype!r}")
         for name in ("resume", "overwrite", "compile", "autocast"):
@@ -127,11 +131,11 @@ class TrainConfig:
             raise ValueError(f"out must be a folder name, got {self.out!r}")
         checkpoint.check_device(self.device)
 
-    def task(self) -> MarkovTreeTask:
+    def task(self) -> MarkovTreeTask | GraphTask | ContinuousTask:
         if self.task_kind == "continuous":  # d_vocab is the vector dimension; A is drawn from task_seed
             return ContinuousTask.random(self.d_vocab, self.n_examples, self.seq_len, self.rho, self.task_seed)
-        return MarkovTreeTask.random(
-            self.d_vocab, self.n_examples, self.seq_len, self.alpha, self.gamma, self.task_seed
+        return make_task(
+            self.task_kind, self.d_vocab, self.n_examples, self.seq_len, self.alpha, self.gamma, self.task_seed
         )
 
     def model_config(self) -> CausalTransformerConfig:
@@ -204,6 +208,8 @@ def init_copyers(model: CausalTransformer, offset: float, demo: float, generator
     attn.w_H.fill_(-offset)
     attn.w_H[:, H - 1] = offset
     attn.w_L.zero_()
+    if L == 0:  # no demonstration: the copyers read the target's own prefix
+        return [-1] * K
     perm = torch.randperm(max(K, L), generator=generator)[:K] % L
     attn.w_L[torch.arange(K), perm] = demo
     return perm.tolist()

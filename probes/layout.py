@@ -27,7 +27,7 @@ LAYOUT_KEYS = ("order", "bos", "sep", "token_offset")
 
 @dataclass(frozen=True)
 class Layout:
-    n_examples: int  # L
+    n_examples: int  # L (0: the target alone)
     seq_len: int  # H
     d_vocab: int  # d, the task's vocabulary
     bos: int | None = None  # id at position 0, before every sequence
@@ -37,8 +37,10 @@ class Layout:
     def __post_init__(self):
         for name in ("n_examples", "seq_len", "d_vocab"):
             v = getattr(self, name)
-            if not isinstance(v, int) or isinstance(v, bool) or v < 1:
-                raise ValueError(f"layout {name} must be a positive integer, got {v!r}")
+            if not isinstance(v, int) or isinstance(v, bool) or v < (name != "n_examples"):
+                raise ValueError(
+                    f"layout {name} must be a {'non-negative' if name == 'n_examples' else 'positive'} integer, got {v!r}"
+                )
         if not isinstance(self.token_offset, int) or isinstance(self.token_offset, bool) or self.token_offset < 0:
             raise ValueError(f"layout token_offset must be an integer >= 0, got {self.token_offset!r}")
         task_ids = range(self.token_offset, self.token_offset + self.d_vocab)

@@ -30,6 +30,17 @@ def parent_accuracy(attention: Float[Tensor, "batch H H"], parents: Int[Tensor, 
     return parent_hits(attention, parents).mean().item()
 
 
+def parent_set_accuracy(attention: Float[Tensor, "batch H H"], parents: Int[Tensor, "batch H *P"]) -> float:
+    """Fraction of (context, h >= 1 with a parent) where the argmax of the attention is one of h's parents;
+    ``parents`` ``[batch, H]`` or ``[batch, H, P]``, -1 for none. ``parent_accuracy`` on a tree."""
+    parents = parents.to(attention.device)
+    parents = parents.unsqueeze(-1) if parents.ndim == 2 else parents
+    best = attention[:, 1:].argmax(-1, keepdim=True)  # [batch, H-1, 1]
+    hit = (best == parents[:, 1:]).any(-1)
+    has = (parents[:, 1:] >= 0).any(-1)
+    return (hit & has).double().sum().item() / max(int(has.sum()), 1)
+
+
 def target_nll(log_probs: Float[Tensor, "batch H d"], tokens: Int[Tensor, "batch T"]) -> float:
     """Mean negative log-likelihood (nats) of the target tokens x_h, h >= 1."""
     H = log_probs.shape[1]
@@ -53,6 +64,8 @@ def copy_mass(pattern: Float[Tensor, "K H T"], n_examples: int) -> Float[Tensor,
 
 def head_assignment(pattern: Float[Tensor, "K H T"], n_examples: int) -> tuple[list[int], list[float]]:
     """For each copyer head, the demonstration it attends to most and the mass it puts there."""
+    if n_examples == 0:  # no demonstration to copy: every head reads the target's prefix
+        return [-1] * pattern.shape[0], [0.0] * pattern.shape[0]
     mass = demonstration_mass(pattern, n_examples)[:, :n_examples]
     purity, demo = mass.max(-1)
     return demo.tolist(), purity.tolist()

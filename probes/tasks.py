@@ -63,10 +63,11 @@ def _bounds(low, high, open_low: bool, open_high: bool) -> str:
     return "(any)"
 
 
-def check_sizes(d_vocab, n_examples, seq_len, where: str = "task") -> tuple[int, int, int]:
-    """d, L, H as ints within the stated bounds (``MAX_*``), the context length (L+1) H included."""
+def check_sizes(d_vocab, n_examples, seq_len, where: str = "task", min_examples: int = 1) -> tuple[int, int, int]:
+    """d, L, H as ints within the stated bounds (``MAX_*``), the context length (L+1) H included. Our task
+    needs a demonstration; the family's (``probes.graph_task``) may have none (``min_examples=0``)."""
     d = check_int(d_vocab, f"{where} d_vocab".strip(), 2, MAX_D_VOCAB)
-    L = check_int(n_examples, f"{where} n_examples".strip(), 1, MAX_N_EXAMPLES)
+    L = check_int(n_examples, f"{where} n_examples".strip(), min_examples, MAX_N_EXAMPLES)
     H = check_int(seq_len, f"{where} seq_len".strip(), 2, MAX_SEQ_LEN)
     if (L + 1) * H > MAX_N_TOKENS:
         raise ValueError(
@@ -105,11 +106,19 @@ def dirichlet_kernel(
 ) -> Float[Tensor, "d d"]:
     """Rows ``(1 - gamma) * Dirichlet(alpha) + gamma / d``: a kernel minorised by gamma / d (Lemma 3)."""
     d_vocab = check_int(d_vocab, "d_vocab", 2, MAX_D_VOCAB)
+    return dirichlet_rows(d_vocab, d_vocab, alpha, gamma, generator)
+
+
+def dirichlet_rows(
+    n_rows: int, d_vocab: int, alpha: float = 1.0, gamma: float = 0.2, generator: torch.Generator | None = None
+) -> Float[Tensor, "rows d"]:
+    """``n_rows`` rows ``(1 - gamma) * Dirichlet(alpha) + gamma / d`` (``dirichlet_kernel``: d rows)."""
     gamma = check_float(gamma, "gamma", 0, 1)
     alpha = check_float(alpha, "alpha", 0, open_low=True)
     # Dirichlet via normalised Gamma draws; torch's Dirichlet sampler takes no generator, so we draw
     # the Gammas ourselves to keep the kernel a function of the seed.
-    gammas = _gamma_draws(d_vocab, alpha, generator if generator is not None else torch.default_generator)
+    g = generator if generator is not None else torch.default_generator
+    gammas = _gamma_sample(n_rows * d_vocab, alpha, g).reshape(n_rows, d_vocab)
     rows = gammas / gammas.sum(-1, keepdim=True)
     if not torch.isfinite(rows).all():  # tiny alpha: every Gamma draw of a row underflows to 0
         raise ValueError(f"alpha={alpha!r} is too small: the Dirichlet draws underflow to zero; expected alpha >= 0.01")
@@ -119,30 +128,30 @@ def dirichlet_kernel(
 MAX_REJECTION_ROUNDS = 64
 
 
-def _gamma_draws(d: int, alpha: float, generator: torch.Generator) -> Tensor:
-    """Gamma(alpha, 1) draws from a seeded generator (Marsaglia-Tsang, with the alpha < 1 boost)."""
+def _gamma_sample(n_draws: int, alpha: float, generator: torch.Generator) -> Float[Tensor, " n"]:
+    """``n_draws`` Gamma(alpha, 1) draws from a seeded generator (Marsaglia-Tsang, with the alpha < 1 boost)."""
     boost = alpha < 1
     a = alpha + 1 if boost else alpha
     c_d = a - 1 / 3
     c = 1 / (9 * c_d) ** 0.5
-    out = torch.empty(d * d, dtype=torch.float64)
+    out = torch.empty(n_draws, dtype=torch.float64)
     filled = 0
     for _ in range(MAX_REJECTION_ROUNDS):  # each round accepts > 95% of its (4x oversized) proposals
-        if filled == d * d:
+        if filled == n_draws:
             break
-        n = 4 * (d * d - filled) + 16
+        n = 4 * (n_draws - filled) + 16
         x = torch.randn(n, dtype=torch.float64, generator=generator)
         u = torch.rand(n, dtype=torch.float64, generator=generator)
         v = (1 + c * x) ** 3
         ok = (v > 0) & (torch.log(u) < 0.5 * x**2 + c_d - c_d * v + c_d * torch.log(v.clamp_min(1e-300)))
-        acc = (c_d * v)[ok][: d * d - filled]
+        acc = (c_d * v)[ok][: n_draws - filled]
         out[filled : filled + acc.numel()] = acc
         filled += acc.numel()
-    if filled < d * d:
+    if filled < n_draws:
         raise ValueError(f"the Gamma({alpha!r}) sampler accepted too few draws; expected a moderate alpha")
     if boost:
-        out = out * torch.rand(d * d, dtype=torch.float64, generator=generator) ** (1 / alpha)
-    return out.reshape(d, d)
+        out = out * torch.rand(n_draws, dtype=torch.float64, generator=generator) ** (1 / alpha)
+    return out
 
 
 def parent_values(x: Tensor, parents: Int[Tensor, "batch H"], h: int) -> Tensor:

@@ -265,8 +265,13 @@ def test_config_round_trip_and_bad_values():
     assert (cfg.n_layers, cfg.n_heads, cfg.d_model, cfg.device) == (2, 3, 20, "cpu")
     with pytest.raises(ValueError, match="unknown config fields"):
         CausalTransformerConfig.from_dict({**cfg.to_dict(), "n_ctx": 3})
+    with pytest.raises(ValueError, match="n_copy_heads must be given"):
+        CausalTransformerConfig(5, 0, 6)  # L = 0 (one sequence per context) needs K given
+    assert CausalTransformerConfig(5, 0, 6, n_copy_heads=2).n_copy_heads == 2
+    with pytest.raises(ValueError, match="non-negative integer"):
+        CausalTransformerConfig(5, -1, 6, n_copy_heads=2)
     with pytest.raises(ValueError, match="positive integer"):
-        CausalTransformerConfig(5, 0, 6)
+        CausalTransformerConfig(5, 4, 6, n_copy_heads=0)
     with pytest.raises(ValueError, match="dtype"):
         CausalTransformerConfig(5, 4, 6, dtype="int32")
 

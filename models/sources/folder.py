@@ -19,7 +19,9 @@ def detect(found: Found) -> bool:
 def read(found: Found, device: str | None = None, *, weights: bool = True) -> Source:
     no_file_options(found, "one of our checkpoint folders: its config.json defines it")
     config = checkpoint.read_config(found.path, found.json)
-    task, layout = read_task(config["task"], str(found.path / checkpoint.CONFIG), kinds=("markov_tree", "continuous"))
+    task, layout = read_task(
+        config["task"], str(found.path / checkpoint.CONFIG), kinds=("markov_tree", "graph", "continuous")
+    )
     if not weights:
         return Source(None, task, layout, found.where, "", NAME)
     model = checkpoint.load_checkpoint(found.path, device, config)
