@@ -357,7 +357,8 @@ UNCHECKED = [
      "1.8 to 9", "timings and one-batch comparisons printed by scripts of the session that made them (issue 25)"),
     ("bench large row: 7.10 s, 13.40 s, 1.9x, load 9.3 / 7.5, 2 x 8 steps", "python -m bench --only large output "
      "of 2026-12-02, not committed; the README gives the command"),
-    ("autocast candidate at step 100: gap 0.2388, TV 0.852; --lr 3e-2 run: 0.2545, 0.2578; step 2300",
+    ("autocast candidate at steps 100/500/600/800/1000: gap 0.2388/0.2274/0.1150/0.0395/0.0291, TV 0.852/0.793/"
+     "0.363/0.096/0.0645, purity 0.902; --lr 3e-2 run: 0.2545, 0.2578; step 2300",
      "training runs whose output is not committed (the README gives the commands); 2300 is read from "
      "scale_histories.json by bench.steps_to_targets"),
     ("medium at step 1500 on 4096 fresh contexts: gap 0.0047, TV 0.040, accuracy 0.951 (BMA 0.965)",
