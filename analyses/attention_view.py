@@ -27,7 +27,7 @@ import torch
 
 from analyses import common
 from models import cli
-from models.io import atomic_write, write_json
+from models.io import check_memory, write_json, write_set
 
 NAME = "attention_view"
 MAX_CELLS = 5_000_000  # numbers in the page's views: about 40 MB of HTML
@@ -69,7 +69,9 @@ def layer_view(pattern: torch.Tensor, query_labels: list[str], key_labels: list[
 def compute(subject, args) -> dict:
     """The patterns of context ``--context`` of those sampled with ``--seed``, with their labels."""
     task = subject.task
-    tokens, parents = common.sample_contexts(task, args.context + 1, args.seed)
+    n = args.context + 1  # the contexts and their sampling buffers (int64), as cli.forward_bytes counts them
+    check_memory(3 * n * task.n_tokens * 8, f"--context {args.context} (samples {n} contexts of {task.n_tokens} tokens)")
+    tokens, parents = common.sample_contexts(task, n, args.seed)
     tokens, parents = tokens[args.context :], parents[args.context]
     with torch.no_grad():
         layers = subject.attention(tokens.to(getattr(subject.model.cfg, "device", "cpu")))
@@ -273,10 +275,16 @@ def main(argv: list[str] | None = None) -> dict:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     page = render_html(result, f"Attention of {subject.name}, context {args.context} (seed {args.seed})")
-    atomic_write(out / "attention_view.html", lambda tmp: tmp.write_text(page, encoding="utf-8"))
-    write_json(out / f"{NAME}.json", common.json_record(args, subject, result))
+    written = write_set(  # the page and its numbers as one set: both new, or both as they were
+        out,
+        NAME,
+        {
+            "attention_view.html": lambda path: path.write_text(page, encoding="utf-8"),
+            f"{NAME}.json": lambda path: write_json(path, common.json_record(args, subject, result)),
+        },
+    )
     print(summary(result))
-    common.report_written([out / "attention_view.html", out / f"{NAME}.json"])
+    common.report_written(written)
     return result
 
 

@@ -27,9 +27,11 @@ from analyses import common
 from analyses.block_structure import training_config
 from analyses.common import sample_contexts
 from models.evaluate import output_and_pattern
+from models.io import check_memory
 from models.train import train
 from probes import MarkovTreeTask, bma_posterior, bma_predictive, mean_tv, parent_accuracy, target_nll
 from probes.metrics import parent_mass
+from probes.tasks import MAX_N_EXAMPLES
 
 NAME = "bma_agreement"
 FIGURES = {
@@ -164,8 +166,8 @@ def _lengths(parser, text: str, flag: str) -> list[int]:
         values = [int(v) for v in text.split(",")]
     except ValueError:
         parser.error(f"{flag} {text!r}: expected comma-separated positive integers (e.g. 1,2,4,8) or 'none'")
-    if any(v < 1 for v in values):
-        parser.error(f"{flag} {text!r}: every L must be >= 1")
+    if any(v < 1 or v > MAX_N_EXAMPLES for v in values):
+        parser.error(f"{flag} {text!r}: every L must be in [1, {MAX_N_EXAMPLES}]")
     return values
 
 
@@ -188,6 +190,9 @@ def check_flags(parser, args) -> None:
 
 def compute(subject, args) -> dict:
     task = subject.task
+    if args.bma_lengths:  # BMA's posterior, float64 [n_contexts, H, (L+1) H], at the longest L, before any work
+        L, H = max(args.bma_lengths), task.seq_len
+        check_memory(args.n_contexts * H * (L + 1) * H * 8, f"--bma-L {L} with --n-contexts {args.n_contexts}")
     tokens, _ = sample_contexts(task, args.n_contexts, args.seed)
     t1 = theorem1_sweep(task, tokens)
     bma_rows = bma_vs_length(task.pi, task.seq_len, args.bma_lengths, args.n_contexts, args.seed, task.root)

@@ -29,6 +29,7 @@ from tqdm.auto import tqdm
 from analyses import common
 from cape.attention import CapeAttention, rotary_scores
 from cape.embedding import depth, embed, generality, hop_distance, initial_points, random_dag, random_tree
+from models.io import check_memory
 
 NAME = "cape_properties"
 N_CONTEXTS = 40  # default --n-contexts
@@ -300,6 +301,12 @@ def add_flags(parser) -> None:
 def check_flags(parser, args) -> None:
     if args.n_contexts < 2 or args.nodes < 3 or args.dim < 1 or args.n_queries < 1 or args.n_perm < 1:
         parser.error("need --n-contexts >= 2, --nodes >= 3, --dim >= 1, --n-queries >= 1, --n-perm >= 1")
+    M, n = args.nodes, args.dim  # float64: each graph's A, distances and embedding; q and R(phi) q per query
+    needed = 8 * (args.n_queries * M * (4 * n + M) + M * M * (n + 4))
+    try:
+        check_memory(needed, f"--nodes {M} --dim {n} --n-queries {args.n_queries}")
+    except ValueError as e:
+        parser.error(str(e))
 
 
 REQUIRES = None  # its own synthetic tasks: no --checkpoint

@@ -44,6 +44,7 @@ from cape.structure import (
     nonlinear_tree_data,
     structure_metrics,
 )
+from models.io import check_memory
 from models.subject import DisentangledSubject, Subject, head_label
 from probes import MarkovTreeTask, bma_posterior, parent_accuracy
 from probes.continuous import ContinuousTask, gaussian_bma_posterior
@@ -224,6 +225,8 @@ def figures(res: dict, args):
 def compute(subject: Subject, args) -> dict:
     """``measure`` with the CLI's --n-contexts, --n-trees and --inner-steps, at ``LS`` and the subject's L."""
     Ls = tuple(sorted({*LS, subject.task.n_examples}))
+    H = subject.task.seq_len  # every tree's parents, int64 [n_trees, H], are drawn at once
+    check_memory(args.n_trees * H * 8, f"--n-trees {args.n_trees} (trees of {H} positions)")
     return measure(subject, args.seed, args.n_contexts, Ls=Ls, n_trees=args.n_trees, inner_steps=args.inner_steps)
 
 

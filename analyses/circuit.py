@@ -12,7 +12,9 @@ Scores (``--method``): exact edge patching (each edge ablated alone, the rest cl
 (gradient times the sender's change). Ablated value (``--corruption``): the sender's value on contexts whose
 demonstrations come from another tree (``demonstrations``, the task's own corruption), whose target
 tokens are re-drawn (``target``), on fresh contexts (``resample``), or its mean over held-out contexts
-(``mean``). Metric: target NLL. Progress of a run = (plateau NLL - its NLL) / (plateau NLL - BMA NLL), the
+(``mean``). Direction (``--direction``): noising (the edge's receiver sees the ablated value in the clean
+run) or denoising (it sees the clean value in the corrupted run); the circuit found is judged by noising
+either way. Metric: target NLL. Progress of a run = (plateau NLL - its NLL) / (plateau NLL - BMA NLL), the
 plateau being uniform-parent BMA; the faithfulness of a circuit = the share of the full model's progress
 it keeps with every other edge ablated, ``(plateau - circuit) / (plateau - full)``, with its standard
 error over the contexts. Search (``--search``): the top-n edges, a threshold on |score|, or ACDC-style
@@ -28,18 +30,20 @@ from tqdm.auto import tqdm
 
 from analyses import common
 from models.circuit import (
+    CORRUPTIONS,
+    DIRECTIONS,
     Runner,
     build_graph,
+    denoising_runner,
     greedy,
     mean_se,
-    mean_writes,
     per_context_nll,
     ratio_se,
-    sender_writes,
+    source_writes,
     threshold,
     top_n,
 )
-from models.interventions import corrupted_contexts, description
+from models.interventions import description
 from models.subject import Subject
 from probes import bma_predictive
 
@@ -50,27 +54,7 @@ FIGURES = {
     "circuit_curve.png": "faithfulness (share of the full model's progress over the uniform-parent plateau kept) against the number of edges kept, top-n by |score|, with standard errors.",
 }
 METHODS = ("exact", "eap", "eap-ig")
-CORRUPTIONS = {
-    "demonstrations": "demonstrations from another tree (the same target)",
-    "target": "the target's tokens re-drawn uniformly (the same demonstrations)",
-    "resample": "fresh contexts",
-    "mean": "the sender's mean over held-out contexts",
-}
 SEARCHES = ("top-n", "threshold", "greedy")
-
-
-def source_writes(subject: Subject, graph, tokens, corruption: str, seed: int) -> dict:
-    """The senders' ablated values for ``corruption`` (see the module docstring)."""
-    task, g = subject.task, torch.Generator().manual_seed(seed + 7919)
-    if corruption == "demonstrations":
-        other = corrupted_contexts(task, tokens, g)[0]
-    elif corruption == "target":
-        other = tokens.clone()
-        other[:, -task.seq_len :] = torch.randint(0, task.d_vocab, (len(tokens), task.seq_len), generator=g)
-    else:
-        other = task.sample(len(tokens), g)[0]
-    writes = sender_writes(subject, graph, other)[0]
-    return mean_writes(writes) if corruption == "mean" else writes
 
 
 def scores_of(runner: Runner, method: str, ig_steps: int) -> list[float]:
@@ -79,6 +63,10 @@ def scores_of(runner: Runner, method: str, ig_steps: int) -> list[float]:
     if method == "eap":
         return runner.eap_scores()
     return runner.eap_ig_scores(steps=ig_steps)
+
+
+MAX_CURVE_POINTS = 1000  # circuit sizes on the curve; each is one ablated run over every context
+MAX_IG_STEPS = 1024  # EAP-IG converges by 8 on the standard GPT-2 (README: Circuit discovery)
 
 
 def curve_sizes(n_total: int, points: int) -> list[int]:
@@ -127,7 +115,10 @@ def discover(subject: Subject, args) -> dict:
     plateau = per_context_nll(bma_predictive(task.pi, tokens, L, H, task.root, demonstrations=[], log=True), tokens)
     bma = per_context_nll(bma_predictive(task.pi, tokens, L, H, task.root, log=True), tokens)
     progress, progress_se = ratio_se(plateau - full, plateau - bma)
-    scores = scores_of(runner, args.method, args.ig_steps)
+    scorer = runner
+    if args.direction == "denoising":
+        scorer = denoising_runner(subject, graph, tokens, args.corruption, args.seed)
+    scores = scores_of(scorer, args.method, args.ig_steps)
     edges = graph.edges
     curve = [faithfulness(runner, top_n(edges, scores, n), plateau, full) for n in
              tqdm(curve_sizes(len(edges), args.curve_points), desc="faithfulness curve", leave=False)]  # fmt: skip
@@ -154,7 +145,7 @@ def discover(subject: Subject, args) -> dict:
     found = faithfulness(runner, kept, plateau, full)
     kl, kl_se = kl_to_full(runner, kept, full_lp)
     by_edge = dict(zip(edges, scores))
-    se = dict(zip(edges, runner.last_se)) if args.method == "exact" else {}
+    se = dict(zip(edges, scorer.last_se)) if args.method == "exact" else {}
     sites = sorted({(graph.receiver(e.receiver, e.input).site, graph.receiver(e.receiver, e.input).capture)
                     for e in edges})  # fmt: skip
     interventions = [
@@ -168,6 +159,7 @@ def discover(subject: Subject, args) -> dict:
         "n_edges_total": len(edges),
         "all_edges": [{**e.to_dict(), "score": s} for e, s in zip(edges, scores)],
         "method": args.method,
+        "direction": args.direction,
         "ablation": "mean" if args.corruption == "mean" else "patch from a run on other contexts",
         "corruption": CORRUPTIONS[args.corruption],
         "metric": "target NLL (nats, x_1..x_{H-1})",
@@ -178,7 +170,7 @@ def discover(subject: Subject, args) -> dict:
         "faithfulness": found["faithfulness"], "faithfulness_se": found["se"], "nll_circuit": found["nll"],
         "kl_to_full": kl, "kl_to_full_se": kl_se,
         "curve": curve, "curve_area": area,
-        "n_contexts": len(tokens), "forward_passes": runner.passes,
+        "n_contexts": len(tokens), "forward_passes": runner.passes + (scorer.passes if scorer is not runner else 0),
         "interventions": interventions,
     }  # fmt: skip
 
@@ -189,7 +181,8 @@ def compute(subject: Subject, args) -> dict:
 
 def summary(r: dict) -> str:
     lines = [
-        f"{NAME}: {r['method']} scores, ablation by {r['corruption']}, {r['n_contexts']} contexts",
+        f"{NAME}: {r['method']} scores ({r.get('direction', 'noising')}), ablation by {r['corruption']}, "
+        f"{r['n_contexts']} contexts",
         f"model NLL {r['nll']:.4f}, BMA {r['nll_bma']:.4f}, plateau {r['nll_plateau']:.4f}: progress "
         f"{r['progress']:.3f} +- {r['progress_se']:.3f}",
         f"circuit ({r['search']}): {len(r['edges'])} of {r['n_edges_total']} edges "
@@ -198,7 +191,8 @@ def summary(r: dict) -> str:
         "nodes: " + (", ".join(r["nodes"]) or "none"),
         f"faithfulness curve area {r['curve_area']:.3f}: "
         + ", ".join(f"{c['n_edges']}: {c['faithfulness']:.2f}+-{c['se']:.2f}" for c in r["curve"]),
-        "strongest edges (sender -> receiver.input @ positions: score, the metric's change when it alone is ablated"
+        "strongest edges (sender -> receiver.input @ positions: score, the metric's change when it alone is "
+        + ("restored to its clean value in the corrupted run" if r.get("direction") == "denoising" else "ablated")
         + (", with its standard error):" if r["method"] == "exact" else "; attribution, no standard error):"),
     ]
     for e in r["edges"][:15]:
@@ -275,17 +269,21 @@ def add_flags(parser) -> None:
     parser.add_argument("--method", choices=METHODS, default="exact", help="how each edge is scored: exact path patching, or attribution patching (EAP, EAP-IG) (default: exact)")
     parser.add_argument("--corruption", choices=list(CORRUPTIONS), default="demonstrations",
                         help="the senders' ablated values (default: demonstrations from another tree)")  # fmt: skip
+    parser.add_argument("--direction", choices=DIRECTIONS, default="noising", help="noising: an edge's receiver sees the ablated value in the clean run; denoising: it sees the clean value in the corrupted run (the circuit's faithfulness is measured by noising either way) (default: noising)")
     parser.add_argument("--search", choices=SEARCHES, default="top-n", help="how the circuit is chosen from the scores: top-n edges, a score threshold, or greedy ACDC-style pruning (default: top-n)")
     parser.add_argument("--n-edges", type=int, default=None, help="top-n: keep this many edges (default: the fewest that keep --target)")
     parser.add_argument("--target", type=float, default=0.9, help="top-n without --n-edges: the share of the model's progress the circuit must keep (default: 0.9)")
     parser.add_argument("--threshold", type=float, default=None, help="threshold / greedy: keep edges whose |score| exceeds this (default: 1e-3)")
     parser.add_argument("--nodes", default=None, help="score a given circuit instead of searching: every edge among these comma-separated nodes (L1H2,MLP0,...)")
-    parser.add_argument("--curve-points", type=int, default=8, help="number of circuit sizes on the faithfulness curve (default: 8)")
-    parser.add_argument("--ig-steps", type=int, default=8, help="EAP-IG: interpolation steps between the clean and corrupted runs (default: 8)")
+    parser.add_argument("--curve-points", type=int, default=8, help="number of circuit sizes on the faithfulness curve, at most 1000 (default: 8)")
+    parser.add_argument("--ig-steps", type=int, default=8, help="EAP-IG: interpolation steps between the clean and corrupted runs, at most 1024 (default: 8)")
 
 
 def check_flags(parser, args) -> None:
     common.check_at_least(parser, args, n_contexts=2, curve_points=1, ig_steps=1)
+    common.check_at_most(parser, args, curve_points=MAX_CURVE_POINTS, ig_steps=MAX_IG_STEPS)
+    if args.direction == "denoising" and args.corruption == "mean":
+        parser.error("--direction denoising needs a corruption that is a run on other contexts, not --corruption mean")
     if args.n_edges is not None and args.n_edges < 0:
         parser.error(f"--n-edges must be >= 0, got {args.n_edges}")
 

@@ -33,7 +33,7 @@ import torch
 from models import cli
 from models.io import write_json, write_set
 from models.sources import NAMED
-from models.subject import CONTENT_FREE_COPYERS, DISENTANGLED, MARKOV_TASK, Subject  # noqa: F401 (analyses declare REQUIRES with them)
+from models.subject import BAYES_TASK, CONTENT_FREE_COPYERS, DISENTANGLED, MARKOV_TASK, Subject  # noqa: F401 (analyses declare REQUIRES with them)
 
 FIGURES_DIR = Path(__file__).resolve().parent.parent / "figures"  # the paper's figures: analyses.paper only
 RUNS_DIR = Path("runs") / "figures"  # every other run's, relative to the working folder
@@ -44,7 +44,7 @@ RUNS_DIR = Path("runs") / "figures"  # every other run's, relative to the workin
 ANALYSES = [
     "head_ablation", "activation_patching", "copyers", "logpi_recovery", "block_structure", "bma_agreement",
     "init_gradient", "information", "continuous", "inspect", "inspect_standard", "linear_probes", "standard_circuit", "circuit",
-    "standard_vs_disentangled", "phase_diagram", "attention_view", "scale", "cape_structure", "cape_properties",
+    "standard_vs_disentangled", "trajectory", "phase_diagram", "attention_view", "scale", "cape_structure", "cape_properties",
     "cape_downstream",
 ]  # fmt: skip
 # The names Analysis.from_module reads; a module-level name within a typo of one (add_flag) is refused.
@@ -181,6 +181,15 @@ def check_at_least(p: argparse.ArgumentParser, args: argparse.Namespace, **minim
         value = getattr(args, name)
         if value < low:
             p.error(f"--{name.replace('_', '-')} must be >= {low}, got {value}")
+
+
+def check_at_most(p: argparse.ArgumentParser, args: argparse.Namespace, **maximums: int) -> None:
+    """``p.error`` for the first of ``args``' integer flags above its maximum (work that no memory check
+    bounds, e.g. interpolation steps): ``--ig-steps must be <= 1024, got 10**9``."""
+    for name, high in maximums.items():
+        value = getattr(args, name)
+        if value > high:
+            p.error(f"--{name.replace('_', '-')} must be <= {high}, got {value}")
 
 
 def main(analysis: Analysis, argv: list[str] | None = None) -> dict:

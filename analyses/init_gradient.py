@@ -36,6 +36,7 @@ import models
 from analyses import common
 from analyses.common import sample_contexts
 from models import theorem1_model
+from models.io import check_memory
 from probes import bma_posterior, mean_tv, parent_accuracy
 from probes.information import chi2_mutual_information, pair_joints
 from probes.metrics import parent_mass
@@ -361,6 +362,11 @@ def add_flags(parser) -> None:
 def check_flags(parser, args) -> None:
     if args.n_trees < 1 or args.steps < 1:
         parser.error(f"--n-trees and --steps must be >= 1, got {args.n_trees} and {args.steps}")
+    H = models.load_task(models.DEFAULT_CHECKPOINT).seq_len
+    try:  # every tree's parents, int64 [n_trees, H], are drawn at once
+        check_memory(args.n_trees * H * 8, f"--n-trees {args.n_trees} (trees of {H} positions)")
+    except ValueError as e:
+        parser.error(str(e))
 
 
 def record(res) -> dict:

@@ -32,19 +32,34 @@ the candidates, BMA with no demonstration: the plateau at initialisation). Verdi
   Each is named with its role: parent selector, copyer of demonstration l, or the category holding at
   least half its attention (``probes.roles.ROLE_NAMES``: within-sequence (prefix) head, cross-
   demonstration same-position reader, ...).
+- Heads named by what they read in the sequence (``sequence_heads``; ``probes.roles.sequence_scores``):
+  previous-token heads and induction heads (in-context Markov chains), heads on the parent of the query's
+  own token (a fixed graph).
+- THROUGH WHICH INPUT each head of the last layer acts (``input_costs``): the metric's change when every
+  edge into its query, key or value input (every sender, every position: per-input path patching of
+  ``models.circuit``) carries the corrupted run's value, and each input's share of their sum, with
+  standard errors. A carrier whose value input takes at least 0.8 of it, its attention nearly content-free,
+  is named for the mechanism: EVIDENCE POOLED THROUGH THE VALUES AT FIXED POSITIONS; one whose query and
+  key inputs take at least half SELECTS THROUGH ITS KEYS/QUERIES (the paper's parent selector does).
+The report links to the discovered circuit (``python -m analyses.circuit``), whose edges are the
+mechanism; ``inspect``'s head names are its summary.
 """
 
 from __future__ import annotations
+
+import json
 
 import torch
 from tqdm.auto import tqdm
 
 from analyses import common
-from models.circuit import per_context_nll, ratio_se
+from models.circuit import INPUTS, Runner, build_graph, mean_se, per_context_nll, ratio_se, sender_writes
 from models.interventions import ablate, corrupted_contexts, head_ablation, head_outputs, hooks, patch_heads
+from models.standard import uniform_parent_predictive
 from models.subject import head_label
-from probes import bma_posterior, bma_predictive, parent_accuracy, target_nll, total_variation
-from probes.roles import CATEGORIES, GROUPS, OVERLAPPING, attention_role, role_profile
+from probes import bma_posterior, bma_predictive, oracles, parent_accuracy, target_nll, total_variation
+from probes.graph_task import GraphTask
+from probes.roles import CATEGORIES, GROUPS, OVERLAPPING, attention_role, role_profile, sequence_scores
 
 NAME = "inspect"
 N_CONTEXTS = 512  # default --n-contexts
@@ -74,6 +89,10 @@ MIN_PATCH_EFFECT = 0.005  # nats between clean and corrupted runs for patching t
 CARRY_FRACTION = 0.1  # a carrying head's ablation costs this share of the gain over the plateau (or its
 # patching restores this share of the clean-vs-corrupted difference)
 N_DISTRIBUTED = 3  # heads named when no single head reaches the carrying bar
+VALUES_SHARE = 0.8  # a last-layer head whose value input carries this share of its inputs' cost pools
+# evidence through its values (its attention is nearly content-free)
+SELECT_SHARE = 0.5  # ... whose query and key inputs carry this share: it selects through its keys/queries
+POOLING = "evidence pooled through the values at fixed positions"
 
 
 def head_attention_stats(rows, parents, posterior, n_examples: int, seq_len: int) -> dict:
@@ -96,7 +115,10 @@ def head_attention_stats(rows, parents, posterior, n_examples: int, seq_len: int
 
 
 def baselines(task, tokens, parents) -> dict:
-    """NLL, TV and parent accuracy of BMA and the uniform-parent mixture on the same contexts."""
+    """NLL, TV and parent accuracy of BMA and the uniform-parent mixture on the same contexts (a task of
+    the family: ``family_baselines``)."""
+    if isinstance(task, GraphTask):
+        return family_baselines(task, tokens, parents)
     L, H = task.n_examples, task.seq_len
     posterior = bma_posterior(task.pi, tokens, L, H)
     uniform = bma_posterior(task.pi, tokens, L, H, demonstrations=[])  # uniform over h' < h
@@ -106,6 +128,27 @@ def baselines(task, tokens, parents) -> dict:
         "nll_uniform": target_nll(
             bma_predictive(task.pi, tokens, L, H, task.root, demonstrations=[], log=True), tokens
         ),
+        "acc_bma": parent_accuracy(posterior, parents),
+        "acc_uniform": parent_accuracy(uniform, parents),
+        "tv_uniform": total_variation(uniform, posterior)[:, 1:].mean().item(),
+    }
+
+
+def family_baselines(task, tokens, parents) -> dict:
+    """``baselines`` for a task of the family (``probes.graph_task``), against its own Bayes oracle
+    (``probes.oracles.bayes``: the predictive and the posterior over each position's parents; a fixed graph's
+    is the graph) and its plateau (``models.standard.uniform_parent_predictive``: the unigram strategy); the
+    uniform baseline spreads each position's attention evenly over h' < h."""
+    H = task.seq_len
+    if parents.ndim != 2:
+        raise ValueError("analyses.inspect reads one parent per position; this task's positions have several")
+    predictive, posterior = oracles.bayes(task, tokens)
+    uniform = torch.ones(H, H, dtype=torch.float64).tril(-1)
+    uniform = (uniform / uniform.sum(-1, keepdim=True).clamp_min(1)).expand_as(posterior)
+    return {
+        "posterior": posterior,
+        "nll_bma": target_nll(predictive, tokens),
+        "nll_uniform": target_nll(uniform_parent_predictive(task, tokens), tokens),
         "acc_bma": parent_accuracy(posterior, parents),
         "acc_uniform": parent_accuracy(uniform, parents),
         "tv_uniform": total_variation(uniform, posterior)[:, 1:].mean().item(),
@@ -147,7 +190,9 @@ def verdict(nll: float, base: dict, heads: list[dict], inter: dict | None = None
         and h["tv"] < base["tv_uniform"]
     ]
     copyers = {
-        h["label"]: int(torch.tensor(h["copy_mass"]).argmax()) for h in heads if max(h["copy_mass"]) >= COPY_MASS
+        h["label"]: int(torch.tensor(h["copy_mass"]).argmax())
+        for h in heads
+        if max(h["copy_mass"], default=0) >= COPY_MASS
     }
     best = max(heads, key=lambda h: h["parent_acc"])["label"]
     roles = {h["label"]: head_role(h, selecting, copyers) for h in heads}
@@ -204,6 +249,56 @@ def interventions(subject, tokens, corrupted) -> dict:
     }
 
 
+@torch.no_grad()
+def input_costs(subject, tokens, corrupted) -> dict | None:
+    """Per head of the last layer, ``{q, k, v: cost, se, share, share_se}`` and ``through``: the NLL change
+    when every edge into that input carries its value on ``corrupted`` (``models.circuit``, exact), its share
+    of the three inputs' summed cost (``cost``), with standard errors over the contexts; ``through`` is
+    ``values``, ``keys/queries`` or None (no verdict: that sum within two standard errors of zero, or
+    neither share reached). None when the model lacks a hook the circuit graph needs."""
+    try:
+        graph = build_graph(subject)
+    except ValueError:
+        return None
+    runner = Runner(subject, graph, tokens, sender_writes(subject, graph, corrupted)[0])
+    last = subject.n_layers - 1
+    out = {}
+    for j in range(subject.n_heads[last]):
+        label = head_label(last, j)
+        costs = {x: runner.run_values([e for e in graph.edges if (e.receiver, e.input) == (label, x)])
+                 - runner.clean_values for x in INPUTS}  # fmt: skip
+        total = sum(costs.values())
+        if not total.abs().max() > 0:  # nothing the corruption changes reaches it
+            out[label] = {**{x: {"cost": 0.0, "se": 0.0, "share": None, "share_se": None} for x in INPUTS},
+                          "through": None}  # fmt: skip
+            continue
+        head = {}
+        for x, c in costs.items():
+            cost, se = mean_se(c)
+            share, share_se = ratio_se(c, total)
+            head[x] = {"cost": cost, "se": se, "share": share, "share_se": share_se}
+        selecting = head["q"]["share"] + head["k"]["share"]
+        cost, se = mean_se(total)
+        head["cost"], head["se"] = cost, se
+        head["through"] = (  # no verdict for a cost within two standard errors of zero
+            None if cost <= 2 * se
+            else "values" if head["v"]["share"] >= VALUES_SHARE
+            else "keys/queries" if selecting >= SELECT_SHARE
+            else None
+        )  # fmt: skip
+        out[label] = head
+    return out
+
+
+def through_words(label: str, inputs: dict) -> str:
+    """``L1H0: v 0.99 +- 0.01, k 0.00 +- 0.00, q 0.00 +- 0.00 of its inputs' cost (0.153 +- 0.010 nats)``."""
+    h = inputs[label]
+    if h["v"]["share"] is None:
+        return f"{label}: no cost (nothing the corruption changes reaches its inputs)"
+    shares = ", ".join(f"{x} {h[x]['share']:.2f} +- {h[x]['share_se']:.2f}" for x in ("v", "k", "q"))
+    return f"{label}: {shares} of its inputs' cost ({h['cost']:.3f} +- {h['se']:.3f} nats)"
+
+
 def corrupt(task, tokens, seed: int):
     """Same target sequence, demonstrations from a fresh tree (the corrupted run of issue 3)."""
     return corrupted_contexts(task, tokens, torch.Generator().manual_seed(seed + 7919))[0]
@@ -228,6 +323,8 @@ def inspect_subject(subject, n_contexts: int = 512, seed: int = 0, batch: int = 
             )
             prof = role_profile(att.pattern, att.query_predicts, att.key_token, part_parents, L)
             layer.update({f"role:{k}": v.tolist() for k, v in prof.items()})
+            seq = sequence_scores(att.pattern, att.query_predicts, att.key_token, part_tokens, part_parents, H)
+            layer.update({f"seq:{k}": v.tolist() for k, v in seq.items()})
             part.append(layer)
         w = len(part_tokens) / n_contexts
         part = [{k: torch.tensor(v, dtype=torch.float64) * w for k, v in layer.items()} for layer in part]
@@ -236,8 +333,9 @@ def inspect_subject(subject, n_contexts: int = 512, seed: int = 0, batch: int = 
     for i, layer in enumerate(stats):
         for j in range(subject.n_heads[i]):
             head = {"label": subject.head_labels()[len(per_head)]}
-            head.update({k: v[j].tolist() for k, v in layer.items() if not k.startswith("role:")})
+            head.update({k: v[j].tolist() for k, v in layer.items() if not k.startswith(("role:", "seq:"))})
             head["role_profile"] = {k[5:]: v[j].tolist() for k, v in layer.items() if k.startswith("role:")}
+            head["sequence"] = {k[4:]: v[j].item() for k, v in layer.items() if k.startswith("seq:")}
             per_head.append(head)
     n_int = min(n_contexts, 128)
     inter = interventions(subject, tokens[:n_int], corrupt(task, tokens[:n_int], seed))
@@ -254,8 +352,13 @@ def inspect_subject(subject, n_contexts: int = 512, seed: int = 0, batch: int = 
         "interventions": inter["interventions"],
         **verdict(nll, base, per_head, inter),
     }
+    out["inputs"] = input_costs(subject, tokens[:n_int], corrupt(task, tokens[:n_int], seed))
+    for c in out["carriers"] if out["inputs"] else []:
+        if out["inputs"].get(c, {}).get("through") == "values" and c not in out["parent_selecting"]:
+            out["roles"][c] = f"{POOLING} ({out['roles'][c]})"
     for h in per_head:
         h["role"] = out["roles"][h["label"]]
+    out["sequence_heads"] = sequence_heads(per_head)
     named = {"paper_circuit": sorted(set(out["parent_selecting"]) | set(out["copyers"])), "carriers": out["carriers"]}
     out["sufficiency"] = {
         name: sufficiency(subject, tokens[:n_int], heads, out["interventions"])
@@ -274,11 +377,51 @@ def sufficiency(subject, tokens, heads: list[str], log: list) -> dict:
     keep = set(heads)
     ivs = [head_ablation(subject, i, [j for j in range(n) if head_label(i, j) not in keep], "mean")
            for i, n in enumerate(subject.n_heads) if any(head_label(i, j) not in keep for j in range(n))]  # fmt: skip
-    plateau = bma_predictive(task.pi, tokens, task.n_examples, task.seq_len, task.root, demonstrations=[], log=True)
+    plateau = uniform_parent_predictive(task, tokens)
     nll = lambda lp: per_context_nll(lp, tokens)  # noqa: E731
     share, se = ratio_se(nll(plateau) - nll(subject.log_probs(tokens, hooks(ivs, log))),
                          nll(plateau) - nll(subject.log_probs(tokens)))  # fmt: skip
     return {"heads": sorted(keep), "share": share, "se": se, "contexts": len(tokens)}
+
+
+# Heads named by what they read in the sequence (in-context Markov chains, fixed graphs) -------------------
+SEQUENCE_MASS = 0.5  # a previous-token, induction or own-parent head puts at least this on its keys
+INDUCTION_OVER_CHANCE = 2.0  # and an induction head at least this many times what uniform attention would
+
+
+def sequence_heads(heads: list[dict]) -> dict[str, list[str]]:
+    """The heads named by ``probes.roles.sequence_scores``: PREVIOUS-TOKEN heads (mass on the token
+    before the query's own >= ``SEQUENCE_MASS``), INDUCTION heads (mass on the tokens that followed earlier
+    occurrences of the query's own token >= ``SEQUENCE_MASS`` and >= ``INDUCTION_OVER_CHANCE`` x chance),
+    and OWN-PARENT heads (mass on the parent of the query's own token >= ``SEQUENCE_MASS``; a fixed graph's
+    first layer). A previous-token head whose parents are all the previous token (a chain) is both."""
+
+    def at_least(h: dict, key: str) -> bool:
+        v = h["sequence"][key]
+        return v == v and v >= SEQUENCE_MASS
+
+    return {
+        "previous_token": [h["label"] for h in heads if at_least(h, "previous_token")],
+        "induction": [
+            h["label"] for h in heads
+            if at_least(h, "induction") and h["sequence"]["induction"] >= INDUCTION_OVER_CHANCE * h["sequence"]["induction_chance"]
+        ],
+        "own_parent": [h["label"] for h in heads if at_least(h, "own_parent")],
+    }  # fmt: skip
+
+
+def sequence_text(r: dict) -> list[str]:
+    """One line per kind of sequence head, with each head's mass (and the induction chance level)."""
+    by_label = {h["label"]: h["sequence"] for h in r["heads"]}
+    words = {"previous_token": "previous-token heads", "induction": "induction heads", "own_parent": "own-parent heads"}
+    lines = []
+    for kind, labels in r["sequence_heads"].items():
+        found = ", ".join(
+            f"{x} ({by_label[x][kind]:.2f}" + (f", chance {by_label[x]['induction_chance']:.2f})" if kind == "induction" else ")")
+            for x in labels
+        )  # fmt: skip
+        lines.append(f"{words[kind]}: {found or 'none'}")
+    return lines
 
 
 def _fmt(x) -> str:
@@ -344,7 +487,7 @@ def summary(r: dict) -> str:
     for h in r["heads"]:
         lines.append(
             f"{h['label']:6s}{h['candidate_mass']:10.3f}{h['tv']:7.3f}{h['parent_acc']:11.3f}"
-            f"{max(h['copy_mass']):9.3f}{h['ablation_dnll']:+12.4f}{_fmt(h['patching_restored']):>7s}  {h['role']}"
+            f"{max(h['copy_mass'], default=float('nan')):9.3f}{h['ablation_dnll']:+12.4f}{_fmt(h['patching_restored']):>7s}  {h['role']}"
         )
     lines += ["", "role profile: attention mass from demonstration / target queries"]
     lines.append(f"{'head':6s}" + "".join(f"{c[:13]:>14s}" for c in CATEGORIES))
@@ -369,8 +512,33 @@ def summary(r: dict) -> str:
             f"sufficiency of the {name.replace('_', ' ')} ({', '.join(suff['heads'])}): every other head mean-ablated "
             f"keeps {suff['share']:.3f} +- {suff['se']:.3f} of the progress ({suff['contexts']} contexts)"
         )
-    lines.append("the edges between these heads: python -m analyses.circuit (figures/circuit_graph.png)")
+    if r.get("inputs"):
+        lines.append(
+            "through which input each last-layer head acts (every edge into it patched from the corrupted run, "
+            f"{r['intervention_contexts']} contexts):"
+        )
+        for label, h in r["inputs"].items():
+            verdict_ = {"values": POOLING, "keys/queries": "selects through its keys/queries"}.get(h["through"], "")
+            lines.append(f"  {through_words(label, r['inputs'])}{'  -> ' + verdict_ if verdict_ else ''}")
+    lines += sequence_text(r)
+    link = r.get("circuit_link")
+    if link:
+        lines.append(f"the discovered circuit (the edges between these heads): {link['json']} ({link['command']})")
     return "\n".join(lines)
+
+
+def circuit_link(checkpoint: str | None, digest: str) -> dict:
+    """Where ``analyses.circuit`` writes (or, for the shipped standard GPT-2, has written) this model's
+    circuit: the committed ``figures/circuit.json`` when its checkpoint hash is this model's, else the
+    folder ``python -m analyses.circuit --checkpoint X`` writes by default."""
+    command = "python -m analyses.circuit" + ("" if checkpoint is None else f" --checkpoint {checkpoint}")
+    committed = common.FIGURES_DIR / "circuit.json"
+    try:
+        if json.loads(committed.read_text()).get("checkpoint_hash") == digest:
+            return {"command": command, "json": "figures/circuit.json"}
+    except (OSError, ValueError):
+        pass
+    return {"command": command, "json": str(common.default_out(checkpoint) / "circuit.json")}
 
 
 def _pair(v: list[float]) -> str:
@@ -523,10 +691,12 @@ def _roles_figure(r: dict, n: int):
 
 
 def compute(subject, args) -> dict:
-    return inspect_subject(subject, args.n_contexts, args.seed)
+    r = inspect_subject(subject, args.n_contexts, args.seed)
+    r["circuit_link"] = circuit_link(getattr(args, "checkpoint", None), subject.hash)
+    return r
 
 
-REQUIRES = frozenset({common.MARKOV_TASK})  # what it needs of its subject
+REQUIRES = frozenset({common.BAYES_TASK})  # what it needs of its subject
 ANALYSIS = common.Analysis.from_module(globals())
 
 

@@ -23,6 +23,7 @@ from tqdm.auto import tqdm
 
 import models
 from analyses import common
+from models import cli
 from models.standard import StandardConfig, train_standard
 from models.subject import DISENTANGLED, Subject, load_subject, subject_of
 from probes import bma_posterior
@@ -189,7 +190,12 @@ def compute(subject: Subject, args) -> dict:
         standard = None
         if DISENTANGLED in subject.capabilities:
             if args.standard is not None:
-                standard = load_subject(args.standard)
+                standard = load_subject(args.standard, args.device)
+                if DISENTANGLED in standard.capabilities:
+                    raise ValueError(
+                        f"--standard {args.standard!r} is a {standard.describe()}; expected a standard "
+                        "transformer (a Hugging Face folder such as python -m models.standard writes)"
+                    )
             else:
                 standard = train_small_standard(args.seed, Path(tmp) / "standard")
         return probes_of(subject, standard, args.n_contexts, args.seed)
@@ -219,6 +225,17 @@ def add_flags(parser) -> None:
         metavar="HF_FOLDER",
         help="a standard transformer folder (default: train a small one here, ~100 steps)",
     )
+
+
+def check_flags(parser, args) -> None:
+    """``--standard`` is a path read like ``--checkpoint``: no output may be, or lie in, it."""
+    if args.standard is not None:
+        try:
+            cli.check_path(args.standard, "--standard")
+            args.reads.append(Path(args.standard))
+            cli.check_not_an_input(args.out, args, "--out")
+        except ValueError as e:
+            parser.error(str(e))
 
 
 REQUIRES = frozenset({common.MARKOV_TASK})  # what it needs of its subject

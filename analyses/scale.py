@@ -12,12 +12,12 @@ Retraining takes tens of minutes on 2 cores, so the figure reads the evaluation 
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 from analyses import common
+from models import cli
 from models.checkpoint import read_config
-from models.io import write_json
+from models.io import read_json, what_is, write_json
 
 NAME = "scale"
 N_CONTEXTS = None  # no --n-contexts: it samples no contexts of a checkpoint
@@ -33,16 +33,40 @@ KEPT = ("step", "seconds", "loss", "nll_gap", "tv_to_bma", "parent_acc", "parent
 
 def collect(runs: dict[str, str | Path]) -> dict:
     """``{label: checkpoint folder}`` -> ``{label: {"config", "history"}}`` with the per-head lists
-    reduced to the least pure head (commit-sized)."""
+    reduced to the least pure head (commit-sized). One line naming the run if one has no usable history."""
     out = {}
     for label, folder in runs.items():
         training = read_config(folder)["training"]
-        history = [
-            {**{k: m.get(k) for k in KEPT}, "min_purity": min(m["head_purity"]), "n_heads": len(m["head_purity"])}
-            for m in training["history"]
-        ]
-        out[label] = {"config": training["config"], "history": history}
+        where = f"--from-runs {label}={folder}"
+        if not isinstance(training, dict) or not isinstance(training.get("history"), list):
+            raise ValueError(f"{where}: its config.json has no training history; expected a models.train run")
+        try:
+            history = [
+                {**{k: m.get(k) for k in KEPT}, "min_purity": min(m["head_purity"]), "n_heads": len(m["head_purity"])}
+                for m in training["history"]
+            ]
+        except (TypeError, KeyError, ValueError, AttributeError):
+            raise ValueError(f"{where}: an evaluation of its history has no head_purity list") from None
+        out[label] = check_run(where, {"config": training.get("config"), "history": history})
     return out
+
+
+def check_run(where: str, run_: dict) -> dict:
+    """``run_`` (``{"config", "history"}``) if ``curves`` can plot it: a config with the task sizes and at
+    least one evaluation with every plotted number; else one ``ValueError`` naming ``where``."""
+    run_ = run_ if isinstance(run_, dict) else {}
+    cfg, history = run_.get("config"), run_.get("history")
+    sizes = ("d_vocab", "n_examples", "seq_len", "batch_size", "eval_contexts")
+    if not isinstance(cfg, dict) or any(k not in cfg for k in sizes):
+        raise ValueError(f"{where}: no training config with {', '.join(sizes)}")
+    if not isinstance(history, list) or not history:
+        raise ValueError(f"{where}: its history is empty; expected at least one evaluation")
+    needed = ("step", "nll_gap", "tv_to_bma", "min_purity", "distinct_demos", "n_heads")
+    for m in history:
+        absent = [k for k in needed if not isinstance(m, dict) or not isinstance(m.get(k), (int, float))]
+        if absent:
+            raise ValueError(f"{where}: an evaluation of its history has no number for {', '.join(absent)}")
+    return run_
 
 
 def curves(histories: dict) -> dict:
@@ -100,13 +124,26 @@ def run_pairs(items: list[str]) -> list[tuple[str, str]]:
 
 def compute(subject, args) -> dict:
     """Collect ``--from-runs`` into ``--histories`` (merged into the runs already there: earlier runs'
-    folders need not exist any more), then the curves of every run in it."""
+    folders need not exist any more), then the curves of every run in it. Every run is checked first:
+    ``--histories`` is rewritten only once all of them can be plotted."""
     path = Path(args.histories)
+    histories = read_histories(path) if path.is_file() or not args.from_runs else {}
     if args.from_runs:
-        histories = json.loads(path.read_text()) if path.is_file() else {}
         histories.update(collect(dict(run_pairs(args.from_runs))))
+    result = curves(histories)
+    if args.from_runs:
         write_json(path, histories)
-    return curves(json.loads(path.read_text()))
+    return result
+
+
+def read_histories(path: Path) -> dict:
+    """The collected histories at ``path``, every run checked (one line naming the file and the run)."""
+    histories = read_json(path, "--histories")
+    if not isinstance(histories, dict) or not histories:
+        raise ValueError(f"--histories {str(path)!r} holds no runs; expected {{label: {{config, history}}}}")
+    for label, run_ in histories.items():
+        check_run(f"--histories {str(path)!r}, run {label!r}", run_)
+    return histories
 
 
 def summary(result: dict) -> str:
@@ -131,13 +168,19 @@ def add_flags(parser) -> None:
 
 
 def check_flags(parser, args) -> None:
-    if args.from_runs:
-        try:
-            run_pairs(args.from_runs)
-        except ValueError as e:
-            parser.error(str(e))
-    elif not Path(args.histories).is_file():
-        parser.error(f"--histories {args.histories} does not exist; collect it with --from-runs LABEL=FOLDER ...")
+    """``--from-runs`` well formed and ``--histories`` an output under the rules of ``--out`` (a file in a
+    writable folder, none of the runs read); without runs to collect, an existing file."""
+    try:
+        if args.from_runs:
+            args.reads = [Path(folder) for _, folder in run_pairs(args.from_runs)]
+            cli.check_out_file(args.histories, "--histories")
+            cli.check_not_an_input(args.histories, args, "--histories")
+        elif not Path(args.histories).is_file():
+            raise ValueError(
+                f"--histories {args.histories!r} {what_is(args.histories)}; collect it with --from-runs LABEL=FOLDER ..."
+            )
+    except ValueError as e:
+        parser.error(str(e))
 
 
 REQUIRES = None  # its own synthetic tasks: no --checkpoint

@@ -33,12 +33,11 @@ from pathlib import Path
 import torch
 
 from bench.reference import bma_posterior_loop, reference_model
-from models import CausalTransformer, causal_transformer, load_subject
-from models.circuit import Runner, build_graph, sender_writes
-from models.interventions import corrupted_contexts
+from models import DEFAULT_CHECKPOINT, STANDARD_CHECKPOINT, CausalTransformer, causal_transformer, cli, load_subject
+from models.circuit import Runner, build_graph, per_context_nll, ratio_se, source_writes, top_n
 from models.io import write_json
 from models.train import PRESETS, TrainConfig, init_copyers, step_loss, train
-from probes import bma_posterior
+from probes import bma_posterior, bma_predictive
 
 ROWS = ("step", "cache", "bma", "memory", "train", "large", "figures", "circuit")
 # (name, d, L = K, H, batch): the reference's full score matrix outgrows the default batch at scale.
@@ -384,21 +383,32 @@ def spearman(a: list[float], b: list[float]) -> float:
 @torch.no_grad()
 def circuit_rows(n_contexts: int, seed: int = 0) -> list[dict]:
     """``models.circuit`` on the shipped standard GPT-2 (``analyses.circuit``'s default corruption: the
-    demonstrations from another tree): exact edge patching against EAP and EAP-IG (8 steps), time and the
-    Spearman correlation of each one's edge scores with the exact ones."""
+    demonstrations from another tree): exact edge patching against EAP and EAP-IG (8 and 32 steps), time,
+    the Spearman correlation of each one's edge scores with the exact ones (signed and of |score|), and the
+    share of the progress that each one's top tenth of the edges keeps (faithfulness, as analyses.circuit)."""
     subject = load_subject("standard")
     graph = build_graph(subject)
-    tokens, _ = subject.task.sample(n_contexts, torch.Generator().manual_seed(seed))
-    corrupted = corrupted_contexts(subject.task, tokens, torch.Generator().manual_seed(seed + 1))[0]
-    runner = Runner(subject, graph, tokens, sender_writes(subject, graph, corrupted)[0])
+    task = subject.task
+    tokens, _ = task.sample(n_contexts, torch.Generator().manual_seed(seed))
+    runner = Runner(subject, graph, tokens, source_writes(subject, graph, tokens, "demonstrations", seed))
+    plateau = bma_predictive(task.pi, tokens, task.n_examples, task.seq_len, task.root, demonstrations=[], log=True)
+    plateau = per_context_nll(plateau, tokens)
+    n_kept = len(graph.edges) // 10
     timed = {}
     for name, score in (
         ("exact", runner.exact_scores),
         ("EAP", runner.eap_scores),
-        ("EAP-IG", lambda: runner.eap_ig_scores(steps=8)),
+        ("EAP-IG (8 steps)", lambda: runner.eap_ig_scores(steps=8)),
+        ("EAP-IG (32 steps)", lambda: runner.eap_ig_scores(steps=32)),
     ):
         start = time.perf_counter()
         timed[name] = (score(), time.perf_counter() - start)
+
+    def kept(scores) -> str:
+        values = runner.keep_only_values(top_n(graph.edges, scores, n_kept))
+        share, se = ratio_se(plateau - values, plateau - runner.clean_values)
+        return f"{share:.2f} +- {se:.2f}"
+
     exact, exact_s = timed["exact"]
     return [
         {
@@ -408,7 +418,9 @@ def circuit_rows(n_contexts: int, seed: int = 0) -> list[dict]:
             "baseline_s": exact_s,
             "baseline": "exact path patching",
             "ratio": exact_s / seconds,
-            "note": f"Spearman {spearman(scores, exact):.3f} with the exact scores",
+            "note": f"Spearman {spearman(scores, exact):.3f} with the exact scores, "
+            f"{spearman([abs(x) for x in scores], [abs(x) for x in exact]):.3f} of abs(score) (the order the search uses); "
+            f"its top {n_kept} edges keep {kept(scores)} of the progress (exact's: {kept(exact)})",
         }
         for name, (scores, seconds) in timed.items()
         if name != "exact"
@@ -429,8 +441,10 @@ def table(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
-def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__.split("\n\n")[0])
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """The flags, checked before any work (``models.cli``: threads, device, a ``--json`` in an existing
+    writable folder that is none of the checkpoints the rows read)."""
+    parser = cli.parser("python -m bench", __doc__)
     parser.add_argument("--only", nargs="+", choices=ROWS, help=f"measure only these rows (default: all of {ROWS})")
     parser.add_argument(
         "--quick",
@@ -441,19 +455,16 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--threads", type=int, help="torch CPU threads (default: torch's choice)")
     parser.add_argument("--json", help="also write the rows to this JSON file")
     args = parser.parse_args(argv)
-    if args.threads is not None:
-        if args.threads < 1:
-            parser.error(f"--threads must be >= 1, got {args.threads}")
-        torch.set_num_threads(args.threads)
-    if args.device.startswith("cuda") and not torch.cuda.is_available():
-        parser.error(
-            f"--device {args.device}: CUDA is not available on this machine (this is a CPU-only torch "
-            "build or there is no GPU); run on a machine with a GPU or use --device cpu"
-        )
-    try:
-        torch.device(args.device)
-    except RuntimeError:
-        parser.error(f"--device {args.device!r} is not a torch device (expected cpu, cuda, cuda:0, ...)")
+    cli.check_run_flags(parser, args, argv, reads=(DEFAULT_CHECKPOINT, STANDARD_CHECKPOINT))
+    return args
+
+
+def main(argv: list[str] | None = None) -> None:
+    cli.run_cli(_main, argv)
+
+
+def _main(argv: list[str]) -> None:
+    args = parse_args(argv)
     only = set(args.only or (ROWS if not args.quick else ("step", "cache", "bma", "train")))
     repeat = 1 if args.quick else 3
     print(f"machine: {machine(args.device)}", flush=True)
@@ -477,7 +488,7 @@ def main(argv: list[str] | None = None) -> None:
     print(table(rows))
     if args.json:
         record = {
-            "command": "python -m bench " + " ".join(sys.argv[1:] if argv is None else argv),
+            "command": args.command,
             "machine": machine(args.device),
             "rows": rows,
         }

@@ -7,8 +7,10 @@ checkpoints ``models.DEFAULT_CHECKPOINT`` and ``models.STANDARD_CHECKPOINT``.
 """
 
 from models.fast_help import exit_if_help_asked
+from models.io import drop_bad_thread_variables
 
 exit_if_help_asked()  # `python -m ... --help` answers here, before torch is imported
+drop_bad_thread_variables()  # before torch loads: a malformed OMP_NUM_THREADS would make libgomp print
 
 from models.causal_transformer import CausalTransformer, CausalTransformerConfig
 from models.checkpoint import DEFAULT_CHECKPOINT, STANDARD_CHECKPOINT, save

@@ -28,7 +28,7 @@ from torch import Tensor
 from models.causal_transformer import CausalTransformer, CausalTransformerConfig
 from models.continuous import ContinuousTransformer
 from models.dtypes import dtype_name
-from models.io import check_memory, exclusive_lock, name_too_long, one_line, read_json
+from models.io import check_memory, exclusive_lock, name_too_long, one_line, read_json, what_is
 from probes.tasks import check_sizes
 
 FORMAT = "causal-transformer-checkpoint/1"
@@ -65,7 +65,7 @@ def read_config(path: str | Path, read=read_json) -> dict:
         if _old(path).is_dir():
             hint = f"; an interrupted write left {_old(path).name!r} beside it: the next write to it restores it"
         raise ValueError(
-            f"checkpoint {str(path)!r} does not exist; expected a folder with {CONFIG} and {WEIGHTS}{hint}"
+            f"checkpoint {str(path)!r} {what_is(path)}; expected a folder with {CONFIG} and {WEIGHTS}{hint}"
         )
     if not path.is_dir() or not (path / CONFIG).is_file():
         raise ValueError(f"checkpoint {str(path)!r} has no {CONFIG}; expected a folder written by models.save")
@@ -325,6 +325,22 @@ def _recover(path: Path) -> None:
         shutil.rmtree(old)
 
 
+SNAPSHOTS = "snapshots"  # a run's snapshots/step_XXXXXX/ folders (models.train, models.standard)
+
+
+def snapshot_folder(out: str | Path, step: int) -> Path:
+    """Where a run at ``out`` keeps its snapshot of step ``step``."""
+    return Path(out) / SNAPSHOTS / f"step_{step:06d}"
+
+
+def clear_snapshots(out: str | Path) -> None:
+    """A run started afresh over ``out`` (``--overwrite``, not resumed) replaces the old run's snapshots
+    too: kept, they would mix into the new run's trajectory (``analyses.trajectory``)."""
+    folder = Path(out) / SNAPSHOTS
+    if folder.is_dir():
+        shutil.rmtree(folder)
+
+
 def recover(path: str | Path) -> None:
     """Restore ``path`` after a write to it was killed part-way, and remove the write's leftovers."""
     path = Path(path)
@@ -333,15 +349,39 @@ def recover(path: str | Path) -> None:
             _recover(path)
 
 
-def check_replaceable(path: Path) -> None:
-    """``path`` is absent, an empty folder, or one of our folders (it has a config.json)."""
+OURS, HUGGING_FACE, OTHER = "checkpoint folder of ours", "Hugging Face folder", "folder that is not a checkpoint"
+
+
+def folder_kind(path: Path) -> str | None:
+    """What the folder ``path`` holds, read from its config.json: None (absent or empty), ``OURS`` (a
+    ``model`` section), ``HUGGING_FACE`` (``model_type`` or ``architectures``), else ``OTHER``."""
+    if not path.is_dir() or not any(path.iterdir()):
+        return None
+    try:
+        config = read_json(path / CONFIG, "config")
+    except ValueError:
+        return OTHER
+    if isinstance(config, dict) and ("model_type" in config or "architectures" in config):
+        return HUGGING_FACE
+    return OURS if isinstance(config, dict) and isinstance(config.get("model"), dict) else OTHER
+
+
+def check_replaceable(path: Path, kind: str = OURS) -> None:
+    """``path`` is absent, an empty folder, or a folder of ``kind``: a write never replaces a file, a
+    folder that is not a checkpoint, or another format's checkpoint."""
     if path.exists() and not path.is_dir():
         raise ValueError(f"{str(path)!r} exists and is not a folder; refusing to overwrite it")
-    if path.is_dir() and any(path.iterdir()) and not (path / CONFIG).is_file():
+    found = folder_kind(path)
+    if found == OTHER:
         raise ValueError(f"{str(path)!r} exists and is not a checkpoint folder; refusing to overwrite it")
+    if found not in (None, kind):
+        raise ValueError(
+            f"{str(path)!r} holds a {found}; refusing to replace it with a {kind} (another format's checkpoint "
+            "is never replaced): pick another folder, or remove it first"
+        )
 
 
-def write_folder_atomically(path: str | Path, write) -> None:
+def write_folder_atomically(path: str | Path, write, kind: str = OURS) -> None:
     """Call ``write(folder)`` on a fresh folder, then put it at ``path`` in one step, replacing a previous
     checkpoint there (whose other entries, e.g. snapshots/, move into the new one).
 
@@ -349,9 +389,9 @@ def write_folder_atomically(path: str | Path, write) -> None:
     the two are exchanged atomically (``renameat2``); where the file system cannot, the previous folder
     is renamed to ``.NAME.old`` for the instant between two renames, and ``recover`` (called by the next
     write, and by training at its start) puts it back. Writers of one ``path`` take turns (a lock).
-    Refuses to replace an existing folder that is not a checkpoint (no config.json) unless empty."""
+    Refuses to replace an existing folder that is not empty and not a checkpoint of ``kind``."""
     path = Path(path)
-    check_replaceable(path)
+    check_replaceable(path, kind)
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
     except OSError as e:
@@ -359,7 +399,7 @@ def write_folder_atomically(path: str | Path, write) -> None:
     new, old = _new(path), _old(path)
     with exclusive_lock(_lock(path), what=repr(str(path))):
         _recover(path)
-        check_replaceable(path)
+        check_replaceable(path, kind)
         new.mkdir()
         try:
             write(new)

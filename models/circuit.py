@@ -27,10 +27,13 @@ What we take from them: the graph (senders, receivers with q/k/v apart), the sco
 EAP's gradient times the change, EAP-IG's integrated gradients over the inputs), the searches and the
 JSON, and ROC AUC against circuits known in advance.
 
-Conventions. Scores are "noising": ``score(edge) = metric(clean run, the edge's receiver seeing its sender's
-ablated value) - metric(clean run)``; with the default metric (target NLL) a positive score is a cost.
-The ablated value of a sender is its value in a run on ``source`` contexts (another tree's demonstrations:
-``corrupted_contexts``; resampled contexts) or its mean over held-out contexts.
+Conventions. Scores are "noising" by default: ``score(edge) = metric(clean run, the edge's receiver seeing
+its sender's ablated value) - metric(clean run)``; with the default metric (target NLL) a positive score is
+a cost. The ablated value of a sender is its value in a run on other contexts (``CORRUPTIONS``: another
+tree's demonstrations, the target re-drawn, fresh contexts) or its mean over held-out contexts.
+"Denoising" (``denoising_runner``) is the mirror image: the base run is the corrupted one, an edge's
+receiver sees its sender's clean value, and the metric is still that of the clean targets, so a negative
+score restores what the corruption cost.
 """
 
 from __future__ import annotations
@@ -42,10 +45,17 @@ import torch
 from jaxtyping import Float, Int
 from torch import Tensor
 
-from models.interventions import Intervention
+from models.interventions import Intervention, corrupted_contexts
 from models.subject import DISENTANGLED, Subject, head_label
 
 INPUTS = ("q", "k", "v")
+CORRUPTIONS = {
+    "demonstrations": "demonstrations from another tree (the same target)",
+    "target": "the target's tokens re-drawn uniformly (the same demonstrations)",
+    "resample": "fresh contexts",
+    "mean": "the sender's mean over held-out contexts",
+}
+DIRECTIONS = ("noising", "denoising")
 
 
 @dataclass(frozen=True)
@@ -269,6 +279,29 @@ def mean_writes(writes: dict) -> dict:
     return {k: v.mean(0, keepdim=True) for k, v in writes.items()}
 
 
+def other_contexts(task, tokens: Int[Tensor, "batch T"], corruption: str, seed: int) -> Int[Tensor, "batch T"]:
+    """The contexts whose run gives the senders' ablated values under ``corruption`` (``CORRUPTIONS``):
+    the demonstrations from another tree, the target's tokens re-drawn uniformly, or fresh contexts (for
+    ``resample`` and, averaged, for ``mean``: held out from ``tokens``)."""
+    if corruption not in CORRUPTIONS:
+        raise ValueError(f"unknown corruption {corruption!r}; expected one of {', '.join(CORRUPTIONS)}")
+    g = torch.Generator().manual_seed(seed + 7919)
+    if corruption == "demonstrations":
+        return corrupted_contexts(task, tokens, g)[0]
+    if corruption == "target":
+        other = tokens.clone()
+        other[:, -task.seq_len :] = torch.randint(0, task.d_vocab, (len(tokens), task.seq_len), generator=g)
+        return other
+    return task.sample(len(tokens), g)[0]
+
+
+def source_writes(subject: Subject, graph: Graph, tokens, corruption: str, seed: int) -> dict:
+    """The senders' ablated values for ``corruption``: their writes on ``other_contexts``, or (``mean``)
+    those writes averaged over the held-out contexts."""
+    writes = sender_writes(subject, graph, other_contexts(subject.task, tokens, corruption, seed))[0]
+    return mean_writes(writes) if corruption == "mean" else writes
+
+
 def _mask(graph: Graph, site: str, group: str, like: Tensor) -> Tensor:
     m = torch.zeros(like.shape[1], dtype=like.dtype, device=like.device)
     m[graph.groups[site][group]] = 1
@@ -276,13 +309,16 @@ def _mask(graph: Graph, site: str, group: str, like: Tensor) -> Tensor:
 
 
 class Runner:
-    """Clean contexts, the senders' clean writes and their ablated values (``source``, each broadcastable
-    to the clean write), and the metric: runs circuits and scores edges."""
+    """The base contexts ``tokens``, the senders' writes on them (``clean``) and their ablated values
+    (``source``, each broadcastable to the clean write), and the metric of the ``targets`` (default
+    ``tokens``): runs circuits and scores edges."""
 
-    def __init__(self, subject: Subject, graph: Graph, tokens, source: dict, metric: Metric = target_nll):
+    def __init__(self, subject: Subject, graph: Graph, tokens, source: dict, metric: Metric = target_nll,
+                 targets=None):  # fmt: skip
         self.subject, self.graph, self.tokens, self.source, self.metric = subject, graph, tokens, source, metric
+        self.targets = tokens if targets is None else targets
         self.clean, lp = sender_writes(subject, graph, tokens)
-        self.clean_values = torch.stack([metric(lp[i : i + 1], tokens[i : i + 1]) for i in range(len(lp))])
+        self.clean_values = torch.stack([metric(lp[i : i + 1], self.targets[i : i + 1]) for i in range(len(lp))])
         self.clean_metric = float(self.clean_values.mean())
         self.passes = 0
 
@@ -332,7 +368,7 @@ class Runner:
     def run_values(self, ablated) -> Tensor:
         """Per context, the metric of ``run_log_probs(ablated)``."""
         lp = self.run_log_probs(ablated)
-        return torch.stack([self.metric(lp[i : i + 1], self.tokens[i : i + 1]) for i in range(len(lp))])
+        return torch.stack([self.metric(lp[i : i + 1], self.targets[i : i + 1]) for i in range(len(lp))])
 
     def run_log_probs(self, ablated) -> Tensor:
         """The log-probs with every edge of ``ablated`` ablated (its receiver sees the sender's ablated value)
@@ -416,7 +452,7 @@ class Runner:
                 lp = self.subject.log_probs(tokens, hooks)
             self.passes += 1
             for c in range(n):
-                values = [self.metric(lp[c * b + i : c * b + i + 1], self.tokens[i : i + 1]) for i in range(b)]
+                values = [self.metric(lp[c * b + i : c * b + i + 1], self.targets[i : i + 1]) for i in range(b)]
                 out.append(float(torch.stack(values).mean()) - self.clean_metric)
                 self.last_se.append(mean_se(torch.stack(values) - self.clean_values)[1])
         return out
@@ -445,7 +481,7 @@ class Runner:
         hooks += [(c, lambda x, hook, c=c: at_capture(x, hook, c)) for c in captures]
         with torch.enable_grad():
             lp = self.subject.log_probs(self.tokens, hooks)
-            m = self.metric(lp, self.tokens)
+            m = self.metric(lp, self.targets)
             names = sorted(captures)
             final = [r.site for r in self.graph.receivers if r.capture is None]
             grads = torch.autograd.grad(m, [acts[c] for c in names] + [sites[s] for s in final], retain_graph=True,
@@ -504,6 +540,16 @@ class Runner:
             g = self.input_grads(hooks)
             total = g if total is None else {k: total[k] + g[k] for k in total}
         return self._attribution({k: v / steps for k, v in total.items()}, edges)
+
+
+def denoising_runner(subject: Subject, graph: Graph, tokens, corruption: str, seed: int,
+                     metric: Metric = target_nll) -> Runner:  # fmt: skip
+    """The Runner of the denoising direction: the base run on ``other_contexts(tokens)``, the senders'
+    values to restore their writes on ``tokens``, the metric that of ``tokens``' targets."""
+    if corruption == "mean":
+        raise ValueError("denoising needs a corruption that is a run on other contexts, not 'mean'")
+    other = other_contexts(subject.task, tokens, corruption, seed)
+    return Runner(subject, graph, other, sender_writes(subject, graph, tokens)[0], metric, targets=tokens)
 
 
 def roc_auc(scores, truth) -> float:

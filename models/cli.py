@@ -21,7 +21,7 @@ import torch
 
 from models.checkpoint import check_device
 from models.dtypes import RUN_DTYPES
-from models.io import check_memory, name_too_long, run_cli, size
+from models.io import check_memory, name_too_long, one_line, run_cli, size, what_is
 from models.sources import NAMED
 from models.subject import THEOREM1_USAGE, Subject, load_subject
 from probes.tasks import MAX_SEED, check_int
@@ -47,7 +47,7 @@ class OneLineParser(argparse.ArgumentParser):
     the usage) and exit code 2."""
 
     def error(self, message: str):
-        self.exit(2, f"{self.prog}: error: {' '.join(str(message).split())}\n")
+        self.exit(2, f"{self.prog}: error: {one_line(' '.join(str(message).split()))}\n")
 
 
 def parser(prog: str, doc: str | None) -> argparse.ArgumentParser:
@@ -110,6 +110,10 @@ def check_path(path: str, flag: str) -> None:
     """A path flag: no NUL byte, no component over 255 bytes (``ValueError`` naming the flag)."""
     if "\x00" in path:
         raise ValueError(f"{flag} {path!r} contains a NUL byte")
+    try:
+        path.encode()
+    except UnicodeEncodeError:  # bytes undecodable as UTF-8 (surrogate-escaped): safetensors cannot open it
+        raise ValueError(f"{flag} {path!r} is not valid UTF-8; rename it (the weight readers need UTF-8 names)") from None
     long = name_too_long(path)
     if long is not None:
         raise ValueError(f"{flag}: the name {long[:40]!r}... is {len(os.fsencode(long))} bytes; the limit is 255")
@@ -144,6 +148,8 @@ def check_out_file(out: str, flag: str) -> None:
     path = Path(out)
     if path.is_dir():
         raise ValueError(f"{flag} {out!r} is a folder; expected a file name")
+    if not path.parent.is_dir():
+        raise ValueError(f"{flag} {out!r}: folder {str(path.parent)!r} {what_is(path.parent)}")
     check_out_folder(str(path.parent), flag=f"{flag} {out!r}: folder")
 
 
@@ -176,16 +182,27 @@ def add_run_flags(p: argparse.ArgumentParser, seed: int = 0, n_contexts: int | N
 
 
 def check_run_flags(
-    p: argparse.ArgumentParser, args: argparse.Namespace, argv: list[str] | None = None, make_parents: bool = False
+    p: argparse.ArgumentParser,
+    args: argparse.Namespace,
+    argv: list[str] | None = None,
+    make_parents: bool = False,
+    reads: tuple = (),
 ) -> None:
-    """Validate the flags of ``add_run_flags``/``add_subject_flags``, apply ``--threads``, and record the
-    command that reproduces the run in ``args.command``. ``make_parents``: ``--out``'s missing parent
-    folders will be made."""
+    """Validate, before any work, the flags every entry point shares (those it has of ``--seed``,
+    ``--n-contexts``, ``--batch-size``, ``--threads``, ``--device``, the path flags, ``--out``,
+    ``--json``), apply ``--threads``, and record the command that reproduces the run in ``args.command``.
+    ``make_parents``: ``--out``'s missing parent folders will be made. ``reads``: files or folders the
+    command reads beyond its flags (no output may be, or lie in, one: ``check_not_an_input``)."""
+    args.reads = [Path(r) for r in reads]
     try:
-        check_int(args.seed, "--seed", 0, MAX_SEED)
-        if hasattr(args, "n_contexts"):
-            check_int(args.n_contexts, "--n-contexts", 1)
-        check_int(args.threads, "--threads", 1, 1024)
+        for name in ("seed", "task_seed"):
+            if getattr(args, name, None) is not None:
+                check_int(getattr(args, name), "--" + name.replace("_", "-"), 0, MAX_SEED)
+        for name in ("n_contexts", "batch_size"):
+            if getattr(args, name, None) is not None:
+                check_int(getattr(args, name), "--" + name.replace("_", "-"), 1)
+        if getattr(args, "threads", None) is not None:
+            check_int(args.threads, "--threads", 1, 1024)
         check_device(getattr(args, "device", "cpu"))
         for name in PATH_FLAGS:
             value = getattr(args, name, None)
@@ -199,15 +216,16 @@ def check_run_flags(
             check_not_an_input(args.json, args, "--json")
     except ValueError as e:
         p.error(str(e) if not str(e).startswith("device") else f"--{e}")
-    torch.set_num_threads(args.threads)
+    if getattr(args, "threads", None) is not None:
+        torch.set_num_threads(args.threads)
     given = sys.argv[1:] if argv is None else argv
     args.command = " ".join([p.prog, *(a for a in given if a != "--debug")])
 
 
 def inputs_of(args: argparse.Namespace) -> list[Path]:
     """The files and folders a command reads: ``--checkpoint`` (a named one: its folder), ``--config``,
-    ``--key-map``, resolved."""
-    paths = []
+    ``--key-map``, and what ``check_run_flags`` was told it ``reads``, resolved."""
+    paths = [Path(r).expanduser().resolve() for r in getattr(args, "reads", ())]
     for name in PATH_FLAGS:
         value = getattr(args, name, None)
         if isinstance(value, str) and not value.startswith("theorem1"):

@@ -12,8 +12,6 @@ seed that training does not use (its data and eval seeds derive from ``seed``), 
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import torch
 from jaxtyping import Float
 from torch import Tensor
@@ -22,7 +20,7 @@ from models import cli
 from models.causal_transformer import CausalTransformer
 from models.continuous import bma_nll, gaussian_nll
 from models.io import write_json
-from models.subject import DisentangledSubject
+from models.subject import DisentangledSubject, check_finite
 from probes import head_assignment, mean_tv, parent_accuracy, target_nll
 from probes.continuous import ContinuousTask, gaussian_bma_posterior, predictive_mean, target_mse
 from probes.metrics import parent_set_accuracy
@@ -37,6 +35,7 @@ def output_and_pattern(model: CausalTransformer, inputs) -> tuple[Tensor, Float[
     model.eval()
     out, cache = model.run_with_cache(inputs, names_filter="blocks.1.attn.hook_pattern")
     model.train(was_training)
+    check_finite(out, "the model")
     return out, cache["blocks.1.attn.hook_pattern"][:, 0].double().cpu()
 
 
@@ -62,7 +61,10 @@ def eval_metrics(model: CausalTransformer, nll: float, nll_bma: float, attention
 @torch.no_grad()
 def evaluate(model: CausalTransformer, task, inputs, parents) -> dict:
     """Held-out metrics of the disentangled model on any task kind. Discrete tasks: NLL (h >= 1) of the
-    model and of the task's Bayes oracle (``probes.oracles.bayes``; ours: BMA). Continuous task: ``nll`` is the Gaussian NLL of the target under the model's mean
+    model and of the task's Bayes oracle (``probes.oracles.bayes``; ours: BMA); on a fixed graph the
+    "posterior" is the graph itself, where the parents are, which under a per-context kernel is not where
+    an optimal layer 2 attends (an induction head attends to earlier tokens that followed the same parent
+    values). Continuous task: ``nll`` is the Gaussian NLL of the target under the model's mean
     and the known noise variance, ``nll_bma`` BMA's exact mixture NLL, plus ``mse`` and ``mse_bma``."""
     out, attention = output_and_pattern(model, inputs)
     if not isinstance(task, ContinuousTask):
@@ -102,11 +104,7 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--batch-size", type=int, default=1024, help="contexts per chunk (default: 1024)")
     parser.add_argument("--json", metavar="FILE", help="also write the metrics to this JSON file")
     args = parser.parse_args(argv)
-    cli.check_run_flags(parser, args, argv)
-    if args.batch_size < 1:
-        parser.error(f"--batch-size must be >= 1, got {args.batch_size}")
-    if args.json and not Path(args.json).resolve().parent.is_dir():
-        parser.error(f"--json {args.json}: folder {Path(args.json).resolve().parent} does not exist")
+    cli.check_run_flags(parser, args, argv)  # --batch-size and --json included
     subject = cli.subject_or_exit(parser, args)
     if not isinstance(subject, DisentangledSubject):
         parser.error(

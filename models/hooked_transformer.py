@@ -37,6 +37,7 @@ from transformer_lens import ActivationCache, HookedRootModule
 from transformer_lens.hook_points import HookPoint
 
 from models.dtypes import DTYPES, RUN_DTYPES
+from models.io import check_memory, check_tensors
 
 NORMALIZATIONS = ("LN", "LNPre", None)
 ACTIVATIONS = ("gelu", "gelu_new", "relu")
@@ -108,6 +109,29 @@ class HookedTransformerConfig:
                 raise ValueError(f"{name} must be true or false, got {getattr(self, name)!r}")
         if self.dtype not in RUN_DTYPES:
             raise ValueError(f"dtype={self.dtype!r} is not covered; covered: {', '.join(RUN_DTYPES)}")
+        what = (
+            f"a model of n_layers={self.n_layers}, d_model={self.d_model}, n_heads={self.n_heads}, "
+            f"d_head={self.d_head}, n_ctx={self.n_ctx}, d_vocab={self.d_vocab} ({self.dtype})"
+        )
+        check_tensors(self.n_tensors(), what)  # sized before any tensor is made: every model is made of a config
+        if self.device != "meta":
+            check_memory(self.n_bytes(), what, self.device)
+
+    def n_tensors(self) -> int:
+        """The parameters and buffers of ``HookedTransformer(self)``, counted from the config."""
+        norm = 2 if self.normalization_type == "LN" else 0
+        block = 9 + norm + (0 if self.attn_only else 4 + norm)  # attention: 8 weights + the mask
+        return self.n_layers * block + 4 + norm  # W_E, W_pos, W_U, b_U, ln_final
+
+    def n_bytes(self) -> int:
+        """Bytes of the parameters and buffers of ``HookedTransformer(self)``, by arithmetic (nothing allocated)."""
+        D, n, e, C = self.d_model, self.n_heads, self.d_head, self.n_ctx
+        norm = 2 * D if self.normalization_type == "LN" else 0
+        attn = 4 * n * D * e + 3 * n * e + D + norm
+        mlp = 0 if self.attn_only else 2 * D * self.d_mlp + self.d_mlp + D + norm
+        top = self.d_vocab * D + C * D + D * self.d_vocab_out + self.d_vocab_out + norm
+        itemsize = torch.empty((), dtype=self.torch_dtype).element_size()
+        return (self.n_layers * (attn + mlp) + top) * itemsize + self.n_layers * C * C  # the masks: bool, C x C
 
     @property
     def torch_dtype(self) -> torch.dtype:

@@ -5,10 +5,15 @@ keeps the traceback)."""
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
 import json
+import math
 import os
+import resource
+import select
 import shutil
+import stat
 import sys
 import tempfile
 import traceback
@@ -16,6 +21,7 @@ from pathlib import Path
 
 MEMORY_FRACTION = 0.8  # refuse work whose estimated memory exceeds this share of the available memory
 MAX_JSON_BYTES = 256 * 2**20  # config, task and key-map files are small; refuse to parse more
+MAX_TENSORS = 20_000  # refuse to build a model of more tensors (work, whatever their sizes): 10x the largest LLMs
 
 
 def atomic_write(path: str | Path, write) -> None:
@@ -45,14 +51,38 @@ def write_json(path: str | Path, record) -> None:
     atomic_write(path, lambda tmp: tmp.write_text(text))
 
 
+def what_is(path: str | Path) -> str:
+    """What ``path`` is, for a message about a path that is not the regular file or folder expected:
+    ``does not exist``, ``is a folder``, ``is a named pipe (FIFO)``, ``is a symlink loop``, ..."""
+    path = Path(path)
+    try:
+        mode = os.stat(path).st_mode
+    except OSError as e:
+        if e.errno == errno.ELOOP:
+            return "is a symlink loop"
+        if path.is_symlink():
+            return f"is a symlink to {os.readlink(path)!r}, which does not exist"
+        if e.errno == errno.ENOENT:
+            return "does not exist"
+        return f"cannot be read ({e.strerror or e})"
+    kinds = {stat.S_ISDIR: "is a folder", stat.S_ISREG: "is a file", stat.S_ISFIFO: "is a named pipe (FIFO)"}
+    kinds.update({stat.S_ISSOCK: "is a socket", stat.S_ISCHR: "is a device", stat.S_ISBLK: "is a device"})
+    return next((text for test, text in kinds.items() if test(mode)), "is not a regular file")
+
+
+def listing(names, shown: int = 5) -> str:
+    """``names`` for a message: the first ``shown``, then ``... and N more`` (a list of 20 000 is one short line)."""
+    names = [str(n) for n in names]
+    more = f" ... and {len(names) - shown} more" if len(names) > shown else ""
+    return ", ".join(names[:shown]) + more
+
+
 def read_small(path: str | Path, what: str) -> bytes:
     """The bytes of the small file ``path`` (a config, a task.json, a key map); a missing, huge or
     unreadable file is one ``ValueError`` naming ``what`` and the path. Every such file is read here."""
     path = Path(path)
     if not path.is_file():
-        raise ValueError(
-            f"{what} {str(path)!r} {'is a folder' if path.is_dir() else 'does not exist'}; expected a JSON file"
-        )
+        raise ValueError(f"{what} {str(path)!r} {what_is(path)}; expected a JSON file")
     try:
         if path.stat().st_size > MAX_JSON_BYTES:
             raise ValueError(f"{what} {str(path)!r} is over {MAX_JSON_BYTES >> 20} MiB; expected a small JSON file")
@@ -119,6 +149,9 @@ def write_set(folder: str | Path, name: str, writers: dict) -> list[Path]:
     ``.NAME.ready``, the commit point, and its files are moved into place; an interrupted move is
     finished by the next call (roll forward)."""
     folder = Path(folder)
+    blocked = [file for file in writers if (folder / file).is_dir() and not (folder / file).is_symlink()]
+    if blocked:  # found before anything is written: a move onto a folder would fail half-way through the set
+        raise ValueError(f"cannot write the {name} set in {str(folder)!r}: {listing(blocked)} is a folder; expected a file")
     staging = folder / f".{name}.set-{os.getpid()}-{os.urandom(4).hex()}"
     staging.mkdir()
     try:
@@ -171,32 +204,97 @@ def _alive(pid: int) -> bool:
     return True
 
 
-def available_memory() -> int:
-    """Bytes of memory available to a new allocation (``MemAvailable``; physical memory if unknown)."""
+def memory_limit(device: str | None = None) -> tuple[int, str]:
+    """(bytes a new allocation on ``device`` may take, what bounds it). A CUDA device: its free memory
+    (``torch.cuda.mem_get_info``). The CPU: the least of the memory the system has free
+    (``MemAvailable``; physical memory if unknown), what this process's address-space limit leaves
+    (``ulimit -v``, ``RLIMIT_AS``, less the address space already mapped) and what its cgroup leaves
+    (``_cgroup_left``)."""
+    if isinstance(device, str) and device.startswith("cuda"):
+        import torch
+
+        with contextlib.suppress(RuntimeError, AssertionError, ValueError):
+            return torch.cuda.mem_get_info(torch.device(device))[0], f"the free memory of {device}"
+    limits = [(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"), "the physical memory")]
     with contextlib.suppress(OSError, ValueError):
         for line in Path("/proc/meminfo").read_text().splitlines():
             if line.startswith("MemAvailable:"):
-                return int(line.split()[1]) * 1024
-    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+                limits = [(int(line.split()[1]) * 1024, "the memory free (MemAvailable)")]
+    with contextlib.suppress(OSError, ValueError):
+        soft = resource.getrlimit(resource.RLIMIT_AS)[0]
+        if soft != resource.RLIM_INFINITY:
+            mapped = next(
+                int(line.split()[1]) * 1024
+                for line in Path("/proc/self/status").read_text().splitlines()
+                if line.startswith("VmSize:")
+            )
+            limits.append((max(soft - mapped, 0), "what the address-space limit (ulimit -v) leaves"))
+    left = _cgroup_left()
+    if left is not None:
+        limits.append((left, "what the cgroup's memory limit leaves"))
+    return min(limits)
+
+
+def _cgroup_left() -> int | None:
+    """Bytes this process's cgroup may still take (v2 ``memory.max - memory.current``, v1
+    ``memory.limit_in_bytes - memory.usage_in_bytes``), or None without a limit."""
+    with contextlib.suppress(OSError, ValueError, StopIteration):
+        v2 = Path("/sys/fs/cgroup") / next(
+            line.split("::", 1)[1].strip().lstrip("/")
+            for line in Path("/proc/self/cgroup").read_text().splitlines()
+            if line.startswith("0::")
+        )
+        if (v2 / "memory.max").is_file():
+            limit = (v2 / "memory.max").read_text().strip()
+            return None if limit == "max" else max(int(limit) - int((v2 / "memory.current").read_text()), 0)
+    with contextlib.suppress(OSError, ValueError):
+        v1 = Path("/sys/fs/cgroup/memory")
+        limit = int((v1 / "memory.limit_in_bytes").read_text())
+        if limit < 2**62:  # no limit reads as the largest page-aligned int64
+            return max(limit - int((v1 / "memory.usage_in_bytes").read_text()), 0)
+    return None
+
+
+def available_memory() -> int:
+    """Bytes of memory available to a new allocation (``memory_limit``)."""
+    return memory_limit()[0]
 
 
 def size(n: float) -> str:
     """``n`` bytes, human readable."""
-    for unit in ("B", "KB", "MB", "GB", "TB"):
-        if abs(n) < 1000 or unit == "TB":
+    for unit in ("B", "KB", "MB", "GB", "TB", "PB"):
+        if abs(n) < 1000:
             return f"{n:.1f} {unit}" if unit != "B" else f"{int(n)} B"
         n /= 1000
-    return f"{n:.1f} PB"
+    return f"{n:.3g} PB"
 
 
-def check_memory(needed: float, what: str) -> None:
-    """One-line ``ValueError`` if ``needed`` bytes exceed ``MEMORY_FRACTION`` of the available memory."""
-    bound = MEMORY_FRACTION * available_memory()
+def check_memory(needed: float, what: str, device: str | None = None) -> None:
+    """One-line ``ValueError`` if ``needed`` bytes exceed ``MEMORY_FRACTION`` of the available memory
+    on ``device`` (default the CPU; ``memory_limit``): what was asked (``what``), how much it needs, what
+    is available. Every size check of the suite ends here, before the allocation it sizes."""
+    available, source = memory_limit(device)
+    bound = MEMORY_FRACTION * available
     if needed > bound:
         raise ValueError(
             f"{what} would need about {size(needed)}, more than the bound of {size(bound)} "
-            f"({MEMORY_FRACTION:.0%} of the memory available); use smaller sizes"
+            f"({MEMORY_FRACTION:.0%} of {size(available)}, {source}); use smaller sizes"
         )
+
+
+def check_tensors(count: float, what: str) -> None:
+    """One-line ``ValueError`` if building a model would make more than ``MAX_TENSORS`` tensors: the work
+    of building (one Python object per tensor) grows with the count even where each tensor is tiny."""
+    if count > MAX_TENSORS:
+        raise ValueError(
+            f"{what} would build about {count:.3g} tensors, more than the bound of {MAX_TENSORS} "
+            f"(the largest published models have a few thousand); use fewer layers"
+        )
+
+
+def tensor_bytes(shape, itemsize: int) -> int:
+    """Bytes of a dense tensor of ``shape`` (integers) and ``itemsize``, by arithmetic (nothing allocated)."""
+    return math.prod(int(n) for n in shape) * itemsize
 
 
 def one_line(e: BaseException | str) -> str:
@@ -223,13 +321,46 @@ def describe(e: BaseException) -> str:
     return one_line(f"{type(e).__name__}: {e}" if str(e).strip() else type(e).__name__)
 
 
+# Thread counts torch's OpenMP reads when it loads: a malformed one makes libgomp print its own lines.
+THREAD_VARIABLES = ("OMP_NUM_THREADS", "MKL_NUM_THREADS")
+BAD_ENVIRONMENT: dict[str, str] = {}  # what drop_bad_thread_variables took out of the environment
+
+
+def drop_bad_thread_variables() -> None:
+    """Before torch loads (``models/__init__``): take a malformed ``OMP_NUM_THREADS``/``MKL_NUM_THREADS``
+    (not positive integers, comma-separated) out of the environment, so that libgomp prints nothing;
+    ``run_cli`` then refuses to run with one line naming it (``--threads`` sets torch's threads)."""
+    for name in THREAD_VARIABLES:
+        value = os.environ.get(name)
+        if value is not None and not all(v.strip().isdigit() and int(v) > 0 for v in value.split(",")):
+            BAD_ENVIRONMENT[name] = os.environ.pop(name)
+
+
+def check_environment() -> None:
+    """One ``ValueError`` for a thread variable ``drop_bad_thread_variables`` took out."""
+    for name, value in BAD_ENVIRONMENT.items():
+        raise ValueError(
+            f"environment variable {name}={value!r} is not a positive integer; unset it (--threads sets torch's threads)"
+        )
+
+
 def run_cli(main, argv: list[str] | None = None):
     """Run a CLI ``main(argv)``. A ``ValueError`` (bad input) becomes ``error: <one line>`` on stderr and
     exit code 2; any other exception becomes the same with a hint, exit code 2. ``--debug`` in argv
-    shows the traceback as well. ``KeyboardInterrupt`` exits 130 with one line."""
+    shows the traceback as well. ``KeyboardInterrupt`` exits 130 with one line. A reader of stdout that
+    went away (``| head``) ends the run quietly: what it wrote is written."""
     args = sys.argv[1:] if argv is None else list(argv)
     try:
-        return main(args)
+        try:
+            check_environment()
+            result = main(args)
+            sys.stdout.flush()
+            return result
+        except BrokenPipeError:
+            if not _stdout_gone():
+                raise  # another pipe (a child process's): an error like any other
+            _quiet_stdout()
+            return None
     except KeyboardInterrupt:
         print("error: interrupted", file=sys.stderr)
         raise SystemExit(130) from None
@@ -239,6 +370,22 @@ def run_cli(main, argv: list[str] | None = None):
         hint = "" if isinstance(e, ValueError) or "--debug" in args else " (--debug for the traceback)"
         print(f"error: {describe(e)}{hint}", file=sys.stderr)
         raise SystemExit(2) from None
+
+
+def _stdout_gone() -> bool:
+    """Whether stdout is a pipe whose reader has closed it (poll reports an error on its write end)."""
+    with contextlib.suppress(OSError, ValueError, AttributeError):
+        poller = select.poll()
+        poller.register(sys.stdout.fileno(), select.POLLOUT)
+        return any(events & select.POLLERR for _, events in poller.poll(0))
+    return False
+
+
+def _quiet_stdout() -> None:
+    """stdout's reader has gone: point stdout at /dev/null, so that the flush at exit cannot fail again."""
+    with contextlib.suppress(OSError, ValueError):
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
 
 
 def name_too_long(path: str | Path) -> str | None:

@@ -4,6 +4,8 @@ positions) reading the flat example-major context with the ordinary next-token s
     python -m models.standard --out models/checkpoints/standard --overwrite   # regenerates the shipped checkpoint
     python -m models.standard --out runs/plateau --alpha 1 --gamma 0.2 --steps 1000   # stays on the plateau
     python -m models.standard --help                     # every StandardConfig field is a flag
+    python -m models.standard --task-kind random_dag:parents=1:kernel=dirichlet --alpha 1 --d-vocab 3 \
+        --n-examples 0 --seq-len 20 --out runs/dag       # a task of the family (probes.graph_task)
 
 The defaults are a recipe that learns (README, "Standard transformers"): d=5, L=6, H=6, sharp kernel
 rows 0.98 Dirichlet(0.1) + 0.02/d drawn with task_seed 37 (demonstrations worth 0.58 nats: the
@@ -18,7 +20,8 @@ never saved).
 
 The logits at flat position p predict token p + 1, so the prediction of the target token x_h sits at
 flat position ``L*H + h - 1``; the root x_0 of the target is predicted from the last token of the last
-demonstration. Saved as a Hugging Face causal-LM folder (``config.json``, ``model.safetensors``) with a
+demonstration (with no demonstration, L = 0, nothing precedes it: row 0 is read at position -1, the last
+token, and stays out of every NLL, which starts at h = 1). Saved as a Hugging Face causal-LM folder (``config.json``, ``model.safetensors``) with a
 ``task.json`` beside it (schema: ``models.sources.task_json``) and ``training.json`` (config and eval history);
 ``models.load(folder)`` returns it as a ``transformer_lens.TransformerBridge``. Training is a function
 of the config and the torch thread count (``--threads``, default 1): the same seed gives the same weights.
@@ -29,7 +32,6 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import sys
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -41,12 +43,14 @@ from torch import Tensor, nn
 from tqdm.auto import tqdm
 
 from models import cli
-from models.checkpoint import write_folder_atomically
+from models.checkpoint import HUGGING_FACE, check_replaceable, clear_snapshots, snapshot_folder, write_folder_atomically
+from models.io import check_memory, size
 from models.optim import check_finite, cosine_factor
 from models.sources.files import TASK_JSON
+from models.sources.hugging_face import check_size
 from probes import MarkovTreeTask, bma_predictive, check_tokens, target_nll
 from probes.graph_task import SPEC_HELP, GraphTask, make_task
-from probes.oracles import bayes, count_log_predictive, graph_tensor
+from probes.oracles import bayes, check_bayes, count_log_predictive, graph_tensor
 from probes.tasks import check_float
 
 TRAINING_JSON = "training.json"
@@ -70,6 +74,7 @@ STANDARD_HELP = {
     "weight_decay": "AdamW weight decay",
     "loss_on": "all: every next token, as a language model; target: only the target sequence's tokens",
     "eval_every": "evaluate on held-out contexts every this many steps",
+    "snapshot_every": "if > 0, also keep the model every this many steps under OUT/snapshots/step_XXXXXX/",
     "out": "folder to write the trained model to (a Hugging Face folder with task.json)",
 }
 
@@ -105,12 +110,15 @@ class StandardConfig:
     device: str = "cpu"
     eval_every: int = 500
     eval_contexts: int = 512
+    snapshot_every: int = 0
     out: str = "runs/standard"
 
     def __post_init__(self):
         for name in ("steps", "batch_size", "eval_every", "eval_contexts", "n_layers", "n_heads", "d_model", "d_mlp"):
             if not isinstance(getattr(self, name), int) or getattr(self, name) < 1:
                 raise ValueError(f"{name} must be a positive integer, got {getattr(self, name)!r}")
+        if not isinstance(self.snapshot_every, int) or self.snapshot_every < 0:
+            raise ValueError(f"snapshot_every must be an integer >= 0, got {self.snapshot_every!r}")
         if self.d_model % self.n_heads:
             raise ValueError(f"d_model={self.d_model} must be a multiple of n_heads={self.n_heads}")
         check_float(self.lr, "lr", 0, 10, open_low=True)  # above 10 Adam only diverges
@@ -129,7 +137,10 @@ class StandardConfig:
             raise ValueError(
                 f"task_kind {self.task_kind!r}: a standard transformer reads tokens; expected a discrete task"
             )
-        self.task()  # an unknown kind, a graph that is not a DAG: one ValueError here
+        if self.task_kind in ("markov_tree", "continuous") and self.n_examples == 0:
+            raise ValueError(f"n_examples must be >= 1 for the task {self.task_kind} (only the family's tasks take 0)")
+        if self.task_kind not in ("markov_tree", "continuous"):  # ours need no drawing to be checked
+            check_bayes(self.task())  # an unknown kind, a graph that is not a DAG, no exact oracle: one ValueError
 
     def task(self) -> MarkovTreeTask | GraphTask:
         return make_task(
@@ -164,6 +175,7 @@ def build_gpt2(cfg: StandardConfig, n_tokens: int):
         eos_token_id=0,
         tie_word_embeddings=False,
     )
+    check_size(hf.to_dict(), "the GPT-2 of these flags", cfg.device)  # sized before it is built
     model = GPT2LMHeadModel(hf)
     if cfg.arch == "attn_only":
         for block in model.transformer.h:
@@ -250,8 +262,11 @@ def train_standard(cfg: StandardConfig, progress: bool = True, save: bool = True
     replace a non-empty folder unless ``overwrite``). Runs on torch's current thread count."""
     if save:
         check_out(cfg.out, overwrite)
+        clear_snapshots(cfg.out)  # only reached over an empty folder or with overwrite
     if save and cfg.arch == "attn_only":
         raise ValueError("an attn_only model has no Hugging Face folder; train it with save=False")
+    if cfg.snapshot_every and not save:
+        raise ValueError("snapshot_every needs save=True: snapshots are kept under the run's folder")
     task = cfg.task()
     torch.manual_seed(cfg.seed)
     model = build_gpt2(cfg, task.n_tokens)
@@ -268,6 +283,10 @@ def train_standard(cfg: StandardConfig, progress: bool = True, save: bool = True
     for done in (bar := tqdm(range(1, cfg.steps + 1), disable=not progress, desc="train standard")):
         loss = _loss(model, task.sample(cfg.batch_size, data_gen)[0].to(cfg.device), cfg)
         _descend(loss, opt, sched)
+        if cfg.snapshot_every and done % cfg.snapshot_every == 0:  # as models.train: the run, then the snapshot
+            training = {"config": asdict(cfg), "threads": torch.get_num_threads(), "step": done, "history": history}
+            save_standard(model, cfg.out, task, training, overwrite=True)  # out is ours from here (checked above)
+            save_standard(model, snapshot_folder(cfg.out, done), task, training)
         if done % cfg.eval_every == 0 or done == cfg.steps:
             check_finite(model, loss.item(), done)  # no NaN model is ever saved
             m = {
@@ -282,7 +301,7 @@ def train_standard(cfg: StandardConfig, progress: bool = True, save: bool = True
     model.eval()
     if save:
         training = {"config": asdict(cfg), "threads": torch.get_num_threads(), "history": history}
-        save_standard(model, cfg.out, task, training, overwrite=overwrite)
+        save_standard(model, cfg.out, task, training, overwrite=overwrite or cfg.snapshot_every > 0)
     return model, history
 
 
@@ -294,10 +313,15 @@ def _descend(loss: Tensor, opt: torch.optim.Optimizer, sched) -> None:
 
 
 def check_out(out: str | Path, overwrite: bool) -> None:
-    """Refuse an ``out`` that is a file, or a non-empty folder when not ``overwrite``."""
+    """Refuse an ``out`` that is a file, another format's checkpoint or a folder that is not one (even
+    with ``overwrite``), or a non-empty folder when not ``overwrite``."""
     out = Path(out)
     if out.exists() and not out.is_dir():
         raise ValueError(f"--out {out} is a file; expected a folder")
+    try:
+        check_replaceable(out, HUGGING_FACE)
+    except ValueError as e:
+        raise ValueError(f"--out {e}") from None
     if out.is_dir() and any(out.iterdir()) and not overwrite:
         raise ValueError(f"--out {out} is not empty; refusing to overwrite it (pass --overwrite to replace it)")
 
@@ -317,12 +341,14 @@ def save_standard(model, out: str | Path, task: MarkovTreeTask, training: dict, 
 
     transformers.logging.disable_progress_bar()
     try:
-        write_folder_atomically(out, write)
+        write_folder_atomically(out, write, HUGGING_FACE)
     finally:
         transformers.logging.enable_progress_bar()
 
 
 def parse_args(argv: list[str] | None = None) -> tuple[StandardConfig, argparse.Namespace]:
+    """The flags, every one checked before any work (``cli.check_run_flags``: seeds, sizes, threads,
+    device, a writable ``--out``); then the config, the memory it needs, and what ``--out`` holds."""
     parser = cli.parser("python -m models.standard", __doc__)
     cli.add_dataclass_flags(parser, StandardConfig, STANDARD_HELP, CHOICES)
     parser.add_argument(
@@ -333,35 +359,44 @@ def parse_args(argv: list[str] | None = None) -> tuple[StandardConfig, argparse.
     )
     parser.add_argument("--overwrite", action="store_true", help="replace --out if it is a non-empty folder")
     args = parser.parse_args(argv)
-    if args.threads < 1:
-        parser.error(f"--threads must be >= 1, got {args.threads}")
+    cli.check_run_flags(parser, args, argv)
     try:
         cfg = cli.dataclass_from_args(StandardConfig, args)
         if cfg.arch == "attn_only":
             raise ValueError("--arch attn_only cannot be saved as a Hugging Face folder; use analyses.phase_diagram")
+        check_resources(cfg)
         check_out(cfg.out, args.overwrite)
     except ValueError as e:
         parser.error(cli.as_flags(str(e), StandardConfig))
-    out = Path(cfg.out)
-    if not out.parent.is_dir():
-        parser.error(f"--out {out}: parent folder {out.parent} does not exist")
     return cfg, args
 
 
-def main(argv: list[str] | None = None) -> None:
+def check_resources(cfg: StandardConfig) -> None:
+    """One line if a training step would not fit in memory, estimated from the config before anything
+    is built: float32 weights, gradients and AdamW's two moments, and per context the activations kept for
+    the backward pass (each block's residual, attention and MLP widths, and its heads' score matrices)."""
+    task = cfg.task()
+    t, d, v = task.n_tokens, cfg.d_model, cfg.d_vocab
+    params = 2 * v * d + t * d + cfg.n_layers * (4 * d * d + 2 * d * cfg.d_mlp + 10 * d + cfg.d_mlp)
+    per = 4 * t * (cfg.n_layers * (10 * d + 2 * cfg.d_mlp + 3 * cfg.n_heads * t) + 3 * v)
+    check_memory(16 * params + per * cfg.batch_size, f"--batch-size {cfg.batch_size} ({size(per)} a context)")
+    check_memory(4 * params + per * cfg.eval_contexts, f"--eval-contexts {cfg.eval_contexts} ({size(per)} a context)")
+
+
+def _main(argv: list[str]) -> None:
     cfg, args = parse_args(argv)
-    torch.set_num_threads(args.threads)
-    try:
-        _, history = train_standard(cfg, overwrite=args.overwrite)
-        last = history[-1]
-        print(
-            f"wrote {cfg.out} ({last['seconds']:.1f} s): NLL {last['nll']:.4f}, BMA {last['nll_bma']:.4f}, "
-            f"uniform-parent plateau {last['nll_uniform']:.4f} (gap to BMA {last['nll_gap']:+.4f}, "
-            f"plateau's {last['plateau_gap']:+.4f}; progress {last['progress']:.3f})"
-        )
-    except (ValueError, OSError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        raise SystemExit(2) from None
+    _, history = train_standard(cfg, overwrite=args.overwrite)
+    last = history[-1]
+    print(
+        f"wrote {cfg.out} ({last['seconds']:.1f} s): NLL {last['nll']:.4f}, BMA {last['nll_bma']:.4f}, "
+        f"uniform-parent plateau {last['nll_uniform']:.4f} (gap to BMA {last['nll_gap']:+.4f}, "
+        f"plateau's {last['plateau_gap']:+.4f}; progress {last['progress']:.3f})"
+    )
+
+
+def main(argv: list[str] | None = None) -> None:
+    """The command line: bad input (or any failure) is one line on stderr and exit code 2 (``run_cli``)."""
+    cli.run_cli(_main, argv)
 
 
 if __name__ == "__main__":

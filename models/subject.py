@@ -30,12 +30,29 @@ from torch import Tensor
 from models.causal_transformer import CausalTransformer
 from models.sources import resolve, theorem1
 from probes import MarkovTreeTask
+from probes.graph_task import GraphTask
 from probes.layout import Layout
 
 # Capabilities a family may have beyond the common interface.
 DISENTANGLED = "disentangled residual"  # [x_h, u_h^1..u_h^K] subspaces, blocks.1 bilinear W_KQ / W_OV
 CONTENT_FREE_COPYERS = "content-free copyer layer"  # blocks.0 pattern is the same for every context
 MARKOV_TASK = "Markov-tree task"  # discrete tokens with a kernel pi (BMA over parents applies)
+BAYES_TASK = "task with a Bayes oracle"  # discrete tokens of the family, ours included (probes.oracles)
+
+
+def check_finite(out: Tensor, what: str) -> Tensor:
+    """``out``, the output of a forward pass of the model ``what``, if it holds no NaN and no +Inf (a
+    log-probability of -Inf is a probability of 0, which a model may give); else one ``ValueError``:
+    a NaN would become a NaN metric reported with exit code 0."""
+    bad = torch.isnan(out) | torch.isposinf(out)
+    if bad.any():
+        rows = bad.flatten(1).any(1) if bad.ndim > 1 else bad
+        raise ValueError(
+            f"{what}: the forward pass gave NaN or Inf on {int(rows.sum())} of {len(rows)} contexts "
+            f"({int(bad.sum())} of {bad.numel()} values): its weights or config overflow (e.g. an attn_scale "
+            f"near 0, a huge beta or weights); no metric is computed from it"
+        )
+    return out
 
 
 def head_label(layer: int, head: int) -> str:
@@ -60,9 +77,12 @@ class LayerAttention:
         rows = torch.full((H,), -1, dtype=torch.long)
         is_target = self.query_predicts[:, 0] == L
         rows[self.query_predicts[is_target, 1]] = torch.nonzero(is_target).flatten()
-        if (rows < 0).any():
-            raise ValueError(f"this layer has no query predicting target positions {torch.nonzero(rows < 0).flatten().tolist()}")
-        picked = self.pattern[:, :, rows.to(self.pattern.device)].double()
+        if (rows[1:] < 0).any():  # x_0 may have none (a lone target without BOS): it has no parent to attend to
+            raise ValueError(
+                f"this layer has no query predicting target positions {torch.nonzero(rows < 0).flatten().tolist()}"
+            )
+        picked = self.pattern[:, :, rows.clamp_min(0).to(self.pattern.device)].double()
+        picked[:, :, rows < 0] = 0
         keep = self.key_token[:, 0] >= 0
         flat = self.key_token[keep, 0] * H + self.key_token[keep, 1]
         out = picked.new_zeros(*picked.shape[:3], (L + 1) * H)
@@ -99,6 +119,10 @@ class Subject:
         return f"{self.family} model ({self.n_layers} layers, {heads} heads)"
 
     def log_probs(self, tokens: Int[Tensor, "batch n_tokens"], fwd_hooks=()) -> Float[Tensor, "batch H d"]:
+        """The forward pass every analysis reads, checked: a NaN or +Inf is one ``ValueError``, never a metric."""
+        return check_finite(self._log_probs(tokens, fwd_hooks), f"--checkpoint {self.name}")
+
+    def _log_probs(self, tokens, fwd_hooks) -> Float[Tensor, "batch H d"]:
         raise NotImplementedError
 
     def attention(self, tokens: Int[Tensor, "batch n_tokens"], fwd_hooks=()) -> list[LayerAttention]:
@@ -126,9 +150,11 @@ class DisentangledSubject(Subject):
         caps = {DISENTANGLED, CONTENT_FREE_COPYERS}
         if isinstance(task, MarkovTreeTask):
             caps.add(MARKOV_TASK)
+        if isinstance(task, MarkovTreeTask | GraphTask):
+            caps.add(BAYES_TASK)
         self.capabilities = frozenset(caps)
 
-    def log_probs(self, tokens, fwd_hooks=()):
+    def _log_probs(self, tokens, fwd_hooks):
         with self.model.hooks(fwd_hooks=list(fwd_hooks)):
             return self.model(tokens).double()
 
@@ -150,9 +176,10 @@ class StandardSubject(Subject):
     def __init__(self, model, task, layout: Layout, name: str, digest: str):
         super().__init__(model, task, layout, name, digest)
         self.n_heads = [model.cfg.n_heads] * model.cfg.n_layers
-        self.capabilities = frozenset({MARKOV_TASK} if isinstance(task, MarkovTreeTask) else ())
+        caps = {MARKOV_TASK} if isinstance(task, MarkovTreeTask) else set()
+        self.capabilities = frozenset(caps | ({BAYES_TASK} if isinstance(task, MarkovTreeTask | GraphTask) else set()))
 
-    def log_probs(self, tokens, fwd_hooks=()):
+    def _log_probs(self, tokens, fwd_hooks):
         ids = self.layout.encode(tokens).to(self.model.cfg.device)
         with self.model.hooks(fwd_hooks=list(fwd_hooks)):
             logits = self.model(ids)

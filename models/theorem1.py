@@ -7,7 +7,12 @@ from jaxtyping import Float
 from torch import Tensor
 
 from models.causal_transformer import CausalTransformer, CausalTransformerConfig
+from models.checkpoint import build
 from probes.tasks import check_distribution, check_kernel
+
+# The copyers' scores add two weights of +-beta (w_H + w_L): beta up to 1e300 keeps them, and every
+# softmax over them, finite in float64 (float64 overflows at 1.8e308: beta=1e308 gave NaN metrics).
+MAX_BETA = 1e300
 
 
 @torch.no_grad()
@@ -26,10 +31,11 @@ def theorem1_model(
     pi = check_kernel(pi)
     if (pi == 0).any():
         raise ValueError("Theorem 1 needs log pi finite, but pi has zero entries; use a kernel with pi > 0")
-    if beta <= 0:
-        raise ValueError(f"beta must be > 0, got {beta}")
+    if not 0 < beta <= MAX_BETA:
+        raise ValueError(f"beta must be in (0, {MAX_BETA:g}], got {beta}")
     d, L, H = pi.shape[0], n_examples, seq_len
-    model = CausalTransformer(CausalTransformerConfig(d, L, H, n_copy_heads=L, dtype=dtype))
+    cfg = CausalTransformerConfig(d, L, H, n_copy_heads=L, dtype=dtype)
+    model = build(CausalTransformer, cfg, f"the Theorem 1 construction (d={d}, L=K={L}, H={H})")
     copy, select = model.blocks[0].attn, model.blocks[1].attn
     copy.w_H.fill_(-beta)
     copy.w_H[:, H - 1] = beta  # offset 0

@@ -4,9 +4,12 @@
     python -m models.train --help                      # every TrainConfig field is a flag
     python -m models.train --preset medium --out runs/medium    # d=10, L=K=32, H=24 (README: scale)
     torchrun --standalone --nproc_per_node 2 -m models.train --out runs/ddp   # data-parallel (models.distributed)
+    python -m models.train --task-kind ngram:n=3:kernel=dirichlet --alpha 0.1 --d-vocab 3 --n-examples 0 \
+        --n-copy-heads 3 --seq-len 32 --out runs/ngram      # a task of the family (probes.graph_task)
 
 Every ``eval_every`` steps it evaluates on held-out contexts (the NLL gap to BMA, the mean TV between
-the blocks.1 attention and the BMA posterior, parent-identification accuracy next to BMA's) and
+the blocks.1 attention and the BMA posterior, parent-identification accuracy next to BMA's; on a family
+task the task's Bayes oracle, ``probes.oracles``, and for a fixed graph the graph as the posterior) and
 writes the checkpoint with its training state, so ``--resume`` continues a killed run exactly.
 """
 
@@ -33,6 +36,7 @@ from models.optim import check_finite, cosine_factor
 from probes import MarkovTreeTask
 from probes.continuous import ContinuousTask
 from probes.graph_task import SPEC_HELP, GraphTask, make_task
+from probes.oracles import check_bayes
 from probes.tasks import MAX_N_EXAMPLES, MAX_SEED, check_float, check_int, check_sizes
 
 TRAIN_HELP = {
@@ -54,7 +58,7 @@ TRAIN_HELP = {
     "snapshot_every": "if > 0, also keep a checkpoint every this many steps under OUT/snapshots/",
     "out": "checkpoint folder to write",
     "resume": "continue from the training state in --out (an error if it has none)",
-    "overwrite": "replace a checkpoint already at --out (otherwise refused)",
+    "overwrite": "replace a checkpoint already at --out, and its snapshots/ (otherwise refused)",
     "compile": "torch.compile the training forward: minutes to compile, then faster steps",
     "autocast": "training forward and backward in bfloat16 (torch.autocast); weights, Adam and evaluation stay in --dtype",
 }
@@ -121,7 +125,10 @@ class TrainConfig:
         check_float(self.init_demo, "init_demo", -1e4, 1e4)
         if not isinstance(self.task_kind, str):
             raise ValueError(f"task_kind must be a string, got {self.task_kind!r}")
-        self.task()  # an unknown kind, a graph that is not a DAG: one ValueError here
+        if self.task_kind in ("markov_tree", "continuous") and self.n_examples == 0:
+            raise ValueError(f"n_examples must be >= 1 for the task {self.task_kind} (only the family's tasks take 0)")
+        if self.task_kind not in ("markov_tree", "continuous"):  # ours need no drawing to be checked
+            check_bayes(self.task())  # an unknown kind, a graph that is not a DAG, no exact oracle: one ValueError
         if self.dtype not in RUN_DTYPES:
             raise ValueError(f"dtype must be one of {', '.join(RUN_DTYPES)}, got {self.dtype!r}")
         for name in ("resume", "overwrite", "compile", "autocast"):
@@ -202,13 +209,16 @@ def init_copyers(model: CausalTransformer, offset: float, demo: float, generator
 
     Heads get demonstrations through a random permutation, so nothing downstream may assume that
     head k copies demonstration k. Returns the preferred demonstration of each head (K <= L: distinct).
+    With no demonstration (L = 0) head k prefers offset -(k+1) instead, and the demonstrations are [-1] * K.
     """
     attn = model.blocks[0].attn
     K, L, H = model.cfg.n_copy_heads, model.cfg.n_examples, model.cfg.seq_len
     attn.w_H.fill_(-offset)
     attn.w_H[:, H - 1] = offset
     attn.w_L.zero_()
-    if L == 0:  # no demonstration: the copyers read the target's own prefix
+    if L == 0:  # no demonstration: head k starts at offset -(k+1) in the target's own prefix (offset 0 is masked)
+        attn.w_H[:, H - 1] = -offset
+        attn.w_H[torch.arange(K), (H - 2 - torch.arange(K)).clamp_min(0)] = offset
         return [-1] * K
     perm = torch.randperm(max(K, L), generator=generator)[:K] % L
     attn.w_L[torch.arange(K), perm] = demo
@@ -269,6 +279,10 @@ def check_start(cfg: TrainConfig, out: Path) -> bool:
     """Whether to resume: never replace existing work unless asked. ``--resume`` needs a run with
     training state (``--resume --overwrite``: resume if there is one, else start afresh); a checkpoint
     already at ``--out`` is replaced only with ``--overwrite``; anything else there is refused."""
+    try:  # never another format's checkpoint, not even with --overwrite
+        checkpoint.check_replaceable(out)
+    except ValueError as e:
+        raise ValueError(f"--out {e}") from None
     has_state = (out / TRAIN_STATE).is_file() and (out / TRAIN_META).is_file()
     if cfg.resume and has_state:
         return True
@@ -280,7 +294,6 @@ def check_start(cfg: TrainConfig, out: Path) -> bool:
             f"--out {cfg.out!r} holds a checkpoint; refusing to replace it: pass --overwrite to replace it"
             + (" or --resume to continue it" if has_state else "")
         )
-    checkpoint.check_replaceable(out)
     return False
 
 
@@ -304,6 +317,8 @@ def _train_locked(cfg: TrainConfig, progress: bool, place: distributed.Rank, dev
     resume = check_start(cfg, out) if place.is_main else cfg.resume and (out / TRAIN_STATE).is_file()
     if resume:
         check_resumable(out, cfg)
+    elif place.is_main:
+        checkpoint.clear_snapshots(out)
     task = cfg.task()
     torch.manual_seed(cfg.seed)
     init_gen = torch.Generator().manual_seed(cfg.seed)
@@ -365,7 +380,7 @@ def _train_locked(cfg: TrainConfig, progress: bool, place: distributed.Rank, dev
                 tqdm.write(_describe(m))
         _save(model, task, cfg, history, opt, sched, data_gen, done, out)  # resumable from here (snapshots inside)
         if snapshot:
-            _save(model, task, cfg, history, None, None, None, done, out / "snapshots" / f"step_{done:06d}")
+            _save(model, task, cfg, history, None, None, None, done, checkpoint.snapshot_folder(out, done))
     bar.close()
     return model.eval(), history
 

@@ -56,6 +56,7 @@ SPEC_HELP = (
     "kernel=fixed|dirichlet, n=N (ngram), parents=K (random_dag) or parents=[[],[0],...] (given), seed=S (random_dag)"
 )
 MAX_TABLE_ROWS = 2**16  # d^k rows of the table of parent count k
+MAX_KERNEL_ENTRIES = 2**27  # per-context kernels of one batch (float64: 1 GiB)
 
 
 def check_graph(parents, seq_len: int, name: str = "task parents") -> list[list[int]]:
@@ -195,6 +196,12 @@ class GraphTask:
         if self.kernel == "fixed":
             return {k: t.expand(batch, -1, -1) for k, t in self.tables.items()}
         g = generator if generator is not None else torch.default_generator
+        entries = sum(batch * d**k * d for k in self.parent_counts)
+        if entries > MAX_KERNEL_ENTRIES:
+            raise ValueError(
+                f"a batch of {batch} contexts with their own kernels holds {entries} probabilities (d = {d}, parent "
+                f"counts {self.parent_counts}); the bound is {MAX_KERNEL_ENTRIES}: use a smaller batch or vocabulary"
+            )
         out = {}
         for k in self.parent_counts:
             gam = _gamma_sample(batch * d**k * d, self.alpha, g).view(batch, d**k, d)

@@ -35,6 +35,7 @@ from probes.tasks import MarkovTreeTask
 
 MAX_TREES = 720  # (H-1)! trees: H <= 7 for a random tree with a Dirichlet kernel
 DISTANCES = ("kl", "nll_gap")
+CHUNK_ENTRIES = 2**24  # contexts are counted in chunks of at most this many match entries (128 MiB)
 
 
 def graph_tensor(parents: list[list[int]], batch: int) -> Int[Tensor, "batch H P"]:
@@ -79,6 +80,12 @@ def count_log_predictive(
     ``root`` given, parentless positions predict ``root`` instead of learning it."""
     L1, H, d = n_examples + 1, seq_len, d_vocab
     x = check_tokens(tokens, d, n_examples, seq_len).view(-1, L1, H)
+    chunk = max(1, CHUNK_ENTRIES // (L1 * H * max(H, d)))  # the match and one-hot tensors of a chunk
+    if len(x) > chunk:
+        return torch.cat([
+            count_log_predictive(tokens[i : i + chunk], n_examples, seq_len, d, parents[i : i + chunk], alpha, root)
+            for i in range(0, len(x), chunk)
+        ])  # fmt: skip
     keys = context_keys(x, parents, d)
     seen = torch.ones(L1, H, H, dtype=torch.bool)  # [l, h', h]: token (l, h') is seen when predicting h
     seen[L1 - 1] = torch.ones(H, H, dtype=torch.bool).tril(-1).T
@@ -100,16 +107,22 @@ def _dirichlet_log_marginal(counts: Float[Tensor, "... rows d"], alpha: float) -
     return per_row.sum(-1)
 
 
+def check_bayes(task) -> None:
+    """One ValueError if ``bayes`` cannot compute this task's predictive exactly (trainers call it first)."""
+    if isinstance(task, GraphTask) and task.graph == "random_tree":
+        n_trees = math.factorial(task.seq_len - 1)
+        if n_trees > MAX_TREES:
+            raise ValueError(
+                f"seq_len {task.seq_len}: the exact Bayes predictive of a random tree with a per-context Dirichlet "
+                f"kernel sums over the (H-1)! = {n_trees} trees; refused above {MAX_TREES} trees (seq_len <= 7)"
+            )
+
+
 def random_tree_dirichlet_bayes(task: GraphTask, tokens: Int[Tensor, "batch T"]) -> tuple[Tensor, Tensor]:
     """(log predictive ``[batch, H, d]``, parent posterior ``[batch, H, H]``) of a random tree per context
     with a Dirichlet(alpha) kernel, by summing over every tree (module docstring)."""
     L, H, d, alpha = task.n_examples, task.seq_len, task.d_vocab, task.alpha
-    n_trees = math.factorial(H - 1)
-    if n_trees > MAX_TREES:
-        raise ValueError(
-            f"the exact Bayes predictive of a random tree with a per-context Dirichlet kernel sums over the "
-            f"(H-1)! = {n_trees} trees of H = {H} positions; refused above {MAX_TREES} (seq_len <= 7)"
-        )
+    check_bayes(task)
     x = check_tokens(tokens, d, L, H).view(-1, L + 1, H)
     b = x.shape[0]
     target = x[:, L]

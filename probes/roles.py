@@ -159,3 +159,61 @@ def attention_role(profile: dict[str, Float[Tensor, " 2"]]) -> str:
     if len({role for _, (role, _) in parts}) == 1:
         return f"{parts[0][1][0]} [{details}]"
     return "; ".join(f"{role} from {label} queries" for label, (role, _) in parts) + f" [{details}]"
+
+
+# Heads named by what they read in the token sequence (in-context Markov chains, fixed graphs) -------------
+SEQUENCE_SCORES = ("previous_token", "induction", "induction_chance", "own_parent")
+
+
+def sequence_scores(
+    pattern: Float[Tensor, "batch head Q K"],
+    query_predicts: Int[Tensor, "Q 2"],
+    key_token: Int[Tensor, "K 2"],
+    tokens: Int[Tensor, "batch n_tokens"],
+    parents: Int[Tensor, "batch H"],
+    seq_len: int,
+) -> dict[str, Float[Tensor, " head"]]:
+    """Per head, from every query whose own key holds a task token (l, h) (``own_key``; in a causal LM
+    the token the query position reads), the attention mass on:
+
+    - ``previous_token``: the key holding (l, h - 1) (queries with h >= 1);
+    - ``induction``: every key (l', h') before the query's own, h' >= 1, whose predecessor (l', h' - 1)
+      holds the same token as the query's own key (queries with at least one such key), and
+      ``induction_chance``, the mass uniform attention over the keys up to the query's own (a causal
+      LM's view) would put there;
+    - ``own_parent``: the key holding (l, pa(h)), the parent of the query's own token (h >= 1).
+
+    ``tokens`` are the task's flat tokens (``l * H + h``); NaN for a score with no query."""
+    H = seq_len
+    p = pattern.double().cpu()
+    own = own_key(p.shape[2], query_predicts, key_token)
+    own_tok = torch.where((own >= 0).unsqueeze(1), key_token[own.clamp_min(0)], torch.full((len(own), 2), -1))
+    ol, oh = own_tok[:, 0], own_tok[:, 1]
+    kl, kh = key_token[:, 0], key_token[:, 1]
+    is_task = kl >= 0
+    flat = (kl * H + kh).clamp_min(0)
+    value = torch.where(is_task, tokens[:, flat], -1)  # [batch, K]
+    before = torch.where(is_task & (kh >= 1), tokens[:, (flat - 1).clamp_min(0)], -2)  # predecessor's token
+    current = torch.where((ol >= 0).unsqueeze(0), value[:, own.clamp_min(0)], -3)  # [batch, Q]
+    has_prev = (ol >= 0) & (oh >= 1)
+    prev = has_prev.unsqueeze(1) & (kl.unsqueeze(0) == ol.unsqueeze(1)) & (kh.unsqueeze(0) == oh.unsqueeze(1) - 1)
+    earlier = torch.arange(len(key_token)).unsqueeze(0) < own.unsqueeze(1)  # [Q, K]
+    ind = (before.unsqueeze(1) == current.unsqueeze(2)) & earlier.unsqueeze(0)  # [batch, Q, K]
+    pa = parents[:, oh.clamp_min(0)]  # [batch, Q]
+    own_pa = (
+        has_prev.view(1, -1, 1) & (kl.view(1, 1, -1) == ol.view(1, -1, 1)) & (kh.view(1, 1, -1) == pa.unsqueeze(-1))
+    )
+    seen = (torch.arange(len(key_token)).unsqueeze(0) <= own.unsqueeze(1)).double()  # [Q, K]: a causal LM's view
+    ind_q = ind.any(-1)  # [batch, Q]
+
+    def mean_over(mass: Tensor, rows: Tensor) -> Tensor:  # mass [batch, head, Q], rows [batch, Q]
+        w = rows.unsqueeze(1).double().expand_as(mass)
+        return (mass * w).sum((0, 2)) / w.sum((0, 2)) if rows.any() else mass.new_full(mass.shape[1:2], float("nan"))
+
+    chance = (seen * ind).sum(-1) / seen.sum(-1).clamp_min(1)  # [batch, Q]
+    return {
+        "previous_token": mean_over((p * prev).sum(-1), has_prev.expand(len(p), -1)),
+        "induction": mean_over((p * ind.unsqueeze(1)).sum(-1), ind_q),
+        "induction_chance": mean_over(chance.unsqueeze(1).expand(-1, p.shape[1], -1), ind_q),
+        "own_parent": mean_over((p * own_pa.unsqueeze(1)).sum(-1), has_prev.expand(len(p), -1)),
+    }

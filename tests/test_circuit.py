@@ -7,11 +7,22 @@ from __future__ import annotations
 import pytest
 import torch
 from conftest import build_task
+from constructed import transposed_subject, transposed_truth
 from test_formats import hf_folder
 from test_formats_pipelines import SPECIAL, write_nanogpt
 
 import models
-from models.circuit import Runner, build_graph, per_context_nll, ratio_se, roc_auc, sender_writes
+from models.circuit import (
+    Runner,
+    build_graph,
+    denoising_runner,
+    other_contexts,
+    per_context_nll,
+    ratio_se,
+    roc_auc,
+    sender_writes,
+    source_writes,
+)
 from models.hooked_transformer import HookedTransformer, HookedTransformerConfig
 from models.interventions import Intervention
 from models.subject import StandardSubject, load_subject, subject_of
@@ -186,10 +197,10 @@ def test_eap_equals_exact_patching_where_the_metric_is_linear_in_the_input_and_s
 
 
 def test_a_model_without_the_hooks_is_refused_in_one_line():
-    from test_inspect import transposed_subject
-
-    with pytest.raises(ValueError, match="circuit discovery needs the hooks"):
-        build_graph(transposed_subject(build_task(n_examples=2, seq_len=3)))
+    subject = transposed_subject(build_task(n_examples=2, seq_len=3))
+    del subject.model.hook_dict["blocks.1.attn.hook_k"]  # a model whose attention has no key hook
+    with pytest.raises(ValueError, match="circuit discovery needs the hooks blocks.1.attn.hook_k,"):
+        build_graph(subject)
 
 
 def test_batched_exact_scores_equal_edge_by_edge_runs(subjects):
@@ -228,6 +239,11 @@ def test_cli_writes_the_set_and_refuses_an_unknown_node_in_one_line(tmp_path, ca
     assert e.value.code == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "no node L7H3" in err[0]
+    with pytest.raises(SystemExit) as e:
+        common.run(circuit.main, argv + ["--direction", "denoising", "--corruption", "mean"])
+    assert e.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "--direction denoising needs a corruption that is a run on other contexts" in err[0]
 
 
 def test_inspect_sufficiency_is_the_share_kept_with_every_other_head_mean_ablated():
@@ -267,3 +283,190 @@ def test_greedy_pruning_keeps_exactly_the_paper_circuit_on_theorem1():
     runner = Runner(subject, graph, tokens, sender_writes(subject, graph, resampled)[0])
     kept = set(greedy(runner, 1e-9))
     assert kept == {e for e, t in zip(graph.edges, _paper_truth(subject, graph)) if t}
+
+
+def _progress_kept(runner, task, tokens, kept) -> float:
+    plateau = bma_predictive(task.pi, tokens, task.n_examples, task.seq_len, task.root, demonstrations=[], log=True)
+    plateau_nll = per_context_nll(plateau, tokens)
+    share, se = ratio_se(plateau_nll - runner.keep_only_values(kept), plateau_nll - runner.clean_values)
+    print(f"known circuit keeps {share:.4f} +- {se:.4f} of the progress")
+    return share
+
+
+@pytest.mark.parametrize("corruption", ["demonstrations", "target"])
+def test_exact_patching_and_eap_ig_recover_the_transposed_circuit(corruption):
+    """The constructed transposed circuit (tests/constructed.py): the edges each corruption can see, read
+    from the construction, are the ones exact patching and EAP-IG rank first, and they alone keep the
+    model's progress."""
+    task = build_task(n_examples=3, seq_len=4, alpha=0.3)
+    subject = transposed_subject(task)
+    graph = build_graph(subject)
+    tokens, _ = task.sample(48, torch.Generator().manual_seed(0))
+    runner = Runner(subject, graph, tokens, source_writes(subject, graph, tokens, corruption, 0))
+    truth = transposed_truth(graph, corruption)
+    assert 0 < sum(truth) < len(truth)
+    exact = runner.exact_scores()
+    assert roc_auc([abs(x) for x in exact], truth) == 1.0
+    assert roc_auc([abs(x) for x in runner.eap_ig_scores()], truth) >= 0.95
+    assert max(abs(x) for x, t in zip(exact, truth) if not t) < 1e-12  # the rest do exactly nothing
+    assert _progress_kept(runner, task, tokens, [e for e, t in zip(graph.edges, truth) if t]) >= 0.95
+
+
+def test_a_head_that_matters_only_on_the_target_side_is_found_by_the_target_corruption():
+    """L0H1 of the transposed circuit hands the read-out the target's own prefix. Corrupting the
+    demonstrations cannot see it (every edge into or out of it scores exactly 0); re-drawing the target's
+    tokens finds it among the strongest edges."""
+    task = build_task(n_examples=3, seq_len=4, alpha=0.3)
+    subject = transposed_subject(task)
+    graph = build_graph(subject)
+    tokens, _ = task.sample(32, torch.Generator().manual_seed(1))
+    l0h1 = [e for e in graph.edges if "L0H1" in (e.sender, e.receiver)]
+    scores = {}
+    for corruption in ("demonstrations", "target"):
+        runner = Runner(subject, graph, tokens, source_writes(subject, graph, tokens, corruption, 0))
+        scores[corruption] = dict(zip(graph.edges, runner.exact_scores()))
+    assert max(abs(scores["demonstrations"][e]) for e in l0h1) == 0
+    strongest = sorted(graph.edges, key=lambda e: -abs(scores["target"][e]))[:3]
+    assert {(e.sender, e.receiver) for e in strongest if "L0H1" in (e.sender, e.receiver)} == {
+        ("embed", "L0H1"), ("L0H1", "output")}  # fmt: skip
+    assert all(scores["target"][e] > 0.05 for e in strongest)
+
+
+def _final_resid_patch(subject, tokens, sub: slice, positions, value):
+    """NLL of the targets with the final residual's subspace ``sub`` at ``positions`` set to ``value``
+    (``[batch or 1, len(positions), width]``): a hand-written hook, no models.circuit."""
+
+    def hook(x, hook):
+        x = x.clone()
+        x[:, positions, sub] = value
+        return x
+
+    lp = subject.log_probs(tokens, [("blocks.1.hook_resid_post", hook)])
+    return per_context_nll(lp, tokens).mean().item()
+
+
+def _final_resid(subject, tokens):
+    store = {}
+    subject.log_probs(tokens, [("blocks.1.hook_resid_post", lambda x, hook: store.update(r=x.clone()))])
+    return store["r"]
+
+
+def test_target_corruption_and_mean_ablation_do_what_they_say():
+    """Against hand-written hooks on the transposed circuit, whose heads write into their own subspaces.
+    target: the demonstrations kept, the target's tokens re-drawn uniformly; the edge L0H1 -> output at
+    the target scores what setting the final residual's L0H1 subspace there to its value on those contexts
+    costs. mean: the edge L1H0 -> output scores what setting L1H0's subspace to its mean over fresh
+    contexts (held out, none of them a clean one) costs, which differs from the mean over the batch."""
+    task = build_task(n_examples=3, seq_len=4, alpha=0.3)
+    subject = transposed_subject(task)
+    model, graph, H = subject.model, build_graph(subject), task.seq_len
+    tokens, _ = task.sample(64, torch.Generator().manual_seed(2))
+    target = list(range(task.n_examples * H, (task.n_examples + 1) * H))
+    clean_nll = per_context_nll(subject.log_probs(tokens), tokens).mean().item()
+
+    other = other_contexts(task, tokens, "target", 0)
+    assert torch.equal(other[:, :-H], tokens[:, :-H])
+    assert (other[:, -H:] != tokens[:, -H:]).any(1).float().mean() > 0.9
+    counts = torch.bincount(other[:, -H:].flatten(), minlength=task.d_vocab).double()
+    assert counts.min() > 0  # every token drawn, as a uniform draw of 256 tokens over d_vocab does
+    runner = Runner(subject, graph, tokens, source_writes(subject, graph, tokens, "target", 0))
+    B = model.sub["B"]
+    want = _final_resid_patch(subject, tokens, B, target, _final_resid(subject, other)[:, target, B]) - clean_nll
+    got = runner.exact_scores([graph.find("L0H1->output.out@target")])[0]
+    assert want > 0.05 and got == pytest.approx(want, abs=1e-9)
+
+    held_out = task.sample(64, torch.Generator().manual_seed(0 + 7919))[0]  # the seed's held-out contexts
+    assert not (held_out.unsqueeze(1) == tokens.unsqueeze(0)).all(-1).any()
+    Z = model.sub["Z"]
+    mean = _final_resid(subject, held_out)[:, target, Z].mean(0, keepdim=True)
+    want = _final_resid_patch(subject, tokens, Z, target, mean) - clean_nll
+    runner = Runner(subject, graph, tokens, source_writes(subject, graph, tokens, "mean", 0))
+    got = runner.exact_scores([graph.find("L1H0->output.out@target")])[0]
+    assert want > 0.05 and got == pytest.approx(want, abs=1e-9)
+    batch_mean = _final_resid(subject, tokens)[:, target, Z].mean(0, keepdim=True)
+    assert abs(_final_resid_patch(subject, tokens, Z, target, batch_mean) - clean_nll - got) > 1e-4
+
+
+def test_denoising_is_minus_noising_where_the_metric_is_linear_and_restores_the_clean_run_in_sum():
+    """Where the metric is linear in the final residual (the linear model, a logit difference), an edge
+    into the output scores g . (corrupted - clean write) noising and g . (clean - corrupted) denoising: the
+    same number with the other sign; restoring every edge into the output restores the clean metric, so
+    the denoising scores sum to clean - corrupted."""
+    subject, task = _linear_subject()
+    graph = build_graph(subject)
+    tokens, _ = task.sample(16, torch.Generator().manual_seed(0))
+    into_output = [e for e in graph.edges if e.receiver == "output"]
+    noising = Runner(subject, graph, tokens, source_writes(subject, graph, tokens, "resample", 3), _logit_difference)
+    denoising = denoising_runner(subject, graph, tokens, "resample", 3, _logit_difference)
+    noise, denoise = noising.exact_scores(into_output), denoising.exact_scores(into_output)
+    assert max(abs(x) for x in noise) > 1e-3
+    assert torch.allclose(torch.tensor(denoise), -torch.tensor(noise), atol=1e-9)
+    other = other_contexts(task, tokens, "resample", 3)
+    corrupted = _logit_difference(subject.log_probs(other), tokens).item()
+    clean = _logit_difference(subject.log_probs(tokens), tokens).item()
+    assert sum(denoise) == pytest.approx(clean - corrupted, abs=1e-9)
+    assert denoising.clean_metric == pytest.approx(corrupted, abs=1e-12)
+    with pytest.raises(ValueError, match="denoising needs a corruption that is a run on other contexts"):
+        denoising_runner(subject, graph, tokens, "mean", 3)
+
+
+def test_eap_ig_equals_brute_force_integrated_gradients():
+    """EAP-IG against integrated gradients computed by brute force: at each midpoint alpha of the
+    embeddings' path from clean to corrupted, the metric's derivative along the edge's change is a central
+    finite difference of forward passes that add eps * (sender's change @ W_Q / W_K) to the receiving
+    head's hook_q / hook_k at the edge's positions (the model has no normalisation, so a head's query is
+    affine in its residual); its mean over the midpoints is the score."""
+    subject, task = _linear_subject()
+    model = subject.model
+    graph = build_graph(subject)
+    tokens, _ = task.sample(8, torch.Generator().manual_seed(0))
+    other, _ = task.sample(8, torch.Generator().manual_seed(1))
+    runner = Runner(subject, graph, tokens, sender_writes(subject, graph, other)[0], _logit_difference)
+    edges = [e for e in graph.edges if e.input in ("q", "k")]
+    steps = 4
+    got = runner.eap_ig_scores(edges, steps=steps)
+
+    def cache(toks):
+        store = {}
+        names = ["hook_embed", "blocks.0.attn.hook_z"]
+        subject.log_probs(toks, [(n, lambda x, hook, n=n: store.update({n: x.clone()})) for n in names])
+        return store
+
+    clean, corrupt = cache(tokens), cache(other)
+
+    def write(c, sender):
+        if sender == "embed":
+            return c["hook_embed"]
+        layer, head = int(sender[1]), int(sender[3:])
+        assert layer == 0
+        return c["blocks.0.attn.hook_z"][:, :, head] @ model.blocks[0].attn.W_O[head].detach()
+
+    positions = {g: graph.groups["blocks.0.hook_resid_pre"][g] for g in graph.groups["blocks.0.hook_resid_pre"]}
+    eps = 1e-6
+    want = []
+    for e in edges:
+        if e.sender == "pos_embed":
+            want.append(0.0)
+            continue
+        layer, head = int(e.receiver[1]), int(e.receiver[3:])
+        change = torch.zeros_like(clean["hook_embed"])
+        change[:, positions[e.group]] = (write(corrupt, e.sender) - write(clean, e.sender))[:, positions[e.group]]
+        W = getattr(model.blocks[layer].attn, "W_Q" if e.input == "q" else "W_K")[head].detach()
+        total = 0.0
+        for i in range(steps):
+            alpha = (i + 0.5) / steps
+            move = alpha * (corrupt["hook_embed"] - clean["hook_embed"])
+
+            def metric(sign):
+                def nudge(x, hook):
+                    x = x.clone()
+                    x[:, :, head] += sign * eps * (change @ W)
+                    return x
+
+                hooks = [("hook_embed", lambda x, hook: x + move), (f"blocks.{layer}.attn.hook_{e.input}", nudge)]
+                return _logit_difference(subject.log_probs(tokens, hooks), tokens).item()
+
+            total += (metric(1) - metric(-1)) / (2 * eps)
+        want.append(total / steps)
+    assert max(abs(w) for w in want) > 1e-3
+    assert torch.allclose(torch.tensor(got), torch.tensor(want), atol=1e-6, rtol=1e-5)

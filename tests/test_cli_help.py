@@ -44,7 +44,7 @@ def parser_of(name: str) -> argparse.ArgumentParser:
         raise Caught(self)
 
     module = importlib.import_module(ENTRY_POINTS[name])
-    run = module.parse_args if name == "models.train" else module.main
+    run = getattr(module, "parse_args", module.main)  # main may catch every exception (run_cli)
     original = argparse.ArgumentParser.parse_args
     argparse.ArgumentParser.parse_args = catch
     try:

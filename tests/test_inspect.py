@@ -4,99 +4,22 @@ their roles, and reports plateau models as such with no head credited."""
 from __future__ import annotations
 
 import json
-from types import SimpleNamespace
 
 import numpy as np
 import torch
 from conftest import build_task
+from constructed import transposed_subject
 from test_formats import file_config, hf_folder
-from transformer_lens import HookedRootModule
-from transformer_lens.hook_points import HookPoint
 
 import models
-from analyses import inspect
+from analyses import common, inspect
 from analyses.inspect import inspect_subject
-from models.subject import StandardSubject, load_subject, subject_of
-from probes import Layout, bma_posterior, bma_predictive
+from models.subject import load_subject, subject_of
+from probes import bma_posterior, bma_predictive
 
 
 def _subject(model, task):
     return subject_of(model, task, None, "test", "0")
-
-
-class TransposedCircuit(HookedRootModule):
-    """A standard-layout LM (plain ids, ordinary next-token shift, TransformerLens hook names) whose
-    computation is KNOWN and is not the paper's: the transpose of it.
-
-    - L0H0, a within-sequence prefix head: from position (l, j) it attends evenly to (l, j'), j' < j
-      (itself at j = 0) with value onehot(x_j') (x) e_j', so its output holds the sequence's prefix.
-    - An "MLP" at (l, j) turns that and its own token into s[j'] = log pi(x_j | x_j') for j' < j.
-    - L1H0, a cross-demonstration same-position reader: from (l, j), the query predicting (l, j + 1), it
-      attends evenly to (l', j + 1) of every earlier sequence l' < l (itself if none) with value s.
-    - The read-out at (l, j): posterior softmax(l * z1) over h' <= j, the candidate tokens from L0H0's
-      output and its own token, predictive sum posterior pi(. | x_h'). At the target (l = L) this is BMA
-      exactly. L0H1 and L1H1 attend to themselves and are never read (causal weight 0)."""
-
-    def __init__(self, task):
-        super().__init__()
-        self.task, self.L, self.H, self.d = task, task.n_examples, task.seq_len, task.d_vocab
-        self.cfg = SimpleNamespace(n_heads=2, n_layers=2, device="cpu")
-        self.layout = Layout(self.L, self.H, self.d)
-        self.blocks = torch.nn.ModuleList()
-        for _ in range(2):
-            block = torch.nn.Module()
-            block.attn = torch.nn.Module()
-            block.attn.hook_pattern, block.attn.hook_z = HookPoint(), HookPoint()
-            self.blocks.append(block)
-        self.setup()
-        T, H = (self.L + 1) * self.H, self.H
-        seq, pos = torch.arange(T) // H, torch.arange(T) % H
-        same_seq, earlier = seq.view(-1, 1) == seq.view(1, -1), pos.view(1, -1) < pos.view(-1, 1)
-        prefix = (same_seq & earlier).double()
-        reader = ((seq.view(1, -1) < seq.view(-1, 1)) & (pos.view(1, -1) == pos.view(-1, 1) + 1)).double()
-        eye = torch.eye(T, dtype=torch.float64)
-        self.patterns = [
-            torch.stack([_rows_or_self(prefix, eye), eye]),
-            torch.stack([_rows_or_self(reader, eye), eye]),
-        ]
-        self.seq, self.pos = seq, pos
-
-    def forward(self, ids):
-        b, T = ids.shape
-        H, d, pi = self.H, self.d, self.task.pi.double()
-        own = torch.nn.functional.one_hot(ids, d).double()  # [b, T, d]
-        value0 = torch.einsum("btd,tj->btdj", own, torch.nn.functional.one_hot(self.pos, H).double()).flatten(2)
-        p0 = self.blocks[0].attn.hook_pattern(self.patterns[0].expand(b, -1, -1, -1).clone())
-        z0 = self.blocks[0].attn.hook_z(torch.einsum("bnqk,bkv->bqnv", p0, value0))
-        count = self.pos.clamp_min(1).double().view(1, -1, 1, 1)
-        prefix_tokens = z0[:, :, 0].view(b, T, d, H).transpose(2, 3) * count  # [b, T, j', d]: onehot(x_j')
-        pair = prefix_tokens @ pi  # [b, T, j', s] = pi(s | x_j')
-        s = pair.gather(-1, ids.view(b, T, 1, 1).expand(b, T, H, 1)).squeeze(-1).clamp_min(1e-30).log()
-        s = s.masked_fill(self.pos.view(1, -1, 1) <= torch.arange(H).view(1, 1, -1), 0.0)  # j' < j only
-        p1 = self.blocks[1].attn.hook_pattern(self.patterns[1].expand(b, -1, -1, -1).clone())
-        z1 = self.blocks[1].attn.hook_z(torch.einsum("bnqk,bkv->bqnv", p1, s))
-        # Read-out at (l, j) predicting (l, j + 1): candidates h' <= j are the prefix and the own token.
-        candidates = prefix_tokens.clone()
-        candidates[:, torch.arange(T), self.pos] = own
-        n_demos = self.seq.double().view(1, -1, 1)
-        scores = (n_demos * z1[:, :, 0]).masked_fill(
-            torch.arange(H).view(1, 1, -1) > self.pos.view(1, -1, 1), -torch.inf
-        )
-        predictive = torch.einsum("btj,btjs->bts", scores.softmax(-1), candidates @ pi)
-        root = (self.pos == H - 1).view(1, -1, 1)  # the last token of a sequence predicts the next root
-        predictive = torch.where(root, self.task.root.double().view(1, 1, -1), predictive)
-        return predictive.clamp_min(1e-30).log()
-
-
-def _rows_or_self(weights, eye):
-    """Rows normalised to sum 1; a row with no key attends to itself."""
-    rows = weights.sum(-1, keepdim=True)
-    return torch.where(rows > 0, weights / rows.clamp_min(1), eye)
-
-
-def transposed_subject(task) -> StandardSubject:
-    model = TransposedCircuit(task)
-    return StandardSubject(model, task, model.layout, "transposed", "0")
 
 
 def test_the_transposed_circuit_stub_is_bma():
@@ -118,6 +41,10 @@ def test_theorem1_model_is_credited_with_its_parent_head_and_copyers():
     assert head["tv"] < 1e-6 and abs(head["parent_acc"] - r["acc_bma"]) < 1e-12
     assert r["paper_circuit"] and r["carriers"][0] == "L1H0"
     assert r["roles"] == {"L1H0": "parent selector", **{f"L0H{k}": f"copyer of demonstration {k}" for k in range(4)}}
+    # The parent selector acts through its keys and queries: its values read the target's own tokens,
+    # which the corruption (demonstrations from another tree) keeps, so they carry nothing.
+    assert r["inputs"]["L1H0"]["through"] == "keys/queries" and r["inputs"]["L1H0"]["v"]["cost"] == 0
+    assert r["inputs"]["L1H0"]["k"]["cost"] > 0 and r["inputs"]["L1H0"]["q"]["cost"] > 0
     # The profile of the parent head, by brute force on the BMA posterior it equals: mass on the true parent.
     tokens, parents = task.sample(256, torch.Generator().manual_seed(0))
     post = bma_posterior(task.pi, tokens, 4, 6)
@@ -131,11 +58,39 @@ def test_a_non_paper_circuit_gets_its_heads_named_with_their_roles():
     r = inspect_subject(transposed_subject(task), n_contexts=256, seed=0)
     assert r["progress"] > 0.999 and not r["on_plateau"]
     assert not r["paper_circuit"] and r["parent_selecting"] == [] and r["copyers"] == {}
-    assert sorted(r["carriers"]) == ["L0H0", "L1H0"] and not r["carriers_distributed"]
+    assert sorted(r["carriers"]) == ["L0H0", "L0H1", "L1H0"] and not r["carriers_distributed"]
     assert r["roles"]["L0H0"].startswith("within-sequence (prefix) head")
-    assert r["roles"]["L1H0"].startswith("cross-demonstration same-position reader [")
+    assert r["roles"]["L0H1"].startswith("within-sequence (prefix) head")
+    # Measured, not read off its attention: L1H0's effect goes through its value input alone (its queries
+    # and keys read positions only), so it is named for the mechanism, beside its attention role.
+    assert r["roles"]["L1H0"].startswith(f"{inspect.POOLING} (cross-demonstration same-position reader [")
+    assert r["inputs"]["L1H0"]["through"] == "values" and r["inputs"]["L1H1"]["through"] is None
+    assert r["inputs"]["L1H0"]["q"]["cost"] == 0 and r["inputs"]["L1H0"]["k"]["cost"] == 0
+    # Its value cost by a hand-written hook: layer 1's input subspace S (MLP0's write, which only L1H0's
+    # value reads) set to its value on the corrupted contexts.
+    n = r["intervention_contexts"]
+    tokens, _ = task.sample(256, torch.Generator().manual_seed(0))
+    tokens = tokens[:n]
+    bad = inspect.corrupt(task, tokens, 0)
+    subject = transposed_subject(task)
+    S = subject.model.sub["S"]
+    store = {}
+    subject.log_probs(bad, [("blocks.1.hook_resid_pre", lambda x, hook: store.update(S=x[..., S].clone()))])
+
+    def swap(x, hook):
+        x = x.clone()
+        x[..., S] = store["S"]
+        return x
+
+    from probes import target_nll as nll
+
+    want = nll(subject.log_probs(tokens, [("blocks.1.hook_resid_pre", swap)]), tokens) - nll(subject.log_probs(tokens), tokens)
+    assert want > 0.05 and abs(r["inputs"]["L1H0"]["v"]["cost"] - want) < 1e-9
     heads = {h["label"]: h for h in r["heads"]}
-    assert heads["L0H1"]["ablation_dnll"] == 0 and heads["L1H1"]["ablation_dnll"] == 0
+    assert heads["L1H1"]["ablation_dnll"] == 0  # it writes nothing
+    # L0H1 feeds the read-out the target's own prefix: its mean ablation costs, but corrupting the
+    # demonstrations (the target kept) leaves its output unchanged, so patching it restores nothing.
+    assert heads["L0H1"]["ablation_dnll"] > 0.01 and heads["L0H1"]["patching_restored"] == 0
     assert heads["L1H0"]["patching_restored"] > 0.999  # its clean output carries everything the demos give
     # L1H0 from the target queries predicting x_1..x_5: all on position h of the demonstrations, 1/L on
     # each (no single copy); the query predicting the root x_0 attends to itself.
@@ -143,7 +98,8 @@ def test_a_non_paper_circuit_gets_its_heads_named_with_their_roles():
     assert abs(heads["L1H0"]["role_profile"]["self"][1] - 1 / 6) < 1e-12
     assert np.allclose(heads["L1H0"]["copy_mass"], 5 / 6 / 4)
     text = inspect.summary(r)
-    assert "paper's circuit is absent" in text and "L1H0 (cross-demonstration same-position reader" in text
+    assert "paper's circuit is absent" in text and f"L1H0 ({inspect.POOLING} (cross-demonstration" in text
+    assert "L1H0: v 1.00 +- 0.00, k 0.00 +- 0.00, q 0.00 +- 0.00" in text
 
 
 def _plateau_model(task, w_kq_from_theorem1: bool, noise: float = 0.0):
@@ -229,3 +185,12 @@ def test_cli_on_a_pt_file_writes_the_report(tmp_path, capsys):
         assert (tmp_path / "out" / stem).is_file()
     out = capsys.readouterr().out
     assert "parent-selecting heads: L1H0" in out and "THE PAPER'S CIRCUIT" in out
+    # The heads it names link to the discovered circuit: where analyses.circuit writes it for this checkpoint.
+    want = str(common.default_out(str(tmp_path / "w.pt")) / "circuit.json")
+    assert saved["results"]["circuit_link"]["json"] == want and f"the discovered circuit (the edges between these heads): {want}" in out
+
+
+def test_the_standard_gpt2_links_to_its_committed_circuit():
+    committed = json.loads((common.FIGURES_DIR / "circuit.json").read_text())
+    assert inspect.circuit_link("standard", committed["checkpoint_hash"])["json"] == "figures/circuit.json"
+    assert inspect.circuit_link("standard", "another")["json"] == str(common.default_out("standard") / "circuit.json")

@@ -326,6 +326,18 @@ CLAIMS = [
      "and {:+.3f}, patching restores {:.2f} and {:.2f})", "figures/inspect_standard.json",
      lambda d: (_head(d, "L0H4")["ablation_dnll"], _head(d, "L1H2")["ablation_dnll"], _head(d, "L1H4")["ablation_dnll"],
                 _head(d, "L1H2")["patching_restored"], _head(d, "L1H4")["patching_restored"])),
+    ("the effect of L1H2 and L1H4 ({:.3f} +- {:.3f} and {:.3f} +- {:.3f} nats) goes through their values (shares "
+     "{:.3f} +- {:.3f} and {:.3f} +- {:.3f}; keys {:.3f} and {:.3f}, queries {:.3f}), and L1H1's too ({:.2f} +- {:.2f} "
+     "of {:.3f} +- {:.3f} nats)", "figures/inspect_standard.json",
+     lambda d: (*(d["results"]["inputs"][h][k] for h in ("L1H2", "L1H4") for k in ("cost", "se")),
+                *(d["results"]["inputs"][h]["v"][k] for h in ("L1H2", "L1H4") for k in ("share", "share_se")),
+                d["results"]["inputs"]["L1H2"]["k"]["share"], d["results"]["inputs"]["L1H4"]["k"]["share"],
+                abs(max(d["results"]["inputs"][h]["q"]["share"] for h in ("L1H2", "L1H4"))),
+                d["results"]["inputs"]["L1H1"]["v"]["share"], d["results"]["inputs"]["L1H1"]["v"]["share_se"],
+                d["results"]["inputs"]["L1H1"]["cost"], d["results"]["inputs"]["L1H1"]["se"])),
+    ("disentangled model's L1H0 (queries {:.2f}, keys {:.2f}, values {:.3f} of its {:.3f} nats", "figures/inspect.json",
+     lambda d: (*(d["results"]["inputs"]["L1H0"][x]["share"] for x in ("q", "k", "v")),
+                d["results"]["inputs"]["L1H0"]["cost"])),
 ]
 
 # Numbers the README states that no committed JSON holds, or that this registry does not map yet.

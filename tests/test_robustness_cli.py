@@ -395,10 +395,10 @@ CASES = [
 ]
 
 
-@pytest.mark.parametrize("kind,name,make,expected", CASES, ids=[f"{c[0]}: {c[1]}" for c in CASES])
-def test_cli_bad_input_is_one_line_exit_2_and_changes_nothing(lab, capsys, kind, name, make, expected):
-    main, argv = make(lab)
-    before, shipped = tree(lab), tree(checkpoint.DEFAULT_CHECKPOINT)
+def assert_one_line(main, argv: list[str], expected: str, folders: list[Path], capsys, code: int = 2) -> None:
+    """``main(argv)`` exits ``code`` with exactly ONE line on stderr containing ``expected``, no warning
+    and no traceback, and every file under ``folders`` and the shipped checkpoint byte-identical."""
+    before, shipped = [tree(f) for f in folders], tree(checkpoint.DEFAULT_CHECKPOINT)
     with warnings.catch_warnings(record=True) as caught, pytest.raises(SystemExit) as exit_info:
         warnings.resetwarnings()  # Python's own defaults: what a user's terminal would show
         for category in (DeprecationWarning, PendingDeprecationWarning, ImportWarning, ResourceWarning):
@@ -407,12 +407,18 @@ def test_cli_bad_input_is_one_line_exit_2_and_changes_nothing(lab, capsys, kind,
     assert not caught, [str(w.message)[:120] for w in caught]  # a warning would be more lines on stderr
     out = capsys.readouterr()
     err = [line for line in out.err.splitlines() if line.strip()]
-    assert exit_info.value.code == 2, (argv, out.err)
+    assert exit_info.value.code == code, (argv, out.err)
     assert len(err) == 1, err
     assert expected in err[0], err
     assert "Traceback" not in out.err
-    assert tree(lab) == before
+    assert [tree(f) for f in folders] == before
     assert tree(checkpoint.DEFAULT_CHECKPOINT) == shipped
+
+
+@pytest.mark.parametrize("kind,name,make,expected", CASES, ids=[f"{c[0]}: {c[1]}" for c in CASES])
+def test_cli_bad_input_is_one_line_exit_2_and_changes_nothing(lab, capsys, kind, name, make, expected):
+    main, argv = make(lab)
+    assert_one_line(main, argv, expected, [lab], capsys)
 
 
 def test_catalogue_has_every_kind_and_sixty_cases():

@@ -1,5 +1,5 @@
 """analyses.standard_circuit on models whose circuit is known: the constructed transposed circuit (BMA
-exactly, through a within-sequence layer-0 head and a cross-demonstration layer-1 head) and a tiny
+exactly, through within-sequence layer-0 heads and a cross-demonstration layer-1 head) and a tiny
 Hugging Face GPT-2."""
 
 from __future__ import annotations
@@ -9,8 +9,8 @@ import json
 import torch
 import torch.nn.functional as F
 from conftest import build_task
+from constructed import transposed_subject
 from test_formats import hf_folder
-from test_inspect import transposed_subject
 
 from analyses import standard_circuit as sc
 from models.interventions import head_outputs
@@ -23,10 +23,10 @@ def test_heads_of_the_transposed_circuit_are_found_and_carry_it():
     subject = transposed_subject(task)
     tokens, parents = task.sample(128, torch.Generator().manual_seed(0))
     groups = sc.head_groups(subject, tokens, parents)
-    assert groups["within"] == [0] and groups["readers"] == [0]
+    assert groups["within"] == [0, 1] and groups["readers"] == [0]
     bad = task.sample(128, torch.Generator().manual_seed(1))[0]
     bad[:, -6:] = tokens[:, -6:]
-    r = sc.group_interventions(subject, tokens, bad, {"within": (0, [0]), "dummy": (0, [1]), "readers": (1, [0])})
+    r = sc.group_interventions(subject, tokens, bad, {"within": (0, [0]), "dummy": (1, [1]), "readers": (1, [0])})
     assert r["groups"]["within"]["ablation_dnll"] > 0.05 and r["groups"]["readers"]["ablation_dnll"] > 0.05
     assert r["groups"]["dummy"]["ablation_dnll"] == 0 and r["groups"]["dummy"]["patching_restored"] == 0
     assert abs(r["groups"]["readers"]["patching_restored"] - 1) < 1e-9

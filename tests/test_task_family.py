@@ -136,6 +136,8 @@ def test_random_tree_with_dirichlet_kernel_refuses_what_it_cannot_enumerate():
     assert math.factorial(7) > MAX_TREES
     with pytest.raises(ValueError, match=r"\(H-1\)! = 5040 trees"):
         bayes(task, task.sample(2)[0])
+    with pytest.raises(ValueError, match=r"seq_len 8: .* 5040 trees"):
+        TrainConfig(task_kind="random_tree:kernel=dirichlet", seq_len=8)
 
 
 def test_our_bma_is_the_posterior_predictive_over_enumerated_trees():
@@ -353,5 +355,31 @@ def test_no_demonstrations_the_copyers_read_the_target_prefix():
     assert torch.isfinite(loss) and all(torch.isfinite(p.grad).all() for p in model.parameters())
     with pytest.raises(ValueError, match="n_copy_heads must be given"):
         TrainConfig(n_examples=0, task_kind="chain:kernel=dirichlet")
-    with pytest.raises(ValueError, match="task n_examples must be in"):
+    with pytest.raises(ValueError, match="n_examples must be >= 1 for the task markov_tree"):
         TrainConfig(n_examples=0, n_copy_heads=2)  # ours needs a demonstration
+    with pytest.raises(ValueError, match="n_examples must be in"):
+        TrainConfig(n_examples=0, n_copy_heads=2, task_kind="random_tree")  # ours, by its family name
+
+
+def test_no_demonstrations_init_gives_each_copyer_its_own_offset():
+    """Without demonstrations to spread the heads over, head k starts at offset -(k+1): distinct heads."""
+    from models.causal_transformer import CausalTransformer, CausalTransformerConfig
+    from models.train import init_copyers
+
+    model = CausalTransformer(CausalTransformerConfig(3, 0, 6, n_copy_heads=3))
+    assert init_copyers(model, 1.0, 5.0, torch.Generator().manual_seed(0)) == [-1, -1, -1]
+    pattern = model.copyer_pattern().detach()  # [K, H, H]
+    h = 5
+    assert pattern[:, h].argmax(-1).tolist() == [h - 1, h - 2, h - 3]
+
+
+def test_counting_in_chunks_changes_nothing(monkeypatch):
+    import probes.oracles
+
+    task = make_task("ngram:n=3:kernel=dirichlet", 3, 2, 8)
+    tokens, _ = task.sample(40, torch.Generator().manual_seed(0))
+    whole = bayes(task, tokens)[0]
+    monkeypatch.setattr(probes.oracles, "CHUNK_ENTRIES", 1000)  # 1 context a chunk
+    assert torch.equal(bayes(task, tokens)[0], whole)
+    with pytest.raises(ValueError, match="bound is"):
+        make_task("chain:kernel=dirichlet", 4096, 1, 4).sample(16)

@@ -29,6 +29,8 @@ TORCH_SUFFIXES = (".pt", ".pth", ".bin")
 SAFETENSORS_SUFFIX = ".safetensors"
 TASK_JSON = "task.json"
 PREFIXES = ("_orig_mod.", "module.")
+HF_WEIGHTS = ("model.safetensors", "pytorch_model.bin")  # a Hugging Face folder's weights, in from_pretrained's order
+HASH_CHUNK = 2**20
 
 
 @dataclass(frozen=True)
@@ -122,19 +124,50 @@ class Found:
         return as_state_dict(self.archive if obj is None else obj, self.path)
 
     def digest(self) -> str:
-        """sha256 (16 hex digits) of the weights, the config, the task.json and the key map."""
+        """sha256 (16 hex digits) of what defines the model and nothing else (``defining_files``: a large
+        unrelated file beside the weights is never read), the config and the key map. Weight files are
+        hashed in chunks, never held whole."""
         h = hashlib.sha256()
         path = self.path
-        files = sorted(f for f in path.iterdir() if f.is_file()) if path.is_dir() else [path]
-        if not path.is_dir() and (path.parent / TASK_JSON).is_file():
-            files.append(path.parent / TASK_JSON)
-        for f in files:
-            h.update(f.name.encode() + (self.bytes(f, "file") if f.name.endswith(".json") else f.read_bytes()))
+        for f in self.defining_files():
+            h.update(f.name.encode())
+            if f.name.endswith(".json"):
+                h.update(self.bytes(f, "file"))
+            else:
+                with open(f, "rb") as stream:
+                    while chunk := stream.read(HASH_CHUNK):
+                        h.update(chunk)
         if not path.is_dir() and (self.config is not None or self.config_file is not None):
             h.update(json.dumps(self.model_config()).encode())
         if self.key_map is not None:
             h.update(json.dumps(self.json_arg(self.key_map, "key map")).encode())
         return h.hexdigest()[:16]
+
+    def defining_files(self) -> list[Path]:
+        """The files that define the model, sorted by name: a weight file and the task.json beside it; a
+        Hugging Face folder's config.json, task.json and the weight files ``from_pretrained`` reads."""
+        if not self.path.is_dir():
+            task = self.path.parent / TASK_JSON
+            return [self.path, *([task] if task.is_file() else [])]
+        files = [self.path / CONFIG, self.path / TASK_JSON, *hf_weight_files(self.path, self.json)]
+        return sorted((f for f in files if f.is_file()), key=lambda f: f.name)
+
+
+def hf_weight_files(folder: Path, read_json) -> list[Path]:
+    """The weight files of a Hugging Face folder, as ``from_pretrained`` looks for them: ``model.safetensors``,
+    else the shards its ``.index.json`` names (the index included), else the same for ``pytorch_model.bin``.
+    ``read_json(file, what)`` parses the index."""
+    for name in HF_WEIGHTS:
+        if (folder / name).is_file():
+            return [folder / name]
+        index = folder / f"{name}.index.json"
+        if index.is_file():
+            weight_map = read_json(index, "weight index")
+            shards = weight_map.get("weight_map", {}) if isinstance(weight_map, dict) else {}
+            if not isinstance(shards, dict):
+                raise ValueError(f"{index}: weight_map must be a JSON object {{tensor name: shard file}}")
+            return [index, *(folder / Path(str(shard)).name for shard in sorted(set(shards.values())))]
+    return []
 
 
 def is_torch_file(path: Path) -> bool:
@@ -168,6 +201,7 @@ def read_archive(path: Path):
         except Exception as e:  # truncated or corrupt archives raise RuntimeError, EOFError, ...
             raise ValueError(f"{path} is not a readable PyTorch file ({io.one_line(e)})") from None
     if suffix == SAFETENSORS_SUFFIX:
+        io.check_memory(path.stat().st_size, f"reading {path}")  # read whole (a .pt is memory-mapped)
         try:
             return safetensors.torch.load_file(path)
         except Exception as e:

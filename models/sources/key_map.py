@@ -26,7 +26,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from models.io import read_json
+from models.io import check_memory, listing, read_json, tensor_bytes
 
 DEFAULTS = "default"  # reserved key-map key: constants for tensors the file lacks
 ENTRY_FIELDS = ("to", "transpose", "reshape", "pad", "place")
@@ -112,7 +112,7 @@ def apply_key_map(
     entries = {k: v for k, v in spec.items() if k != DEFAULTS}
     absent = sorted(set(entries) - set(state))
     if absent:
-        raise ValueError(f"key map names {', '.join(absent)}, not in the file (it has {', '.join(sorted(state))})")
+        raise ValueError(f"key map names {listing(absent)}, not in the file (it has {listing(sorted(state))})")
     out: dict[str, Tensor] = {}
     for key, value in state.items():
         entry = entries.get(key)
@@ -151,6 +151,9 @@ def _transform(key: str, value: Tensor, entry: dict, expected: tuple[int, ...] |
         if not -value.ndim <= dim < value.ndim:
             raise ValueError(f"key map cannot pad {key!r} of shape {tuple(value.shape)} along dim {dim}")
         widths = [0, 0] * (value.ndim - 1 - dim % value.ndim) + [pad["before"], pad["after"]]
+        padded = list(value.shape)
+        padded[dim] += pad["before"] + pad["after"]
+        check_memory(tensor_bytes(padded, value.element_size()), f"key map entry {key!r}: pad to shape {padded}")
         value = F.pad(value, widths, value=pad["value"])  # F.pad lists dims from the last
     if place is not None:
         shape = place["shape"] or (list(expected) if expected is not None else None)
@@ -167,6 +170,8 @@ def _transform(key: str, value: Tensor, entry: dict, expected: tuple[int, ...] |
             raise ValueError(
                 f"key map cannot place {key!r} of shape {tuple(value.shape)} at {at} in a tensor of shape {list(shape)}"
             )
+        what = f"key map entry {key!r}: place into shape {list(shape)}"
+        check_memory(tensor_bytes(shape, value.element_size()), what)
         block = value.new_zeros(shape)
         block[tuple(slice(a, a + n) for a, n in zip(at, value.shape))] = value
         value = block

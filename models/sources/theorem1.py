@@ -6,7 +6,7 @@ from __future__ import annotations
 import hashlib
 
 from models.sources.files import Source
-from models.theorem1 import theorem1_model
+from models.theorem1 import MAX_BETA, theorem1_model
 from probes.layout import Layout
 from probes.tasks import MarkovTreeTask
 
@@ -33,8 +33,8 @@ def parse(spec: str) -> dict:
         beta = float(options.get("beta", 50))
     except ValueError:
         beta = float("nan")
-    if not (beta > 0 and beta < float("inf")):
-        raise ValueError(f"bad beta in --checkpoint {spec!r}; expected a finite positive number")
+    if not 0 < beta <= MAX_BETA:
+        raise ValueError(f"bad beta in --checkpoint {spec!r}; expected a number in (0, {MAX_BETA:g}]")
     return options
 
 

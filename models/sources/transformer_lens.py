@@ -5,6 +5,8 @@ beside the file. Loads as ``models.hooked_transformer.HookedTransformer`` (``mod
 
 from __future__ import annotations
 
+import dataclasses
+
 from models import converters
 from models.hooked_transformer import HookedTransformer
 from models.sources.files import Found, Source, check_fits, shapes, strip_prefixes
@@ -37,6 +39,7 @@ def read(found: Found, device: str | None = None, *, weights: bool = True) -> So
         return Source(None, task, layout, found.where, "", NAME)
     cfg = converters.tl_config(found.model_config(), found.where, device)
     check_fits(layout, cfg.d_vocab, cfg.n_ctx, found.where)
-    state = apply_key_map(strip_prefixes(found.state_dict()), found.key_map_spec(), shapes(HookedTransformer(cfg)))
+    expected = shapes(HookedTransformer(dataclasses.replace(cfg, device="meta")))  # names and shapes only
+    state = apply_key_map(strip_prefixes(found.state_dict()), found.key_map_spec(), expected)
     model = converters.from_transformer_lens(state, cfg, found.where)
     return Source(model, task, layout, found.where, found.digest(), NAME)
