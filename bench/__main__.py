@@ -2,13 +2,14 @@
 
     python -m bench                       # every row (about 3 minutes on 2 cores, plus the figures)
     python -m bench --quick               # small sizes, one repeat: a smoke run in seconds
-    python -m bench --only step cache     # a subset: step cache bma memory train figures circuit
+    python -m bench --only step cache     # a subset: step cache bma memory train large figures circuit
     python -m bench --device cuda         # time on the GPU (memory row: torch.cuda peak allocation)
 
 Rows: a training step of our model against ``bench.reference`` (the full ((L+1)H)^2 copyer score
 matrix per head) at three sizes; ``run_with_cache`` against a plain forward; the vectorised BMA
 posterior against a per-context loop; the peak memory of a cached forward at L=K=64, H=32, batch 256;
-training steps per second at the default config; the time to regenerate every paper figure; exact edge
+training steps per second at the default config; the large preset's time to the training targets against
+the recipe it replaced; the time to regenerate every paper figure; exact edge
 patching against EAP and EAP-IG on the shipped standard GPT-2 (time, and the Spearman rank correlation of
 their edge scores with the exact ones). Each
 time is the median of a few repeats after a warm-up. It measures; it asserts nothing about speed.
@@ -17,6 +18,7 @@ time is the median of a few repeats after a warm-up. It measures; it asserts not
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import datetime
 import json
 import os
@@ -31,13 +33,13 @@ from pathlib import Path
 import torch
 
 from bench.reference import bma_posterior_loop, reference_model
-from models import DEFAULT_CHECKPOINT, STANDARD_CHECKPOINT, CausalTransformer, cli, load_subject
+from models import DEFAULT_CHECKPOINT, STANDARD_CHECKPOINT, CausalTransformer, causal_transformer, cli, load_subject
 from models.circuit import Runner, build_graph, per_context_nll, ratio_se, source_writes, top_n
 from models.io import write_json
-from models.train import TrainConfig, init_copyers, step_loss, train
+from models.train import PRESETS, TrainConfig, init_copyers, step_loss, train
 from probes import bma_posterior, bma_predictive
 
-ROWS = ("step", "cache", "bma", "memory", "train", "figures", "circuit")
+ROWS = ("step", "cache", "bma", "memory", "train", "large", "figures", "circuit")
 # (name, d, L = K, H, batch): the reference's full score matrix outgrows the default batch at scale.
 SIZES = [("small", 5, 10, 12, 256), ("medium", 10, 32, 24, 64), ("large", 20, 64, 32, 8)]
 MEMORY_SIZE = (20, 64, 32, 256)  # d, L = K, H, batch of the cached forward
@@ -268,6 +270,73 @@ def train_row(device: str, steps: int) -> dict:
     }
 
 
+# The large preset before (dense copies, float32) and now (factored copies, NOW_FIELDS), and the labels of
+# their histories.
+SCALE_HISTORIES = ROOT / "figures" / "scale_histories.json"
+LARGE_BEFORE = "large: scale init, copyer lr x0.3 = --preset large"
+LARGE_NOW = "large: --preset large --autocast --steps 2000"
+NOW_FIELDS = {"autocast": True}
+
+
+def steps_to_targets(history: list[dict], gap: float = 0.01, tv: float = 0.05) -> int | None:
+    """The first evaluated step with the NLL gap to BMA <= ``gap`` and the mean TV <= ``tv``."""
+    return next((m["step"] for m in history if m["nll_gap"] <= gap and m["tv_to_bma"] <= tv), None)
+
+
+def _step_seconds(fields: dict, dense: bool, steps: int, device: str) -> float:
+    """Seconds a step of ``models.train.train`` at the large preset with ``fields`` over it (one 16-context
+    evaluation and a checkpoint write included); ``dense``: the copies through the full pattern, as before."""
+    saved = causal_transformer.FACTOR_ABOVE
+    causal_transformer.FACTOR_ABOVE = float("inf") if dense else saved
+    try:
+        with tempfile.TemporaryDirectory() as tmp:
+            cfg = TrainConfig(**{**PRESETS["large"], **fields, "steps": steps, "eval_every": steps})
+            cfg = dataclasses.replace(cfg, eval_contexts=16, device=device, out=tmp)
+            _, history = train(cfg, progress=False)
+    finally:
+        causal_transformer.FACTOR_ABOVE = saved
+    return history[-1]["seconds"] / steps
+
+
+def large_rows(device: str, steps: int, repeat: int) -> list[dict]:
+    """The large preset before and now: the seconds a step of each, measured here side by side (alternating,
+    median of ``repeat``, on ``steps`` steps: a shortened run), and the time to the targets (gap <= 0.01,
+    TV <= 0.05): those seconds times the steps each recorded run took to the targets
+    (figures/scale_histories.json; the row is left out while the new preset's run is not recorded)."""
+    timed = {"before": [], "now": []}
+    for _ in range(repeat):
+        timed["before"].append(_step_seconds({}, True, steps, device))
+        timed["now"].append(_step_seconds(NOW_FIELDS, False, steps, device))
+    before, now = (statistics.median(timed[k]) for k in ("before", "now"))
+    size = "d=20, L=K=64, H=32, batch 256"
+    rows = [
+        {
+            "row": f"large preset, a training step ({size})",
+            "ours_s": now,
+            "baseline_s": before,
+            "baseline": "before: dense copies, float32",
+            "ratio": before / now,
+            "note": f"now: factored copies, bf16 autocast; median of {repeat} x {steps} steps each, alternating",
+        }
+    ]
+    histories = json.loads(SCALE_HISTORIES.read_text())
+    if LARGE_NOW in histories:
+        n_before = steps_to_targets(histories[LARGE_BEFORE]["history"])
+        n_now = steps_to_targets(histories[LARGE_NOW]["history"])
+        rows.append(
+            {
+                "row": f"large preset, time to the targets ({size})",
+                "ours_s": now * n_now,
+                "baseline_s": before * n_before,
+                "baseline": "before",
+                "ratio": before * n_before / (now * n_now),
+                "note": f"the step times above x the steps to the targets, {n_before} before and {n_now} now; "
+                "evaluation excluded",
+            }
+        )
+    return rows
+
+
 def figures_row() -> dict:
     """Wall time of ``python -m analyses.paper`` into a temporary folder (skipped if it is missing)."""
     row = {
@@ -410,6 +479,8 @@ def _main(argv: list[str]) -> None:
         rows.append(memory_row(args.device))
     if "train" in only:
         rows.append(train_row(args.device, 50 if args.quick else 500))
+    if "large" in only:
+        rows += large_rows(args.device, 3 if args.quick else 8, 1 if args.quick else 2)
     if "figures" in only:
         rows.append(figures_row())
     if "circuit" in only:

@@ -94,6 +94,35 @@ def test_forward_and_every_hook_match_numpy_reference(K):
     assert torch.equal(torch.isneginf(cache["blocks.0.attn.hook_attn_scores"][0, 0]), masked)
 
 
+@pytest.mark.parametrize("K", [None, 5])
+def test_factored_copies_match_numpy_and_the_gradients_through_the_pattern(K):
+    """At a size where blocks.0 computes its copies factored (no [K, H, (L+1)H] pattern formed): the
+    plain and the hooked forward against NumPy, and the copyers' gradients against the dense path's
+    (a hook returning a per-context pattern forces the dense contraction)."""
+    model = random_model(d=3, L=16, H=8, K=K)
+    assert model.blocks[0].attn.factored and not random_model().blocks[0].attn.factored
+    tokens, _ = build_task(d_vocab=3, n_examples=16, seq_len=8).sample(4)
+    ref = numpy_forward(model, tokens.numpy())
+    plain = model(tokens)
+    np.testing.assert_allclose(plain.detach().numpy(), ref["hook_log_probs"], rtol=1e-10, atol=1e-12)
+    out, cache = model.run_with_cache(tokens)
+    assert torch.equal(out, plain), "caching the copyer pattern changed the output"
+    np.testing.assert_allclose(
+        cache["blocks.0.attn.hook_z"].numpy(), ref["blocks.0.attn.hook_z"], rtol=1e-10, atol=1e-12
+    )
+    attn = model.blocks[0].attn
+
+    def copyer_grads():
+        return torch.autograd.grad(model(tokens, return_type="loss"), [attn.w_H, attn.w_L])
+
+    factored = copyer_grads()
+    with model.hooks(fwd_hooks=[("blocks.0.attn.hook_pattern", lambda p, hook: p.clone())]):
+        dense = copyer_grads()
+    for f, g in zip(factored, dense):
+        assert g.abs().max() > 1e-3
+        torch.testing.assert_close(f, g, rtol=1e-10, atol=1e-12)
+
+
 def test_per_head_results_sum_to_the_residual_and_turning_them_on_changes_nothing():
     model = random_model()
     tokens, _ = build_task().sample(5)

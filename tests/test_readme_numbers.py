@@ -364,6 +364,15 @@ UNCHECKED = [
     ("phase diagram full sweep: 0.6 to 0.86 in 100 to 300 steps; 0.58/0.63 at L=3, 0.67, 0.85, 0.14, -0.03 to -0.10, "
      "<= 0.03", "from the full sweep, stopped after 8 cells; not committed (the README says so)"),
     ("1165 s; 416 KB; 99 s; 56 s; 23 s; 86 s; 2436 s; 5159 s; 1182 s; 0.23/0.8/1.5 s a step", "timings"),
+    ("where a large step goes: 1.62 s, 38% / 33% / 29%, 5 ms, 43 ms, 3.0 s, 2%; copies 1.64 s vs 0.55 s (3.0x); "
+     "0.097 s vs 0.41 s; 4.19 s vs 2.20 s (1.9x); gradient differences 2.1%, 0.24%, 0.6%, 0.4%, loss 2e-4; load "
+     "1.8 to 9", "timings and one-batch comparisons printed by scripts of the session that made them (issue 25)"),
+    ("bench large row: 7.10 s, 13.40 s, 1.9x, load 9.3 / 7.5, 2 x 8 steps", "python -m bench --only large output "
+     "of 2026-12-02, not committed; the README gives the command"),
+    ("autocast candidate at steps 100/500/600/800/1000: gap 0.2388/0.2274/0.1150/0.0395/0.0291, TV 0.852/0.793/"
+     "0.363/0.096/0.0645, purity 0.902; --lr 3e-2 run: 0.2545, 0.2578; step 2300",
+     "training runs whose output is not committed (the README gives the commands); 2300 is read from "
+     "scale_histories.json by bench.steps_to_targets"),
     ("medium at step 1500 on 4096 fresh contexts: gap 0.0047, TV 0.040, accuracy 0.951 (BMA 0.965)",
      "models.evaluate output, not committed; scale.json's last eval is on 1024 contexts"),
     ("large on 4096 fresh contexts: gap 0.0067, TV 0.022, accuracy 0.984 (BMA 0.999); x0.1: 0.0081, 0.022, 0.981",
