@@ -453,7 +453,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     parser.add_argument("--device", default="cpu", help="torch device for the model timings (default: cpu)")
     parser.add_argument("--threads", type=int, help="torch CPU threads (default: torch's choice)")
-    parser.add_argument("--json", help="also write the rows to this JSON file")
+    cli.add_json_flags(parser, "the rows, the machine and the command")
     args = parser.parse_args(argv)
     cli.check_run_flags(parser, args, argv, reads=(DEFAULT_CHECKPOINT, STANDARD_CHECKPOINT))
     return args

@@ -21,7 +21,7 @@ import torch
 
 from models.checkpoint import check_device
 from models.dtypes import RUN_DTYPES
-from models.io import check_memory, name_too_long, one_line, run_cli, size, what_is
+from models.io import check_memory, name_too_long, one_line, read_json, run_cli, size, what_is
 from models.sources import NAMED
 from models.subject import THEOREM1_USAGE, Subject, load_subject
 from probes.tasks import MAX_SEED, check_int
@@ -34,6 +34,8 @@ __all__ = [
     "check_run_flags",
     "check_out_folder",
     "check_out_file",
+    "check_own_output",
+    "add_json_flags",
     "subject_or_exit",
     "check_contexts_fit",
     "MAX_SEED",
@@ -214,12 +216,42 @@ def check_run_flags(
         if isinstance(getattr(args, "json", None), str):
             check_out_file(args.json, "--json")
             check_not_an_input(args.json, args, "--json")
+            if not getattr(args, "overwrite", False):
+                check_own_output(args.json, "--json", p.prog)
     except ValueError as e:
         p.error(str(e) if not str(e).startswith("device") else f"--{e}")
     if getattr(args, "threads", None) is not None:
         torch.set_num_threads(args.threads)
     given = sys.argv[1:] if argv is None else argv
     args.command = " ".join([p.prog, *(a for a in given if a != "--debug")])
+
+
+def check_own_output(out: str, flag: str, prog: str) -> None:
+    """An existing output file is replaced only if it is this command's own earlier output: a JSON object
+    whose ``command`` begins with ``prog`` (what ``check_run_flags`` records). Anything else there is a
+    ``ValueError`` (the entry point's ``--overwrite`` replaces it)."""
+    path = Path(out)
+    if not path.exists():
+        return
+    try:
+        earlier = read_json(path, flag)
+    except ValueError:
+        earlier = None
+    command = earlier.get("command") if isinstance(earlier, dict) else None
+    if not (isinstance(command, str) and (command == prog or command.startswith(prog + " "))):
+        raise ValueError(
+            f"{flag} {out!r} exists and is not an earlier output of {prog}; refusing to replace it "
+            "(pass --overwrite to replace it, or pick another name)"
+        )
+
+
+def add_json_flags(p: argparse.ArgumentParser, what: str) -> None:
+    """``--json FILE`` (``what`` it holds) and the ``--overwrite`` that lets it replace a file this command did
+    not write (``check_own_output``)."""
+    p.add_argument("--json", metavar="FILE", help=f"also write {what} to this JSON file")
+    p.add_argument(
+        "--overwrite", action="store_true", help="let --json replace an existing file that this command did not write"
+    )
 
 
 def inputs_of(args: argparse.Namespace) -> list[Path]:

@@ -102,7 +102,7 @@ def main(argv: list[str] | None = None) -> dict:
     cli.add_subject_flags(parser)
     cli.add_run_flags(parser, seed=EVAL_SEED, n_contexts=4096)
     parser.add_argument("--batch-size", type=int, default=1024, help="contexts per chunk (default: 1024)")
-    parser.add_argument("--json", metavar="FILE", help="also write the metrics to this JSON file")
+    cli.add_json_flags(parser, "the metrics and the command")
     args = parser.parse_args(argv)
     cli.check_run_flags(parser, args, argv)  # --batch-size and --json included
     subject = cli.subject_or_exit(parser, args)
@@ -119,7 +119,7 @@ def main(argv: list[str] | None = None) -> dict:
         f"{len(m['head_demo'])} distinct demos, min purity {min(m['head_purity']):.3f}"
     )
     if args.json:
-        write_json(args.json, m)
+        write_json(args.json, {"command": args.command, **m})
     return m
 
 

@@ -172,6 +172,24 @@ CASES = [
     ),
     (
         "work",
+        "evaluate --json onto a file it did not write",
+        lambda t, s: _evaluate("--checkpoint", str(t / "ckpt"), "--json", str(t / "notes" / "precious.txt")),
+        "exists and is not an earlier output of python -m models.evaluate",
+    ),
+    (
+        "work",
+        "evaluate --json onto another command's JSON",
+        lambda t, s: _evaluate("--checkpoint", str(t / "ckpt"), "--json", str(t / "histories.json")),
+        "refusing to replace it (pass --overwrite",
+    ),
+    (
+        "work",
+        "bench --json onto a file it did not write",
+        lambda t, s: _bench("--json", str(t / "garbage.json")),
+        "exists and is not an earlier output of python -m bench",
+    ),
+    (
+        "work",
         "train --overwrite onto a Hugging Face folder",
         lambda t, s: _train("--overwrite", *_out(t, "hf")),
         "holds a Hugging Face folder; refusing to replace it",
@@ -355,6 +373,22 @@ def test_entry_point_bad_input_is_one_line_and_changes_nothing(lab, specials, ca
         assert_one_line(main, argv, expected, [lab, checkpoint.STANDARD_CHECKPOINT], capsys, *code)
     assert modes(specials) == before
     assert all(len(line) < 1000 for line in capsys.readouterr().err.splitlines())
+
+
+def test_json_replaces_only_its_own_earlier_output_unless_overwrite(lab, tmp_path, capsys):
+    """``--json`` is an output under the rules of ``--out``: a file the command wrote before is replaced;
+    any other file only with ``--overwrite`` (the refusals are catalogue cases above)."""
+    main, argv = _evaluate("--checkpoint", str(lab / "ckpt"), "--json", str(tmp_path / "m.json"))
+    main(argv)
+    first = json.loads((tmp_path / "m.json").read_text())
+    assert first["command"].startswith("python -m models.evaluate ") and first["n_contexts"] == 8
+    main([*argv, "--seed", "5"])  # its own earlier output: replaced without --overwrite
+    assert json.loads((tmp_path / "m.json").read_text())["seed"] == 5
+    other = tmp_path / "notes.txt"
+    other.write_text("a note")
+    main, argv = _evaluate("--checkpoint", str(lab / "ckpt"), "--json", str(other), "--overwrite")
+    main(argv)
+    assert json.loads(other.read_text())["seed"] == first["seed"]
 
 
 def test_catalogue_has_thirty_cases_of_every_kind():
