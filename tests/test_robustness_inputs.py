@@ -5,10 +5,9 @@ from __future__ import annotations
 
 import hashlib
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
+import forked
 import pytest
 import torch
 
@@ -36,9 +35,7 @@ def test_an_output_inside_the_checkpoint_read_is_refused(tmp_path, argv):
     ckpt = tmp_path / "ckpt"
     shutil.copytree(models.DEFAULT_CHECKPOINT, ckpt)
     before = tree(tmp_path)
-    run = subprocess.run(
-        [sys.executable, "-m", *(a.format(ckpt=ckpt) for a in argv)], cwd=tmp_path, capture_output=True, text=True
-    )
+    run = forked.run(*(a.format(ckpt=ckpt) for a in argv), cwd=tmp_path)  # python -m, the imports done once
     assert run.returncode == 2
     lines = run.stderr.strip().splitlines()
     assert len(lines) == 1 and "which this command reads" in lines[0], run.stderr
@@ -56,12 +53,7 @@ def test_an_output_inside_the_checkpoint_read_is_refused(tmp_path, argv):
     ],
 )
 def test_standard_refuses_numbers_that_would_train_a_nan_model(tmp_path, flags, message):
-    run = subprocess.run(
-        [sys.executable, "-m", "models.standard", *flags, "--out", str(tmp_path / "out")],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-    )
+    run = forked.run("models.standard", *flags, "--out", str(tmp_path / "out"), cwd=ROOT)
     assert run.returncode == 2
     assert run.stderr.strip().splitlines() == [f"python -m models.standard: error: {message}"]
     assert not (tmp_path / "out").exists()

@@ -11,12 +11,14 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import resource
 import shutil
 import subprocess
 import sys
 from pathlib import Path
 
+import forked
 import pytest
 import safetensors.torch
 import torch
@@ -53,12 +55,20 @@ def _limit() -> None:
     resource.setrlimit(resource.RLIMIT_AS, (LIMIT_BYTES, LIMIT_BYTES))
 
 
-def run(module: str, *argv: str, cwd: Path) -> subprocess.CompletedProcess:
-    """``python -m module argv`` in a fresh process, memory- and time-bounded."""
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+ENV = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+
+
+def run(module: str, *argv: str, cwd: Path) -> forked.Completed:
+    """``python -m module argv`` in a process of its own (forked from a server that has done the imports:
+    ``tests/forked.py``), memory- and time-bounded."""
+    return forked.run(module, *argv, cwd=cwd, env=ENV, limit=LIMIT_BYTES, timeout=TIMEOUT_S)
+
+
+def fresh_interpreter(module: str, *argv: str, cwd: Path) -> subprocess.CompletedProcess:
+    """The same in a new interpreter (``python -m``), as a user runs it."""
     return subprocess.run(
         [sys.executable, "-m", module, *argv],
-        capture_output=True, text=True, timeout=TIMEOUT_S, preexec_fn=_limit, cwd=cwd, env=env,
+        capture_output=True, text=True, timeout=TIMEOUT_S, preexec_fn=_limit, cwd=cwd, env=ENV,
     )  # fmt: skip
 
 
@@ -361,6 +371,21 @@ def test_sizes_and_numbers_are_one_line_exit_2_bounded_and_change_nothing(lab, k
     assert "Traceback" not in proc.stderr
     assert tree(lab) == before
     assert [tree(p) for p in (checkpoint.DEFAULT_CHECKPOINT, checkpoint.STANDARD_CHECKPOINT)] == shipped
+
+
+@pytest.mark.parametrize("name", ["TransformerLens over ulimit -v, under RAM", "nanoGPT vocab_size 1e12"])
+def test_a_forked_case_is_what_a_fresh_interpreter_does(lab, name):
+    """The catalogue's processes are forked from a server that has imported the suite (tests/forked.py):
+    a case gives the same exit code and stderr as ``python -m`` in a new interpreter under the same limit
+    (the first case is refused by what the limit leaves, so the limit holds in both)."""
+    (module, argv) = next(make(lab) for _, n, make, _ in CASES if n == name)
+    a, b = run(module, *argv, cwd=lab), fresh_interpreter(module, *argv, cwd=lab)
+
+    def shape(text: str) -> str:  # the bound's numbers depend on what the imports mapped
+        return re.sub(r"\d+(\.\d+)?", "N", text)
+
+    assert (a.returncode, shape(a.stderr), a.stdout) == (b.returncode, shape(b.stderr), b.stdout)
+    assert a.returncode == 2 and "Traceback" not in a.stderr
 
 
 def test_the_catalogue_has_both_kinds_and_thirty_cases():
