@@ -1,5 +1,5 @@
-"""What every trainer shares: the learning-rate schedule (linear warm-up, then cosine decay to a floor) and
-the stop on divergence."""
+"""What every trainer shares: the learning-rate schedule (linear warm-up, then cosine decay to a floor), the
+training batch, and the stop on divergence."""
 
 from __future__ import annotations
 
@@ -23,3 +23,15 @@ def check_finite(model, loss: float, step: int) -> None:
     if bad or not math.isfinite(loss):
         where = f"weights {', '.join(bad)}" if bad else f"loss {loss}"
         raise ValueError(f"training diverged at step {step} ({where} not finite); lower --lr")
+
+
+def sample_batch(task, batch: int, generator: torch.Generator) -> torch.Tensor:
+    """A training batch of ``task``'s contexts, ``[batch, T]``, drawn on one thread: the sampler is a loop of
+    small operations over positions that several threads slow down (at the large preset, 2 threads took 5x
+    as long as 1 on a shared machine), and the draws do not depend on the thread count."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        return task.sample(batch, generator)[0]
+    finally:
+        torch.set_num_threads(threads)

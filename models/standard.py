@@ -45,7 +45,7 @@ from tqdm.auto import tqdm
 from models import cli
 from models.checkpoint import HUGGING_FACE, check_replaceable, clear_snapshots, snapshot_folder, write_folder_atomically
 from models.io import check_memory, size
-from models.optim import check_finite, cosine_factor
+from models.optim import check_finite, cosine_factor, sample_batch
 from models.sources.files import TASK_JSON
 from models.sources.hugging_face import check_size
 from probes import MarkovTreeTask, bma_predictive, check_tokens, target_nll
@@ -289,7 +289,7 @@ def train_standard(cfg: StandardConfig, progress: bool = True, save: bool = True
     model.train()
     t0 = time.perf_counter()
     for done in (bar := tqdm(range(1, cfg.steps + 1), disable=not progress, desc="train standard")):
-        loss = _loss(model, task.sample(cfg.batch_size, data_gen)[0].to(cfg.device), cfg)
+        loss = _loss(model, sample_batch(task, cfg.batch_size, data_gen).to(cfg.device), cfg)
         _descend(loss, opt, sched)
         if cfg.snapshot_every and done % cfg.snapshot_every == 0:  # as models.train: the run, then the snapshot
             training = {"config": asdict(cfg), "threads": torch.get_num_threads(), "step": done, "history": history}
