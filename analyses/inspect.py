@@ -422,8 +422,9 @@ def sequence_text(r: dict) -> list[str]:
     words = {"previous_token": "previous-token heads", "induction": induction, "own_parent": "own-parent heads"}
     lines = []
     for kind, labels in r["sequence_heads"].items():
+        chance = {"induction": "induction_chance", "own_parent": "own_parent_chance"}.get(kind)
         found = ", ".join(
-            f"{x} ({by_label[x][kind]:.2f}" + (f", chance {by_label[x]['induction_chance']:.2f})" if kind == "induction" else ")")
+            f"{x} ({by_label[x][kind]:.2f}" + (f", chance {by_label[x][chance]:.2f})" if chance else ")")
             for x in labels
         )  # fmt: skip
         word = words.get(kind) or f"{kind.split('_')[1]}-back heads (the token {kind.split('_')[1]} before)"

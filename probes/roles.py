@@ -14,7 +14,8 @@ measured, and its attention split by where each key (l', h') sits relative to th
 These six partition the keys. Two more overlap them: ``candidates`` (l' = l, h' < h, the query's own
 position included: the candidate parents of x_h^l) and ``parent`` (the true parent (l, pa(h)), or any of
 several on a multi-parent graph; every sequence of a context shares one graph). Queries are split into demonstration queries (l < L) and target
-queries (l = L); ``candidates`` and ``parent`` average over queries with h >= 1 only (h = 0 has none).
+queries (l = L); ``candidates`` averages over queries with h >= 1 only (h = 0 has no candidate), ``parent``
+over those whose token has a parent (every h >= 1 on a tree; a graph's roots have none).
 
 Pure functions of a pattern and its labels: no model code (``models.subject.LayerAttention`` supplies
 the labels, ``probes.tasks`` the parents).
@@ -113,14 +114,18 @@ def role_profile(
     per_query["parent"] = (p * parent_mask(query_predicts, key_token, parents).unsqueeze(1).to(p.device)).sum(-1)
     ql, qh = query_predicts[:, 0], query_predicts[:, 1]
     groups = [(ql >= 0) & (ql < L), ql == L]
+    has_parent = (_parents_of(parents, qh) >= 0).any(-1).to(p.device)  # [batch, Q]: a graph's roots have none
+    nan = p.new_full(p.shape[1:2], float("nan"))
     out = {}
     for name, mass in per_query.items():
         cols = []
         for g in groups:
-            rows = g & (qh >= 1) if name in OVERLAPPING else g
-            cols.append(
-                mass[:, :, rows.to(p.device)].mean((0, 2)) if rows.any() else p.new_full(p.shape[1:2], float("nan"))
-            )
+            rows = (g & (qh >= 1) if name in OVERLAPPING else g).to(p.device)
+            if name == "parent":  # per context: the queries whose token has a parent
+                w = (rows & has_parent).unsqueeze(1).double()  # [batch, 1, Q]
+                cols.append((mass * w).sum((0, 2)) / w.sum() if w.any() else nan)
+            else:
+                cols.append(mass[:, :, rows].mean((0, 2)) if rows.any() else nan)
         out[name] = torch.stack(cols, -1).cpu()
     return out
 
@@ -170,7 +175,7 @@ def attention_role(profile: dict[str, Float[Tensor, " 2"]]) -> str:
 
 
 # Heads named by what they read in the token sequence (in-context Markov chains, fixed graphs) -------------
-SEQUENCE_SCORES = ("previous_token", "induction", "induction_chance", "own_parent")  # and previous_k, k = 2..order
+SEQUENCE_SCORES = ("previous_token", "induction", "induction_chance", "own_parent", "own_parent_chance")  # and previous_k, k = 2..order
 
 
 def sequence_scores(
@@ -195,7 +200,8 @@ def sequence_scores(
       generalized induction head of an n-gram (Chen et al.). ``induction_chance``: the mass uniform
       attention over the keys up to the current token's (what the query can see) would put there;
     - ``own_parent``: the keys holding a parent (l, pa(h)) of the query's own token (queries whose token
-      has a parent; ``parents`` ``[batch, H]`` or ``[batch, H, P]``, -1 for none).
+      has a parent; ``parents`` ``[batch, H]`` or ``[batch, H, P]``, -1 for none), and ``own_parent_chance``,
+      what uniform attention over the keys up to the current token's would put there.
 
     ``tokens`` are the task's flat tokens (``l * H + h``); NaN for a score with no query."""
     H, m = seq_len, order
@@ -243,6 +249,8 @@ def sequence_scores(
         "induction": mean_over((p * ind.unsqueeze(1)).sum(-1), ind_q),
         "induction_chance": mean_over(chance.unsqueeze(1).expand(-1, p.shape[1], -1), ind_q),
         "own_parent": mean_over((p * own_pa.unsqueeze(1)).sum(-1), has_parent),
+        "own_parent_chance": mean_over(((seen * own_pa).sum(-1) / seen.sum(-1).clamp_min(1)).unsqueeze(1)
+                                       .expand(-1, p.shape[1], -1), has_parent),  # fmt: skip
     }
     for k in range(2, m + 1):
         back, rows = at_offset(k)

@@ -19,7 +19,8 @@ def _brute_force(pattern, keys, tokens, parents, H, order=1, own_is_predicted=Fa
     (a causal LM) or, ``own_is_predicted``, sits at the slot of the token it predicts (the disentangled
     model's target layer: the current token is the one before). ``parents`` ``[B, H, P]``, -1 padded."""
     B, n, Q, K = pattern.shape
-    names = ["previous_token", "induction", "induction_chance", "own_parent"] + [f"previous_{k}" for k in range(2, order + 1)]
+    names = ["previous_token", "induction", "induction_chance", "own_parent", "own_parent_chance"]
+    names += [f"previous_{k}" for k in range(2, order + 1)]
     sums = {k: [0.0] * n for k in names}
     counts = {k: 0 for k in names}
     index = {tuple(keys[k].tolist()): k for k in range(K) if keys[k, 0] >= 0}
@@ -37,6 +38,7 @@ def _brute_force(pattern, keys, tokens, parents, H, order=1, own_is_predicted=Fa
             own_parents = [int(x) for x in parents[b, h] if x >= 0]
             rows = {f"previous_{k}" if k > 1 else "previous_token": h >= k for k in range(1, order + 1)}
             rows.update(induction=bool(ind), induction_chance=bool(ind), own_parent=h >= 1 and bool(own_parents))
+            rows["own_parent_chance"] = rows["own_parent"]
             for name, counted in rows.items():
                 counts[name] += counted
             seen = index[(cl, ch)] + 1 if ch >= 0 else q  # keys the query can see
@@ -47,6 +49,7 @@ def _brute_force(pattern, keys, tokens, parents, H, order=1, own_is_predicted=Fa
                         sums["previous_token" if k == 1 else f"previous_{k}"][j] += float(row[index[(l, h - k)]])
                 if rows["own_parent"]:
                     sums["own_parent"][j] += float(sum(row[index[(l, pa)]] for pa in own_parents))
+                    sums["own_parent_chance"][j] += len([pa for pa in own_parents if index[(l, pa)] < seen]) / seen
                 if ind:
                     sums["induction"][j] += float(row[ind].sum())
                     sums["induction_chance"][j] += len([k for k in ind if k < seen]) / seen
@@ -133,3 +136,32 @@ def test_a_previous_token_head_and_an_induction_head_are_named_and_a_sink_is_not
     assert named["induction"] == ["L0H1"]
     assert named["own_parent"] == ["L0H0"]  # on a chain the previous-token head is the parent head
     assert seq["induction"][1] == pytest.approx(1.0)
+
+
+def test_the_role_profiles_parent_mass_reads_every_parent_and_skips_roots():
+    """role_profile's ``parent`` on a graph with roots and two parents: the mass on any parent of the
+    query's token, averaged over the (context, query) pairs whose token has one, against a loop."""
+    from probes.roles import role_profile
+
+    L, H = 1, 5
+    keys = Layout(L, H, 2).key_tokens()
+    T = len(keys)
+    predicts = torch.cat([keys[1:], torch.full((1, 2), -1)])
+    g = torch.Generator().manual_seed(9)
+    pattern = torch.randn(3, 2, T, T, generator=g, dtype=torch.float64).masked_fill(
+        torch.ones(T, T, dtype=torch.bool).triu(1), -math.inf
+    ).softmax(-1)
+    parents = _random_parents(g, 3, H, 2)
+    assert (parents[:, 1:, 0] < 0).any()  # some roots past position 0
+    got = role_profile(pattern, predicts, keys, parents, L)["parent"]
+    for group, in_group in enumerate((lambda l: l < L, lambda l: l == L)):
+        total = torch.zeros(2, dtype=torch.float64)
+        count = 0
+        for b in range(3):
+            for q in range(T):
+                l, h = predicts[q].tolist()
+                ps = [int(x) for x in parents[b, h] if x >= 0] if l >= 0 and h >= 1 else []
+                if ps and in_group(l):
+                    count += 1
+                    total += sum(pattern[b, :, q, l * H + p] for p in ps)
+        assert got[:, group].tolist() == pytest.approx((total / count).tolist(), abs=1e-12)
