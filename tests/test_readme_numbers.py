@@ -139,7 +139,7 @@ TRAJECTORY_CLAIMS = [
      "{:.2f}", REPRO + "icl_mc_inspect.json",
      lambda d: (_seq(d, "L0H0", "previous_token"), _seq(d, "L1H0", "induction"), _seq(d, "L1H0", "induction_chance"),
                 d["results"]["progress"])),
-    ("with one head a layer L0H0 puts {:.2f} on its own token's parent (uniform attention: {:.2f}), progress {:.2f}",
+    ("with one head a layer L0H0's attention (content included) puts {:.2f} on its own token's parent (uniform attention: {:.2f}), progress {:.2f}",
      REPRO + "nichani_dag_1head_inspect.json",
      lambda d: (_seq(d, "L0H0", "own_parent"), _seq(d, "L0H0", "own_parent_chance"), d["results"]["progress"])),
     ("with two heads (progress {:.2f}) at most {:.2f} ({}), and the parent head that forms, L0H1, reads the parent "
