@@ -388,6 +388,8 @@ def test_the_disentangled_model_refuses_a_graph_it_cannot_read_without_demonstra
     [
         ("models.train", ["--task-kind", "tree"], "'tree' is unknown"),
         ("models.standard", ["--task-kind", "chain:kernel=random"], "kernel='random'; expected fixed or dirichlet"),
+        ("models.standard", ["--task-kind", "dag"], "'dag' is unknown"),
+        ("models.train", ["--task-kind", "markov_tree:n=3"], "markov_tree takes no options"),
         ("models.train", ["--task-kind", "given:parents=[[1],[0],[0],[1]]"], "not a DAG"),
         ("models.standard", ["--task-kind", "given:parents=[[],[2],[0],[1]]"], "not a DAG"),
         (
@@ -407,6 +409,32 @@ def test_bad_task_input_is_one_line_and_exit_2(tmp_path, module, args, message):
     lines = run.stderr.strip().splitlines()
     assert len(lines) == 1 and message in lines[0] and ("--task-kind" in lines[0] or "--alpha" in lines[0])
     assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "message"),
+    [("parents", [[], [2], [0]], "not a DAG"), ("alpha", 0.0, "alpha must be a finite number > 0"),
+     ("graph", "tree", "task graph 'tree' is unknown")],
+)  # fmt: skip
+def test_a_bad_task_json_is_one_line_and_exit_2_in_an_analysis(tmp_path, capsys, field, value, message):
+    """The same bad input read from a checkpoint's task.json: analyses.inspect and analyses.trajectory say so in
+    one line and exit 2."""
+    from analyses import inspect as inspect_analysis
+    from analyses import trajectory
+    from models.standard import train_standard
+
+    std = StandardConfig(task_kind="chain:kernel=dirichlet", d_vocab=3, n_examples=0, seq_len=3, n_heads=1, d_model=8,
+                         d_mlp=8, steps=2, batch_size=4, eval_every=2, eval_contexts=8, snapshot_every=2,
+                         out=str(tmp_path / "std"))  # fmt: skip
+    train_standard(std, progress=False)
+    task_json = tmp_path / "std" / "task.json"
+    task_json.write_text(json.dumps({**json.loads(task_json.read_text()), field: value}))
+    for main in (inspect_analysis.main, trajectory.main):
+        with pytest.raises(SystemExit) as e:
+            main(["--checkpoint", str(tmp_path / "std"), "--n-contexts", "8", "--out", str(tmp_path / "figs")])
+        err = capsys.readouterr().err.strip().splitlines()
+        assert e.value.code == 2 and len(err) == 1 and message in err[0], err
+    assert not (tmp_path / "figs").exists()
 
 
 def test_graph_task_rejects_bad_fields():
