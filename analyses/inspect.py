@@ -57,8 +57,9 @@ from models.circuit import INPUTS, Runner, build_graph, mean_se, per_context_nll
 from models.interventions import ablate, corrupted_contexts, head_ablation, head_outputs, hooks, patch_heads
 from models.standard import uniform_parent_predictive
 from models.subject import head_label
-from probes import bma_posterior, bma_predictive, oracles, parent_accuracy, target_nll, total_variation
-from probes.graph_task import GraphTask
+from probes import bma_posterior, bma_predictive, oracles, target_nll, total_variation
+from probes.graph_task import GraphTask, context_order
+from probes.metrics import parent_set_accuracy
 from probes.roles import CATEGORIES, GROUPS, OVERLAPPING, attention_role, role_profile, sequence_scores
 
 NAME = "inspect"
@@ -109,7 +110,7 @@ def head_attention_stats(rows, parents, posterior, n_examples: int, seq_len: int
     return {
         "candidate_mass": [mass[:, j, 1:].mean().item() for j in range(n)],
         "tv": [total_variation(renorm[:, j], posterior)[:, 1:].mean().item() for j in range(n)],
-        "parent_acc": [parent_accuracy(renorm[:, j], parents) for j in range(n)],
+        "parent_acc": [parent_set_accuracy(renorm[:, j], parents) for j in range(n)],
         "copy_mass": same.mean((0, 3)).tolist(),  # [n, L]: mass on x_h^l from the query predicting x_h
     }
 
@@ -128,8 +129,8 @@ def baselines(task, tokens, parents) -> dict:
         "nll_uniform": target_nll(
             bma_predictive(task.pi, tokens, L, H, task.root, demonstrations=[], log=True), tokens
         ),
-        "acc_bma": parent_accuracy(posterior, parents),
-        "acc_uniform": parent_accuracy(uniform, parents),
+        "acc_bma": parent_set_accuracy(posterior, parents),
+        "acc_uniform": parent_set_accuracy(uniform, parents),
         "tv_uniform": total_variation(uniform, posterior)[:, 1:].mean().item(),
     }
 
@@ -140,8 +141,6 @@ def family_baselines(task, tokens, parents) -> dict:
     is the graph) and its plateau (``models.standard.uniform_parent_predictive``: the unigram strategy); the
     uniform baseline spreads each position's attention evenly over h' < h."""
     H = task.seq_len
-    if parents.ndim != 2:
-        raise ValueError("analyses.inspect reads one parent per position; this task's positions have several")
     predictive, posterior = oracles.bayes(task, tokens)
     uniform = torch.ones(H, H, dtype=torch.float64).tril(-1)
     uniform = (uniform / uniform.sum(-1, keepdim=True).clamp_min(1)).expand_as(posterior)
@@ -149,8 +148,8 @@ def family_baselines(task, tokens, parents) -> dict:
         "posterior": posterior,
         "nll_bma": target_nll(predictive, tokens),
         "nll_uniform": target_nll(uniform_parent_predictive(task, tokens), tokens),
-        "acc_bma": parent_accuracy(posterior, parents),
-        "acc_uniform": parent_accuracy(uniform, parents),
+        "acc_bma": parent_set_accuracy(posterior, parents),
+        "acc_uniform": parent_set_accuracy(uniform, parents),
         "tv_uniform": total_variation(uniform, posterior)[:, 1:].mean().item(),
     }
 
@@ -310,6 +309,7 @@ def inspect_subject(subject, n_contexts: int = 512, seed: int = 0, batch: int = 
     task = subject.task
     L, H = task.n_examples, task.seq_len
     tokens, parents = common.sample_contexts(task, n_contexts, seed)
+    order = context_order(task)  # 2 on a 3-gram: the generalized induction head matches two tokens
     base = baselines(task, tokens, parents)
     lp = torch.cat([subject.log_probs(tokens[i : i + batch]) for i in range(0, n_contexts, batch)])
     nll = target_nll(lp, tokens)
@@ -323,7 +323,7 @@ def inspect_subject(subject, n_contexts: int = 512, seed: int = 0, batch: int = 
             )
             prof = role_profile(att.pattern, att.query_predicts, att.key_token, part_parents, L)
             layer.update({f"role:{k}": v.tolist() for k, v in prof.items()})
-            seq = sequence_scores(att.pattern, att.query_predicts, att.key_token, part_tokens, part_parents, H)
+            seq = sequence_scores(att.pattern, att.query_predicts, att.key_token, part_tokens, part_parents, H, order)
             layer.update({f"seq:{k}": v.tolist() for k, v in seq.items()})
             part.append(layer)
         w = len(part_tokens) / n_contexts
@@ -391,17 +391,21 @@ INDUCTION_OVER_CHANCE = 2.0  # and an induction head at least this many times wh
 
 def sequence_heads(heads: list[dict]) -> dict[str, list[str]]:
     """The heads named by ``probes.roles.sequence_scores``: PREVIOUS-TOKEN heads (mass on the token
-    before the query's own >= ``SEQUENCE_MASS``), INDUCTION heads (mass on the tokens that followed earlier
-    occurrences of the query's own token >= ``SEQUENCE_MASS`` and >= ``INDUCTION_OVER_CHANCE`` x chance),
-    and OWN-PARENT heads (mass on the parent of the query's own token >= ``SEQUENCE_MASS``; a fixed graph's
-    first layer). A previous-token head whose parents are all the previous token (a chain) is both."""
+    before the query's own >= ``SEQUENCE_MASS``), on an n-gram task K-BACK heads (``previous_k``: mass on the
+    token k before it), INDUCTION heads (mass on the tokens that followed earlier occurrences of the query's
+    current token, on an n-gram task of its n - 1 last tokens, >= ``SEQUENCE_MASS`` and >=
+    ``INDUCTION_OVER_CHANCE`` x chance), and OWN-PARENT heads (mass on the parents of the query's own token
+    >= ``SEQUENCE_MASS``; a fixed graph's first layer). A previous-token head whose parents are all the
+    previous token (a chain) is both."""
 
     def at_least(h: dict, key: str) -> bool:
         v = h["sequence"][key]
         return v == v and v >= SEQUENCE_MASS
 
+    backs = sorted((k for k in heads[0]["sequence"] if k.startswith("previous_") and k != "previous_token"),
+                   key=lambda k: int(k.split("_")[1])) if heads else []  # fmt: skip
     return {
-        "previous_token": [h["label"] for h in heads if at_least(h, "previous_token")],
+        **{k: [h["label"] for h in heads if at_least(h, k)] for k in ("previous_token", *backs)},
         "induction": [
             h["label"] for h in heads
             if at_least(h, "induction") and h["sequence"]["induction"] >= INDUCTION_OVER_CHANCE * h["sequence"]["induction_chance"]
@@ -413,14 +417,18 @@ def sequence_heads(heads: list[dict]) -> dict[str, list[str]]:
 def sequence_text(r: dict) -> list[str]:
     """One line per kind of sequence head, with each head's mass (and the induction chance level)."""
     by_label = {h["label"]: h["sequence"] for h in r["heads"]}
-    words = {"previous_token": "previous-token heads", "induction": "induction heads", "own_parent": "own-parent heads"}
+    order = sum(1 for k in r["sequence_heads"] if k.startswith("previous_"))
+    induction = "induction heads" if order == 1 else f"generalized induction heads ({order} tokens matched)"
+    words = {"previous_token": "previous-token heads", "induction": induction, "own_parent": "own-parent heads"}
     lines = []
     for kind, labels in r["sequence_heads"].items():
+        chance = {"induction": "induction_chance", "own_parent": "own_parent_chance"}.get(kind)
         found = ", ".join(
-            f"{x} ({by_label[x][kind]:.2f}" + (f", chance {by_label[x]['induction_chance']:.2f})" if kind == "induction" else ")")
+            f"{x} ({by_label[x][kind]:.2f}" + (f", chance {by_label[x][chance]:.2f})" if chance else ")")
             for x in labels
         )  # fmt: skip
-        lines.append(f"{words[kind]}: {found or 'none'}")
+        word = words.get(kind) or f"{kind.split('_')[1]}-back heads (the token {kind.split('_')[1]} before)"
+        lines.append(f"{word}: {found or 'none'}")
     return lines
 
 
@@ -582,13 +590,16 @@ def figures(r: dict, args) -> dict:
 
     copy = np.array([h["copy_mass"] for h in r["heads"]])
     fig, ax = plt.subplots(figsize=(0.45 * copy.shape[1] + 2.5, 0.3 * len(labels) + 1.5))
-    im = ax.imshow(copy, cmap="viridis", vmin=0, vmax=1, aspect="auto")
-    ax.grid(False)
-    ax.set_yticks(x, labels, fontsize=7)
-    ax.set(
-        xlabel="demonstration l", title=f"Attention to x_h of demonstration l\nfrom the query predicting x_h ({n} ctx)"
-    )
-    fig.colorbar(im, ax=ax, label="mass")
+    ax.set(title=f"Attention to x_h of demonstration l\nfrom the query predicting x_h ({n} ctx)")
+    if copy.shape[1]:
+        im = ax.imshow(copy, cmap="viridis", vmin=0, vmax=1, aspect="auto")
+        ax.grid(False)
+        ax.set_yticks(x, labels, fontsize=7)
+        ax.set(xlabel="demonstration l")
+        fig.colorbar(im, ax=ax, label="mass")
+    else:  # one sequence per context (the peers' tasks)
+        ax.text(0.5, 0.5, "no demonstrations (L = 0):\nnothing to copy", ha="center", va="center")
+        ax.axis("off")
     out["inspect_copy"] = fig
 
     fig, axes = plt.subplots(1, 2, figsize=(max(8, 0.4 * len(labels) + 4), 3.2))

@@ -53,6 +53,7 @@ from analyses.inspect import baselines, head_attention_stats
 from models.standard import uniform_parent_predictive
 from models.subject import load_subject
 from probes import MarkovTreeTask, demonstration_mass, oracles, target_nll
+from probes.graph_task import context_order
 from probes.roles import role_profile, sequence_scores
 
 NAME = "trajectory"
@@ -120,7 +121,7 @@ def measure(subject, tokens, parents, strats: dict[str, Tensor], base: dict) -> 
         rows = att.target_rows(L, H).cpu()
         stats = head_attention_stats(rows, parents, base["posterior"], L, H)
         prof = role_profile(att.pattern, att.query_predicts, att.key_token, parents, L)
-        seq = sequence_scores(att.pattern, att.query_predicts, att.key_token, tokens, parents, H)
+        seq = sequence_scores(att.pattern, att.query_predicts, att.key_token, tokens, parents, H, context_order(task))
         demo = demonstration_mass(rows.mean(0), L)[:, :L]  # [head, L]: mass on each demonstration
         layers.append({
             "purity": demo.max(-1).values.tolist() if L else [math.nan] * len(demo),  # L = 0: no demonstration

@@ -35,7 +35,7 @@ from models.io import check_memory, describe, exclusive_lock, read_json, run_cli
 from models.optim import check_finite, cosine_factor, sample_batch
 from probes import MarkovTreeTask
 from probes.continuous import ContinuousTask
-from probes.graph_task import SPEC_HELP, GraphTask, make_task
+from probes.graph_task import SPEC_HELP, GraphTask, make_task, relative_offsets
 from probes.oracles import check_bayes
 from probes.tasks import MAX_N_EXAMPLES, MAX_SEED, check_float, check_int, check_sizes
 
@@ -128,7 +128,15 @@ class TrainConfig:
         if self.task_kind in ("markov_tree", "continuous") and self.n_examples == 0:
             raise ValueError(f"n_examples must be >= 1 for the task {self.task_kind} (only the family's tasks take 0)")
         if self.task_kind not in ("markov_tree", "continuous"):  # ours need no drawing to be checked
-            check_bayes(self.task())  # an unknown kind, a graph that is not a DAG, no exact oracle: one ValueError
+            task = self.task()
+            check_bayes(task)  # an unknown kind, a graph that is not a DAG, no exact oracle: one ValueError
+            if self.n_examples == 0 and relative_offsets(getattr(task, "parents", None)) is None:
+                raise ValueError(
+                    f"task_kind {self.task_kind!r} with --n-examples 0: the disentangled model reads relative "
+                    "positions only (its copyers copy the same offsets at every position), and this task's parents "
+                    "are not at the same offsets at every position (a chain's and an n-gram's are); train a standard "
+                    "transformer on it (python -m models.standard), or give it demonstrations (--n-examples >= 1)"
+                )
         if self.dtype not in RUN_DTYPES:
             raise ValueError(f"dtype must be one of {', '.join(RUN_DTYPES)}, got {self.dtype!r}")
         for name in ("resume", "overwrite", "compile", "autocast"):

@@ -280,6 +280,24 @@ class GraphTask:
         )  # fmt: skip
 
 
+def relative_offsets(parents: list[list[int]] | None) -> list[int] | None:
+    """The offsets o >= 1 at which every position h finds its parents, ``parents[h] = {h - o : o in offsets,
+    h - o >= 0}`` (a chain: [1]; an n-gram: [1, ..., n-1]), or None: a graph whose parents sit at offsets that
+    differ between positions (a random DAG), or one drawn per context (``parents`` None). A model that reads
+    relative positions only can represent the first kind alone."""
+    if parents is None:
+        return None
+    offsets = sorted({h - p for h, ps in enumerate(parents) for p in ps})
+    same = all(sorted(ps) == sorted(h - o for o in offsets if h - o >= 0) for h, ps in enumerate(parents))
+    return offsets if same else None
+
+
+def context_order(task) -> int:
+    """How many preceding tokens of its own sequence a prediction conditions on: n - 1 on an n-gram task,
+    1 otherwise (the order of the k-gram strategies and of the induction score)."""
+    return task.max_parents if isinstance(task, GraphTask) and task.graph == "ngram" else 1
+
+
 def parent_rows(x: Int[Tensor, "batch L1 H"], ps: Int[Tensor, "batch k"], d: int) -> Int[Tensor, "batch L1"]:
     """Row of the table of parent count k: ``sum_j x[:, :, ps_j] d^(k-1-j)`` (first parent most significant)."""
     vals = x.gather(2, ps.unsqueeze(1).expand(-1, x.shape[1], -1))  # [batch, L1, k]
@@ -307,6 +325,8 @@ def parse_spec(spec: str) -> dict:
     if not isinstance(spec, str) or not spec:
         raise ValueError(f"expected a string, got {spec!r}")
     graph, *options = spec.split(":")
+    if graph in ("markov_tree", "continuous"):
+        raise ValueError(f"{graph} takes no options; expected {graph} alone")
     if graph not in GRAPHS:
         raise ValueError(f"{graph!r} is unknown; expected markov_tree, continuous or {SPEC_HELP}")
     out: dict = {"graph": graph, "kernel": "fixed"}

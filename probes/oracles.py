@@ -30,7 +30,7 @@ from jaxtyping import Float, Int
 from torch import Tensor
 
 from probes.bma import bma_posterior, bma_predictive, check_tokens
-from probes.graph_task import GraphTask, parent_rows
+from probes.graph_task import GraphTask, context_order, parent_rows
 from probes.tasks import MarkovTreeTask
 
 MAX_TREES = 720  # (H-1)! trees: H <= 7 for a random tree with a Dirichlet kernel
@@ -199,8 +199,7 @@ def strategies(task, tokens: Int[Tensor, "batch T"]) -> dict[str, Float[Tensor, 
         "uniform": torch.full((b, H, d), -math.log(d), dtype=torch.float64),
         "unigram": count_log_predictive(tokens, L, H, d, graph_tensor(none, b), 1.0),
     }
-    top = task.max_parents + 1 if isinstance(task, GraphTask) and task.graph == "ngram" else 2
-    for n in range(2, top + 1):
+    for n in range(2, context_order(task) + 2):
         ngram = [list(range(max(0, h - n + 1), h)) for h in range(H)]
         out["bigram" if n == 2 else f"{n}-gram"] = count_log_predictive(tokens, L, H, d, graph_tensor(ngram, b), 1.0)
     single_fixed = isinstance(task, MarkovTreeTask) or (task.kernel == "fixed" and task.parent_counts == [1])

@@ -12,9 +12,10 @@ measured, and its attention split by where each key (l', h') sits relative to th
 - ``special``: keys that hold no task token (BOS, separators).
 
 These six partition the keys. Two more overlap them: ``candidates`` (l' = l, h' < h, the query's own
-position included: the candidate parents of x_h^l) and ``parent`` (the true parent (l, pa(h)); every
-sequence of a context shares one tree). Queries are split into demonstration queries (l < L) and target
-queries (l = L); ``candidates`` and ``parent`` average over queries with h >= 1 only (h = 0 has none).
+position included: the candidate parents of x_h^l) and ``parent`` (the true parent (l, pa(h)), or any of
+several on a multi-parent graph; every sequence of a context shares one graph). Queries are split into demonstration queries (l < L) and target
+queries (l = L); ``candidates`` averages over queries with h >= 1 only (h = 0 has no candidate), ``parent``
+over those whose token has a parent (every h >= 1 on a tree; a graph's roots have none).
 
 Pure functions of a pattern and its labels: no model code (``models.subject.LayerAttention`` supplies
 the labels, ``probes.tasks`` the parents).
@@ -75,17 +76,25 @@ def category_masks(
 
 
 def parent_mask(
-    query_predicts: Int[Tensor, "Q 2"], key_token: Int[Tensor, "K 2"], parents: Int[Tensor, "batch H"]
+    query_predicts: Int[Tensor, "Q 2"], key_token: Int[Tensor, "K 2"], parents: Int[Tensor, "batch H *P"]
 ) -> Bool[Tensor, "batch Q K"]:
-    """Per context, the key holding the true parent (l, pa(h)) of each query's token (l, h), h >= 1."""
+    """Per context, the keys holding a true parent (l, pa(h)) of each query's token (l, h), h >= 1;
+    ``parents`` ``[batch, H]`` or ``[batch, H, P]`` (several parents, -1 padding)."""
     ql, qh = query_predicts[:, 0], query_predicts[:, 1]
-    pa = parents[:, qh.clamp_min(0)]  # [batch, Q]
-    ok = (ql >= 0) & (qh >= 1)
-    return (
-        ok.view(1, -1, 1)
-        & (key_token[:, 0].view(1, 1, -1) == ql.view(1, -1, 1))
-        & (key_token[:, 1].view(1, 1, -1) == pa.unsqueeze(-1))
-    )
+    return _holds(ql, (ql >= 0) & (qh >= 1), key_token, _parents_of(parents, qh))
+
+
+def _parents_of(parents: Int[Tensor, "batch H *P"], h: Int[Tensor, " Q"]) -> Int[Tensor, "batch Q P"]:
+    """The parents of position h (clamped at 0) of each query, -1 padded."""
+    return (parents if parents.ndim == 3 else parents.unsqueeze(-1))[:, h.clamp_min(0)]
+
+
+def _holds(
+    ql: Int[Tensor, " Q"], ok: Bool[Tensor, " Q"], key_token: Int[Tensor, "K 2"], positions: Int[Tensor, "batch Q P"]
+) -> Bool[Tensor, "batch Q K"]:
+    """Whether key k holds (ql, h') for one of the ``positions`` h' (-1: none), for the queries ``ok``."""
+    same_seq = ok.view(1, -1, 1) & (key_token[:, 0].view(1, 1, -1) == ql.view(1, -1, 1))  # [1, Q, K]
+    return same_seq & (key_token[:, 1].view(1, 1, 1, -1) == positions.unsqueeze(-1)).any(2)
 
 
 def role_profile(
@@ -105,14 +114,18 @@ def role_profile(
     per_query["parent"] = (p * parent_mask(query_predicts, key_token, parents).unsqueeze(1).to(p.device)).sum(-1)
     ql, qh = query_predicts[:, 0], query_predicts[:, 1]
     groups = [(ql >= 0) & (ql < L), ql == L]
+    has_parent = (_parents_of(parents, qh) >= 0).any(-1).to(p.device)  # [batch, Q]: a graph's roots have none
+    nan = p.new_full(p.shape[1:2], float("nan"))
     out = {}
     for name, mass in per_query.items():
         cols = []
         for g in groups:
-            rows = g & (qh >= 1) if name in OVERLAPPING else g
-            cols.append(
-                mass[:, :, rows.to(p.device)].mean((0, 2)) if rows.any() else p.new_full(p.shape[1:2], float("nan"))
-            )
+            rows = (g & (qh >= 1) if name in OVERLAPPING else g).to(p.device)
+            if name == "parent":  # per context: the queries whose token has a parent
+                w = (rows & has_parent).unsqueeze(1).double()  # [batch, 1, Q]
+                cols.append((mass * w).sum((0, 2)) / w.sum() if w.any() else nan)
+            else:
+                cols.append(mass[:, :, rows].mean((0, 2)) if rows.any() else nan)
         out[name] = torch.stack(cols, -1).cpu()
     return out
 
@@ -162,7 +175,7 @@ def attention_role(profile: dict[str, Float[Tensor, " 2"]]) -> str:
 
 
 # Heads named by what they read in the token sequence (in-context Markov chains, fixed graphs) -------------
-SEQUENCE_SCORES = ("previous_token", "induction", "induction_chance", "own_parent")
+SEQUENCE_SCORES = ("previous_token", "induction", "induction_chance", "own_parent", "own_parent_chance")  # and previous_k, k = 2..order
 
 
 def sequence_scores(
@@ -170,50 +183,76 @@ def sequence_scores(
     query_predicts: Int[Tensor, "Q 2"],
     key_token: Int[Tensor, "K 2"],
     tokens: Int[Tensor, "batch n_tokens"],
-    parents: Int[Tensor, "batch H"],
+    parents: Int[Tensor, "batch H *P"],
     seq_len: int,
+    order: int = 1,
 ) -> dict[str, Float[Tensor, " head"]]:
     """Per head, from every query whose own key holds a task token (l, h) (``own_key``; in a causal LM
     the token the query position reads), the attention mass on:
 
-    - ``previous_token``: the key holding (l, h - 1) (queries with h >= 1);
-    - ``induction``: every key (l', h') before the query's own, h' >= 1, whose predecessor (l', h' - 1)
-      holds the same token as the query's own key (queries with at least one such key), and
-      ``induction_chance``, the mass uniform attention over the keys up to the query's own (a causal
-      LM's view) would put there;
-    - ``own_parent``: the key holding (l, pa(h)), the parent of the query's own token (h >= 1).
+    - ``previous_token``: the key holding (l, h - 1) (queries with h >= 1); with ``order`` m >= 2 also
+      ``previous_k``, the key holding (l, h - k), k = 2..m (queries with h >= k);
+    - ``induction``: every key before the current token's (below), (l', h') with h' >= m, whose m predecessors
+      (l', h' - m .. h' - 1) hold the query's CURRENT token and the m - 1 before it (queries with at least
+      one such key). The current token is the last one the query sees: its own key's in a causal LM; the
+      one before it where the own key holds the token the query predicts (the disentangled model, whose
+      rows sit at the slot of x_h). m = 1 is the induction head of in-context Markov chains, m = n - 1 the
+      generalized induction head of an n-gram (Chen et al.). ``induction_chance``: the mass uniform
+      attention over the keys up to the current token's (what the query can see) would put there;
+    - ``own_parent``: the keys holding a parent (l, pa(h)) of the query's own token (queries whose token
+      has a parent; ``parents`` ``[batch, H]`` or ``[batch, H, P]``, -1 for none), and ``own_parent_chance``,
+      what uniform attention over the keys up to the current token's would put there.
 
     ``tokens`` are the task's flat tokens (``l * H + h``); NaN for a score with no query."""
-    H = seq_len
+    H, m = seq_len, order
+    if not isinstance(m, int) or m < 1:
+        raise ValueError(f"the induction order must be an integer >= 1, got {m!r}")
     p = pattern.double().cpu()
     own = own_key(p.shape[2], query_predicts, key_token)
     own_tok = torch.where((own >= 0).unsqueeze(1), key_token[own.clamp_min(0)], torch.full((len(own), 2), -1))
     ol, oh = own_tok[:, 0], own_tok[:, 1]
     kl, kh = key_token[:, 0], key_token[:, 1]
     is_task = kl >= 0
-    flat = (kl * H + kh).clamp_min(0)
-    value = torch.where(is_task, tokens[:, flat], -1)  # [batch, K]
-    before = torch.where(is_task & (kh >= 1), tokens[:, (flat - 1).clamp_min(0)], -2)  # predecessor's token
-    current = torch.where((ol >= 0).unsqueeze(0), value[:, own.clamp_min(0)], -3)  # [batch, Q]
-    has_prev = (ol >= 0) & (oh >= 1)
-    prev = has_prev.unsqueeze(1) & (kl.unsqueeze(0) == ol.unsqueeze(1)) & (kh.unsqueeze(0) == oh.unsqueeze(1) - 1)
-    earlier = torch.arange(len(key_token)).unsqueeze(0) < own.unsqueeze(1)  # [Q, K]
-    ind = (before.unsqueeze(1) == current.unsqueeze(2)) & earlier.unsqueeze(0)  # [batch, Q, K]
-    pa = parents[:, oh.clamp_min(0)]  # [batch, Q]
-    own_pa = (
-        has_prev.view(1, -1, 1) & (kl.view(1, 1, -1) == ol.view(1, -1, 1)) & (kh.view(1, 1, -1) == pa.unsqueeze(-1))
-    )
-    seen = (torch.arange(len(key_token)).unsqueeze(0) <= own.unsqueeze(1)).double()  # [Q, K]: a causal LM's view
+    at_predicted = (own_tok == query_predicts).all(-1) & (ol >= 0)  # the own key holds the predicted token
+    cl, ch = ol, oh - at_predicted.long()  # the current token
+    match = (key_token.unsqueeze(0) == torch.stack([cl, ch], 1).unsqueeze(1)).all(-1)  # [Q, K]
+    cur_key = torch.where(match.any(1), match.int().argmax(1), own)
+
+    def token_at(l: Tensor, h: Tensor, valid: Tensor, missing: int) -> Tensor:  # [batch, len(l)]
+        return torch.where(valid, tokens[:, (l * H + h).clamp_min(0)], missing)
+
+    keys_before = [token_at(kl, kh - j, is_task & (kh >= j), -2) for j in range(1, m + 1)]  # [batch, K] each
+    query_back = [token_at(cl, ch - j, (cl >= 0) & (ch >= j), -3) for j in range(m)]  # [batch, Q] each
+    earlier = torch.arange(len(key_token)).unsqueeze(0) < cur_key.unsqueeze(1)  # [Q, K]
+    ind = earlier.unsqueeze(0) & (kh >= m).view(1, 1, -1)
+    for before, back in zip(keys_before, query_back):
+        ind = ind & (before.unsqueeze(1) == back.unsqueeze(2))  # [batch, Q, K]
+    seen = (torch.arange(len(key_token)).unsqueeze(0) <= cur_key.unsqueeze(1)).double()  # [Q, K]
     ind_q = ind.any(-1)  # [batch, Q]
+
+    def at_offset(k: int) -> tuple[Tensor, Tensor]:  # [Q, K] mask of the key (l, h - k), [Q] rows
+        rows = (ol >= 0) & (oh >= k)
+        return rows.unsqueeze(1) & (kl.unsqueeze(0) == ol.unsqueeze(1)) & (kh.unsqueeze(0) == oh.unsqueeze(1) - k), rows
 
     def mean_over(mass: Tensor, rows: Tensor) -> Tensor:  # mass [batch, head, Q], rows [batch, Q]
         w = rows.unsqueeze(1).double().expand_as(mass)
         return (mass * w).sum((0, 2)) / w.sum((0, 2)) if rows.any() else mass.new_full(mass.shape[1:2], float("nan"))
 
+    has_prev = (ol >= 0) & (oh >= 1)
+    own_parents = _parents_of(parents, oh)  # [batch, Q, P]
+    own_pa = _holds(ol, has_prev, key_token, own_parents)  # [batch, Q, K]
+    has_parent = has_prev & (own_parents >= 0).any(-1)
     chance = (seen * ind).sum(-1) / seen.sum(-1).clamp_min(1)  # [batch, Q]
-    return {
-        "previous_token": mean_over((p * prev).sum(-1), has_prev.expand(len(p), -1)),
+    prev, prev_rows = at_offset(1)
+    out = {
+        "previous_token": mean_over((p * prev).sum(-1), prev_rows.expand(len(p), -1)),
         "induction": mean_over((p * ind.unsqueeze(1)).sum(-1), ind_q),
         "induction_chance": mean_over(chance.unsqueeze(1).expand(-1, p.shape[1], -1), ind_q),
-        "own_parent": mean_over((p * own_pa.unsqueeze(1)).sum(-1), has_prev.expand(len(p), -1)),
+        "own_parent": mean_over((p * own_pa.unsqueeze(1)).sum(-1), has_parent),
+        "own_parent_chance": mean_over(((seen * own_pa).sum(-1) / seen.sum(-1).clamp_min(1)).unsqueeze(1)
+                                       .expand(-1, p.shape[1], -1), has_parent),  # fmt: skip
     }
+    for k in range(2, m + 1):
+        back, rows = at_offset(k)
+        out[f"previous_{k}"] = mean_over((p * back).sum(-1), rows.expand(len(p), -1))
+    return out

@@ -107,6 +107,74 @@ SC = "figures/standard_circuit.json"
 CD = "figures/cape_downstream.json"
 CS = "figures/cape_structure.json"
 
+TJ, REPRO = "figures/trajectory.json", "docs/reproductions/"
+
+
+def _phase(d, i):
+    phase = d["results"]["phases"][i]
+    return phase["start"], phase["end"]
+
+
+def _seq(d, label, key):
+    return _head(d, label)["sequence"][key]
+
+
+def _gap(d):
+    return d["results"]["nll"] - d["results"]["nll_bma"]
+
+
+TRAJECTORY_CLAIMS = [
+    ("closest to the stationary distribution (steps {}-{}), then to the uniform-parent plateau ({}), then to Bayes "
+     "({}-{}), the switches at steps {:.0f} and {:.0f} (KL crossings), each with the loss falling {:.1f}x faster "
+     "than the median rate; at step 200 the progress is {:.2f}", TJ,
+     lambda d: (*_phase(d, 0), _phase(d, 1)[0], *_phase(d, 2), *(s["crossing"] for s in d["results"]["switches"]),
+                d["results"]["switches"][0]["sharpness"], d["results"]["snapshots"][-1]["progress"])),
+    ("uniform (step {}) -> unigram ({}-{}) -> bigram = Bayes ({}-{}); KL crossings at steps {:.0f} and {:.0f}, the "
+     "second with the loss falling {:.1f}x the median rate ({:.3f} -> {:.3f} nats; uniform {:.3f}, unigram {:.3f}, "
+     "Bayes {:.3f})", REPRO + "icl_mc_trajectory.json",
+     lambda d: (_phase(d, 0)[0], *_phase(d, 1), *_phase(d, 2), *(s["crossing"] for s in d["results"]["switches"]),
+                d["results"]["switches"][1]["sharpness"], d["results"]["switches"][1]["loss_before"],
+                d["results"]["switches"][1]["loss_after"], *d["results"]["strategies"].values())),
+    ("names L0H0 a previous-token head (mass {:.2f}) and L1H0 an induction head ({:.2f}, chance {:.2f}); progress "
+     "{:.2f}", REPRO + "icl_mc_inspect.json",
+     lambda d: (_seq(d, "L0H0", "previous_token"), _seq(d, "L1H0", "induction"), _seq(d, "L1H0", "induction_chance"),
+                d["results"]["progress"])),
+    ("with one head a layer L0H0's attention (content included) puts {:.2f} on its own token's parent (uniform attention: {:.2f}), progress {:.2f}",
+     REPRO + "nichani_dag_1head_inspect.json",
+     lambda d: (_seq(d, "L0H0", "own_parent"), _seq(d, "L0H0", "own_parent_chance"), d["results"]["progress"])),
+    ("with two heads (progress {:.2f}) at most {:.2f} ({}), and the parent head that forms, L0H1, reads the parent "
+     "of the token it predicts instead ({:.2f} of its mass, argmax on it {:.2f} of the time)",
+     REPRO + "nichani_dag_2heads_inspect.json",
+     lambda d: (d["results"]["progress"], *max((h["sequence"]["own_parent"], h["label"]) for h in d["results"]["heads"]),
+                _head(d, "L0H1")["role_profile"]["parent"][1], _head(d, "L0H1")["parent_acc"])),
+    ("An earlier attempt with Dirichlet(1) rows and a parent at every position, one head a layer: {:.2f} to {:.2f}",
+     REPRO + "random_dag_inspect.json",
+     lambda d: (min(h["sequence"]["own_parent"] for h in d["results"]["heads"]),
+                max(h["sequence"]["own_parent"] for h in d["results"]["heads"]))),
+    ("L0H1 puts {:.2f} on the previous token, L0H0 {:.2f} on the one before, L1H0 and L1H1 {:.2f} and {:.2f} on the "
+     "generalized induction keys (chance {:.2f}); progress {:.2f}, {:.4f} nats above Bayes",
+     REPRO + "ngram_gpt2_inspect.json",
+     lambda d: (_seq(d, "L0H1", "previous_token"), _seq(d, "L0H0", "previous_2"), _seq(d, "L1H0", "induction"),
+                _seq(d, "L1H1", "induction"), _seq(d, "L1H0", "induction_chance"), d["results"]["progress"], _gap(d))),
+    ("phases bigram (step {}) -> Bayes ({}-{}), the switch at step {:.0f} with the loss falling {:.0f}x the median "
+     "rate", REPRO + "ngram_gpt2_trajectory.json",
+     lambda d: (_phase(d, 0)[0], *_phase(d, 1), d["results"]["switches"][0]["crossing"],
+                d["results"]["switches"][0]["sharpness"])),
+    ("{:.2f} and {:.2f} on the two parents (its copyers start at those offsets), L1H0 {:.2f} on the induction keys, "
+     "but progress {:.2f}: {:.3f} nats above Bayes", REPRO + "ngram_disentangled_inspect.json",
+     lambda d: (_seq(d, "L0H0", "previous_token"), _seq(d, "L0H1", "previous_2"), _seq(d, "L1H0", "induction"),
+                d["results"]["progress"], _gap(d))),
+    ("level with the add-one 3-gram ({:.3f} against {:.3f})", REPRO + "ngram_disentangled_trajectory.json",
+     lambda d: (d["results"]["snapshots"][-1]["nll"], d["results"]["strategies"]["3-gram"])),
+    ("its diagonal copy blocks have norms {:.1f} and {:.1f} on the parents' copies and {:.1f} on the third",
+     REPRO + "ngram_disentangled_3heads_block_structure.json",
+     lambda d: tuple(d["results"]["norms"][k][k] for k in (1, 2, 3))),
+    ("whose head turns diffuse ({:.2f} on the previous token) and whose ablation costs {:.3f} nats against {:.2f} "
+     "and {:.2f} for the parents'", REPRO + "ngram_disentangled_3heads_inspect.json",
+     lambda d: (_seq(d, "L0H2", "previous_token"), _head(d, "L0H2")["ablation_dnll"],
+                _head(d, "L0H0")["ablation_dnll"], _head(d, "L0H1")["ablation_dnll"])),
+]
+
 CLAIMS = [
     # Training and the shipped checkpoint: the default run's last eval (training history).
     ("ends at: NLL {:.4f} vs BMA {:.4f} (gap {:.4f} nats), mean TV to the BMA posterior {:.3f}, parent accuracy "
@@ -338,10 +406,15 @@ CLAIMS = [
     ("disentangled model's L1H0 (queries {:.2f}, keys {:.2f}, values {:.3f} of its {:.3f} nats", "figures/inspect.json",
      lambda d: (*(d["results"]["inputs"]["L1H0"][x]["share"] for x in ("q", "k", "v")),
                 d["results"]["inputs"]["L1H0"]["cost"])),
+    # Trajectories and the peers' tasks (docs/reproductions/: the reproduction table).
+    *TRAJECTORY_CLAIMS,
 ]
 
 # Numbers the README states that no committed JSON holds, or that this registry does not map yet.
 UNCHECKED = [
+    ("the peers' numbers in the reproduction table and its setup paragraph (0.837 +- 0.054, 20 DAGs, 16384 steps of "
+     "1024, 16.8M, 9000 sequences, 50000 epochs, lr 1, T = 20/50/100, Dirichlet(0.1)/(1))",
+     "their papers and code (the README names the files); the CPU seconds of (3)-(4) are timings"),
     ("regeneration within 1.8e-5 (3.2e-3 on another machine), 54 s; ~20 s; 339 s / 599 s wall for analyses.paper",
      "timings and a one-off comparison made by hand on 2026-12-01 (models.train --out X, then the largest weight "
      "difference to models/checkpoints/default); no file records them"),

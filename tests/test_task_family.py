@@ -21,7 +21,7 @@ from models.sources.task_json import read_task
 from models.standard import StandardConfig
 from models.train import TrainConfig
 from probes import MarkovTreeTask
-from probes.graph_task import GraphTask, make_task
+from probes.graph_task import GraphTask, make_task, relative_offsets
 from probes.metrics import target_nll
 from probes.oracles import MAX_TREES, bayes, distances, stationary, strategies
 
@@ -87,6 +87,7 @@ def _rows_of_graph(x: np.ndarray, parents: list[list[int]]):
         ("ngram:n=3:kernel=dirichlet", 1.0, 0, 7, 8),
         ("ngram:n=3:kernel=dirichlet", 0.5, 0, 5, 20),
         ("given:parents=[[],[0],[0,1],[1],[2,3]]:kernel=dirichlet", 1.0, 1, 5, 8),
+        ("random_dag:parents=2:seed=1:kernel=dirichlet", 1.0, 0, 5, 8),
     ],
 )
 def test_dirichlet_count_estimate_is_the_posterior_predictive(spec, alpha, L, H, n_nodes):
@@ -159,14 +160,30 @@ def test_our_bma_is_the_posterior_predictive_over_enumerated_trees():
             np.testing.assert_allclose(ours[b, h], num / den, rtol=1e-10)
 
 
-def test_fixed_graph_fixed_kernel_bayes_is_the_table():
+def test_fixed_graph_fixed_kernel_bayes_is_the_marginal_of_enumerated_sequences():
+    """Graph and kernel known: P(x_h | x_<h) as a ratio of marginals, each a sum over every target sequence
+    of the product of its table entries (row of parents p_0 < p_1: d x_{p_0} + x_{p_1}); demonstrations and
+    later positions drop out of it."""
+    parents = [[], [0], [0, 1], [2]]
     task = make_task("given:parents=[[],[0],[0,1],[2]]", 3, 1, 4, alpha=0.5, task_seed=4)
-    tokens, _ = task.sample(50, torch.Generator().manual_seed(0))
-    pred = bayes(task, tokens)[0].exp()
-    x = tokens.view(-1, 2, 4)[:, 1]
-    torch.testing.assert_close(pred[:, 1], task.tables[1][x[:, 0]])
-    torch.testing.assert_close(pred[:, 2], task.tables[2][3 * x[:, 0] + x[:, 1]])
-    torch.testing.assert_close(pred[:, 0], torch.full((50, 3), 1 / 3, dtype=torch.float64))
+    tokens, _ = task.sample(20, torch.Generator().manual_seed(0))
+    pred = bayes(task, tokens)[0].exp().numpy()
+    tables = {k: t.numpy() for k, t in task.tables.items()}
+
+    def joint(seq) -> float:
+        out = 1.0
+        for h, ps in enumerate(parents):
+            row = sum(seq[p] * 3 ** (len(ps) - 1 - j) for j, p in enumerate(ps))
+            out *= 1 / 3 if not ps else tables[len(ps)][row, seq[h]]
+        return out
+
+    every = {seq: joint(seq) for seq in itertools.product(range(3), repeat=4)}
+    marginal = lambda prefix: sum(p for seq, p in every.items() if seq[: len(prefix)] == prefix)  # noqa: E731
+    for b in range(len(tokens)):
+        x = tuple(tokens[b, 4:].tolist())
+        for h in range(4):
+            want = [marginal(x[:h] + (s,)) / marginal(x[:h]) for s in range(3)]
+            np.testing.assert_allclose(pred[b, h], want, rtol=1e-12)
 
 
 # Strategies ---------------------------------------------------------------------------------------------
@@ -192,7 +209,18 @@ def test_unigram_and_bigram_are_add_one_counts_of_what_was_seen():
 
 def test_trigram_strategy_on_an_ngram_task_and_stationary_on_a_fixed_kernel():
     task = make_task("ngram:n=3:kernel=dirichlet", 2, 1, 6)
-    assert set(strategies(task, task.sample(2)[0])) == {"uniform", "unigram", "bigram", "3-gram", "bayes"}
+    tokens = task.sample(4, torch.Generator().manual_seed(3))[0]
+    got = strategies(task, tokens)
+    assert set(got) == {"uniform", "unigram", "bigram", "3-gram", "bayes"}
+    for b in range(4):  # add-one counts of what followed the same min(h, 2) tokens, at positions with as many
+        x = tokens[b].view(2, 6).tolist()
+        for h in range(6):
+            seen = [(0, g) for g in range(6)] + [(1, g) for g in range(h)]
+            counts = np.ones(2)
+            for l, g in seen:
+                if min(g, 2) == min(h, 2) and all(x[l][g - j] == x[1][h - j] for j in range(1, min(h, 2) + 1)):
+                    counts[x[l][g]] += 1
+            np.testing.assert_allclose(got["3-gram"][b, h].exp().numpy(), counts / counts.sum(), rtol=1e-12)
     ours = MarkovTreeTask.random(4, 2, 5, seed=1)
     got = strategies(ours, ours.sample(3)[0])
     mu = got["stationary"][0, 0].exp()
@@ -285,16 +313,73 @@ def test_task_json_round_trip_and_old_files_read_as_ours():
     assert type(read_task(old, "task.json")[0]) is MarkovTreeTask
 
 
-def test_family_tasks_train_and_reload(tmp_path):
+# Every task through both trainers, inspect and trajectory ------------------------------------------------
+FAMILY = [  # (task kind, the disentangled model's L and K, the standard GPT-2's L): the peers' L = 0
+    ("markov_tree", 2, None, 2),  # ours
+    ("chain:kernel=dirichlet", 0, 1, 0),  # Edelman et al.'s in-context Markov chains
+    ("ngram:n=3:kernel=dirichlet", 0, 2, 0),  # Chen et al.'s n-grams
+    ("random_dag:parents=1:seed=0:kernel=dirichlet", 1, None, 0),  # Nichani et al.'s; relative positions need L >= 1
+]
+
+
+@pytest.mark.parametrize(("spec", "L", "K", "L_standard"), FAMILY)
+def test_each_task_runs_through_both_trainers_inspect_and_trajectory(tmp_path, spec, L, K, L_standard):
+    """A few steps of each trainer with snapshots, then analyses.inspect and analyses.trajectory on the run:
+    the run records its task, inspect measures against that task's own Bayes oracle, trajectory reads
+    every snapshot, and an n-gram's heads are scored on the n - 1 previous tokens."""
     from conftest import tiny_train_config
 
-    from models import load, load_task
+    from analyses import common, trajectory
+    from analyses import inspect as inspect_analysis
+    from models import load_task
+    from models.standard import train_standard
     from models.train import train
 
-    cfg = tiny_train_config(tmp_path, task_kind="ngram:n=3:kernel=dirichlet", alpha=0.1)
-    _, history = train(cfg, progress=False)
-    assert history[-1]["nll_bma"] < history[-1]["nll"] and load_task(cfg.out).to_dict() == cfg.task().to_dict()
-    assert load(cfg.out).cfg.n_examples == 2
+    alpha = 0.5
+    cfg = tiny_train_config(tmp_path, task_kind=spec, alpha=alpha, n_examples=L, n_copy_heads=K, seq_len=5,
+                            steps=4, snapshot_every=2, eval_every=2, eval_contexts=16)  # fmt: skip
+    train(cfg, progress=False)
+    std = StandardConfig(task_kind=spec, alpha=alpha, d_vocab=3, n_examples=L_standard, seq_len=5, n_heads=2,
+                         d_model=8, d_mlp=16, steps=4, batch_size=8, eval_every=2, eval_contexts=16, snapshot_every=2,
+                         out=str(tmp_path / "std"))  # fmt: skip
+    train_standard(std, progress=False)
+    order = 2 if spec.startswith("ngram") else 1
+    for run, made in ((tmp_path / "run", cfg), (tmp_path / "std", std)):
+        task = load_task(run)
+        assert task.to_dict() == made.task().to_dict()
+        out = tmp_path / f"{run.name}-figures"
+        inspect_analysis.main(["--checkpoint", str(run), "--n-contexts", "16", "--out", str(out)])
+        r = json.loads((out / "inspect.json").read_text())["results"]
+        tokens, _ = common.sample_contexts(task, 16, 0)
+        assert r["nll_bma"] == pytest.approx(target_nll(bayes(task, tokens)[0], tokens), abs=1e-12)
+        assert all(("previous_2" in h["sequence"]) == (order == 2) for h in r["heads"])
+        trajectory.main(["--checkpoint", str(run), "--n-contexts", "16", "--out", str(out)])
+        t = json.loads((out / "trajectory.json").read_text())["results"]
+        assert [s["step"] for s in t["snapshots"]] == [2, 4] and len(t["closest"]) == 2
+        assert all(("previous_2" in layer) == (order == 2) for s in t["snapshots"] for layer in s["layers"])
+
+
+def test_the_disentangled_model_refuses_a_graph_it_cannot_read_without_demonstrations(tmp_path, capsys):
+    """Relative positions only: with L = 0 a random DAG's parents sit at offsets that change with the
+    position (a chain's and an n-gram's do not); one line, exit 2, nothing written."""
+    from models.train import main
+
+    assert relative_offsets([[], [0], [1], [2]]) == [1]
+    assert relative_offsets([[], [0], [0, 1], [1, 2]]) == [1, 2]  # a 3-gram
+    assert relative_offsets([[], [0], [0], [2]]) is None and relative_offsets(None) is None
+    assert relative_offsets([[], [], [1]]) is None  # position 1 lacks the parent at offset 1
+    spec = "random_dag:parents=1:seed=0:kernel=dirichlet"
+    assert relative_offsets(make_task(spec, 3, 0, 6).parents) is None
+    for kind in (spec, "random_tree:kernel=dirichlet", "given:parents=[[],[0],[0],[2],[3],[4]]"):
+        with pytest.raises(SystemExit) as e:
+            main(["--task-kind", kind, "--n-examples", "0", "--n-copy-heads", "2", "--seq-len", "6",
+                  "--out", str(tmp_path / "out")])  # fmt: skip
+        assert e.value.code == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and "reads relative positions only" in err[0] and "models.standard" in err[0], err
+    assert not (tmp_path / "out").exists()
+    TrainConfig(task_kind=spec, n_examples=1)  # with demonstrations it builds
+    TrainConfig(task_kind="ngram:n=3:kernel=dirichlet", n_examples=0, n_copy_heads=2)
 
 
 # Bad input ----------------------------------------------------------------------------------------------
@@ -303,6 +388,8 @@ def test_family_tasks_train_and_reload(tmp_path):
     [
         ("models.train", ["--task-kind", "tree"], "'tree' is unknown"),
         ("models.standard", ["--task-kind", "chain:kernel=random"], "kernel='random'; expected fixed or dirichlet"),
+        ("models.standard", ["--task-kind", "dag"], "'dag' is unknown"),
+        ("models.train", ["--task-kind", "markov_tree:n=3"], "markov_tree takes no options"),
         ("models.train", ["--task-kind", "given:parents=[[1],[0],[0],[1]]"], "not a DAG"),
         ("models.standard", ["--task-kind", "given:parents=[[],[2],[0],[1]]"], "not a DAG"),
         (
@@ -322,6 +409,32 @@ def test_bad_task_input_is_one_line_and_exit_2(tmp_path, module, args, message):
     lines = run.stderr.strip().splitlines()
     assert len(lines) == 1 and message in lines[0] and ("--task-kind" in lines[0] or "--alpha" in lines[0])
     assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "message"),
+    [("parents", [[], [2], [0]], "not a DAG"), ("alpha", 0.0, "alpha must be a finite number > 0"),
+     ("graph", "tree", "task graph 'tree' is unknown")],
+)  # fmt: skip
+def test_a_bad_task_json_is_one_line_and_exit_2_in_an_analysis(tmp_path, capsys, field, value, message):
+    """The same bad input read from a checkpoint's task.json: analyses.inspect and analyses.trajectory say so in
+    one line and exit 2."""
+    from analyses import inspect as inspect_analysis
+    from analyses import trajectory
+    from models.standard import train_standard
+
+    std = StandardConfig(task_kind="chain:kernel=dirichlet", d_vocab=3, n_examples=0, seq_len=3, n_heads=1, d_model=8,
+                         d_mlp=8, steps=2, batch_size=4, eval_every=2, eval_contexts=8, snapshot_every=2,
+                         out=str(tmp_path / "std"))  # fmt: skip
+    train_standard(std, progress=False)
+    task_json = tmp_path / "std" / "task.json"
+    task_json.write_text(json.dumps({**json.loads(task_json.read_text()), field: value}))
+    for main in (inspect_analysis.main, trajectory.main):
+        with pytest.raises(SystemExit) as e:
+            main(["--checkpoint", str(tmp_path / "std"), "--n-contexts", "8", "--out", str(tmp_path / "figs")])
+        err = capsys.readouterr().err.strip().splitlines()
+        assert e.value.code == 2 and len(err) == 1 and message in err[0], err
+    assert not (tmp_path / "figs").exists()
 
 
 def test_graph_task_rejects_bad_fields():
@@ -383,3 +496,40 @@ def test_counting_in_chunks_changes_nothing(monkeypatch):
     assert torch.equal(bayes(task, tokens)[0], whole)
     with pytest.raises(ValueError, match="bound is"):
         make_task("chain:kernel=dirichlet", 4096, 1, 4).sample(16)
+
+
+# Our task unchanged -------------------------------------------------------------------------------------
+def test_the_shipped_checkpoints_and_our_numbers_are_unchanged():
+    """Our task's committed numbers, made before the family existed, recomputed through the family's entry
+    points (the trainers' ``task()``, ``probes.oracles.bayes``): ``figures/head_ablation.json`` on the shipped
+    checkpoint (its 2048 contexts: the model's NLL, BMA's, the parent selector's TV to BMA, parent accuracy)
+    and the shipped GPT-2's last evaluation in its training.json (its 512 held-out contexts: NLL, BMA, the
+    plateau). A changed checkpoint, sampler or oracle moves them."""
+    from models import load
+    from models.standard import reference_nlls, target_log_probs
+    from probes import mean_tv
+    from probes.metrics import parent_set_accuracy
+
+    committed = json.loads((ROOT / "figures/head_ablation.json").read_text())
+    task = TrainConfig().task()
+    tokens, parents = task.sample(committed["n_contexts"], torch.Generator().manual_seed(committed["seed"]))
+    with torch.no_grad():
+        log_probs, cache = load("default").run_with_cache(tokens, names_filter="blocks.1.attn.hook_pattern")
+    predictive, posterior = bayes(task, tokens)
+    selector = cache["blocks.1.attn.hook_pattern"][:, 0].double()
+    intact, bma = committed["results"]["intact"], committed["results"]["bma"]
+    assert target_nll(predictive, tokens) == pytest.approx(bma["nll"], abs=1e-12)
+    assert parent_set_accuracy(posterior, parents) == pytest.approx(bma["parent_acc"], abs=1e-12)
+    assert target_nll(log_probs, tokens) == pytest.approx(intact["nll"], abs=1e-6)  # float32 forward: thread order
+    assert mean_tv(selector, posterior) == pytest.approx(intact["tv"], abs=1e-6)
+    assert parent_set_accuracy(selector, parents) == intact["parent_acc"]
+
+    training = json.loads((ROOT / "models/checkpoints/standard/training.json").read_text())
+    cfg, last = StandardConfig(), training["history"][-1]
+    task = cfg.task()
+    tokens, _ = task.sample(cfg.eval_contexts, torch.Generator().manual_seed(cfg.seed + 1_000_003))  # its eval draw
+    with torch.no_grad():
+        nll = target_nll(target_log_probs(load("standard"), tokens, task), tokens)
+    ref = reference_nlls(task, tokens)
+    assert (ref["nll_bma"], ref["nll_uniform"]) == pytest.approx((last["nll_bma"], last["nll_uniform"]), abs=1e-12)
+    assert nll == pytest.approx(last["nll"], abs=1e-6)
