@@ -6,6 +6,7 @@ import json
 import subprocess
 import sys
 
+import forked
 import pytest
 import safetensors.torch
 import torch
@@ -130,7 +131,7 @@ def test_training_is_deterministic_for_a_seed(tmp_path):
 def test_train_cli_help_and_bad_values():
     ok = subprocess.run([sys.executable, "-m", "models.train", "--help"], capture_output=True, text=True)
     assert ok.returncode == 0 and "--n-examples" in ok.stdout and "--copyer-lr-scale" in ok.stdout
-    bad = subprocess.run([sys.executable, "-m", "models.train", "--steps", "0"], capture_output=True, text=True)
+    bad = forked.run("models.train", "--steps", "0", cwd=forked.ROOT)
     assert bad.returncode == 2 and "steps must be >= 1" in bad.stderr and "Traceback" not in bad.stderr
 
 

@@ -6,10 +6,9 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import subprocess
-import sys
 from pathlib import Path
 
+import forked
 import pytest
 import safetensors.torch
 import torch
@@ -259,24 +258,10 @@ def test_cli_errors_exit_2_with_one_line_and_keep_existing_files(files, capsys):
 
 def test_cli_subprocess_stderr_is_one_line(files):
     tmp, _, _ = files
-    proc = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "analyses.inspect",
-            "--checkpoint",
-            str(tmp / "evil.pt"),
-            "--config",
-            str(tmp / "cfg.json"),
-            "--out",
-            str(tmp / "o"),
-        ],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
+    proc = forked.run(  # python -m, the imports done once (tests/forked.py)
+        "analyses.inspect", "--checkpoint", str(tmp / "evil.pt"), "--config", str(tmp / "cfg.json"),
+        "--out", str(tmp / "o"), cwd=ROOT, timeout=120,
+    )  # fmt: skip
     assert proc.returncode == 2
     assert proc.stderr.strip().count("\n") == 0 and "refusing to unpickle" in proc.stderr
     assert not (tmp / "PWNED").exists()

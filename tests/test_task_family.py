@@ -9,10 +9,9 @@ from __future__ import annotations
 import itertools
 import json
 import math
-import subprocess
-import sys
 from pathlib import Path
 
+import forked
 import numpy as np
 import pytest
 import torch
@@ -401,9 +400,9 @@ def test_the_disentangled_model_refuses_a_graph_it_cannot_read_without_demonstra
     ],
 )
 def test_bad_task_input_is_one_line_and_exit_2(tmp_path, module, args, message):
-    run = subprocess.run(
-        [sys.executable, "-m", module, *args, "--seq-len", "4", "--out", str(tmp_path / "out")],
-        capture_output=True, text=True, cwd=ROOT, env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"},
+    run = forked.run(  # python -m, the imports done once (tests/forked.py)
+        module, *args, "--seq-len", "4", "--out", str(tmp_path / "out"),
+        cwd=ROOT, env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"},
     )  # fmt: skip
     assert run.returncode == 2, run.stderr
     lines = run.stderr.strip().splitlines()
