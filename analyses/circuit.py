@@ -13,14 +13,17 @@ Scores (``--method``): exact edge patching (each edge ablated alone, the rest cl
 demonstrations come from another tree (``demonstrations``, the task's own corruption), whose target
 tokens are re-drawn (``target``), on fresh contexts (``resample``), or its mean over held-out contexts
 (``mean``). Direction (``--direction``): noising (the edge's receiver sees the ablated value in the clean
-run) or denoising (it sees the clean value in the corrupted run); the circuit found is judged by noising
-either way. Metric: target NLL. Progress of a run = (plateau NLL - its NLL) / (plateau NLL - BMA NLL), the
-plateau being uniform-parent BMA; the faithfulness of a circuit = the share of the full model's progress
-it keeps with every other edge ablated, ``(plateau - circuit) / (plateau - full)``, with its standard
-error over the contexts. Search (``--search``): the top-n edges, a threshold on |score|, or ACDC-style
+run) or denoising (it sees the clean value in the corrupted run). Every score is a mean over the contexts
+of each context's score (for EAP and EAP-IG, each context's attribution), with its standard error. Metric:
+target NLL. Progress of a run = (plateau NLL - its NLL) / (plateau NLL - BMA NLL), the plateau being
+uniform-parent BMA; the faithfulness of a circuit = the share of the full model's progress it keeps with
+every other edge ablated, ``(plateau - circuit) / (plateau - full)``, with its standard error over the
+contexts. A circuit found by denoising is judged both ways: by that, and by its denoising faithfulness,
+the share of the clean-minus-corrupted NLL it recovers when the corrupted run has only its edges restored,
+``(corrupted - circuit) / (corrupted - clean)``. Search (``--search``): the top-n edges, a threshold on |score|, or ACDC-style
 greedy pruning; the circuit reported is the smallest top-n set keeping ``--target`` of the progress
 unless ``--n-edges`` / ``--threshold`` say otherwise. The faithfulness curve keeps the top-n edges for
-n along the way, and its area is over the fraction of edges kept.
+n along the way (denoising: both curves), and its area is over the fraction of edges kept.
 """
 
 from __future__ import annotations
@@ -48,21 +51,23 @@ from models.subject import Subject
 from probes import bma_predictive
 
 NAME = "circuit"
-N_CONTEXTS = 128  # default --n-contexts (each exact edge score is two forward passes on all of them)
+N_CONTEXTS = 128  # default --n-contexts (each exact edge score is one forward pass on all of them)
+PAPER_ARGS = ["--checkpoint", "standard"]  # the committed figures/circuit*: the shipped GPT-2's circuit
 FIGURES = {
     "circuit_graph.png": "the discovered circuit: nodes by layer, each kept edge coloured by the input it enters (q, k, v, MLP, output), drawn by position group, width by |score|.",
-    "circuit_curve.png": "faithfulness (share of the full model's progress over the uniform-parent plateau kept) against the number of edges kept, top-n by |score|, with standard errors.",
+    "circuit_curve.png": "faithfulness (share of the full model's progress over the uniform-parent plateau kept) against the number of edges kept, top-n by |score|, with standard errors (denoising: also the share of the clean-minus-corrupted NLL recovered with only those edges restored).",
 }
 METHODS = ("exact", "eap", "eap-ig")
 SEARCHES = ("top-n", "threshold", "greedy")
 
 
-def scores_of(runner: Runner, method: str, ig_steps: int) -> list[float]:
+def values_of(runner: Runner, method: str, ig_steps: int) -> torch.Tensor:
+    """Each edge's score on each context, ``[edge, context]``."""
     if method == "exact":
-        return runner.exact_scores(progress=lambda e: tqdm(e, desc="exact edge patching", leave=False))
+        return runner.exact_values(progress=lambda e: tqdm(e, desc="exact edge patching", leave=False))
     if method == "eap":
-        return runner.eap_scores()
-    return runner.eap_ig_scores(steps=ig_steps)
+        return runner.eap_values()
+    return runner.eap_ig_values(steps=ig_steps)
 
 
 MAX_CURVE_POINTS = 1000  # circuit sizes on the curve; each is one ablated run over every context
@@ -95,6 +100,21 @@ def faithfulness(runner: Runner, kept, plateau, full) -> dict:
     return {"n_edges": len(kept), "faithfulness": share, "se": se, "nll": values.mean().item()}
 
 
+def restored(denoiser: Runner, kept, clean) -> dict:
+    """Denoising faithfulness: the share of the clean-minus-corrupted NLL that the corrupted run recovers
+    with only the edges ``kept`` restored to their clean values, with its standard error."""
+    values = denoiser.run_values(kept)
+    share, se = ratio_se(denoiser.clean_values - values, denoiser.clean_values - clean)
+    return {"n_edges": len(kept), "faithfulness": share, "se": se, "nll": values.mean().item()}
+
+
+def area(curve: list[dict], n_total: int) -> float:
+    """Area under a faithfulness curve over the fraction of edges kept (trapezoids)."""
+    xs = [c["n_edges"] / n_total for c in curve]
+    return sum((xs[i + 1] - xs[i]) * (curve[i + 1]["faithfulness"] + curve[i]["faithfulness"]) / 2
+               for i in range(len(curve) - 1))  # fmt: skip
+
+
 def kl_to_full(runner: Runner, kept, full_lp) -> tuple[float, float]:
     """KL(full model || circuit) of the predictions of x_1..x_{H-1}, mean and SE over contexts."""
     lp = runner.run_log_probs([e for e in runner.graph.edges if e not in set(kept)]).double()
@@ -118,13 +138,17 @@ def discover(subject: Subject, args) -> dict:
     scorer = runner
     if args.direction == "denoising":
         scorer = denoising_runner(subject, graph, tokens, args.corruption, args.seed)
-    scores = scores_of(scorer, args.method, args.ig_steps)
+    values = values_of(scorer, args.method, args.ig_steps)
+    scores, ses = zip(*(mean_se(v) for v in values)) if len(values) else ((), ())
     edges = graph.edges
+    sizes = curve_sizes(len(edges), args.curve_points)
     curve = [faithfulness(runner, top_n(edges, scores, n), plateau, full) for n in
-             tqdm(curve_sizes(len(edges), args.curve_points), desc="faithfulness curve", leave=False)]  # fmt: skip
-    xs = [c["n_edges"] / len(edges) for c in curve]
-    area = sum((xs[i + 1] - xs[i]) * (curve[i + 1]["faithfulness"] + curve[i]["faithfulness"]) / 2
-               for i in range(len(curve) - 1))  # fmt: skip
+             tqdm(sizes, desc="faithfulness curve", leave=False)]  # fmt: skip
+    denoising = {}
+    if scorer is not runner:
+        back = [restored(scorer, top_n(edges, scores, n), full) for n in
+                tqdm(sizes, desc="denoising faithfulness curve", leave=False)]  # fmt: skip
+        denoising = {"denoising_curve": back, "denoising_curve_area": area(back, len(edges))}
     if named is not None:
         kept = named
     elif args.search == "greedy":
@@ -143,9 +167,11 @@ def discover(subject: Subject, args) -> dict:
                 lo = mid + 1
         kept = top_n(edges, scores, lo)
     found = faithfulness(runner, kept, plateau, full)
+    if scorer is not runner:
+        back = restored(scorer, kept, full)
+        denoising.update(denoising_faithfulness=back["faithfulness"], denoising_faithfulness_se=back["se"])
     kl, kl_se = kl_to_full(runner, kept, full_lp)
-    by_edge = dict(zip(edges, scores))
-    se = dict(zip(edges, scorer.last_se)) if args.method == "exact" else {}
+    by_edge, se = dict(zip(edges, scores)), dict(zip(edges, ses))
     sites = sorted({(graph.receiver(e.receiver, e.input).site, graph.receiver(e.receiver, e.input).capture)
                     for e in edges})  # fmt: skip
     interventions = [
@@ -155,9 +181,9 @@ def discover(subject: Subject, args) -> dict:
                       for c in sorted({c for _, c in sites if c})]  # fmt: skip
     return {
         "nodes": graph.nodes(kept),
-        "edges": [{**e.to_dict(), "score": by_edge[e], "se": se.get(e)} for e in sorted(kept, key=lambda e: -abs(by_edge[e]))],
+        "edges": [{**e.to_dict(), "score": by_edge[e], "se": se[e]} for e in sorted(kept, key=lambda e: -abs(by_edge[e]))],
         "n_edges_total": len(edges),
-        "all_edges": [{**e.to_dict(), "score": s} for e, s in zip(edges, scores)],
+        "all_edges": [{**e.to_dict(), "score": by_edge[e], "se": se[e]} for e in edges],
         "method": args.method,
         "direction": args.direction,
         "ablation": "mean" if args.corruption == "mean" else "patch from a run on other contexts",
@@ -169,7 +195,7 @@ def discover(subject: Subject, args) -> dict:
         "progress": progress, "progress_se": progress_se,
         "faithfulness": found["faithfulness"], "faithfulness_se": found["se"], "nll_circuit": found["nll"],
         "kl_to_full": kl, "kl_to_full_se": kl_se,
-        "curve": curve, "curve_area": area,
+        "curve": curve, "curve_area": area(curve, len(edges)), **denoising,
         "n_contexts": len(tokens), "forward_passes": runner.passes + (scorer.passes if scorer is not runner else 0),
         "interventions": interventions,
     }  # fmt: skip
@@ -179,7 +205,12 @@ def compute(subject: Subject, args) -> dict:
     return discover(subject, args)
 
 
+def _curve_words(curve: list[dict]) -> str:
+    return ", ".join(f"{c['n_edges']}: {c['faithfulness']:.2f}+-{c['se']:.2f}" for c in curve)
+
+
 def summary(r: dict) -> str:
+    denoised = "denoising_faithfulness" in r
     lines = [
         f"{NAME}: {r['method']} scores ({r.get('direction', 'noising')}), ablation by {r['corruption']}, "
         f"{r['n_contexts']} contexts",
@@ -188,12 +219,16 @@ def summary(r: dict) -> str:
         f"circuit ({r['search']}): {len(r['edges'])} of {r['n_edges_total']} edges "
         f"({len(r['edges']) / r['n_edges_total']:.2f}) keep {r['faithfulness']:.3f} +- {r['faithfulness_se']:.3f} "
         f"of the progress; KL(full || circuit) {r['kl_to_full']:.4f} +- {r['kl_to_full_se']:.4f}",
+        *([f"restored alone in the corrupted run, it recovers {r['denoising_faithfulness']:.3f} +- "
+           f"{r['denoising_faithfulness_se']:.3f} of the clean-minus-corrupted NLL"] if denoised else []),
         "nodes: " + (", ".join(r["nodes"]) or "none"),
-        f"faithfulness curve area {r['curve_area']:.3f}: "
-        + ", ".join(f"{c['n_edges']}: {c['faithfulness']:.2f}+-{c['se']:.2f}" for c in r["curve"]),
+        f"faithfulness curve area {r['curve_area']:.3f}: " + _curve_words(r["curve"]),
+        *([f"denoising faithfulness curve area {r['denoising_curve_area']:.3f}: " + _curve_words(r["denoising_curve"])]
+          if denoised else []),  # fmt: skip
         "strongest edges (sender -> receiver.input @ positions: score, the metric's change when it alone is "
         + ("restored to its clean value in the corrupted run" if r.get("direction") == "denoising" else "ablated")
-        + (", with its standard error):" if r["method"] == "exact" else "; attribution, no standard error):"),
+        + ("" if r["method"] == "exact" else ", to first order (attribution)")
+        + ", mean over the contexts with its standard error):",
     ]
     for e in r["edges"][:15]:
         err = "" if e.get("se") is None else f" +- {e['se']:.4f}"
@@ -253,11 +288,16 @@ def figures(r: dict, args) -> dict:
     n = [c["n_edges"] for c in r["curve"]]
     f = [c["faithfulness"] for c in r["curve"]]
     se = [c["se"] for c in r["curve"]]
-    ax2.errorbar(n, f, yerr=se, marker="o", ms=3, capsize=2)
+    ax2.errorbar(n, f, yerr=se, marker="o", ms=3, capsize=2, label="noising: the circuit alone keeps")
+    if "denoising_curve" in r:
+        back = r["denoising_curve"]
+        ax2.errorbar([c["n_edges"] for c in back], [c["faithfulness"] for c in back], yerr=[c["se"] for c in back],
+                     marker="s", ms=3, capsize=2, label="denoising: restored alone, it recovers")  # fmt: skip
     ax2.axhline(1, color="k", ls=":", lw=0.8)
     ax2.axvline(len(r["edges"]), color="C3", ls="--", lw=0.8, label=f"circuit ({len(r['edges'])} edges)")
     ax2.set_xscale("symlog", linthresh=1)
-    ax2.set(xlabel="edges kept (top-n by |score|)", ylabel="share of the model's progress kept")
+    ax2.set(xlabel="edges kept (top-n by |score|)", ylabel="share of the model's progress kept"
+            + (" / of the NLL recovered" if "denoising_curve" in r else ""))  # fmt: skip
     ax2.set_title(f"faithfulness curve, area {r['curve_area']:.3f} ({r['method']}, {r['n_contexts']} contexts)",
                   fontsize=9)  # fmt: skip
     ax2.legend(fontsize=7)
@@ -269,7 +309,7 @@ def add_flags(parser) -> None:
     parser.add_argument("--method", choices=METHODS, default="exact", help="how each edge is scored: exact path patching, or attribution patching (EAP, EAP-IG) (default: exact)")
     parser.add_argument("--corruption", choices=list(CORRUPTIONS), default="demonstrations",
                         help="the senders' ablated values (default: demonstrations from another tree)")  # fmt: skip
-    parser.add_argument("--direction", choices=DIRECTIONS, default="noising", help="noising: an edge's receiver sees the ablated value in the clean run; denoising: it sees the clean value in the corrupted run (the circuit's faithfulness is measured by noising either way) (default: noising)")
+    parser.add_argument("--direction", choices=DIRECTIONS, default="noising", help="noising: an edge's receiver sees the ablated value in the clean run; denoising: it sees the clean value in the corrupted run (a circuit found by denoising is judged by noising and by denoising) (default: noising)")
     parser.add_argument("--search", choices=SEARCHES, default="top-n", help="how the circuit is chosen from the scores: top-n edges, a score threshold, or greedy ACDC-style pruning (default: top-n)")
     parser.add_argument("--n-edges", type=int, default=None, help="top-n: keep this many edges (default: the fewest that keep --target)")
     parser.add_argument("--target", type=float, default=0.9, help="top-n without --n-edges: the share of the model's progress the circuit must keep (default: 0.9)")
