@@ -37,6 +37,7 @@ from models.circuit import (
     DIRECTIONS,
     Runner,
     build_graph,
+    curve_sizes,
     denoising_runner,
     greedy,
     mean_se,
@@ -72,14 +73,6 @@ def values_of(runner: Runner, method: str, ig_steps: int) -> torch.Tensor:
 
 MAX_CURVE_POINTS = 1000  # circuit sizes on the curve; each is one ablated run over every context
 MAX_IG_STEPS = 1024  # EAP-IG converges by 8 on the standard GPT-2 (README: Circuit discovery)
-
-
-def curve_sizes(n_total: int, points: int) -> list[int]:
-    """0, then ``points`` sizes spaced geometrically up to every edge."""
-    sizes = {0, n_total}
-    for i in range(1, points + 1):
-        sizes.add(max(1, round(n_total ** (i / points))))
-    return sorted(sizes)
 
 
 def among_nodes(graph, spec: str) -> list:
@@ -197,6 +190,7 @@ def discover(subject: Subject, args) -> dict:
         "kl_to_full": kl, "kl_to_full_se": kl_se,
         "curve": curve, "curve_area": area(curve, len(edges)), **denoising,
         "n_contexts": len(tokens), "forward_passes": runner.passes + (scorer.passes if scorer is not runner else 0),
+        "context_runs": runner.context_runs + (scorer.context_runs if scorer is not runner else 0),
         "interventions": interventions,
     }  # fmt: skip
 

@@ -335,7 +335,7 @@ class Runner:
         self.clean_values = metric(lp, self.targets)
         self.clean_metric = float(self.clean_values.mean())
         self.copies = max(1, rows // len(tokens))
-        self.passes = 0
+        self.passes = self.context_runs = 0  # forward passes, and contexts x copies over them
 
     @torch.no_grad()
     def forward(self, copies: list[list[Intervention]], shared=(), record=()):
@@ -362,6 +362,7 @@ class Runner:
             return act
 
         self.passes += 1
+        self.context_runs += len(copies) * b
         hooks = [(name, partial(hook_fn, name=name)) for name in sorted({*edits, *record})]
         try:
             lp = self.subject.log_probs(self.tokens.repeat(len(copies), 1), hooks)
@@ -526,6 +527,7 @@ class Runner:
                 (pulled,) = torch.autograd.grad(a, sites[r.site], grad_outputs=g, retain_graph=True, allow_unused=True)
                 out[(r.node, r.input)] = torch.zeros_like(sites[r.site]) if pulled is None else pulled
         self.passes += 1
+        self.context_runs += len(self.tokens)
         return {k: v.detach() for k, v in out.items()}
 
     def _attribution(self, grads: dict, edges) -> Float[Tensor, "edge batch"]:
@@ -614,6 +616,14 @@ def top_n(edges, scores, n: int) -> list[Edge]:
     """The ``n`` edges of largest |score|."""
     order = sorted(range(len(edges)), key=lambda i: -abs(scores[i]))
     return [edges[i] for i in order[:n]]
+
+
+def curve_sizes(n_total: int, points: int) -> list[int]:
+    """Circuit sizes along a faithfulness curve: 0, then ``points`` sizes spaced geometrically up to every edge."""
+    sizes = {0, n_total}
+    for i in range(1, points + 1):
+        sizes.add(max(1, round(n_total ** (i / points))))
+    return sorted(sizes)
 
 
 def threshold(edges, scores, tau: float) -> list[Edge]:
