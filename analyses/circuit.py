@@ -101,6 +101,21 @@ def restored(denoiser: Runner, kept, clean) -> dict:
     return {"n_edges": len(kept), "faithfulness": share, "se": se, "nll": values.mean().item()}
 
 
+def input_sums(graph, values: torch.Tensor) -> list[dict]:
+    """Per layer's heads (``L1``) or other receiver (``MLP0``, ``output``), input and position group: the
+    summed score of every edge into it, with its standard error over the contexts (a sum of single-edge
+    effects, not the effect of ablating them together)."""
+    rows: dict = {}
+    for e, v in zip(graph.edges, values):
+        node = e.receiver[: e.receiver.index("H")] if e.receiver.startswith("L") else e.receiver
+        rows.setdefault((node, e.input, e.group), []).append(v)
+    out = []
+    for (node, inp, group), vs in rows.items():
+        total, se = mean_se(torch.stack(vs).sum(0))
+        out.append({"receivers": node, "input": inp, "group": group, "n_edges": len(vs), "sum": total, "se": se})
+    return out
+
+
 def area(curve: list[dict], n_total: int) -> float:
     """Area under a faithfulness curve over the fraction of edges kept (trapezoids)."""
     xs = [c["n_edges"] / n_total for c in curve]
@@ -177,6 +192,7 @@ def discover(subject: Subject, args) -> dict:
         "edges": [{**e.to_dict(), "score": by_edge[e], "se": se[e]} for e in sorted(kept, key=lambda e: -abs(by_edge[e]))],
         "n_edges_total": len(edges),
         "all_edges": [{**e.to_dict(), "score": by_edge[e], "se": se[e]} for e in edges],
+        "by_input": input_sums(graph, values),
         "method": args.method,
         "direction": args.direction,
         "ablation": "mean" if args.corruption == "mean" else "patch from a run on other contexts",
@@ -219,6 +235,10 @@ def summary(r: dict) -> str:
         f"faithfulness curve area {r['curve_area']:.3f}: " + _curve_words(r["curve"]),
         *([f"denoising faithfulness curve area {r['denoising_curve_area']:.3f}: " + _curve_words(r["denoising_curve"])]
           if denoised else []),  # fmt: skip
+        "summed over each input, where beyond two standard errors (receivers.input @ positions: n edges, the "
+        "sum of their scores): "
+        + "; ".join(f"{x['receivers']}.{x['input']} @ {x['group']}: {x['n_edges']}, {x['sum']:+.4f} +- {x['se']:.4f}"
+                    for x in r.get("by_input", []) if abs(x["sum"]) > 2 * x["se"]),
         "strongest edges (sender -> receiver.input @ positions: score, the metric's change when it alone is "
         + ("restored to its clean value in the corrupted run" if r.get("direction") == "denoising" else "ablated")
         + ("" if r["method"] == "exact" else ", to first order (attribution)")

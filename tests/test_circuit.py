@@ -267,6 +267,12 @@ def test_cli_writes_the_set_and_refuses_an_unknown_node_in_one_line(tmp_path, ca
         and (tmp_path / "circuit_curve.png").exists()
     )
     assert "denoising_faithfulness" not in saved and all(e["se"] >= 0 for e in saved["all_edges"])
+    for row in saved["by_input"]:  # each input's summed score: the sum of its edges' scores
+        into = [e for e in saved["all_edges"] if (e["input"], e["group"]) == (row["input"], row["group"])
+                and (e["receiver"] == row["receivers"] or e["receiver"].startswith(row["receivers"] + "H"))]
+        assert row["n_edges"] == len(into) and row["sum"] == pytest.approx(sum(e["score"] for e in into), abs=1e-12)
+    assert sum(row["n_edges"] for row in saved["by_input"]) == saved["n_edges_total"]
+    assert max(row["se"] for row in saved["by_input"]) > 0
     nodes = ",".join([f"L0H{k}" for k in range(10)] + ["L1H0"])
     denoised = [a if a != str(tmp_path) else str(tmp_path / "denoised") for a in argv]
     r = circuit.main(denoised + ["--direction", "denoising", "--method", "eap", "--nodes", nodes])
