@@ -310,10 +310,12 @@ def figures(r: dict, args) -> dict:
     ax2.axhline(1, color="k", ls=":", lw=0.8)
     ax2.axvline(len(r["edges"]), color="C3", ls="--", lw=0.8, label=f"circuit ({len(r['edges'])} edges)")
     ax2.set_xscale("symlog", linthresh=1)
-    ax2.set(xlabel="edges kept (top-n by |score|)", ylabel="share of the model's progress kept"
-            + (" / of the NLL recovered" if "denoising_curve" in r else ""))  # fmt: skip
-    ax2.set_title(f"faithfulness curve, area {r['curve_area']:.3f} ({r['method']}, {r['n_contexts']} contexts)",
-                  fontsize=9)  # fmt: skip
+    ax2.set_xlim(-0.5, 1.3 * max(n))  # symlog's margins would otherwise reach negative edge counts
+    denoised = "denoising_curve" in r
+    ax2.set(xlabel="edges kept (top-n by |score|)",
+            ylabel="share kept / recovered" if denoised else "share of the model's progress kept")  # fmt: skip
+    areas = f"area {r['curve_area']:.3f}" + (f" / {r['denoising_curve_area']:.3f}" if denoised else "")
+    ax2.set_title(f"faithfulness curve, {areas} ({r['method']}, {r['n_contexts']} contexts)", fontsize=9)
     ax2.legend(fontsize=7)
     fig2.tight_layout()
     return {"circuit_graph": fig, "circuit_curve": fig2}

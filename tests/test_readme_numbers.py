@@ -407,6 +407,11 @@ UNCHECKED = [
     ("regeneration within 1.8e-5 (3.2e-3 on another machine), 54 s; ~20 s; 339 s / 599 s wall for analyses.paper",
      "timings and a one-off comparison made by hand on 2026-12-01 (models.train --out X, then the largest weight "
      "difference to models/checkpoints/default); no file records them"),
+    ("bench circuit rows (60.1 s / 125.2 s, 2.1x; 4.47 s / 49.3 s, 11x; EAP 0.18 s, EAP-IG 0.72 s and 2.22 s "
+     "against 9.32 s, Spearman 0.81 / 0.993, 0.26 / 0.975, 0.24 / 0.975, keeps 0.89, 0.95, 1.00) and the "
+     "analysis's wall and CPU times (388 s, 380 s, 229 s; 87 s, 82 s, 15 s)",
+     "python -m bench --only circuit output and /usr/bin/time of python -m analyses.circuit, 2026-12-02, on a "
+     "shared machine; no committed file records them"),
     ("another seed: progress 0.995 at the end of training", "models.standard --seed 1's training.json, not committed "
      "(its circuit's JSON is: docs/reproductions/circuit_seed1.json)"),
     ("default run ends 4096-context test", "tests/test_checkpoint_and_train.py thresholds, not results"),
