@@ -9,10 +9,11 @@ Rows: a training step of our model against ``bench.reference`` (the full ((L+1)H
 matrix per head) at three sizes; ``run_with_cache`` against a plain forward; the vectorised BMA
 posterior against a per-context loop; the peak memory of a cached forward at L=K=64, H=32, batch 256;
 training steps per second at the default config; the large preset's time to the training targets against
-the recipe it replaced; the time to regenerate every paper figure; exact edge
-patching against EAP and EAP-IG on the shipped standard GPT-2 (time, and the Spearman rank correlation of
-their edge scores with the exact ones). Each
-time is the median of a few repeats after a warm-up. It measures; it asserts nothing about speed.
+the recipe it replaced; the time to regenerate every paper figure; on the shipped standard GPT-2,
+``models.circuit``'s exact edge patching and keep-only runs against the implementation they replaced
+(``bench.circuit_reference``, about 3 minutes), and exact edge patching against EAP and EAP-IG (time, and
+the Spearman rank correlation of their edge scores with the exact ones). Each time is the median of a few
+repeats after a warm-up (the circuit rows: one run). It measures; it asserts nothing about speed.
 """
 
 from __future__ import annotations
