@@ -13,14 +13,17 @@ Scores (``--method``): exact edge patching (each edge ablated alone, the rest cl
 demonstrations come from another tree (``demonstrations``, the task's own corruption), whose target
 tokens are re-drawn (``target``), on fresh contexts (``resample``), or its mean over held-out contexts
 (``mean``). Direction (``--direction``): noising (the edge's receiver sees the ablated value in the clean
-run) or denoising (it sees the clean value in the corrupted run); the circuit found is judged by noising
-either way. Metric: target NLL. Progress of a run = (plateau NLL - its NLL) / (plateau NLL - BMA NLL), the
-plateau being uniform-parent BMA; the faithfulness of a circuit = the share of the full model's progress
-it keeps with every other edge ablated, ``(plateau - circuit) / (plateau - full)``, with its standard
-error over the contexts. Search (``--search``): the top-n edges, a threshold on |score|, or ACDC-style
+run) or denoising (it sees the clean value in the corrupted run). Every score is a mean over the contexts
+of each context's score (for EAP and EAP-IG, each context's attribution), with its standard error. Metric:
+target NLL. Progress of a run = (plateau NLL - its NLL) / (plateau NLL - BMA NLL), the plateau being
+uniform-parent BMA; the faithfulness of a circuit = the share of the full model's progress it keeps with
+every other edge ablated, ``(plateau - circuit) / (plateau - full)``, with its standard error over the
+contexts. A circuit found by denoising is judged both ways: by that, and by its denoising faithfulness,
+the share of the clean-minus-corrupted NLL it recovers when the corrupted run has only its edges restored,
+``(corrupted - circuit) / (corrupted - clean)``. Search (``--search``): the top-n edges, a threshold on |score|, or ACDC-style
 greedy pruning; the circuit reported is the smallest top-n set keeping ``--target`` of the progress
 unless ``--n-edges`` / ``--threshold`` say otherwise. The faithfulness curve keeps the top-n edges for
-n along the way, and its area is over the fraction of edges kept.
+n along the way (denoising: both curves), and its area is over the fraction of edges kept.
 """
 
 from __future__ import annotations
@@ -34,6 +37,7 @@ from models.circuit import (
     DIRECTIONS,
     Runner,
     build_graph,
+    curve_sizes,
     denoising_runner,
     greedy,
     mean_se,
@@ -48,33 +52,27 @@ from models.subject import Subject
 from probes import bma_predictive
 
 NAME = "circuit"
-N_CONTEXTS = 128  # default --n-contexts (each exact edge score is two forward passes on all of them)
+N_CONTEXTS = 128  # default --n-contexts (each exact edge score is one forward pass on all of them)
+PAPER_ARGS = ["--checkpoint", "standard"]  # the committed figures/circuit*: the shipped GPT-2's circuit
 FIGURES = {
     "circuit_graph.png": "the discovered circuit: nodes by layer, each kept edge coloured by the input it enters (q, k, v, MLP, output), drawn by position group, width by |score|.",
-    "circuit_curve.png": "faithfulness (share of the full model's progress over the uniform-parent plateau kept) against the number of edges kept, top-n by |score|, with standard errors.",
+    "circuit_curve.png": "faithfulness (share of the full model's progress over the uniform-parent plateau kept) against the number of edges kept, top-n by |score|, with standard errors (denoising: also the share of the clean-minus-corrupted NLL recovered with only those edges restored).",
 }
 METHODS = ("exact", "eap", "eap-ig")
 SEARCHES = ("top-n", "threshold", "greedy")
 
 
-def scores_of(runner: Runner, method: str, ig_steps: int) -> list[float]:
+def values_of(runner: Runner, method: str, ig_steps: int) -> torch.Tensor:
+    """Each edge's score on each context, ``[edge, context]``."""
     if method == "exact":
-        return runner.exact_scores(progress=lambda e: tqdm(e, desc="exact edge patching", leave=False))
+        return runner.exact_values(progress=lambda e: tqdm(e, desc="exact edge patching", leave=False))
     if method == "eap":
-        return runner.eap_scores()
-    return runner.eap_ig_scores(steps=ig_steps)
+        return runner.eap_values()
+    return runner.eap_ig_values(steps=ig_steps)
 
 
 MAX_CURVE_POINTS = 1000  # circuit sizes on the curve; each is one ablated run over every context
 MAX_IG_STEPS = 1024  # EAP-IG converges by 8 on the standard GPT-2 (README: Circuit discovery)
-
-
-def curve_sizes(n_total: int, points: int) -> list[int]:
-    """0, then ``points`` sizes spaced geometrically up to every edge."""
-    sizes = {0, n_total}
-    for i in range(1, points + 1):
-        sizes.add(max(1, round(n_total ** (i / points))))
-    return sorted(sizes)
 
 
 def among_nodes(graph, spec: str) -> list:
@@ -93,6 +91,36 @@ def faithfulness(runner: Runner, kept, plateau, full) -> dict:
     values = runner.keep_only_values(kept)
     share, se = ratio_se(plateau - values, plateau - full)
     return {"n_edges": len(kept), "faithfulness": share, "se": se, "nll": values.mean().item()}
+
+
+def restored(denoiser: Runner, kept, clean) -> dict:
+    """Denoising faithfulness: the share of the clean-minus-corrupted NLL that the corrupted run recovers
+    with only the edges ``kept`` restored to their clean values, with its standard error."""
+    values = denoiser.run_values(kept)
+    share, se = ratio_se(denoiser.clean_values - values, denoiser.clean_values - clean)
+    return {"n_edges": len(kept), "faithfulness": share, "se": se, "nll": values.mean().item()}
+
+
+def input_sums(graph, values: torch.Tensor) -> list[dict]:
+    """Per layer's heads (``L1``) or other receiver (``MLP0``, ``output``), input and position group: the
+    summed score of every edge into it, with its standard error over the contexts (a sum of single-edge
+    effects, not the effect of ablating them together)."""
+    rows: dict = {}
+    for e, v in zip(graph.edges, values):
+        node = e.receiver[: e.receiver.index("H")] if e.receiver.startswith("L") else e.receiver
+        rows.setdefault((node, e.input, e.group), []).append(v)
+    out = []
+    for (node, inp, group), vs in rows.items():
+        total, se = mean_se(torch.stack(vs).sum(0))
+        out.append({"receivers": node, "input": inp, "group": group, "n_edges": len(vs), "sum": total, "se": se})
+    return out
+
+
+def area(curve: list[dict], n_total: int) -> float:
+    """Area under a faithfulness curve over the fraction of edges kept (trapezoids)."""
+    xs = [c["n_edges"] / n_total for c in curve]
+    return sum((xs[i + 1] - xs[i]) * (curve[i + 1]["faithfulness"] + curve[i]["faithfulness"]) / 2
+               for i in range(len(curve) - 1))  # fmt: skip
 
 
 def kl_to_full(runner: Runner, kept, full_lp) -> tuple[float, float]:
@@ -118,13 +146,17 @@ def discover(subject: Subject, args) -> dict:
     scorer = runner
     if args.direction == "denoising":
         scorer = denoising_runner(subject, graph, tokens, args.corruption, args.seed)
-    scores = scores_of(scorer, args.method, args.ig_steps)
+    values = values_of(scorer, args.method, args.ig_steps)
+    scores, ses = zip(*(mean_se(v) for v in values)) if len(values) else ((), ())
     edges = graph.edges
+    sizes = curve_sizes(len(edges), args.curve_points)
     curve = [faithfulness(runner, top_n(edges, scores, n), plateau, full) for n in
-             tqdm(curve_sizes(len(edges), args.curve_points), desc="faithfulness curve", leave=False)]  # fmt: skip
-    xs = [c["n_edges"] / len(edges) for c in curve]
-    area = sum((xs[i + 1] - xs[i]) * (curve[i + 1]["faithfulness"] + curve[i]["faithfulness"]) / 2
-               for i in range(len(curve) - 1))  # fmt: skip
+             tqdm(sizes, desc="faithfulness curve", leave=False)]  # fmt: skip
+    denoising = {}
+    if scorer is not runner:
+        back = [restored(scorer, top_n(edges, scores, n), full) for n in
+                tqdm(sizes, desc="denoising faithfulness curve", leave=False)]  # fmt: skip
+        denoising = {"denoising_curve": back, "denoising_curve_area": area(back, len(edges))}
     if named is not None:
         kept = named
     elif args.search == "greedy":
@@ -143,9 +175,11 @@ def discover(subject: Subject, args) -> dict:
                 lo = mid + 1
         kept = top_n(edges, scores, lo)
     found = faithfulness(runner, kept, plateau, full)
+    if scorer is not runner:
+        back = restored(scorer, kept, full)
+        denoising.update(denoising_faithfulness=back["faithfulness"], denoising_faithfulness_se=back["se"])
     kl, kl_se = kl_to_full(runner, kept, full_lp)
-    by_edge = dict(zip(edges, scores))
-    se = dict(zip(edges, scorer.last_se)) if args.method == "exact" else {}
+    by_edge, se = dict(zip(edges, scores)), dict(zip(edges, ses))
     sites = sorted({(graph.receiver(e.receiver, e.input).site, graph.receiver(e.receiver, e.input).capture)
                     for e in edges})  # fmt: skip
     interventions = [
@@ -155,9 +189,10 @@ def discover(subject: Subject, args) -> dict:
                       for c in sorted({c for _, c in sites if c})]  # fmt: skip
     return {
         "nodes": graph.nodes(kept),
-        "edges": [{**e.to_dict(), "score": by_edge[e], "se": se.get(e)} for e in sorted(kept, key=lambda e: -abs(by_edge[e]))],
+        "edges": [{**e.to_dict(), "score": by_edge[e], "se": se[e]} for e in sorted(kept, key=lambda e: -abs(by_edge[e]))],
         "n_edges_total": len(edges),
-        "all_edges": [{**e.to_dict(), "score": s} for e, s in zip(edges, scores)],
+        "all_edges": [{**e.to_dict(), "score": by_edge[e], "se": se[e]} for e in edges],
+        "by_input": input_sums(graph, values),
         "method": args.method,
         "direction": args.direction,
         "ablation": "mean" if args.corruption == "mean" else "patch from a run on other contexts",
@@ -169,8 +204,9 @@ def discover(subject: Subject, args) -> dict:
         "progress": progress, "progress_se": progress_se,
         "faithfulness": found["faithfulness"], "faithfulness_se": found["se"], "nll_circuit": found["nll"],
         "kl_to_full": kl, "kl_to_full_se": kl_se,
-        "curve": curve, "curve_area": area,
+        "curve": curve, "curve_area": area(curve, len(edges)), **denoising,
         "n_contexts": len(tokens), "forward_passes": runner.passes + (scorer.passes if scorer is not runner else 0),
+        "context_runs": runner.context_runs + (scorer.context_runs if scorer is not runner else 0),
         "interventions": interventions,
     }  # fmt: skip
 
@@ -179,7 +215,12 @@ def compute(subject: Subject, args) -> dict:
     return discover(subject, args)
 
 
+def _curve_words(curve: list[dict]) -> str:
+    return ", ".join(f"{c['n_edges']}: {c['faithfulness']:.2f}+-{c['se']:.2f}" for c in curve)
+
+
 def summary(r: dict) -> str:
+    denoised = "denoising_faithfulness" in r
     lines = [
         f"{NAME}: {r['method']} scores ({r.get('direction', 'noising')}), ablation by {r['corruption']}, "
         f"{r['n_contexts']} contexts",
@@ -188,12 +229,20 @@ def summary(r: dict) -> str:
         f"circuit ({r['search']}): {len(r['edges'])} of {r['n_edges_total']} edges "
         f"({len(r['edges']) / r['n_edges_total']:.2f}) keep {r['faithfulness']:.3f} +- {r['faithfulness_se']:.3f} "
         f"of the progress; KL(full || circuit) {r['kl_to_full']:.4f} +- {r['kl_to_full_se']:.4f}",
+        *([f"restored alone in the corrupted run, it recovers {r['denoising_faithfulness']:.3f} +- "
+           f"{r['denoising_faithfulness_se']:.3f} of the clean-minus-corrupted NLL"] if denoised else []),
         "nodes: " + (", ".join(r["nodes"]) or "none"),
-        f"faithfulness curve area {r['curve_area']:.3f}: "
-        + ", ".join(f"{c['n_edges']}: {c['faithfulness']:.2f}+-{c['se']:.2f}" for c in r["curve"]),
+        f"faithfulness curve area {r['curve_area']:.3f}: " + _curve_words(r["curve"]),
+        *([f"denoising faithfulness curve area {r['denoising_curve_area']:.3f}: " + _curve_words(r["denoising_curve"])]
+          if denoised else []),  # fmt: skip
+        "summed over each input, where beyond two standard errors (receivers.input @ positions: n edges, the "
+        "sum of their scores): "
+        + "; ".join(f"{x['receivers']}.{x['input']} @ {x['group']}: {x['n_edges']}, {x['sum']:+.4f} +- {x['se']:.4f}"
+                    for x in r.get("by_input", []) if abs(x["sum"]) > 2 * x["se"]),
         "strongest edges (sender -> receiver.input @ positions: score, the metric's change when it alone is "
         + ("restored to its clean value in the corrupted run" if r.get("direction") == "denoising" else "ablated")
-        + (", with its standard error):" if r["method"] == "exact" else "; attribution, no standard error):"),
+        + ("" if r["method"] == "exact" else ", to first order (attribution)")
+        + ", mean over the contexts with its standard error):",
     ]
     for e in r["edges"][:15]:
         err = "" if e.get("se") is None else f" +- {e['se']:.4f}"
@@ -253,13 +302,20 @@ def figures(r: dict, args) -> dict:
     n = [c["n_edges"] for c in r["curve"]]
     f = [c["faithfulness"] for c in r["curve"]]
     se = [c["se"] for c in r["curve"]]
-    ax2.errorbar(n, f, yerr=se, marker="o", ms=3, capsize=2)
+    ax2.errorbar(n, f, yerr=se, marker="o", ms=3, capsize=2, label="noising: the circuit alone keeps")
+    if "denoising_curve" in r:
+        back = r["denoising_curve"]
+        ax2.errorbar([c["n_edges"] for c in back], [c["faithfulness"] for c in back], yerr=[c["se"] for c in back],
+                     marker="s", ms=3, capsize=2, label="denoising: restored alone, it recovers")  # fmt: skip
     ax2.axhline(1, color="k", ls=":", lw=0.8)
     ax2.axvline(len(r["edges"]), color="C3", ls="--", lw=0.8, label=f"circuit ({len(r['edges'])} edges)")
     ax2.set_xscale("symlog", linthresh=1)
-    ax2.set(xlabel="edges kept (top-n by |score|)", ylabel="share of the model's progress kept")
-    ax2.set_title(f"faithfulness curve, area {r['curve_area']:.3f} ({r['method']}, {r['n_contexts']} contexts)",
-                  fontsize=9)  # fmt: skip
+    ax2.set_xlim(-0.5, 1.3 * max(n))  # symlog's margins would otherwise reach negative edge counts
+    denoised = "denoising_curve" in r
+    ax2.set(xlabel="edges kept (top-n by |score|)",
+            ylabel="share kept / recovered" if denoised else "share of the model's progress kept")  # fmt: skip
+    areas = f"area {r['curve_area']:.3f}" + (f" / {r['denoising_curve_area']:.3f}" if denoised else "")
+    ax2.set_title(f"faithfulness curve, {areas} ({r['method']}, {r['n_contexts']} contexts)", fontsize=9)
     ax2.legend(fontsize=7)
     fig2.tight_layout()
     return {"circuit_graph": fig, "circuit_curve": fig2}
@@ -269,7 +325,7 @@ def add_flags(parser) -> None:
     parser.add_argument("--method", choices=METHODS, default="exact", help="how each edge is scored: exact path patching, or attribution patching (EAP, EAP-IG) (default: exact)")
     parser.add_argument("--corruption", choices=list(CORRUPTIONS), default="demonstrations",
                         help="the senders' ablated values (default: demonstrations from another tree)")  # fmt: skip
-    parser.add_argument("--direction", choices=DIRECTIONS, default="noising", help="noising: an edge's receiver sees the ablated value in the clean run; denoising: it sees the clean value in the corrupted run (the circuit's faithfulness is measured by noising either way) (default: noising)")
+    parser.add_argument("--direction", choices=DIRECTIONS, default="noising", help="noising: an edge's receiver sees the ablated value in the clean run; denoising: it sees the clean value in the corrupted run (a circuit found by denoising is judged by noising and by denoising) (default: noising)")
     parser.add_argument("--search", choices=SEARCHES, default="top-n", help="how the circuit is chosen from the scores: top-n edges, a score threshold, or greedy ACDC-style pruning (default: top-n)")
     parser.add_argument("--n-edges", type=int, default=None, help="top-n: keep this many edges (default: the fewest that keep --target)")
     parser.add_argument("--target", type=float, default=0.9, help="top-n without --n-edges: the share of the model's progress the circuit must keep (default: 0.9)")

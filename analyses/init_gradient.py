@@ -36,6 +36,7 @@ import models
 from analyses import common
 from analyses.common import sample_contexts
 from models import theorem1_model
+from models.interventions import Intervention
 from models.io import check_memory
 from probes import bma_posterior, mean_tv, parent_accuracy
 from probes.information import chi2_mutual_information, pair_joints
@@ -64,22 +65,17 @@ def score_gradients(model, tokens: torch.Tensor) -> dict:
     """Per-context ``dNLL/ds`` [B,H,H] by autograd (``autograd``) and by the closed form (``closed``),
     with the attention pattern [B,H,H]. The NLL is summed over contexts and positions h >= 1, so each
     entry is one context's gradient; masked entries (h' >= h) are 0."""
-    kept = {}
-
-    def keep(scores, hook):
-        scores.retain_grad()
-        kept["scores"] = scores
-        return scores
-
+    kept: dict = {}
     model.zero_grad(set_to_none=True)
-    with model.hooks(fwd_hooks=[(SCORES, keep)]):
+    with model.hooks(fwd_hooks=[Intervention(SCORES, "record", store=kept).fwd_hook()]):
         log_probs, cache = model.run_with_cache(
             tokens, names_filter=["blocks.1.attn.hook_pattern", "blocks.1.attn.hook_v"]
         )
     H = model.cfg.seq_len
     target = tokens[:, -H:].unsqueeze(-1)
+    kept[SCORES].retain_grad()
     (-log_probs.gather(-1, target)[:, 1:].sum()).backward()
-    grad = kept["scores"].grad[:, 0].detach()
+    grad = kept[SCORES].grad[:, 0].detach()
     A = cache["blocks.1.attn.hook_pattern"][:, 0].detach()  # [b, h, h']
     v = cache["blocks.1.attn.hook_v"][:, :, 0].detach().exp()  # [b, h', d]
     v_x = v.gather(-1, target.transpose(1, 2).expand(-1, H, -1))  # [b, h', h] = v_h'(x_h)

@@ -40,6 +40,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import partial
 
 import torch
 from jaxtyping import Float, Int
@@ -80,7 +81,9 @@ class Edge:
 class Receiver:
     """One input of one node: ``site`` is the residual it reads, ``capture`` (with ``head``) the activation
     it computes from it (None: the output, read from ``site`` itself). ``level`` orders receivers: every
-    receiver of a level reads senders of lower levels only."""
+    receiver of a level reads senders of lower levels only, and the receivers of a level share one site.
+    ``positionwise``: the activation at a position reads the site at that position only (a head's q, k, v
+    and an MLP; not the content-free copyers, which read every position)."""
 
     node: str
     input: str
@@ -88,6 +91,7 @@ class Receiver:
     capture: str | None
     head: int | None
     level: int
+    positionwise: bool = True
 
 
 @dataclass(frozen=True)
@@ -125,11 +129,21 @@ class Graph:
     edges: list[Edge]
     family: str
 
+    def __post_init__(self):
+        self._receivers = {(r.node, r.input): r for r in self.receivers}
+        sites = {}
+        for r in self.receivers:
+            if sites.setdefault(r.level, r.site) != r.site:
+                raise ValueError(f"receivers of level {r.level} read two sites, {sites[r.level]} and {r.site}")
+
     def sender(self, name: str) -> Sender:
         return next(s for s in self.senders if s.node == name)
 
     def receiver(self, node: str, input: str) -> Receiver:
-        return next(r for r in self.receivers if (r.node, r.input) == (node, input))
+        return self._receivers[(node, input)]
+
+    def receiver_of(self, edge: Edge) -> Receiver:
+        return self._receivers[(edge.receiver, edge.input)]
 
     @property
     def sender_hooks(self) -> list[str]:
@@ -191,7 +205,8 @@ def _disentangled_graph(subject: Subject) -> Graph:
     senders = [Sender("embed", 0, {site0: ("hook_embed", None, None), site1: (res0, None, (0, d))})]
     senders += [Sender(head_label(0, k), 1, {site1: (res0, None, ((k + 1) * d, (k + 2) * d))}) for k in range(K)]
     senders += [Sender(head_label(1, 0), 2, {out: (out, None, None)})]
-    receivers = [Receiver(head_label(0, k), "v", site0, "blocks.0.attn.hook_z", k, 0) for k in range(K)]
+    receivers = [Receiver(head_label(0, k), "v", site0, "blocks.0.attn.hook_z", k, 0, positionwise=False)
+                 for k in range(K)]  # fmt: skip
     receivers += [Receiver(head_label(1, 0), x, site1, f"blocks.1.attn.hook_{x}", 0, 1) for x in INPUTS]
     receivers += [Receiver("output", "out", out, None, None, 2)]
     groups = {
@@ -244,18 +259,12 @@ def _standard_graph(subject: Subject) -> Graph:
 
 
 # Runs ---------------------------------------------------------------------------------------------------
-Metric = Callable[[Tensor, Tensor], Tensor]  # (log_probs [batch, H, d], tokens) -> scalar tensor
-
-
-def target_nll(log_probs: Float[Tensor, "batch H d"], tokens: Int[Tensor, "batch T"]) -> Tensor:
-    """Mean NLL of the target tokens x_1..x_{H-1} (as ``probes.target_nll``), differentiable."""
-    H = log_probs.shape[1]
-    target = tokens[:, -H:].to(log_probs.device)
-    return -log_probs.double().gather(-1, target.unsqueeze(-1))[:, 1:].mean()
+Metric = Callable[[Tensor, Tensor], Tensor]  # (log_probs [batch, H, d], tokens [batch, T]) -> each context's [batch]
+ROWS = 512  # contexts x copies per forward pass: much larger batches spend their time faulting in fresh memory
 
 
 def per_context_nll(log_probs: Float[Tensor, "batch H d"], tokens: Int[Tensor, "batch T"]) -> Float[Tensor, " batch"]:
-    """Target NLL of each context."""
+    """Target NLL of each context (x_1..x_{H-1}, as ``probes.target_nll``), differentiable."""
     H = log_probs.shape[1]
     target = tokens[:, -H:].to(log_probs.device)
     return -log_probs.double().gather(-1, target.unsqueeze(-1))[:, 1:, 0].mean(-1)
@@ -263,12 +272,8 @@ def per_context_nll(log_probs: Float[Tensor, "batch H d"], tokens: Int[Tensor, "
 
 def sender_writes(subject: Subject, graph: Graph, tokens, fwd_hooks=()) -> tuple[dict, Tensor]:
     """Every sender's write at every site it reaches, ``{(node, site): [batch, pos, D]}``, and the log-probs."""
-    cache = {}
-
-    def grab(act, hook, name):
-        cache[name] = act.detach()
-
-    hooks = [*fwd_hooks, *((h, lambda a, hook, h=h: grab(a, hook, h)) for h in graph.sender_hooks)]
+    cache: dict = {}
+    hooks = [*fwd_hooks, *(Intervention(h, "record", store=cache).fwd_hook() for h in graph.sender_hooks)]
     with torch.no_grad():
         lp = subject.log_probs(tokens, hooks)
     return {(s.node, site): s.write(cache, site) for s in graph.senders for site in s.at}, lp
@@ -308,180 +313,198 @@ def _mask(graph: Graph, site: str, group: str, like: Tensor) -> Tensor:
     return m.view(1, -1, *([1] * (like.dim() - 2)))
 
 
+def _batches(items: list, size: int) -> list[list]:
+    return [items[i : i + size] for i in range(0, len(items), size)]
+
+
+class _Recorded(Exception):
+    """Ends a forward pass once every activation it was run for is recorded."""
+
+
 class Runner:
     """The base contexts ``tokens``, the senders' writes on them (``clean``) and their ablated values
     (``source``, each broadcastable to the clean write), and the metric of the ``targets`` (default
-    ``tokens``): runs circuits and scores edges."""
+    ``tokens``): runs circuits and scores edges. Each forward pass runs the contexts repeated ``copies``
+    times at most (about ``rows`` contexts in all), each copy with its own interventions."""
 
-    def __init__(self, subject: Subject, graph: Graph, tokens, source: dict, metric: Metric = target_nll,
-                 targets=None):  # fmt: skip
+    def __init__(self, subject: Subject, graph: Graph, tokens, source: dict, metric: Metric = per_context_nll,
+                 targets=None, rows: int = ROWS):  # fmt: skip
         self.subject, self.graph, self.tokens, self.source, self.metric = subject, graph, tokens, source, metric
         self.targets = tokens if targets is None else targets
         self.clean, lp = sender_writes(subject, graph, tokens)
-        self.clean_values = torch.stack([metric(lp[i : i + 1], self.targets[i : i + 1]) for i in range(len(lp))])
+        self.clean_values = metric(lp, self.targets)
         self.clean_metric = float(self.clean_values.mean())
-        self.passes = 0
+        self.copies = max(1, rows // len(tokens))
+        self.passes = self.context_runs = 0  # forward passes, and contexts x copies over them
 
-    def _stacked(self, copies: int, injections=()) -> tuple[Tensor, list]:
-        """The contexts repeated ``copies`` times, and ``injections`` (Interventions) for that batch."""
-        rep = lambda v: v.repeat(copies, *([1] * (v.dim() - 1)))  # noqa: E731
-        ivs = [Intervention(iv.hook, iv.kind, heads=iv.heads, value=rep(iv.value)) for iv in injections]
-        return self.tokens.repeat(copies, 1), [iv.fwd_hook() for iv in ivs]
+    @torch.no_grad()
+    def forward(self, copies: list[list[Intervention]], shared=(), record=()):
+        """One forward pass over the contexts repeated once per entry of ``copies``: copy c carries the
+        Interventions ``copies[c]`` on its own rows, every copy those of ``shared``. Returns the log-probs
+        ``[copies * batch, H, d]``; with ``record`` (hook names), the activations there instead, the pass
+        ending as soon as each has fired."""
+        b, record = len(self.tokens), set(record)
+        edits: dict = {}
+        for c, ivs in enumerate(copies):
+            for iv in [*ivs, *shared]:
+                edits.setdefault(iv.hook, []).append((slice(c * b, (c + 1) * b), iv))
+        recorded = {}
 
-    def _capture_many(self, rs: list[Receiver], injections, deltas: list[Tensor]) -> list[Tensor]:
-        """Each receiver's captured activation with its own ``delta`` at its site, all in one forward pass
-        over the contexts repeated once per receiver (copy c carries receiver c's edit only)."""
-        b, n = len(self.tokens), len(rs)
-        tokens, hooks = self._stacked(n, injections)
-        for site in {r.site for r in rs}:
-            like = next(d for r, d in zip(rs, deltas) if r.site == site)
-            big = torch.zeros((n * b, *like.shape[1:]), dtype=like.dtype, device=like.device)
-            for c, (r, d) in enumerate(zip(rs, deltas)):
-                if r.site == site:
-                    big[c * b : (c + 1) * b] = d
-            hooks.append(Intervention(site, "add", value=big).fwd_hook())
-        store = {}
+        def hook_fn(act, hook, name):
+            if name in edits:
+                act = act.clone()
+                for rows, iv in edits[name]:
+                    act[rows] = iv.apply(act[rows])
+            if name in record:
+                recorded[name] = act
+                if len(recorded) == len(record):
+                    raise _Recorded
+            return act
 
-        def grab(act, hook, name):
-            store[name] = act.detach().clone()
-
-        hooks += [(c, lambda a, hook, c=c: grab(a, hook, c)) for c in {r.capture for r in rs}]
-        with torch.no_grad():
-            self.subject.log_probs(tokens, hooks)
         self.passes += 1
-        return [store[r.capture][c * b : (c + 1) * b] for c, r in enumerate(rs)]
+        self.context_runs += len(copies) * b
+        hooks = [(name, partial(hook_fn, name=name)) for name in sorted({*edits, *record})]
+        try:
+            lp = self.subject.log_probs(self.tokens.repeat(len(copies), 1), hooks)
+        except _Recorded:
+            return recorded
+        if record:
+            raise ValueError(f"the forward pass never reached {', '.join(sorted(record - set(recorded)))}")
+        return lp
+
+    def values_of(self, lp: Tensor, copies: int) -> Float[Tensor, "copies batch"]:
+        """The metric of each context in each copy of ``forward``'s log-probs."""
+        return self.metric(lp, self.targets.repeat(copies, 1)).view(copies, len(self.tokens))
+
+    def change(self, sender: str, site: str, now: dict, group: str | None = None) -> Tensor:
+        """The sender's ablated write at ``site`` minus its write in ``now``, at ``group``'s positions (None:
+        at every position)."""
+        key = (sender, site)
+        diff = self.source[key].to(now[key].dtype) - now[key]
+        return diff if group is None else diff * _mask(self.graph, site, group, diff)
 
     def delta(self, r: Receiver, ablated: list[Edge], now: dict) -> Tensor:
         """What the receiver's input changes by when ``ablated`` edges into it carry their ablated value:
-        sum of ``(source - value in this run)`` at each edge's positions."""
+        the sum of each edge's ``change`` at its positions."""
         total = 0
         for e in ablated:
-            key = (e.sender, r.site)
-            diff = self.source[key].to(now[key].dtype) - now[key]
-            total = total + diff * _mask(self.graph, r.site, e.group, diff)
+            total = total + self.change(e.sender, r.site, now, e.group)
         return total
 
     def run(self, ablated) -> float:
         """``run_values(ablated)`` averaged over contexts."""
         return float(self.run_values(ablated).mean())
 
-    def run_values(self, ablated) -> Tensor:
+    def run_values(self, ablated) -> Float[Tensor, " batch"]:
         """Per context, the metric of ``run_log_probs(ablated)``."""
-        lp = self.run_log_probs(ablated)
-        return torch.stack([self.metric(lp[i : i + 1], self.targets[i : i + 1]) for i in range(len(lp))])
+        return self.metric(self.run_log_probs(ablated), self.targets)
 
     def run_log_probs(self, ablated) -> Tensor:
         """The log-probs with every edge of ``ablated`` ablated (its receiver sees the sender's ablated value)
         and everything else computed as the circuit computes it (ACDC's semantics: a kept edge carries the
-        sender's value in this run, itself downstream of ablated edges)."""
-        ablated = list(ablated)
+        sender's value in this run, itself downstream of ablated edges). Level by level from the input:
+        the senders' writes in this run so far (a pass that ends at the level's site), then each receiver's
+        activation from its edited input (receivers with the same ablated edges share one copy of the
+        contexts; the pass ends once they are recorded); a last pass runs with every one patched in."""
         by_receiver: dict = {}
         for e in ablated:
-            by_receiver.setdefault((e.receiver, e.input), []).append(e)
-        injections, now = [], self.clean
-        final_delta = None
-        for level in sorted({r.level for r in self.graph.receivers}):
-            todo = [r for r in self.graph.receivers if r.level == level and (r.node, r.input) in by_receiver]
-            if not todo:
-                continue
-            if injections:  # the senders' values in this run so far
-                now, _ = sender_writes(self.subject, self.graph, self.tokens, [iv.fwd_hook() for iv in injections])
-                self.passes += 1
-            inner = [r for r in todo if r.capture is not None]
+            by_receiver.setdefault(self.graph.receiver_of(e), []).append(e)
+        b, patches, final, now = len(self.tokens), [], [], self.clean
+        for level in sorted({r.level for r in by_receiver}):
+            todo = [r for r in by_receiver if r.level == level]
+            site = todo[0].site
+            if patches:  # the senders' writes in this run so far
+                senders = [s for s in self.graph.senders if s.level <= level and site in s.at]
+                cache = self.forward([[]], patches, {s.at[site][0] for s in senders})
+                now = {(s.node, site): s.write(cache, site) for s in senders}
+            key = {r: frozenset((e.sender, e.group) for e in by_receiver[r]) for r in todo}
+            deltas = {}
             for r in todo:
-                if r.capture is None:
-                    final_delta = Intervention(r.site, "add", value=self.delta(r, by_receiver[(r.node, r.input)], now))
-            if inner:
-                deltas = [self.delta(r, by_receiver[(r.node, r.input)], now) for r in inner]
-                acts = self._capture_many(inner, injections, deltas)
-                injections = injections + [
-                    Intervention(r.capture, "patch", heads=None if r.head is None else (r.head,), value=a)
-                    for r, a in zip(inner, acts)
-                ]
-        hooks = [iv.fwd_hook() for iv in injections] + ([] if final_delta is None else [final_delta.fwd_hook()])
-        with torch.no_grad():
-            lp = self.subject.log_probs(self.tokens, hooks)
-        self.passes += 1
-        return lp
+                if key[r] not in deltas:
+                    deltas[key[r]] = self.delta(r, by_receiver[r], now)
+            if todo[0].capture is None:  # the output: its input moved in the last pass
+                final += [Intervention(site, "add", value=deltas[key[r]]) for r in todo]
+                continue
+            captures, acts = {r.capture for r in todo}, {}
+            for part in _batches(list(deltas), self.copies):
+                rec = self.forward([[Intervention(site, "add", value=deltas[k])] for k in part], patches, captures)
+                acts.update({k: {c: rec[c][i * b : (i + 1) * b] for c in captures} for i, k in enumerate(part)})
+            patches = patches + [Intervention(r.capture, "patch", heads=None if r.head is None else (r.head,),
+                                              value=acts[key[r]][r.capture]) for r in todo]  # fmt: skip
+        return self.forward([final], patches)
 
     def keep_only(self, kept) -> float:
         """The metric of the circuit ``kept`` (every other edge ablated)."""
         return float(self.keep_only_values(kept).mean())
 
-    def keep_only_values(self, kept) -> Tensor:
+    def keep_only_values(self, kept) -> Float[Tensor, " batch"]:
         kept = set(kept)
         return self.run_values([e for e in self.graph.edges if e not in kept])
 
-    def exact_scores(self, edges=None, progress=None, chunk: int = 16) -> list[float]:
-        """Each edge ablated alone: ``metric - clean metric``; ``chunk`` edges per pair of forward passes
-        (the contexts repeated once per edge: the receiver's activation from its edited input, then the
-        run with it patched in). The same numbers as ``run([edge])`` edge by edge (a test checks it)."""
+    # Exact edge patching ------------------------------------------------------------------------------
+    def exact_values(self, edges=None, progress=None) -> Float[Tensor, "edge batch"]:
+        """Each edge ablated alone (the rest clean), per context: the metric's change. The edge's receiver
+        is recomputed from its edited input in one pass and patched into the next. One edit serves every
+        edge it can: a sender's change at a site, at every position, for every position-wise receiver
+        reading that site (each patched at its edge's positions only); the copyers, which read every
+        position, need one edit per group of positions. The same numbers as ``run_values([edge])`` edge
+        by edge (a test checks it)."""
         edges = self.graph.edges if edges is None else list(edges)
-        self.last_se = []  # each score's standard error over the contexts (paired with the clean run)
-        chunks = [edges[i : i + chunk] for i in range(0, len(edges), chunk)]
-        out = []
-        for part in chunks if progress is None else progress(chunks):
-            rs = [self.graph.receiver(e.receiver, e.input) for e in part]
-            deltas = [self.delta(r, [e], self.clean) for r, e in zip(rs, part)]
-            inner = [c for c, r in enumerate(rs) if r.capture is not None]
-            acts = self._capture_many([rs[c] for c in inner], [], [deltas[c] for c in inner]) if inner else []
-            captured = dict(zip(inner, acts))
-            b, n = len(self.tokens), len(part)
-            tokens, hooks = self._stacked(n)
-            for hook_name in {r.capture for r in rs if r.capture}:
-
-                def patch(act, hook=None, hook_name=hook_name):
-                    act = act.clone()
-                    for c, a in captured.items():
-                        if rs[c].capture == hook_name:
-                            where = (slice(c * b, (c + 1) * b), slice(None)) + (
-                                () if rs[c].head is None else (rs[c].head,)
-                            )
-                            act[where] = a[(slice(None), slice(None)) + (() if rs[c].head is None else (rs[c].head,))]
-                    return act
-
-                hooks.append((hook_name, patch))
-            for site in {r.site for r in rs if r.capture is None}:
-                like = next(deltas[c] for c, r in enumerate(rs) if r.capture is None and r.site == site)
-                big = torch.zeros((n * b, *like.shape[1:]), dtype=like.dtype, device=like.device)
-                for c, r in enumerate(rs):
-                    if r.capture is None and r.site == site:
-                        big[c * b : (c + 1) * b] = deltas[c]
-                hooks.append(Intervention(site, "add", value=big).fwd_hook())
-            with torch.no_grad():
-                lp = self.subject.log_probs(tokens, hooks)
-            self.passes += 1
-            for c in range(n):
-                values = [self.metric(lp[c * b + i : c * b + i + 1], self.targets[i : i + 1]) for i in range(b)]
-                out.append(float(torch.stack(values).mean()) - self.clean_metric)
-                self.last_se.append(mean_se(torch.stack(values) - self.clean_values)[1])
+        by_edit: dict = {}  # (sender, site, group or None for every position) -> the edges it serves; None: output
+        for i, e in enumerate(edges):
+            by_edit.setdefault(self._edit_of(e), []).append(i)
+        out = torch.empty(len(edges), len(self.tokens), dtype=torch.float64)
+        parts = _batches(list(by_edit), self.copies)
+        for part in parts if progress is None else progress(parts):
+            acts = self._edited([k for k in part if k is not None])
+            for chunk in _batches([i for k in part for i in by_edit[k]], self.copies):
+                lp = self.forward([[self._ablation(edges[i], acts)] for i in chunk])
+                out[chunk] = self.values_of(lp, len(chunk)) - self.clean_values
         return out
+
+    def _edit_of(self, e: Edge) -> tuple | None:
+        r = self.graph.receiver_of(e)
+        return None if r.capture is None else (e.sender, r.site, None if r.positionwise else e.group)
+
+    def _edited(self, edits: list[tuple]) -> dict:
+        """For each edit ``(sender, site, group)``, in one pass: the activations of the receivers reading
+        ``site`` when the sender's write there carries its ablated value (at ``group``'s positions)."""
+        if not edits:
+            return {}
+        b, sites = len(self.tokens), {site for _, site, _ in edits}
+        captures = {r.capture for r in self.graph.receivers if r.capture and r.site in sites}
+        rec = self.forward([[Intervention(site, "add", value=self.change(s, site, self.clean, g))]
+                            for s, site, g in edits], record=captures)  # fmt: skip
+        return {k: {c: rec[c][i * b : (i + 1) * b] for c in captures} for i, k in enumerate(edits)}
+
+    def _ablation(self, e: Edge, acts: dict) -> Intervention:
+        """Edge ``e`` ablated alone: its receiver's activation recomputed from its edited input (``acts``),
+        at the edge's positions for a position-wise receiver; for the output, its input moved."""
+        r = self.graph.receiver_of(e)
+        if r.capture is None:
+            return Intervention(r.site, "add", value=self.change(e.sender, r.site, self.clean, e.group))
+        return Intervention(r.capture, "patch", heads=None if r.head is None else (r.head,),
+                            positions=self.graph.groups[r.site][e.group] if r.positionwise else None,
+                            value=acts[self._edit_of(e)][r.capture])  # fmt: skip
 
     # Attribution patching -----------------------------------------------------------------------------
     def input_grads(self, fwd_hooks=()) -> dict:
         """d metric / d (each receiver's input), ``{(node, input): [batch, pos, D]}``, at the run under
-        ``fwd_hooks``: the gradient at the receiver's captured activation pulled back to its site."""
+        ``fwd_hooks``: the gradient at the receiver's captured activation pulled back to its site. Each
+        context's metric is differentiated with respect to its own inputs (their sum's gradient)."""
         sites, acts = {}, {}
         captures = {r.capture for r in self.graph.receivers if r.capture}
-
-        def at_site(x, hook, name):
-            sites[name] = x
-            return x
-
-        def at_capture(x, hook, name):
-            acts[name] = x
-            return x
 
         def leaf(x, hook):
             return x.detach().requires_grad_(True)
 
         hooks = [*fwd_hooks]
         hooks += [(s, leaf) for s in ("hook_embed", "hook_pos_embed") if s in self.subject.model.hook_dict]
-        hooks += [(s, lambda x, hook, s=s: at_site(x, hook, s)) for s in {r.site for r in self.graph.receivers}]
-        hooks += [(c, lambda x, hook, c=c: at_capture(x, hook, c)) for c in captures]
+        hooks += [Intervention(s, "record", store=sites).fwd_hook() for s in {r.site for r in self.graph.receivers}]
+        hooks += [Intervention(c, "record", store=acts).fwd_hook() for c in captures]
         with torch.enable_grad():
             lp = self.subject.log_probs(self.tokens, hooks)
-            m = self.metric(lp, self.targets)
+            m = self.metric(lp, self.targets).sum()
             names = sorted(captures)
             final = [r.site for r in self.graph.receivers if r.capture is None]
             grads = torch.autograd.grad(m, [acts[c] for c in names] + [sites[s] for s in final], retain_graph=True,
@@ -504,26 +527,27 @@ class Runner:
                 (pulled,) = torch.autograd.grad(a, sites[r.site], grad_outputs=g, retain_graph=True, allow_unused=True)
                 out[(r.node, r.input)] = torch.zeros_like(sites[r.site]) if pulled is None else pulled
         self.passes += 1
+        self.context_runs += len(self.tokens)
         return {k: v.detach() for k, v in out.items()}
 
-    def _attribution(self, grads: dict, edges) -> list[float]:
-        scores = []
+    def _attribution(self, grads: dict, edges) -> Float[Tensor, "edge batch"]:
+        """Per edge and context: the sender's change at the edge's positions times the gradient there."""
+        out = []
         for e in edges:
-            r = self.graph.receiver(e.receiver, e.input)
-            key = (e.sender, r.site)
-            diff = self.source[key].to(self.clean[key].dtype) - self.clean[key]
-            g = grads[(e.receiver, e.input)].to(diff.dtype)
-            scores.append(float((diff * g * _mask(self.graph, r.site, e.group, diff)).sum()))
-        return scores
+            site = self.graph.receiver_of(e).site
+            diff = self.change(e.sender, site, self.clean, e.group)
+            out.append((diff.double() * grads[(e.receiver, e.input)].double()).flatten(1).sum(1))
+        return torch.stack(out) if out else torch.empty(0, len(self.tokens), dtype=torch.float64)
 
-    def eap_scores(self, edges=None) -> list[float]:
-        """EAP: ``(ablated - clean write) . d metric / d input`` at the clean run (first order in the change)."""
+    def eap_values(self, edges=None) -> Float[Tensor, "edge batch"]:
+        """EAP, per context: ``(ablated - clean write) . d metric / d input`` at the clean run (first order in
+        the change)."""
         edges = self.graph.edges if edges is None else edges
         return self._attribution(self.input_grads(), edges)
 
-    def eap_ig_scores(self, edges=None, steps: int = 8) -> list[float]:
-        """EAP-IG: the gradient averaged over ``steps`` runs whose embeddings move from clean to ablated
-        (midpoints ``(i + 1/2) / steps``), times the change: integrated gradients along the inputs."""
+    def eap_ig_values(self, edges=None, steps: int = 8) -> Float[Tensor, "edge batch"]:
+        """EAP-IG, per context: the gradient averaged over ``steps`` runs whose embeddings move from clean to
+        ablated (midpoints ``(i + 1/2) / steps``), times the change: integrated gradients along the inputs."""
         edges = self.graph.edges if edges is None else edges
         embeds = [s for s in self.graph.senders if s.node in ("embed", "pos_embed")]
         total = None
@@ -541,9 +565,21 @@ class Runner:
             total = g if total is None else {k: total[k] + g[k] for k in total}
         return self._attribution({k: v / steps for k, v in total.items()}, edges)
 
+    def exact_scores(self, edges=None, progress=None) -> list[float]:
+        """``exact_values`` averaged over contexts."""
+        return self.exact_values(edges, progress).mean(1).tolist()
+
+    def eap_scores(self, edges=None) -> list[float]:
+        """``eap_values`` averaged over contexts."""
+        return self.eap_values(edges).mean(1).tolist()
+
+    def eap_ig_scores(self, edges=None, steps: int = 8) -> list[float]:
+        """``eap_ig_values`` averaged over contexts."""
+        return self.eap_ig_values(edges, steps).mean(1).tolist()
+
 
 def denoising_runner(subject: Subject, graph: Graph, tokens, corruption: str, seed: int,
-                     metric: Metric = target_nll) -> Runner:  # fmt: skip
+                     metric: Metric = per_context_nll) -> Runner:  # fmt: skip
     """The Runner of the denoising direction: the base run on ``other_contexts(tokens)``, the senders'
     values to restore their writes on ``tokens``, the metric that of ``tokens``' targets."""
     if corruption == "mean":
@@ -580,6 +616,14 @@ def top_n(edges, scores, n: int) -> list[Edge]:
     """The ``n`` edges of largest |score|."""
     order = sorted(range(len(edges)), key=lambda i: -abs(scores[i]))
     return [edges[i] for i in order[:n]]
+
+
+def curve_sizes(n_total: int, points: int) -> list[int]:
+    """Circuit sizes along a faithfulness curve: 0, then ``points`` sizes spaced geometrically up to every edge."""
+    sizes = {0, n_total}
+    for i in range(1, points + 1):
+        sizes.add(max(1, round(n_total ** (i / points))))
+    return sorted(sizes)
 
 
 def threshold(edges, scores, tau: float) -> list[Edge]:

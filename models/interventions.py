@@ -1,11 +1,12 @@
 """Interventions as data, written once: WHAT is intervened on (a TransformerLens hook name, and within its
 activation the heads, the positions and a last-axis slice such as one residual subspace) and HOW (zero,
-mean, patch from another run, or add a change), as one small frozen dataclass that builds its
-TransformerLens forward hook and describes itself for a result's JSON.
+mean, patch from another run, or add a change; or record it, changing nothing), as one small frozen
+dataclass that builds its TransformerLens forward hook and describes itself for a result's JSON.
 
     Intervention("blocks.0.attn.hook_z", "mean", heads=(3,), value=mean_z)      # mean-ablate L0H3
     Intervention("blocks.1.attn.hook_q", "zero", dims=(0, 5))                   # zero the query's token subspace
     Intervention("blocks.0.attn.hook_z", "patch", heads=(1,), value=z_clean, source="clean run")
+    Intervention("blocks.1.attn.hook_attn_scores", "record", store=kept)        # kept[hook] = the live tensor
 
 ``hooks(interventions, log)`` turns a list into ``fwd_hooks`` for ``Subject.log_probs(tokens, fwd_hooks)`` /
 ``model.hooks(...)`` and appends each one's description (``describe``: everything but the tensor) to ``log``
@@ -15,6 +16,8 @@ activation (``[batch, pos, ...]``: for the disentangled model's layer-1 hooks, t
 "mean", the activation averaged over contexts (no batch axis; None: the mean over the batch being run);
 for "patch", the source run's activation (``[batch, ...]``); for "add", the change. Only the selected
 entries are replaced (``torch.where`` on a mask), so the rest of the activation is bit for bit as it was.
+"record" puts the activation itself (not a copy: gradients flow through it) into ``store[hook]`` and
+passes it on unchanged; it selects nothing (no heads, positions or dims).
 
 The helpers below (``ablate``, ``patch_heads``, ``ablate_subspace``) build Interventions; ``head_outputs``
 and ``corrupted_contexts`` make the runs they patch from.
@@ -30,7 +33,7 @@ from torch import Tensor
 
 from models.subject import Subject
 
-KINDS = ("zero", "mean", "patch", "add")
+KINDS = ("zero", "mean", "patch", "add", "record")
 
 
 @dataclass(frozen=True)
@@ -45,10 +48,16 @@ class Intervention:
     dims: tuple[int, int] | None = None
     source: str | None = None
     value: Tensor | None = field(default=None, repr=False, compare=False)
+    store: dict | None = field(default=None, repr=False, compare=False)  # "record": where the activation goes
 
     def __post_init__(self):
         if self.kind not in KINDS:
             raise ValueError(f"intervention kind must be one of {list(KINDS)}, got {self.kind!r}")
+        if (self.kind == "record") != (self.store is not None):
+            raise ValueError(f"{self.hook}: a store is for a 'record' intervention, and a 'record' needs one")
+        if self.kind == "record" and (self.heads, self.positions, self.dims) != (None, None, None):
+            raise ValueError(f"a 'record' intervention on {self.hook} keeps the whole activation: no heads, "
+                             "positions or dims")  # fmt: skip
         if self.kind in ("patch", "add") and self.value is None:
             raise ValueError(f"a {self.kind!r} intervention on {self.hook} needs a value (the source activation)")
         for name in ("heads", "positions"):
@@ -75,7 +84,10 @@ class Intervention:
         return keep
 
     def apply(self, act: Tensor) -> Tensor:
-        """The activation with this intervention applied (a new tensor)."""
+        """The activation with this intervention applied (a new tensor; "record": ``act`` itself, stored)."""
+        if self.kind == "record":
+            self.store[self.hook] = act
+            return act
         if self.kind == "zero":
             new = torch.zeros((), dtype=act.dtype, device=act.device)
         elif self.kind == "mean":

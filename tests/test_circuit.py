@@ -82,7 +82,8 @@ def test_every_receiver_edit_moves_only_its_own_input_at_its_positions(subjects,
             continue
         change = (moved[r.capture] - clean[r.capture]).abs()
         assert change.max() > 1e-6, f"{r.node}.{r.input}: editing {r.site} does not reach {r.capture}"
-        if r.capture != "blocks.0.attn.hook_z":  # position-wise inputs (the copyers read every position)
+        assert r.positionwise == (r.capture != "blocks.0.attn.hook_z")  # the copyers read every position
+        if r.positionwise:
             others = torch.ones(change.shape[1], dtype=torch.bool)
             others[p] = False
             assert change[:, others].max() <= 1e-6, f"{r.capture} moved at positions other than {p}"
@@ -175,7 +176,7 @@ def _linear_subject():
 
 
 def _logit_difference(log_probs, tokens):
-    return (log_probs[..., 0] - log_probs[..., 1]).mean()  # = the logits' difference: linear in them
+    return (log_probs[..., 0] - log_probs[..., 1]).mean(-1)  # each context's logits' difference: linear in them
 
 
 def test_eap_equals_exact_patching_where_the_metric_is_linear_in_the_input_and_scores_add_up():
@@ -203,17 +204,49 @@ def test_a_model_without_the_hooks_is_refused_in_one_line():
         build_graph(subject)
 
 
-def test_batched_exact_scores_equal_edge_by_edge_runs(subjects):
-    subject = subjects["bridge"]
+def _one_edge_by_hand(subject, graph, tokens, source, clean, edge):
+    """Per context, the NLL change when ``edge`` alone is ablated, with hand-written hooks: one pass adds the
+    sender's change (ablated minus clean write) at the receiver's site at the edge's positions and keeps the
+    receiver's activation; a second patches it in (the receiver's head, every position). For the output,
+    one pass with the change added at its site."""
+    r = graph.receiver(edge.receiver, edge.input)
+    key, positions = (edge.sender, r.site), graph.groups[r.site][edge.group]
+    delta = torch.zeros_like(clean[key])
+    delta[:, positions] = (source[key] - clean[key]).expand_as(delta)[:, positions]
+    hooks = [(r.site, lambda x, hook: x + delta)]
+    if r.capture is not None:
+        kept = {}
+        subject.log_probs(tokens, hooks + [(r.capture, lambda x, hook: kept.update(a=x.clone()))])
+
+        def patch(x, hook):
+            x = x.clone()
+            x[:, :, r.head] = kept["a"][:, :, r.head]
+            return x
+
+        hooks = [(r.capture, (lambda x, hook: kept["a"]) if r.head is None else patch)]
+    return per_context_nll(subject.log_probs(tokens, hooks), tokens) - per_context_nll(subject.log_probs(tokens), tokens)
+
+
+@pytest.mark.parametrize("family", ["bridge", "default", "nanogpt"])
+def test_batched_exact_patching_equals_edge_by_edge_runs_per_context(subjects, family):
+    """exact_values shares one edited pass among every edge of a sender at a site (and every receiver
+    reading it) and runs several edges' copies of the contexts per pass; per context it equals each edge
+    ablated alone by hand-written hooks, and run_values([edge]) (the circuit runner's own path)."""
+    subject = subjects[family]
     graph = build_graph(subject)
     tokens, _ = subject.task.sample(6, torch.Generator().manual_seed(0))
     resampled, _ = subject.task.sample(6, torch.Generator().manual_seed(1))
-    runner = Runner(subject, graph, tokens, sender_writes(subject, graph, resampled)[0])
-    edges = graph.edges[::7]
-    batched = runner.exact_scores(edges, chunk=5)
-    one_by_one = [runner.run([e]) - runner.clean_metric for e in edges]
-    assert max(abs(x) for x in one_by_one) > 1e-4
-    assert torch.allclose(torch.tensor(batched), torch.tensor(one_by_one), atol=1e-6)
+    source = sender_writes(subject, graph, resampled)[0]
+    runner = Runner(subject, graph, tokens, source, rows=5 * len(tokens))
+    senders = {"embed", "L0H1", "MLP0"} if family != "default" else {"embed", "L0H1", "L0H7", "L1H0"}
+    edges = [e for e in graph.edges if e.sender in senders]
+    batched = runner.exact_values(edges)
+    assert runner.copies == 5 and batched.shape == (len(edges), 6)
+    by_hand = torch.stack([_one_edge_by_hand(subject, graph, tokens, source, runner.clean, e) for e in edges])
+    assert batched.abs().max() > 1e-3 and (batched.abs().amax(1) > 1e-6).sum() > len(edges) // 3
+    assert torch.allclose(batched, by_hand, atol=1e-6)
+    one_by_one = torch.stack([runner.run_values([e]) - runner.clean_values for e in edges[::5]])
+    assert torch.allclose(batched[::5], one_by_one, atol=1e-6)
 
 
 def test_cli_writes_the_set_and_refuses_an_unknown_node_in_one_line(tmp_path, capsys):
@@ -233,6 +266,21 @@ def test_cli_writes_the_set_and_refuses_an_unknown_node_in_one_line(tmp_path, ca
         and (tmp_path / "circuit_graph.pdf").exists()
         and (tmp_path / "circuit_curve.png").exists()
     )
+    assert "denoising_faithfulness" not in saved and all(e["se"] >= 0 for e in saved["all_edges"])
+    for row in saved["by_input"]:  # each input's summed score: the sum of its edges' scores
+        into = [e for e in saved["all_edges"] if (e["input"], e["group"]) == (row["input"], row["group"])
+                and (e["receiver"] == row["receivers"] or e["receiver"].startswith(row["receivers"] + "H"))]
+        assert row["n_edges"] == len(into) and row["sum"] == pytest.approx(sum(e["score"] for e in into), abs=1e-12)
+    assert sum(row["n_edges"] for row in saved["by_input"]) == saved["n_edges_total"]
+    assert max(row["se"] for row in saved["by_input"]) > 0
+    nodes = ",".join([f"L0H{k}" for k in range(10)] + ["L1H0"])
+    denoised = [a if a != str(tmp_path) else str(tmp_path / "denoised") for a in argv]
+    r = circuit.main(denoised + ["--direction", "denoising", "--method", "eap", "--nodes", nodes])
+    assert r["faithfulness"] == pytest.approx(1.0, abs=1e-9) and r["denoising_faithfulness"] == pytest.approx(1.0, abs=1e-5)
+    assert [c["n_edges"] for c in r["denoising_curve"]] == [c["n_edges"] for c in r["curve"]]
+    assert r["denoising_curve"][0]["faithfulness"] == pytest.approx(0.0, abs=1e-12)
+    assert r["denoising_curve"][-1]["faithfulness"] == pytest.approx(1.0, abs=1e-5)
+    assert all(e["se"] > 0 for e in r["edges"] if e["score"] != 0)  # EAP scores carry their standard error
     capsys.readouterr()
     with pytest.raises(SystemExit) as e:
         common.run(circuit.main, argv + ["--nodes", "L7H3"])
@@ -402,20 +450,22 @@ def test_denoising_is_minus_noising_where_the_metric_is_linear_and_restores_the_
     assert max(abs(x) for x in noise) > 1e-3
     assert torch.allclose(torch.tensor(denoise), -torch.tensor(noise), atol=1e-9)
     other = other_contexts(task, tokens, "resample", 3)
-    corrupted = _logit_difference(subject.log_probs(other), tokens).item()
-    clean = _logit_difference(subject.log_probs(tokens), tokens).item()
+    corrupted = _logit_difference(subject.log_probs(other), tokens).mean().item()
+    clean = _logit_difference(subject.log_probs(tokens), tokens).mean().item()
     assert sum(denoise) == pytest.approx(clean - corrupted, abs=1e-9)
     assert denoising.clean_metric == pytest.approx(corrupted, abs=1e-12)
     with pytest.raises(ValueError, match="denoising needs a corruption that is a run on other contexts"):
         denoising_runner(subject, graph, tokens, "mean", 3)
 
 
-def test_eap_ig_equals_brute_force_integrated_gradients():
-    """EAP-IG against integrated gradients computed by brute force: at each midpoint alpha of the
-    embeddings' path from clean to corrupted, the metric's derivative along the edge's change is a central
-    finite difference of forward passes that add eps * (sender's change @ W_Q / W_K) to the receiving
-    head's hook_q / hook_k at the edge's positions (the model has no normalisation, so a head's query is
-    affine in its residual); its mean over the midpoints is the score."""
+@pytest.mark.parametrize("method", ["eap", "eap-ig"])
+def test_eap_and_eap_ig_per_context_values_equal_brute_force_derivatives(method):
+    """EAP and EAP-IG per context against derivatives computed by brute force: at the clean run (EAP) or at
+    each midpoint alpha of the embeddings' path from clean to corrupted (EAP-IG), the derivative of each
+    context's metric along the edge's change is a central finite difference of forward passes that add
+    eps * (sender's change @ W_Q / W_K) to the receiving head's hook_q / hook_k at the edge's positions
+    (the model has no normalisation, so a head's query is affine in its residual); its mean over the
+    midpoints is that context's value, and the score is the mean over the contexts."""
     subject, task = _linear_subject()
     model = subject.model
     graph = build_graph(subject)
@@ -424,7 +474,10 @@ def test_eap_ig_equals_brute_force_integrated_gradients():
     runner = Runner(subject, graph, tokens, sender_writes(subject, graph, other)[0], _logit_difference)
     edges = [e for e in graph.edges if e.input in ("q", "k")]
     steps = 4
-    got = runner.eap_ig_scores(edges, steps=steps)
+    if method == "eap":
+        got, alphas = runner.eap_values(edges), [0.0]
+    else:
+        got, alphas = runner.eap_ig_values(edges, steps=steps), [(i + 0.5) / steps for i in range(steps)]
 
     def cache(toks):
         store = {}
@@ -446,15 +499,14 @@ def test_eap_ig_equals_brute_force_integrated_gradients():
     want = []
     for e in edges:
         if e.sender == "pos_embed":
-            want.append(0.0)
+            want.append(torch.zeros(len(tokens), dtype=torch.float64))
             continue
         layer, head = int(e.receiver[1]), int(e.receiver[3:])
         change = torch.zeros_like(clean["hook_embed"])
         change[:, positions[e.group]] = (write(corrupt, e.sender) - write(clean, e.sender))[:, positions[e.group]]
         W = getattr(model.blocks[layer].attn, "W_Q" if e.input == "q" else "W_K")[head].detach()
         total = 0.0
-        for i in range(steps):
-            alpha = (i + 0.5) / steps
+        for alpha in alphas:
             move = alpha * (corrupt["hook_embed"] - clean["hook_embed"])
 
             def metric(sign):
@@ -464,9 +516,59 @@ def test_eap_ig_equals_brute_force_integrated_gradients():
                     return x
 
                 hooks = [("hook_embed", lambda x, hook: x + move), (f"blocks.{layer}.attn.hook_{e.input}", nudge)]
-                return _logit_difference(subject.log_probs(tokens, hooks), tokens).item()
+                return _logit_difference(subject.log_probs(tokens, hooks), tokens).detach()
 
-            total += (metric(1) - metric(-1)) / (2 * eps)
-        want.append(total / steps)
-    assert max(abs(w) for w in want) > 1e-3
-    assert torch.allclose(torch.tensor(got), torch.tensor(want), atol=1e-6, rtol=1e-5)
+            total = total + (metric(1) - metric(-1)) / (2 * eps)
+        want.append(total / len(alphas))
+    want = torch.stack(want)
+    assert got.shape == want.shape == (len(edges), len(tokens))
+    assert want.abs().max() > 1e-3 and (want.std(1) > 1e-4).any()  # the contexts differ
+    assert torch.allclose(got, want, atol=1e-6, rtol=1e-5)
+
+
+@pytest.mark.parametrize("spec", ["theorem1:beta=50", "default", "transposed"])
+def test_denoising_faithfulness_restores_with_the_known_circuit_nothing_without_and_all_with_every_edge(spec):
+    """The corrupted run (another tree's demonstrations) with only the known circuit's edges restored to
+    their clean values recovers at least 0.95 of the clean-minus-corrupted NLL; with no edge restored it
+    is the corrupted run (0), with every edge restored the clean run (1)."""
+    from analyses.circuit import restored
+
+    if spec == "transposed":
+        subject = transposed_subject(build_task(n_examples=3, seq_len=4, alpha=0.3))
+        graph = build_graph(subject)
+        truth = transposed_truth(graph, "demonstrations")
+    else:
+        subject = load_subject(spec)
+        graph = build_graph(subject)
+        truth = _paper_truth(subject, graph)
+    tokens, _ = subject.task.sample(48, torch.Generator().manual_seed(0))
+    denoiser = denoising_runner(subject, graph, tokens, "demonstrations", 0)
+    clean = per_context_nll(subject.log_probs(tokens), tokens)
+    assert (denoiser.clean_values - clean).mean() > 0.05  # the corruption costs something to recover
+    known = [e for e, t in zip(graph.edges, truth) if t]
+    nothing, everything, circuit = (restored(denoiser, kept, clean) for kept in ([], graph.edges, known))
+    print(f"{spec}: the known circuit recovers {circuit['faithfulness']:.4f} +- {circuit['se']:.4f}")
+    assert abs(nothing["faithfulness"]) < 1e-12 and abs(everything["faithfulness"] - 1) < 1e-5
+    assert circuit["faithfulness"] >= 0.95 and circuit["n_edges"] < len(graph.edges)
+
+
+def test_a_record_intervention_changes_nothing_and_keeps_the_tensor_gradients_flow_through():
+    """``Intervention(hook, "record", store=...)``: the run is bit for bit the plain one, the store holds the
+    activation itself, and the metric's gradient there equals its gradient at a zero change added to it (a
+    leaf tensor); a selection or a missing store is refused."""
+    task = build_task(n_examples=3, seq_len=4)
+    subject = subject_of(models.theorem1_model(task.pi, 3, 4, 5.0), task, None, "theorem1", "0")
+    tokens, _ = task.sample(5, torch.Generator().manual_seed(0))
+    name = "blocks.1.attn.hook_attn_scores"
+    kept: dict = {}
+    lp = subject.log_probs(tokens, [Intervention(name, "record", store=kept).fwd_hook()])
+    assert torch.equal(lp, subject.log_probs(tokens)) and kept[name].shape[0] == 5
+    (g_record,) = torch.autograd.grad(per_context_nll(lp, tokens).sum(), kept[name])
+    zero = torch.zeros_like(kept[name]).requires_grad_(True)
+    lp = subject.log_probs(tokens, [(name, lambda x, hook: x + zero)])
+    (g_leaf,) = torch.autograd.grad(per_context_nll(lp, tokens).sum(), zero)
+    assert g_leaf.abs().max() > 1e-6 and torch.equal(g_record, g_leaf)
+    with pytest.raises(ValueError, match="keeps the whole activation"):
+        Intervention(name, "record", heads=(0,), store={})
+    with pytest.raises(ValueError, match="a 'record' needs one"):
+        Intervention(name, "record")

@@ -97,6 +97,32 @@ def _sci(x):
     return f"{mantissa}e{int(exponent)}"
 
 
+def _into(d, receivers, inp, group):
+    """circuit.json: one input's summed edge score and its standard error (``by_input``)."""
+    (row,) = [r for r in d["results"]["by_input"] if (r["receivers"], r["input"], r["group"]) == (receivers, inp, group)]
+    return row["sum"], row["se"]
+
+
+def _edge(d, sender, receiver, inp="in", group="target"):
+    """circuit.json: one edge's score and its standard error."""
+    want = {"sender": sender, "receiver": receiver, "input": inp, "group": group}
+    (e,) = [e for e in d["results"]["all_edges"] if all(e[k] == v for k, v in want.items())]
+    return e["score"], e["se"]
+
+
+def _kept_into(d, prefix, inp):
+    """circuit.json: how many of the circuit's edges enter input ``inp`` of the nodes whose names start with ``prefix``."""
+    return sum(e["receiver"].startswith(prefix) and e["input"] == inp for e in d["results"]["edges"])
+
+
+def _circuit(d):
+    """circuit.json: progress, kept / total edges and their share, faithfulness and KL with their errors."""
+    r = d["results"]
+    n = len(r["edges"])
+    return (r["progress"], r["progress_se"], n, r["n_edges_total"], n / r["n_edges_total"], r["faithfulness"],
+            r["faithfulness_se"], r["kl_to_full"], r["kl_to_full_se"])
+
+
 def _sci0(x):
     mantissa, exponent = f"{x:.0e}".split("e")
     return f"{mantissa}e{int(exponent)}"
@@ -104,6 +130,8 @@ def _sci0(x):
 
 AP = "figures/activation_patching.json"
 SC = "figures/standard_circuit.json"
+CIRCUIT = "figures/circuit.json"
+SEED1 = "docs/reproductions/circuit_seed1.json"
 CD = "figures/cape_downstream.json"
 CS = "figures/cape_structure.json"
 
@@ -300,6 +328,40 @@ CLAIMS = [
     ("held-out accuracy {:.2f} (shuffled-label control <= {:.2f})", "figures/linear_probes.json",
      lambda d: (min(max(row) for row in d["results"]["copyers"]["test_acc"]),
                 max(max(row) for row in d["results"]["copyers"]["control_acc"]))),
+    # Circuit discovery: circuit.json (--checkpoint standard) and the seed-1 model's circuit_seed1.json.
+    ("the model's progress is {:.3f} +- {:.3f}; the smallest top-n circuit keeping 0.9 has {} of the {} edges ({:.0%}) "
+     "and keeps {:.3f} +- {:.3f} (KL to the full model {:.3f} +- {:.3f} nats)", CIRCUIT, _circuit),
+    ("the faithfulness curve's area is {:.2f}", CIRCUIT, lambda d: (d["results"]["curve_area"],)),
+    ("128 contexts; {} forward passes over {:,} context copies", CIRCUIT,
+     lambda d: (d["results"]["forward_passes"], d["results"]["context_runs"])),
+    ("which writes the output (the largest edge, {:+.2f} nats)", CIRCUIT, lambda d: (_edge(d, "MLP1", "output", "out")[0],)),
+    ("layer 1's values at the demonstration positions {:.3f} +- {:.3f} nats, its keys there {:.3f} +- {:.3f}, its "
+     "queries at the target {:.4f} +- {:.4f}. This agrees", CIRCUIT,
+     lambda d: (*_into(d, "L1", "v", "demonstrations"), *_into(d, "L1", "k", "demonstrations"), *_into(d, "L1", "q", "target"))),
+    ("write into MLP0 ({} edges into MLP0 there, the embedding's the largest); layer 1 reads the demonstration positions "
+     "through its values ({} value edges, from MLP0 and from layer-0 heads directly; {} key edges; no query edge", CIRCUIT,
+     lambda d: (_kept_into(d, "MLP0", "in"), _kept_into(d, "L1", "v"), _kept_into(d, "L1", "k"))
+     if _kept_into(d, "L1", "q") == 0 else ("query edges kept",) * 3),
+    ("The circuit has the same shape ({} value edges and {} key edges into layer 1, no query edge", SEED1,
+     lambda d: (_kept_into(d, "L1", "v"), _kept_into(d, "L1", "k")) if _kept_into(d, "L1", "q") == 0 else ("q", "q")),
+    ("progress {:.3f} +- {:.3f}; {} of {} edges ({:.0%}) keep {:.3f} +- {:.3f} of it (KL {:.3f} +- {:.3f})", SEED1, _circuit),
+    ("layer 1's values at the demonstration positions {:.3f} +- {:.3f} nats (shipped {:.3f} +- {:.3f}), its keys there "
+     "{:.3f} +- {:.3f} ({:.3f} +- {:.3f}), its queries at the target {:.4f} +- {:.4f} ({:.4f} +- {:.4f}); MLP0's input at "
+     "the demonstrations {:.3f} +- {:.3f} ({:.3f} +- {:.3f}); the layer-0 heads' values, queries and keys there "
+     "{:.3f} +- {:.3f}, {:.3f} +- {:.3f}, {:.3f} +- {:.3f} ({:.3f} +- {:.3f}, {:.3f} +- {:.3f}, {:.3f} +- {:.3f}); MLP1 to "
+     "the output {:+.2f} +- {:.2f} nats ({:+.2f} +- {:.2f})", SEED1,
+     lambda d: tuple(x for ins in (("L1", "v", "demonstrations"), ("L1", "k", "demonstrations"), ("L1", "q", "target"),
+                                   ("MLP0", "in", "demonstrations"))
+                     for x in (*_into(d, *ins), *_into(_load(CIRCUIT), *ins)))
+     + tuple(x for c in (d, _load(CIRCUIT)) for inp in "vqk" for x in _into(c, "L0", inp, "demonstrations"))
+     + (*_edge(d, "MLP1", "output", "out"), *_edge(_load(CIRCUIT), "MLP1", "output", "out"))),
+    ("(L1H3 into MLP1 {:+.3f} +- {:.3f} nats, then L1H6 {:+.3f} +- {:.3f}), where the shipped model splits it between two "
+     "(L1H4 {:+.3f} +- {:.3f}, L1H2 {:+.3f} +- {:.3f})", SEED1,
+     lambda d: (*_edge(d, "L1H3", "MLP1"), *_edge(d, "L1H6", "MLP1"), *_edge(_load(CIRCUIT), "L1H4", "MLP1"),
+                *_edge(_load(CIRCUIT), "L1H2", "MLP1"))),
+    ("are smaller ({:.3f} +- {:.3f} against {:.3f} +- {:.3f}), so more edges are needed for 0.9 ({} against {})", SEED1,
+     lambda d: (*_into(d, "MLP1", "in", "target"), *_into(_load(CIRCUIT), "MLP1", "in", "target"),
+                len(d["results"]["edges"]), len(_load(CIRCUIT)["results"]["edges"]))),
     # Standard transformers: standard_circuit.json (--checkpoint standard).
     ("(512 contexts): progress {:.3f}; the paper's circuit is absent", SC, lambda d: (d["results"]["progress"],)),
     ("({:.2f} to {:.2f} on earlier tokens of it, {:.2f} to {:.2f} on itself;", SC,
@@ -418,9 +480,13 @@ UNCHECKED = [
     ("regeneration within 1.8e-5 (3.2e-3 on another machine), 54 s; ~20 s; 339 s / 599 s wall for analyses.paper",
      "timings and a one-off comparison made by hand on 2026-12-01 (models.train --out X, then the largest weight "
      "difference to models/checkpoints/default); no file records them"),
-    ("another seed: 1307 s, progress 0.995; 70 of 722 edges keep 0.903 +- 0.023, KL 0.065 +- 0.010; 20 value, 4 key "
-     "edges; +1.32 nats", "models.standard --seed 1 and analyses.circuit on it (the README gives both commands); "
-     "the run and its circuit JSON are not committed"),
+    ("bench circuit rows (60.1 s / 125.2 s, 2.1x; 4.47 s / 49.3 s, 11x; EAP 0.18 s, EAP-IG 0.72 s and 2.22 s "
+     "against 9.32 s, Spearman 0.81 / 0.993, 0.26 / 0.975, 0.24 / 0.975, keeps 0.89, 0.95, 1.00) and the "
+     "analysis's wall and CPU times (388 s, 380 s, 229 s; 87 s, 82 s, 15 s)",
+     "python -m bench --only circuit output and /usr/bin/time of python -m analyses.circuit, 2026-12-02, on a "
+     "shared machine; no committed file records them"),
+    ("another seed: progress 0.995 at the end of training", "models.standard --seed 1's training.json, not committed "
+     "(its circuit's JSON is: docs/reproductions/circuit_seed1.json)"),
     ("default run ends 4096-context test", "tests/test_checkpoint_and_train.py thresholds, not results"),
     ("purity 0.68 -> 0.58, TV 0.022 (--init-demo 3, lr 3e-2, 4000 steps); 0.94 -> 0.75 (--init-demo 5)",
      "training runs whose output is not committed; the README gives the command"),
