@@ -23,9 +23,9 @@ NAME = "scale"
 N_CONTEXTS = None  # no --n-contexts: it samples no contexts of a checkpoint
 FIGURES = {
     "scale.png": "NLL gap to BMA, TV to the BMA posterior and the least pure copyer head over training "
-    "steps at d=10, L=K=32, H=24: the reference recipe (docs/paper.md section 5) against the scale "
-    "recipe of `--preset medium`; and at d=20, L=K=64, H=32 the full `--preset large` run (3000 steps) "
-    "beside the first 300 steps at full copyer rate"
+    "steps at d=10, L=K=32, H=24 (the reference recipe of docs/paper.md section 5, the float32 scale recipe, "
+    "`--preset medium` in bfloat16) and at d=20, L=K=64, H=32 (the float32 run of 3000 steps, "
+    "`--preset large` in bfloat16, the first 300 steps at full copyer rate)"
 }
 HISTORIES = common.FIGURES_DIR / "scale_histories.json"
 KEPT = ("step", "seconds", "loss", "nll_gap", "tv_to_bma", "parent_acc", "parent_acc_bma", "distinct_demos")

@@ -19,6 +19,7 @@ repeats after a warm-up (the circuit rows: one run). It measures; it asserts not
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import datetime
 import json
@@ -30,6 +31,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from unittest import mock
 
 import torch
 
@@ -38,6 +40,7 @@ from bench.reference import bma_posterior_loop, reference_model
 from models import DEFAULT_CHECKPOINT, STANDARD_CHECKPOINT, CausalTransformer, causal_transformer, cli, load_subject
 from models.circuit import Runner, build_graph, curve_sizes, per_context_nll, ratio_se, source_writes, top_n
 from models.io import write_json
+from models.optim import sample_batch
 from models.train import PRESETS, TrainConfig, init_copyers, step_loss, train
 from probes import bma_posterior, bma_predictive
 
@@ -273,12 +276,13 @@ def train_row(device: str, steps: int) -> dict:
     }
 
 
-# The large preset before (dense copies, float32) and now (factored copies, NOW_FIELDS), and the labels of
-# their histories.
+# The large preset before (until 2026-12-02: dense copies, float32, the batch sampled on every thread, 3000
+# steps) and now (the preset: factored copies, bfloat16 autocast, the batch sampled on one thread, 2200 steps),
+# and the labels of their histories.
 SCALE_HISTORIES = ROOT / "figures" / "scale_histories.json"
-LARGE_BEFORE = "large: scale init, copyer lr x0.3 = --preset large"
-LARGE_NOW = "large: --preset large --autocast --steps 2000"
-NOW_FIELDS = {"autocast": True}
+LARGE_BEFORE = "large: float32, 3000 steps (--preset large until 2026-12-02)"
+LARGE_NOW = "large: --preset large (bfloat16 autocast, 2200 steps)"
+BEFORE_FIELDS = {"autocast": False}
 
 
 def steps_to_targets(history: list[dict], gap: float = 0.01, tv: float = 0.05) -> int | None:
@@ -286,19 +290,42 @@ def steps_to_targets(history: list[dict], gap: float = 0.01, tv: float = 0.05) -
     return next((m["step"] for m in history if m["nll_gap"] <= gap and m["tv_to_bma"] <= tv), None)
 
 
-def _step_seconds(fields: dict, dense: bool, steps: int, device: str) -> float:
+def _step_seconds(fields: dict, before: bool, steps: int, device: str) -> float:
     """Seconds a step of ``models.train.train`` at the large preset with ``fields`` over it (one 16-context
-    evaluation and a checkpoint write included); ``dense``: the copies through the full pattern, as before."""
+    evaluation and a checkpoint write included); ``before``: the copies through the full pattern and the
+    batch sampled on every thread, as before."""
     saved = causal_transformer.FACTOR_ABOVE
-    causal_transformer.FACTOR_ABOVE = float("inf") if dense else saved
+    causal_transformer.FACTOR_ABOVE = float("inf") if before else saved
+    every_thread = mock.patch("models.train.sample_batch", lambda task, n, g: task.sample(n, g)[0])
     try:
-        with tempfile.TemporaryDirectory() as tmp:
+        with tempfile.TemporaryDirectory() as tmp, every_thread if before else contextlib.nullcontext():
             cfg = TrainConfig(**{**PRESETS["large"], **fields, "steps": steps, "eval_every": steps})
             cfg = dataclasses.replace(cfg, eval_contexts=16, device=device, out=tmp)
             _, history = train(cfg, progress=False)
     finally:
         causal_transformer.FACTOR_ABOVE = saved
     return history[-1]["seconds"] / steps
+
+
+def sampling_row(repeat: int) -> dict:
+    """A large-preset training batch drawn on one thread (``models.optim.sample_batch``) against on every
+    thread torch has, alternating, median of ``repeat``; the same draws."""
+    task, threads = TrainConfig(**PRESETS["large"]).task(), torch.get_num_threads()
+    timed = {"one": [], "every": []}
+    for _ in range(repeat):
+        for key, draw in (("one", sample_batch), ("every", lambda t, n, g: t.sample(n, g)[0])):
+            start = time.perf_counter()
+            draw(task, 256, torch.Generator().manual_seed(0))
+            timed[key].append(time.perf_counter() - start)
+    one, every = (statistics.median(timed[k]) for k in ("one", "every"))
+    return {
+        "row": "large preset, drawing a training batch (256 contexts)",
+        "ours_s": one,
+        "baseline_s": every,
+        "baseline": f"on {threads} threads",
+        "ratio": every / one,
+        "note": f"one thread; median of {repeat}, alternating",
+    }
 
 
 def large_rows(device: str, steps: int, repeat: int) -> list[dict]:
@@ -308,8 +335,8 @@ def large_rows(device: str, steps: int, repeat: int) -> list[dict]:
     (figures/scale_histories.json; the row is left out while the new preset's run is not recorded)."""
     timed = {"before": [], "now": []}
     for _ in range(repeat):
-        timed["before"].append(_step_seconds({}, True, steps, device))
-        timed["now"].append(_step_seconds(NOW_FIELDS, False, steps, device))
+        timed["before"].append(_step_seconds(BEFORE_FIELDS, True, steps, device))
+        timed["now"].append(_step_seconds({}, False, steps, device))
     before, now = (statistics.median(timed[k]) for k in ("before", "now"))
     size = "d=20, L=K=64, H=32, batch 256"
     rows = [
@@ -317,11 +344,13 @@ def large_rows(device: str, steps: int, repeat: int) -> list[dict]:
             "row": f"large preset, a training step ({size})",
             "ours_s": now,
             "baseline_s": before,
-            "baseline": "before: dense copies, float32",
+            "baseline": "before: dense copies, float32, sampled on every thread",
             "ratio": before / now,
-            "note": f"now: factored copies, bf16 autocast; median of {repeat} x {steps} steps each, alternating",
+            "note": f"now: factored copies, bf16 autocast, sampled on one thread; median of {repeat} x {steps} "
+            "steps each, alternating",
         }
     ]
+    rows.append(sampling_row(repeat * 5))
     histories = json.loads(SCALE_HISTORIES.read_text())
     if LARGE_NOW in histories:
         n_before = steps_to_targets(histories[LARGE_BEFORE]["history"])

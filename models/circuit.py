@@ -48,6 +48,7 @@ from torch import Tensor
 
 from models.interventions import Intervention, corrupted_contexts
 from models.subject import DISENTANGLED, Subject, head_label
+from probes.metrics import per_context_nll
 
 INPUTS = ("q", "k", "v")
 CORRUPTIONS = {
@@ -261,13 +262,6 @@ def _standard_graph(subject: Subject) -> Graph:
 # Runs ---------------------------------------------------------------------------------------------------
 Metric = Callable[[Tensor, Tensor], Tensor]  # (log_probs [batch, H, d], tokens [batch, T]) -> each context's [batch]
 ROWS = 512  # contexts x copies per forward pass: much larger batches spend their time faulting in fresh memory
-
-
-def per_context_nll(log_probs: Float[Tensor, "batch H d"], tokens: Int[Tensor, "batch T"]) -> Float[Tensor, " batch"]:
-    """Target NLL of each context (x_1..x_{H-1}, as ``probes.target_nll``), differentiable."""
-    H = log_probs.shape[1]
-    target = tokens[:, -H:].to(log_probs.device)
-    return -log_probs.double().gather(-1, target.unsqueeze(-1))[:, 1:, 0].mean(-1)
 
 
 def sender_writes(subject: Subject, graph: Graph, tokens, fwd_hooks=()) -> tuple[dict, Tensor]:

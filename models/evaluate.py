@@ -12,6 +12,8 @@ seed that training does not use (its data and eval seeds derive from ``seed``), 
 
 from __future__ import annotations
 
+import math
+
 import torch
 from jaxtyping import Float
 from torch import Tensor
@@ -23,7 +25,7 @@ from models.io import write_json
 from models.subject import DisentangledSubject, check_finite
 from probes import head_assignment, mean_tv, parent_accuracy, target_nll
 from probes.continuous import ContinuousTask, gaussian_bma_posterior, predictive_mean, target_mse
-from probes.metrics import parent_set_accuracy
+from probes.metrics import parent_set_accuracy, per_context_nll
 from probes.oracles import bayes
 
 EVAL_SEED = 12345  # fresh contexts: training derives its data and eval seeds from its own seed
@@ -69,9 +71,11 @@ def evaluate(model: CausalTransformer, task, inputs, parents) -> dict:
     out, attention = output_and_pattern(model, inputs)
     if not isinstance(task, ContinuousTask):
         bma, posterior = bayes(task, inputs.cpu())
-        return eval_metrics(
+        metrics = eval_metrics(
             model, target_nll(out.cpu(), inputs), target_nll(bma, inputs), attention, posterior, parents
         )
+        gaps = per_context_nll(out.cpu(), inputs) - per_context_nll(bma, inputs)  # [batch]
+        return {**metrics, "nll_gap_se": (gaps.std() / len(gaps) ** 0.5).item() if len(gaps) > 1 else float("nan")}
     posterior = gaussian_bma_posterior(task, inputs)
     metrics = eval_metrics(
         model, gaussian_nll(out.cpu(), inputs, task), bma_nll(task, inputs), attention, posterior, parents
@@ -82,19 +86,30 @@ def evaluate(model: CausalTransformer, task, inputs, parents) -> dict:
 
 
 def evaluate_subject(subject: DisentangledSubject, n_contexts: int, seed: int, batch_size: int) -> dict:
-    """``evaluate`` over ``n_contexts`` fresh contexts, averaged over chunks (weighted by size); the head
-    assignment is the model's, the same for every chunk."""
+    """``evaluate`` over ``n_contexts`` fresh contexts, averaged over chunks (weighted by size; the gap's
+    standard error is that of the weighted mean of the chunks' means); the head assignment is the model's,
+    the same for every chunk."""
     g = torch.Generator().manual_seed(seed)
-    total, sums, last = 0, {}, {}
+    total, sums, variance, last = 0, {}, 0.0, {}
     for start in range(0, n_contexts, batch_size):
         n = min(batch_size, n_contexts - start)
         tokens, parents = subject.task.sample(n, g)
         last = evaluate(subject.model, subject.task, tokens.to(subject.model.cfg.device), parents)
         for key, value in last.items():
-            if isinstance(value, float):
+            if isinstance(value, float) and key != "nll_gap_se":
                 sums[key] = sums.get(key, 0.0) + n * value
+        variance += (n * last.get("nll_gap_se", 0.0)) ** 2
         total += n
-    return {**last, **{key: value / total for key, value in sums.items()}, "n_contexts": total, "seed": seed}
+    means = {key: value / total for key, value in sums.items()}
+    if "nll_gap_se" in last:
+        means["nll_gap_se"] = variance**0.5 / total
+    return {**last, **means, "n_contexts": total, "seed": seed}
+
+
+def _se(m: dict) -> str:
+    """`` +- SE`` of the gap where there is one (not for the continuous task)."""
+    se = m.get("nll_gap_se")
+    return f" +- {se:.4f}" if se is not None and math.isfinite(se) else ""
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -114,7 +129,7 @@ def main(argv: list[str] | None = None) -> dict:
     m = evaluate_subject(subject, args.n_contexts, args.seed, args.batch_size)
     print(
         f"{args.checkpoint}: {m['n_contexts']} fresh contexts (seed {m['seed']}): NLL {m['nll']:.4f} "
-        f"(BMA {m['nll_bma']:.4f}, gap {m['nll_gap']:+.4f}), TV {m['tv_to_bma']:.4f}, parent acc "
+        f"(BMA {m['nll_bma']:.4f}, gap {m['nll_gap']:+.4f}{_se(m)}), TV {m['tv_to_bma']:.4f}, parent acc "
         f"{m['parent_acc']:.3f} (BMA {m['parent_acc_bma']:.3f}), heads -> {m['distinct_demos']}/"
         f"{len(m['head_demo'])} distinct demos, min purity {min(m['head_purity']):.3f}"
     )

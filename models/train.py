@@ -160,14 +160,14 @@ class TrainConfig:
 
 
 # --preset NAME sets these fields (explicit flags still override them). The scale recipe (README,
-# "Training at scale"): init_demo ~ log L + 3 keeps each head's mass on its demonstration ~0.95 at
+# "Scale"): init_demo ~ log L + 3 keeps each head's mass on its demonstration ~0.95 at
 # init (the default 5 gives 0.94 at L=10 but 0.82 at L=32, 0.70 at L=64); init_offset 2 starts the
 # copies at offset 0; copyer_lr_scale 0.3 stops the copies softening (a full W_KQ barely penalises it).
-# Measured: medium reaches gap < 0.01 and TV <= 0.05 by step 1000, 32/32 distinct heads (purity 0.95).
-# Large (float32, dense copies, 3000 steps) left the plateau near step 600 and ended at gap 0.0065, TV 0.022,
-# 64/64 distinct (purity 0.84), first within the targets at step 2300. The preset now trains in bfloat16
-# autocast with factored copies (models.causal_transformer.FACTOR_ABOVE) on a 2000-step cosine: on 4096 fresh
-# contexts gap 0.0091 +- 0.0004, TV 0.030, 64/64 distinct (purity 0.89), 13.8 min on 2 quiet cores (README "Scale").
+# Measured in float32: medium (1500 steps) within gap < 0.01 and TV <= 0.05 by step 1000, 32/32 distinct
+# heads (purity 0.95); large (float32, dense copies, 3000 steps) left the plateau near step 600 and ended at gap 0.0065, TV 0.022,
+# 64/64 distinct (purity 0.84), first within the targets at step 2300. Both presets now train in bfloat16
+# autocast (weights, Adam and evaluation in float32) with factored copies (causal_transformer.FACTOR_ABOVE)
+# on a shorter cosine; README "Scale" has their histories, the fresh-context evaluations and the wall times.
 PRESETS: dict[str, dict] = {
     "small": {},  # the defaults above: d=5, L=K=10, H=12
     "medium": {
@@ -177,7 +177,8 @@ PRESETS: dict[str, dict] = {
         "init_demo": 6.5,
         "init_offset": 2.0,
         "copyer_lr_scale": 0.3,
-        "steps": 1500,
+        "steps": 1200,
+        "autocast": True,
         "eval_every": 100,
         "eval_contexts": 1024,
     },
@@ -188,7 +189,7 @@ PRESETS: dict[str, dict] = {
         "init_demo": 7.5,
         "init_offset": 2.0,
         "copyer_lr_scale": 0.3,
-        "steps": 2000,
+        "steps": 2200,
         "autocast": True,
         "eval_every": 200,
         "eval_contexts": 512,

@@ -48,6 +48,13 @@ def target_nll(log_probs: Float[Tensor, "batch H d"], tokens: Int[Tensor, "batch
     return -log_probs.double().gather(-1, target.unsqueeze(-1))[:, 1:].mean().item()
 
 
+def per_context_nll(log_probs: Float[Tensor, "batch H d"], tokens: Int[Tensor, "batch T"]) -> Float[Tensor, " batch"]:
+    """Target NLL of each context (x_1..x_{H-1}, as ``target_nll``), float64, differentiable."""
+    H = log_probs.shape[1]
+    target = tokens[:, -H:].to(log_probs.device)
+    return -log_probs.double().gather(-1, target.unsqueeze(-1))[:, 1:, 0].mean(-1)
+
+
 def demonstration_mass(pattern: Float[Tensor, "K H T"], n_examples: int) -> Float[Tensor, "K L+1"]:
     """Attention mass each copyer head puts on each example (L demonstrations, then the target),
     averaged over query positions. ``pattern`` is one context's ``blocks.0`` pattern."""

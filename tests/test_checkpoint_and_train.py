@@ -7,6 +7,7 @@ import subprocess
 import sys
 
 import forked
+import numpy as np
 import pytest
 import safetensors.torch
 import torch
@@ -181,6 +182,21 @@ def test_evaluate_cli_weights_chunks_by_size_and_rejects_bad_sizes(tmp_path, cap
     for key in ("nll_gap", "tv_to_bma", "parent_acc", "parent_acc_bma"):
         assert got[key] == pytest.approx((300 * parts[0][key] + 200 * parts[1][key]) / 500, abs=1e-12)
     assert got["head_demo"] == parts[1]["head_demo"] and got["n_contexts"] == 500
+    # The gap's standard error, independently: per-context NLLs by NumPy indexing, then std / sqrt(n) per chunk,
+    # and the chunks' SEs pooled as the weighted mean's: sqrt(sum (n_i se_i)^2) / N.
+    g, ses = torch.Generator().manual_seed(3), []
+    for n in (300, 200):
+        tokens, _ = subject.task.sample(n, g)
+        t = subject.task
+        bma = bma_predictive(t.pi, tokens, t.n_examples, t.seq_len, t.root, log=True)
+        with torch.no_grad():
+            lp = subject.model(tokens)
+        target = tokens[:, -subject.task.seq_len :].numpy()
+        rows, cols = np.arange(n)[:, None], np.arange(subject.task.seq_len)[None, :]
+        gap = (bma.double().numpy()[rows, cols, target] - lp.double().numpy()[rows, cols, target])[:, 1:].mean(1)
+        ses.append(gap.std(ddof=1) / np.sqrt(n))
+        assert parts[len(ses) - 1]["nll_gap_se"] == pytest.approx(ses[-1], rel=1e-9)
+    assert got["nll_gap_se"] == pytest.approx(np.hypot(300 * ses[0], 200 * ses[1]) / 500, rel=1e-9)
     out = tmp_path / "m.json"
     main(["--checkpoint", "default", "--n-contexts", "64", "--json", str(out)])
     assert json.loads(out.read_text())["n_contexts"] == 64

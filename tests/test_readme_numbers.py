@@ -22,12 +22,14 @@ HA = "figures/head_ablation.json"
 DEFAULT_CFG = "models/checkpoints/default/config.json"
 STANDARD_TRAINING = "models/checkpoints/standard/training.json"
 SCALE = "figures/scale.json"
-MEDIUM = "scale init, copyer lr x0.3 = --preset medium"
-LARGE = "large: scale init, copyer lr x0.3 = --preset large"
+MEDIUM = "medium: float32, 1500 steps (--preset medium until 2026-12-02)"
+LARGE = "large: float32, 3000 steps (--preset large until 2026-12-02)"
 LARGE_X1 = "large: scale init, copyer lr x1, 400-step schedule (stopped)"
-LARGE_X01 = "large: copyer lr x0.1 (--preset large --copyer-lr-scale 0.1)"
+LARGE_X01 = "large: float32, 3000 steps, copyer lr x0.1 (the old preset with --copyer-lr-scale 0.1)"
 REFERENCE = "reference recipe, lr 3e-2 const, init_demo 3 (stopped)"
 MEDIUM_X1 = "scale init, copyer lr x1"
+MEDIUM_NOW = "medium: --preset medium (bfloat16 autocast, 1200 steps)"
+LARGE_NOW = "large: --preset large (bfloat16 autocast, 2200 steps)"
 
 
 def _last(d):
@@ -43,6 +45,17 @@ def _cell(d, family, alpha):
     """One phase-diagram cell's value as the figure prints it: the mean final progress over its seeds."""
     (cell,) = [c for c in d["results"]["cells"] if c["family"] == family and c["alpha"] == alpha]
     return cell["mean_progress"]
+
+
+def _first_within(run, gap=0.01, tv=0.05):
+    """The first evaluated step of a scale.json run within the targets."""
+    return next(s for s, g, t in zip(run["step"], run["nll_gap"], run["tv_to_bma"]) if g <= gap and t <= tv)
+
+
+def _within_at(run):
+    """(gap, TV) at that step."""
+    i = run["step"].index(_first_within(run))
+    return run["nll_gap"][i], run["tv_to_bma"][i]
 
 
 def _head(d, label):
@@ -265,6 +278,19 @@ CLAIMS = [
      lambda d: (d["results"][LARGE_X1]["final"]["step"], d["results"][LARGE_X1]["final"]["nll_gap"],
                 d["results"][LARGE_X1]["final"]["min_purity"])),
     ("(least pure head {:.3f})", SCALE, lambda d: (d["results"][LARGE_X01]["final"]["min_purity"],)),
+    # The bfloat16 presets: their training histories (figures/scale.json) and models.evaluate on 4096 fresh contexts.
+    ("within the targets from step {} (gap {:.4f}, TV {:.3f}, {} contexts); step {}: gap {:.4f}, TV {:.3f}", SCALE,
+     lambda d: (_first_within(d["results"][MEDIUM_NOW]), *_within_at(d["results"][MEDIUM_NOW]),
+                d["results"][MEDIUM_NOW]["eval_contexts"], d["results"][MEDIUM_NOW]["final"]["step"],
+                d["results"][MEDIUM_NOW]["final"]["nll_gap"], d["results"][MEDIUM_NOW]["final"]["tv_to_bma"])),
+    ("within the targets at step {} (gap {:.4f}, TV {:.3f}, {} contexts; {:.4f} at step 2000)", SCALE,
+     lambda d: (_first_within(d["results"][LARGE_NOW]), *_within_at(d["results"][LARGE_NOW]),
+                d["results"][LARGE_NOW]["eval_contexts"], _at(d["results"][LARGE_NOW], 2000, "nll_gap"))),
+    *[(f"| {size} {{:.4f}} +- {{:.4f}} nats, TV {{:.3f}}, parent accuracy {{:.3f}} (BMA {{:.3f}}), {{}}/{{}} heads on "
+       "distinct demonstrations, the least pure {:.3f} |", REPRO + f"scale_{name}_evaluate.json",
+       lambda d: (d["nll_gap"], d["nll_gap_se"], d["tv_to_bma"], d["parent_acc"], d["parent_acc_bma"],
+                  d["distinct_demos"], len(d["head_demo"]), min(d["head_purity"])))
+      for name, size in (("medium", "gap"), ("large", "gap"))],
     # Analyses table: activation_patching.
     ("Patching all copyer heads restores {:.6f} on both metrics; nothing gives {:.0f}.", AP,
      lambda d: (min(d["results"]["all_heads"]), max(d["results"]["nothing"]))),
