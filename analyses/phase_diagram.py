@@ -49,7 +49,7 @@ SWEEP = common.FIGURES_DIR / "phase_diagram_sweep.json"  # what `--full --out DI
 FAMILIES = ("gpt2", "attn_only", "disentangled")
 FIGURES = {
     "phase_diagram.png": (
-        "progress from the uniform-parent plateau (0) to BMA (1) after a fixed step budget in one heatmap: a row per family (GPT-2, attention-only LayerNorm-free GPT-2, disentangled) and L and loss, a column per kernel (sharper to the right, with the plateau's gap to BMA); each cell prints the progress, the seeds averaged and the first step with progress >= 0.5"
+        "progress from the uniform-parent plateau (0) to BMA (1) after a fixed step budget in one heatmap: a row per family (GPT-2, attention-only LayerNorm-free GPT-2, disentangled) and L and loss, a column per kernel (sharper to the right, with the plateau's gap to BMA); each cell prints the progress, the seeds averaged and the first step with progress >= 0.5; re-plotted from the committed full sweep, phase_diagram_sweep.json"
     ),
     "phase_diagram_curves.png": "progress against training step for every run of the sweep, one panel per family and kernel",
 }
@@ -270,10 +270,11 @@ def plot(res: dict):
         for j, (alpha, gamma) in enumerate(grid.kernels):
             c = cells[(family, alpha, gamma, L, loss)]
             half = " / ".join("-" if s is None else str(s) for s in c["steps_to_half"])
-            half = "never" if all(s is None for s in c["steps_to_half"]) else f"at step {half}"
-            seeds = f"mean of {len(c['seeds'])} seeds; " if len(c["seeds"]) > 1 else ""
+            half = ": never" if all(s is None for s in c["steps_to_half"]) else f" at step {half}"
             ax.text(j, i, f"{c['mean_progress']:.2f}", ha="center", va="center", fontsize=15, fontweight="bold")
-            ax.text(j, i + 0.3, f"{seeds}progress 0.5 {half}", ha="center", va="center", fontsize=9)
+            ax.text(j, i + 0.3, f"progress 0.5{half}", ha="center", va="center", fontsize=9)
+            if len(c["seeds"]) > 1:
+                ax.text(j, i - 0.3, f"mean of {len(c['seeds'])} seeds", ha="center", va="center", fontsize=9)
     for i in range(1, len(rows)):
         if rows[i][0] != rows[i - 1][0]:
             ax.axhline(i - 0.5, color="k", lw=2)
