@@ -29,9 +29,33 @@ from models import cli, sweep
 from models.io import atomic_write
 
 ANALYSES = common.ANALYSES  # every analysis, in the order of the paper's argument
-# Wall seconds of each analysis in one `python -m analyses.paper --jobs 2` (MEASURED); only their order
-# matters: the jobs start longest first. An analysis not listed starts first (it may be long).
-SECONDS = {}
+# Wall seconds of each analysis in one `python -m analyses.paper --jobs 2` (2026-12-02, 2 cores shared with
+# other jobs, load average 1.5 at the end); only their order matters: the jobs start longest first, so that
+# the last ones to start are short and the jobs end together. An analysis not listed starts first (it may be long).
+SECONDS = {
+    "cape_structure": 129.6,
+    "standard_circuit": 99.8,
+    "cape_downstream": 99.6,
+    "cape_properties": 37.6,
+    "continuous": 16.1,
+    "activation_patching": 14.2,
+    "init_gradient": 12.6,
+    "inspect_standard": 10.1,
+    "linear_probes": 9.7,
+    "bma_agreement": 9.6,
+    "block_structure": 8.2,
+    "trajectory": 7.7,
+    "head_ablation": 5.6,
+    "information": 4.8,
+    "phase_diagram": 4.6,
+    "inspect": 4.3,
+    "standard_vs_disentangled": 4.3,
+    "circuit": 2.2,
+    "logpi_recovery": 2.1,
+    "scale": 1.2,
+    "copyers": 1.1,
+    "attention_view": 0.1,
+}
 
 
 def module_of(name: str) -> ModuleType | None:

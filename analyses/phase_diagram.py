@@ -2,7 +2,7 @@
 
     python -m analyses.phase_diagram                 # the paper run: re-plot the committed full sweep (seconds)
     python -m analyses.phase_diagram --quick         # train a small grid now (9 cells, a fast check)
-    python -m analyses.phase_diagram --full --jobs 2 # train all 44 cells (about half an hour of CPU)
+    python -m analyses.phase_diagram --full --jobs 2 # train all 44 cells and the boundary cells' extra seeds
     python -m analyses.phase_diagram --full --cluster slurm:PARTITION --jobs 44   # the same on a Slurm cluster
 
 Training goes through ``models.sweep`` (every run a job: ``--cluster``, ``--jobs``; the numbers do not
@@ -44,7 +44,7 @@ from models.standard import StandardConfig, progress, reference_nlls, train_stan
 from models.train import TrainConfig, train
 
 NAME = "phase_diagram"
-PAPER_ARGS = []  # analyses.paper re-plots the committed full sweep (training it takes about half an hour)
+PAPER_ARGS = []  # analyses.paper re-plots the committed full sweep (its 54 runs take far longer than the paper run)
 SWEEP = common.FIGURES_DIR / "phase_diagram_sweep.json"  # what `--full --out DIR` wrote as DIR/phase_diagram.json
 FAMILIES = ("gpt2", "attn_only", "disentangled")
 FIGURES = {
@@ -423,7 +423,7 @@ def compute_from_args(subject, args) -> dict:
 
 def describe_run(res: dict) -> str:
     """The summary's first line: the grid, how long training took, and where a re-plot read it."""
-    trained = f"{res['mode']} grid, trained in {res['seconds']:.0f} s wall"
+    trained = f"{res['mode']} grid, seed {res['seed']}, trained in {res['seconds']:.0f} s wall"
     engine = res.get("engine")
     if engine:
         trained += f" (--cluster {engine['cluster']} --jobs {engine['jobs']}, load {engine['load_average'][0]:.1f})"

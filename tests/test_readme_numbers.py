@@ -386,6 +386,9 @@ UNCHECKED = [
      "not committed; training.json's plateau_gap on its 2048 eval contexts is 0.607"),
     ("0.32 nats; progress 0.42/0.67/0.70 at 2500/5000/6500 steps; plateau control 0.023 nats, progress 0.04",
      "models.standard runs whose output is not committed; the README gives the commands"),
+    ("paper run longest first: 1.18 / 1.02 times half the summed time, 286.5 s / 485.0 s (load 1.5), 456.6 s / "
+     "897.1 s (load 3.7); phase diagram re-plot 5 s, quick grid 163 s", "timings printed by analyses.paper "
+     "(2026-12-02) and the quick grid's committed figures/phase_diagram.json (commit 2885f03)"),
     ("phase diagram, the quick grid before the full sweep: 0.33 and 0.65 to 0.82 at half the budget",
      "the quick grid's figures/phase_diagram.json that the full sweep replaced (in git history, commit 2885f03)"),
     ("1165 s; 416 KB; 99 s; 56 s; 23 s; 86 s; 2436 s; 5159 s; 1182 s; 0.23/0.8/1.5 s a step", "timings"),
