@@ -70,7 +70,7 @@ def check_progress(res: dict, eval_contexts: int) -> None:
             tokens, _ = task.sample(eval_contexts, torch.Generator().manual_seed(r["seed"] + 1_000_003))
             nll_bma, nll_flat = _brute_force_nlls(task, tokens)
             assert abs(r["nll_bma"] - nll_bma) < 1e-9 and abs(r["nll_uniform"] - nll_flat) < 1e-9
-            want = [(nll_flat - n) / (nll_flat - nll_bma) for n in r["nll"]]
+            want = [(r["nll_uniform"] - n) / (r["nll_uniform"] - r["nll_bma"]) for n in r["nll"]]
             assert np.allclose(r["progress"], want, rtol=0, atol=1e-12)
         assert c["final_progress"] == [r["progress"][-1] for r in c["runs"]]
         assert c["mean_progress"] == np.mean(c["final_progress"])
