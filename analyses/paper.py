@@ -1,33 +1,61 @@
 """Regenerate every figure of every analysis into one folder and write its gallery (README.md).
 
     python -m analyses.paper [--out figures/] [--seed 0] [--only head_ablation copyers] [--jobs 2]
+    python -m analyses.paper --cluster slurm:PARTITION --jobs 22       # every analysis a Slurm job
 
-The analyses are ``analyses.common.ANALYSES``, in its order (the paper's argument); each runs as
-``python -m analyses.<name> --out OUT --seed SEED`` would, on its default subject, plus the module's
-``PAPER_ARGS`` (``phase_diagram``: ``--quick``). A name whose module
-does not exist (yet) is skipped, and said so. ``--jobs N`` runs N analyses at a time in separate
-processes (default: the number of CPU cores, at most 4); each analysis is seeded and runs on one thread
-(``--threads`` 1), so the figures do not depend on N.
+The analyses are ``analyses.common.ANALYSES``; each runs as ``python -m analyses.<name> --out OUT --seed
+SEED`` would, on its default subject, plus the module's ``PAPER_ARGS``. A name whose module does not
+exist (yet) is skipped, and said so. Each analysis is a job of ``models.sweep.run_jobs`` (``--cluster``,
+default local; ``--jobs`` at a time, default the number of CPU cores, at most 4), started longest first
+(``SECONDS``) so that the jobs end together; each is seeded and runs on one thread (``--threads`` 1), so
+the figures do not depend on the engine or on ``--jobs``.
 
 Each analysis module declares ``FIGURES``: a dict from file name to a one-line description; the gallery
-is built from those, so it lists exactly what the analyses write.
+is built from those, in the order of ``ANALYSES`` (the paper's argument), so it lists exactly what the
+analyses write.
 """
 
 from __future__ import annotations
 
 import importlib
+import math
 import os
 import time
-from concurrent.futures import ProcessPoolExecutor
-from multiprocessing import get_context
 from pathlib import Path
 from types import ModuleType
 
 from analyses import common
-from models import cli
+from models import cli, sweep
 from models.io import atomic_write
 
 ANALYSES = common.ANALYSES  # every analysis, in the order of the paper's argument
+# Wall seconds of each analysis in one `python -m analyses.paper --jobs 2` (2026-12-02, 2 cores shared with
+# other jobs, load average 1.5 at the end); only their order matters: the jobs start longest first, so that
+# the last ones to start are short and the jobs end together. An analysis not listed starts first (it may be long).
+SECONDS = {
+    "cape_structure": 129.6,
+    "standard_circuit": 99.8,
+    "cape_downstream": 99.6,
+    "cape_properties": 37.6,
+    "continuous": 16.1,
+    "activation_patching": 14.2,
+    "init_gradient": 12.6,
+    "inspect_standard": 10.1,
+    "linear_probes": 9.7,
+    "bma_agreement": 9.6,
+    "block_structure": 8.2,
+    "trajectory": 7.7,
+    "head_ablation": 5.6,
+    "information": 4.8,
+    "phase_diagram": 4.6,
+    "inspect": 4.3,
+    "standard_vs_disentangled": 4.3,
+    "circuit": 2.2,
+    "logpi_recovery": 2.1,
+    "scale": 1.2,
+    "copyers": 1.1,
+    "attention_view": 0.1,
+}
 
 
 def module_of(name: str) -> ModuleType | None:
@@ -48,13 +76,19 @@ def available(names: list[str]) -> dict[str, ModuleType]:
     return {name: m for name, m in modules.items() if m is not None}
 
 
-def run_one(name: str, out: Path, seed: int) -> tuple[str, float]:
-    """Run one analysis into ``out``; returns its name and wall time in seconds."""
+def run_one(name: str, out: str, seed: int) -> float:
+    """Run one analysis into ``out`` (a job: it runs wherever ``--cluster`` puts it); its wall time in seconds."""
     start = time.perf_counter()
     print(f"== {name}", flush=True)
     module = importlib.import_module(f"analyses.{name}")
-    module.main(["--out", os.path.relpath(out), "--seed", str(seed), *getattr(module, "PAPER_ARGS", [])])
-    return name, time.perf_counter() - start
+    module.main(["--out", out, "--seed", str(seed), *getattr(module, "PAPER_ARGS", [])])
+    return time.perf_counter() - start
+
+
+def longest_first(names: list[str]) -> list[str]:
+    """``names`` in the order the jobs start: those without a measured time first, then by ``SECONDS``,
+    longest first (ties keep their order)."""
+    return sorted(names, key=lambda name: -SECONDS.get(name, math.inf))
 
 
 def gallery(modules: list[ModuleType]) -> str:
@@ -77,15 +111,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--out", default=str(common.FIGURES_DIR), help="folder for every figure, its JSON and the gallery README.md (default: figures/, the committed ones)")
     parser.add_argument("--seed", type=int, default=0, help="seed passed to every analysis (default: 0)")
     parser.add_argument("--only", nargs="+", metavar="NAME", help=f"run only these analyses ({', '.join(ANALYSES)})")
-    parser.add_argument(
-        "--jobs",
-        type=int,
-        default=min(4, os.cpu_count() or 1),
-        help="analyses run at a time (default: CPU cores, <= 4)",
-    )
+    sweep.add_flags(parser, jobs=min(4, os.cpu_count() or 1))
     args = parser.parse_args(argv)
-    if args.jobs < 1:
-        parser.error(f"--jobs must be >= 1, got {args.jobs}")
+    sweep.check_flags(parser, args)
     if not 0 <= args.seed <= cli.MAX_SEED:
         parser.error(f"--seed must be between 0 and 2**63 - 1, got {args.seed}")
     common.check_out(parser, args.out)
@@ -99,17 +127,16 @@ def main(argv: list[str] | None = None) -> None:
     modules = available(args.only or ANALYSES)
     names = list(modules)
     start = time.perf_counter()
-    if args.jobs == 1:
-        timings = dict(run_one(name, out, args.seed) for name in names)
-    else:  # separate processes (spawned: no state shared with this one); results in the gallery's order
-        with ProcessPoolExecutor(args.jobs, mp_context=get_context("spawn")) as pool:
-            timings = dict(pool.map(run_one, names, [out] * len(names), [args.seed] * len(names)))
+    order = longest_first(names)
+    jobs = [{"name": name, "out": os.path.relpath(out), "seed": args.seed} for name in order]
+    timings = dict(zip(order, sweep.run_jobs(run_one, jobs, args.cluster, args.jobs, threads=1)))
     if not args.only:
         text = gallery(list(modules.values()))
         atomic_write(out / "README.md", lambda tmp: tmp.write_text(text))
-    print("\n".join(f"{name:24s} {t:6.1f} s" for name, t in timings.items()))
+    print("\n".join(f"{name:24s} {timings[name]:6.1f} s" for name in order))
     print(
-        f"total {time.perf_counter() - start:.1f} s wall ({sum(timings.values()):.1f} s summed over analyses, --jobs {args.jobs})"
+        f"total {time.perf_counter() - start:.1f} s wall ({sum(timings.values()):.1f} s summed over analyses, "
+        f"--cluster {args.cluster} --jobs {args.jobs}, load average {os.getloadavg()[0]:.1f})"
     )
 
 

@@ -1,7 +1,14 @@
 """Where a standard transformer learns the task and where it does not: a phase diagram.
 
-    python -m analyses.phase_diagram --quick       # the paper run: a small grid, about two minutes
-    python -m analyses.phase_diagram               # the full sweep (README: about 25 minutes on one thread)
+    python -m analyses.phase_diagram                 # the paper run: re-plot the committed full sweep (seconds)
+    python -m analyses.phase_diagram --quick         # train a small grid now (9 cells, a fast check)
+    python -m analyses.phase_diagram --full --jobs 2 # train all 44 cells and the boundary cells' extra seeds
+    python -m analyses.phase_diagram --full --cluster slurm:PARTITION --jobs 44   # the same on a Slurm cluster
+
+Training goes through ``models.sweep`` (every run a job: ``--cluster``, ``--jobs``; the numbers do not
+depend on either). The full sweep takes too long for the paper run, so its JSON is committed
+(``figures/phase_diagram_sweep.json``, the ``phase_diagram.json`` that ``--full`` wrote, verbatim) and the
+paper run re-plots it (``--sweep`` re-plots another one), as ``analyses.scale`` re-plots committed histories.
 
 Three families train from scratch on fresh contexts, side by side: ``gpt2`` (the ``models.standard``
 recipe: a pre-norm GPT-2 with MLPs), ``attn_only`` (the same GPT-2 with its MLPs and LayerNorms removed,
@@ -21,6 +28,7 @@ progress >= 0.5 (in each cell; '-' if never). Cells near the boundary (seed-0 pr
 from __future__ import annotations
 
 import dataclasses
+import os
 import tempfile
 import time
 from dataclasses import dataclass, field
@@ -30,15 +38,18 @@ import numpy as np
 import torch
 
 from analyses import common
+from models import sweep
+from models.io import read_json
 from models.standard import StandardConfig, progress, reference_nlls, train_standard
 from models.train import TrainConfig, train
 
 NAME = "phase_diagram"
-PAPER_ARGS = ["--quick"]  # analyses.paper runs the small grid (the full one takes about half an hour)
+PAPER_ARGS = []  # analyses.paper re-plots the committed full sweep (its 54 runs take far longer than the paper run)
+SWEEP = common.FIGURES_DIR / "phase_diagram_sweep.json"  # what `--full --out DIR` wrote as DIR/phase_diagram.json
 FAMILIES = ("gpt2", "attn_only", "disentangled")
 FIGURES = {
     "phase_diagram.png": (
-        "progress from the uniform-parent plateau (0) to BMA (1) after a fixed step budget in one heatmap: a row per family (GPT-2, attention-only LayerNorm-free GPT-2, disentangled) and L and loss, a column per kernel (sharper to the right, with the plateau's gap to BMA); each cell prints the progress, the seeds averaged and the first step with progress >= 0.5"
+        "progress from the uniform-parent plateau (0) to BMA (1) after a fixed step budget in one heatmap: a row per family (GPT-2, attention-only LayerNorm-free GPT-2, disentangled) and L and loss, a column per kernel (sharper to the right, with the plateau's gap to BMA); each cell prints the progress, the seeds averaged and the first step with progress >= 0.5; re-plotted from the committed full sweep, phase_diagram_sweep.json"
     ),
     "phase_diagram_curves.png": "progress against training step for every run of the sweep, one panel per family and kernel",
 }
@@ -102,7 +113,9 @@ QUICK = Grid(
 def train_cell(
     family: str, alpha: float, gamma: float, L: int, loss_on: str, seed: int, grid: Grid, device: str = "cpu"
 ) -> dict:
-    """One training run; its evaluation history as (step, NLL, progress) and the plateau's gap to BMA."""
+    """One training run (a job of the sweep); its evaluation history as (step, NLL, progress), the plateau's
+    gap to BMA and its own wall time in seconds."""
+    start = time.perf_counter()
     # The fields both trainers share: the task, the seed, the evaluation and the device.
     shared = dict(d_vocab=grid.d_vocab, n_examples=L, seq_len=grid.seq_len, alpha=alpha, gamma=gamma)
     shared.update(task_seed=grid.task_seed, seed=seed, eval_every=grid.eval_every, eval_contexts=grid.eval_contexts)
@@ -131,6 +144,7 @@ def train_cell(
         "nll_bma": ref["nll_bma"],
         "nll_uniform": ref["nll_uniform"],
         "plateau_gap": ref["nll_uniform"] - ref["nll_bma"],
+        "seconds": time.perf_counter() - start,
     }
 
 
@@ -161,23 +175,36 @@ def cells_of(grid: Grid) -> list[dict]:
     )
 
 
-def compute(grid: Grid, seed: int = 0, device: str = "cpu", log=print) -> dict:
-    """Train every cell with ``seed``, then the boundary cells with the extra seeds ``seed + 1, ...``; plain
-    data (``runs[0]`` of every cell is the ``seed`` run)."""
-    start = time.perf_counter()
+def compute(grid: Grid, seed: int = 0, device: str = "cpu", log=print, cluster: str = "local", jobs: int = 1) -> dict:
+    """Train every cell with ``seed``, then the boundary cells with the extra seeds ``seed + 1, ...``, every
+    run a job of ``models.sweep.run_jobs`` on ``cluster``, ``jobs`` at a time; plain data (``runs[0]`` of
+    every cell is the ``seed`` run)."""
+    start, load = time.perf_counter(), os.getloadavg()[0]
     cells = cells_of(grid)
-    for i, cell in enumerate(cells):
-        cell["runs"] = {seed: train_cell(**cell, seed=seed, grid=grid, device=device)}
-        log(f"  [{i + 1}/{len(cells)}] {_describe(cell)} ({time.perf_counter() - start:.0f} s)")
+
+    def train_all(keys: list[dict], seeds: list[int], what: str) -> list[dict]:
+        finished = []
+
+        def done(i, run):
+            finished.append(i)
+            log(f"  {what} {len(finished)}/{len(keys)}: {_describe({**keys[i], 'runs': {seeds[i]: run}})} "
+                f"({time.perf_counter() - start:.0f} s)")  # fmt: skip
+
+        kwargs = [{**key, "seed": s, "grid": grid, "device": device} for key, s in zip(keys, seeds)]
+        return sweep.run_jobs(train_cell, kwargs, cluster, jobs, on_done=done)
+
+    for cell, run in zip(cells, train_all([_key(c) for c in cells], [seed] * len(cells), "cell")):
+        cell["runs"] = {seed: run}
+    boundary = []  # (cell, extra seed) of the cells whose seed-0 progress is near 0.5
     for family in grid.families:
         near = [
             c for c in cells if c["family"] == family and abs(c["runs"][seed]["progress"][-1] - 0.5) <= grid.boundary
         ]
         near.sort(key=lambda c: abs(c["runs"][seed]["progress"][-1] - 0.5))
-        for cell in near[: grid.max_boundary_cells]:
-            for extra in range(seed + 1, seed + grid.extra_seeds + 1):
-                cell["runs"][extra] = train_cell(**_key(cell), seed=extra, grid=grid, device=device)
-            log(f"  boundary: {_describe(cell)} ({time.perf_counter() - start:.0f} s)")
+        boundary += [(c, extra) for c in near[: grid.max_boundary_cells] for extra in range(seed + 1, seed + grid.extra_seeds + 1)]
+    runs = train_all([_key(c) for c, _ in boundary], [s for _, s in boundary], "boundary")
+    for (cell, extra), run in zip(boundary, runs):
+        cell["runs"][extra] = run
     for cell in cells:
         final = [r["progress"][-1] for r in cell["runs"].values()]
         cell.update(
@@ -188,7 +215,13 @@ def compute(grid: Grid, seed: int = 0, device: str = "cpu", log=print) -> dict:
             plateau_gap=cell["runs"][seed]["plateau_gap"],
         )
         cell["runs"] = [{"seed": s, **r} for s, r in cell["runs"].items()]
-    return {"grid": dataclasses.asdict(grid), "seed": seed, "cells": cells, "seconds": time.perf_counter() - start}
+    return {
+        "grid": dataclasses.asdict(grid),
+        "seed": seed,
+        "cells": cells,
+        "seconds": time.perf_counter() - start,  # wall time of the whole sweep
+        "engine": {"cluster": cluster, "jobs": jobs, "load_average": [load, os.getloadavg()[0]]},
+    }
 
 
 def _key(cell: dict) -> dict:
@@ -237,10 +270,11 @@ def plot(res: dict):
         for j, (alpha, gamma) in enumerate(grid.kernels):
             c = cells[(family, alpha, gamma, L, loss)]
             half = " / ".join("-" if s is None else str(s) for s in c["steps_to_half"])
-            half = "never" if all(s is None for s in c["steps_to_half"]) else f"at step {half}"
-            seeds = f"mean of {len(c['seeds'])} seeds; " if len(c["seeds"]) > 1 else ""
+            half = ": never" if all(s is None for s in c["steps_to_half"]) else f" at step {half}"
             ax.text(j, i, f"{c['mean_progress']:.2f}", ha="center", va="center", fontsize=15, fontweight="bold")
-            ax.text(j, i + 0.3, f"{seeds}progress 0.5 {half}", ha="center", va="center", fontsize=9)
+            ax.text(j, i + 0.3, f"progress 0.5{half}", ha="center", va="center", fontsize=9)
+            if len(c["seeds"]) > 1:
+                ax.text(j, i - 0.3, f"mean of {len(c['seeds'])} seeds", ha="center", va="center", fontsize=9)
     for i in range(1, len(rows)):
         if rows[i][0] != rows[i - 1][0]:
             ax.axhline(i - 0.5, color="k", lw=2)
@@ -325,18 +359,77 @@ def summary(res: dict) -> list[str]:
 
 
 def add_flags(parser) -> None:
-    parser.add_argument("--quick", action="store_true", help="a small grid (3 kernels, L=6, all-token loss, 600 steps)")
+    what = parser.add_mutually_exclusive_group()
+    what.add_argument("--quick", action="store_true", help="train a small grid now (3 kernels, L=6, all-token loss, 600 steps)")
+    what.add_argument("--full", action="store_true", help="train the full grid now (44 cells and the boundary cells' seeds)")
+    what.add_argument(
+        "--sweep",
+        metavar="FILE",
+        help=f"re-plot this phase_diagram.json of an earlier --full or --quick run (default without --quick or --full: "
+        f"{os.path.relpath(SWEEP, common.FIGURES_DIR.parent)}, the committed full sweep)",
+    )
     parser.add_argument(
         "--families", nargs="+", choices=FAMILIES, default=None, help="families to train (default: all)"
     )
+    sweep.add_flags(parser)
+
+
+def check_flags(parser, args) -> None:
+    sweep.check_flags(parser, args)
+    training = args.quick or args.full
+    given = [flag for flag, on in (("--families", args.families), ("--jobs", args.jobs != 1), ("--cluster", args.cluster != "local")) if on]
+    if not training and given:
+        parser.error(f"{given[0]} applies to training; add --quick or --full (without them the committed sweep is re-plotted)")
+    if not training and args.sweep is None:
+        args.sweep = str(SWEEP)
+    if args.sweep is not None and Path(args.sweep).resolve() == (Path(args.out) / f"{NAME}.json").resolve():
+        parser.error(f"--sweep {args.sweep!r} is the file this run writes; copy it elsewhere first (the committed one: {os.path.relpath(SWEEP)})")
+
+
+def read_sweep(path: str | Path) -> dict:
+    """The results of an earlier ``--full`` or ``--quick`` run from its ``phase_diagram.json``, with where they
+    came from (``sweep``: the file and the command that trained them); one ``ValueError`` if it holds none."""
+    record = read_json(path, "--sweep")
+    res = record.get("results") if isinstance(record, dict) else None
+    keys = ("grid", "seed", "cells", "seconds", "mode")
+    if not isinstance(res, dict) or any(k not in res for k in keys) or res["mode"] not in ("full", "quick"):
+        raise ValueError(
+            f"--sweep {str(path)!r} holds no trained sweep; expected the {NAME}.json of python -m analyses.{NAME} --full"
+        )
+    plotted = ("seeds", "final_progress", "mean_progress", "steps_to_half", "plateau_gap", "runs")
+    try:
+        grid = Grid(**res["grid"])
+        cells = {tuple(_key(c).values()) for c in res["cells"] if all(k in c for k in plotted)}
+    except (TypeError, KeyError, ValueError, AttributeError) as e:
+        raise ValueError(f"--sweep {str(path)!r}: its grid or cells are malformed ({type(e).__name__}: {e})") from None
+    missing = [c for c in cells_of(grid) if tuple(c.values()) not in cells]
+    if missing:
+        raise ValueError(f"--sweep {str(path)!r} lacks {len(missing)} cells of its grid (with {', '.join(plotted)}), e.g. {missing[0]}")
+    where, root = Path(path).resolve(), common.FIGURES_DIR.parent
+    shown = str(where.relative_to(root)) if where.is_relative_to(root) else str(where)
+    return {**res, "sweep": {"file": shown, "command": record.get("command")}}
 
 
 def compute_from_args(subject, args) -> dict:
+    if args.sweep is not None:
+        return read_sweep(args.sweep)
     grid = dataclasses.replace(
         QUICK if args.quick else Grid(), **({"families": args.families} if args.families else {})
     )
-    print(f"{NAME}: {len(cells_of(grid))} cells ({'quick' if args.quick else 'full'} grid)")
-    return {**compute(grid, args.seed, args.device), "mode": "quick" if args.quick else "full"}
+    mode = "quick" if args.quick else "full"
+    print(f"{NAME}: {len(cells_of(grid))} cells ({mode} grid) on --cluster {args.cluster}, --jobs {args.jobs}")
+    return {**compute(grid, args.seed, args.device, cluster=args.cluster, jobs=args.jobs), "mode": mode}
+
+
+def describe_run(res: dict) -> str:
+    """The summary's first line: the grid, how long training took, and where a re-plot read it."""
+    trained = f"{res['mode']} grid, seed {res['seed']}, trained in {res['seconds']:.0f} s wall"
+    engine = res.get("engine")
+    if engine:
+        trained += f" (--cluster {engine['cluster']} --jobs {engine['jobs']}, load {engine['load_average'][0]:.1f})"
+    if "sweep" in res:
+        return f"{NAME} ({trained}; re-plotted from {res['sweep']['file']}, written by: {res['sweep']['command']}):"
+    return f"{NAME} ({trained}):"
 
 
 REQUIRES = None  # its own synthetic tasks: no --checkpoint
@@ -345,10 +438,11 @@ ANALYSIS = common.Analysis(
     __doc__,
     compute_from_args,
     lambda res, args: {NAME: plot(res), f"{NAME}_curves": plot_curves(res)},
-    lambda res: f"{NAME} ({res['mode']} grid, {res['seconds']:.0f} s):\n" + "\n".join(summary(res)),
+    lambda res: describe_run(res) + "\n" + "\n".join(summary(res)),
     n_contexts=None,
     requires=REQUIRES,
     add_flags=add_flags,
+    check_flags=check_flags,
 )
 
 

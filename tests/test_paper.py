@@ -1,8 +1,10 @@
-"""analyses.paper: every analysis it runs declares its figures, the gallery lists exactly those, bad --jobs."""
+"""analyses.paper: every analysis it runs declares its figures, the gallery lists exactly those, the
+analyses go to the sweep engine as jobs, longest first, bad --jobs and --cluster."""
 
 from __future__ import annotations
 
 import importlib
+from pathlib import Path
 
 import pytest
 
@@ -39,11 +41,37 @@ def test_the_analyses_are_requires_in_its_order_and_missing_modules_are_skipped(
         paper.available(["broken"])
 
 
+def test_the_analyses_are_jobs_of_the_sweep_engine_started_longest_first(monkeypatch, tmp_path, capsys):
+    calls = []
+
+    def run_jobs(fn, kwargs_list, cluster, jobs, threads):
+        calls.append((fn, kwargs_list, cluster, jobs, threads))
+        return [float(i) for i in range(len(kwargs_list))]
+
+    monkeypatch.setattr(paper.sweep, "run_jobs", run_jobs)
+    monkeypatch.setattr(paper, "SECONDS", {"copyers": 5.0, "scale": 50.0, "circuit": 400.0})
+    paper.main(["--only", "copyers", "scale", "head_ablation", "--out", str(tmp_path), "--jobs", "2", "--seed", "3"])
+    ((fn, kwargs_list, cluster, jobs, threads),) = calls
+    assert fn is paper.run_one and (cluster, jobs, threads) == ("local", 2, 1)
+    # head_ablation has no measured time: it may be long, so it starts first; then the longest first
+    assert [k["name"] for k in kwargs_list] == ["head_ablation", "scale", "copyers"]
+    assert all(k["seed"] == 3 and Path(k["out"]).resolve() == tmp_path.resolve() for k in kwargs_list)
+    assert "--cluster local --jobs 2" in capsys.readouterr().out
+
+
+def test_every_measured_time_is_of_an_analysis_and_the_order_is_longest_first():
+    assert set(paper.SECONDS) <= set(paper.ANALYSES)
+    order = paper.longest_first(paper.ANALYSES)
+    assert sorted(order) == sorted(paper.ANALYSES)
+    times = [paper.SECONDS.get(name, float("inf")) for name in order]
+    assert times == sorted(times, reverse=True)
+
+
 def test_jobs_must_be_positive(capsys):
     with pytest.raises(SystemExit) as e:
         paper.main(["--jobs", "0", "--only", "copyers"])
     assert e.value.code == 2
-    assert "--jobs must be >= 1" in capsys.readouterr().err
+    assert "--jobs must be in [1, 1024], got 0" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize(
@@ -52,6 +80,8 @@ def test_jobs_must_be_positive(capsys):
         (["--seed", "-1", "--only", "copyers"], "--seed must be between 0"),
         (["--out", "/no/such/parent/x", "--only", "copyers"], "does not exist"),
         (["--only", "copyers", "no_such_analysis"], "--only no_such_analysis: not an analysis"),
+        (["--only", "copyers", "--cluster", "slurm"], "--cluster 'slurm' names no partition"),
+        (["--only", "copyers", "--cluster", "ray://head:10001"], "is not a cluster; expected local"),
     ],
 )
 def test_bad_flags_exit_2_before_running_anything(argv, message, capsys):

@@ -22,6 +22,7 @@ HA = "figures/head_ablation.json"
 DEFAULT_CFG = "models/checkpoints/default/config.json"
 STANDARD_TRAINING = "models/checkpoints/standard/training.json"
 SCALE = "figures/scale.json"
+PHASE = "figures/phase_diagram.json"
 MEDIUM = "medium: float32, 1500 steps (--preset medium until 2026-12-02)"
 LARGE = "large: float32, 3000 steps (--preset large until 2026-12-02)"
 LARGE_X1 = "large: scale init, copyer lr x1, 400-step schedule (stopped)"
@@ -41,10 +42,17 @@ def _at(run, step, key):
     return run[key][run["step"].index(step)]
 
 
-def _cell(d, family, alpha):
-    """One phase-diagram cell's value as the figure prints it: the mean final progress over its seeds."""
-    (cell,) = [c for c in d["results"]["cells"] if c["family"] == family and c["alpha"] == alpha]
-    return cell["mean_progress"]
+def _cell(d, family, alpha, L=6, loss="all", key="mean_progress"):
+    """One phase-diagram cell's value (by default as the figure prints it: the mean final progress over its
+    seeds); the disentangled model's loss is on the target tokens."""
+    loss = "target" if family == "disentangled" else loss
+    (cell,) = [c for c in d["results"]["cells"] if (c["family"], c["alpha"], c["L"], c["loss_on"]) == (family, alpha, L, loss)]
+    return cell[key]
+
+
+def _cells(d, key="mean_progress", **match):
+    """Every phase-diagram cell's ``key`` among the cells whose fields equal ``match``."""
+    return [c[key] for c in d["results"]["cells"] if all(c[k] == v for k, v in match.items())]
 
 
 def _first_within(run, gap=0.01, tv=0.05):
@@ -248,13 +256,30 @@ CLAIMS = [
     ("stays near the intact {:.3f} while its TV to full BMA grows", HA, lambda d: (d["results"]["claims"]["intact_tv"],)),
     # Standard transformers: the standard checkpoint's training history.
     ("It reaches progress {:.2f} by step 1000", STANDARD_TRAINING, lambda d: (_history_at(d, 1000)["progress"],)),
-    # Standard transformers: the committed quick phase-diagram grid (cell means, flattest kernel to sharpest).
-    ("GPT-2 {:.2f} / {:.2f} / {:.2f}, attention-only {:.2f} / {:.2f} / {:.2f}, disentangled {:.2f} / {:.2f} / {:.2f}",
-     "figures/phase_diagram.json",
-     lambda d: tuple(_cell(d, f, a) for f in ("gpt2", "attn_only", "disentangled") for a in (1.0, 0.3, 0.1))),
-    ("the committed figure is the quick grid (L={}, all tokens, {} kernels, {}/{} steps)", "figures/phase_diagram.json",
-     lambda d: (d["results"]["grid"]["rows"][0][0], len(d["results"]["grid"]["kernels"]),
-                d["results"]["grid"]["steps"], d["results"]["grid"]["disentangled_steps"])),
+    # Standard transformers: the committed full phase-diagram sweep, as figures/phase_diagram.json re-plots it.
+    ("four kernels, the plateau {:.2f} to {:.2f} nats above BMA at L=6", PHASE,
+     lambda d: (min(_cells(d, "plateau_gap", L=6)), max(_cells(d, "plateau_gap", L=6)))),
+    ("disentangled model reaches {:.2f} to {:.2f} on every kernel and L, past 0.5 by step {} or {}", PHASE,
+     lambda d: (min(_cells(d, family="disentangled")), max(_cells(d, family="disentangled")),
+                *sorted({s for h in _cells(d, "steps_to_half", family="disentangled") for s in h}))),
+    ("sharpest kernel: {:.2f} at L=3 and {:.2f} at L=6 (three seeds each: {:.2f}, {:.2f}, {:.2f} and {:.2f}, {:.2f}, "
+     "{:.2f}), {:.2f} at L=12 with the all-token loss, but {:.2f} with the loss on the target tokens only", PHASE,
+     lambda d: (_cell(d, "gpt2", 0.1, 3), _cell(d, "gpt2", 0.1, 6),
+                *_cell(d, "gpt2", 0.1, 3, key="final_progress"), *_cell(d, "gpt2", 0.1, 6, key="final_progress"),
+                _cell(d, "gpt2", 0.1, 12), _cell(d, "gpt2", 0.1, 6, "target"))),
+    ("at L=3 and 6 ({:.2f} to {:.2f}); at L=12 it starts to leave on the Dir(0.3) kernel ({:.2f}, {:.2f}, {:.2f} over "
+     "three seeds, still rising at step {}, none at 0.5) and not on the two flatter ones ({:.2f} and {:.2f})", PHASE,
+     lambda d: (min(c for a in (1.0, 0.6, 0.3) for L in (3, 6) for c in _cells(d, family="gpt2", alpha=a, L=L)),
+                max(c for a in (1.0, 0.6, 0.3) for L in (3, 6) for c in _cells(d, family="gpt2", alpha=a, L=L)),
+                *_cell(d, "gpt2", 0.3, 12, key="final_progress"), d["results"]["grid"]["steps"],
+                _cell(d, "gpt2", 0.6, 12), _cell(d, "gpt2", 1.0, 12))),
+    ("plateau everywhere ({:.2f} to {:.2f})", PHASE,
+     lambda d: (min(_cells(d, family="attn_only")), max(_cells(d, family="attn_only")))),
+    ("with `--jobs {}` in {:.0f} s wall on the 2 cores shared with other jobs (load average {:.1f} at the start and "
+     "{:.1f} at the end; the {} runs' own wall times sum to {:.0f} s)", PHASE,
+     lambda d: (d["results"]["engine"]["jobs"], d["results"]["seconds"], *d["results"]["engine"]["load_average"],
+                sum(len(c["runs"]) for c in d["results"]["cells"]),
+                sum(r["seconds"] for c in d["results"]["cells"] for r in c["runs"]))),
     # Scale (figures/scale.json; the same runs as figures/scale_histories.json, checked below).
     ("at step 1000 the NLL gap to BMA is {:.4f} nats and the mean TV {:.3f}", SCALE,
      lambda d: (_at(d["results"][MEDIUM], 1000, "nll_gap"), _at(d["results"][MEDIUM], 1000, "tv_to_bma"))),
@@ -526,8 +551,11 @@ UNCHECKED = [
      "not committed; training.json's plateau_gap on its 2048 eval contexts is 0.607"),
     ("0.32 nats; progress 0.42/0.67/0.70 at 2500/5000/6500 steps; plateau control 0.023 nats, progress 0.04",
      "models.standard runs whose output is not committed; the README gives the commands"),
-    ("phase diagram full sweep: 0.6 to 0.86 in 100 to 300 steps; 0.58/0.63 at L=3, 0.67, 0.85, 0.14, -0.03 to -0.10, "
-     "<= 0.03", "from the full sweep, stopped after 8 cells; not committed (the README says so)"),
+    ("paper run longest first: 1.18 / 1.02 times half the summed time, 286.5 s / 485.0 s (load 1.5), 456.6 s / "
+     "897.1 s (load 3.7); phase diagram re-plot 5 s, quick grid 163 s", "timings printed by analyses.paper "
+     "(2026-12-02) and the quick grid's committed figures/phase_diagram.json (commit 2885f03)"),
+    ("phase diagram, the quick grid before the full sweep: 0.33 and 0.65 to 0.82 at half the budget",
+     "the quick grid's figures/phase_diagram.json that the full sweep replaced (in git history, commit 2885f03)"),
     ("1165 s; 416 KB; 99 s; 56 s; 23 s; 86 s; 2436 s; 5159 s; 1182 s; 0.23/0.8/1.5 s a step", "timings"),
     ("where a large step goes: 1.62 s, 38% / 33% / 29%, 5 ms, 43 ms, 3.0 s, 2%; copies 1.64 s vs 0.55 s (3.0x); "
      "0.097 s vs 0.41 s; 4.19 s vs 2.20 s (1.9x); gradient differences 2.1%, 0.24%, 0.6%, 0.4%, loss 2e-4; load "
