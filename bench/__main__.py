@@ -40,7 +40,7 @@ from bench.reference import bma_posterior_loop, reference_model
 from models import DEFAULT_CHECKPOINT, STANDARD_CHECKPOINT, CausalTransformer, causal_transformer, cli, load_subject
 from models.circuit import Runner, build_graph, curve_sizes, per_context_nll, ratio_se, source_writes, top_n
 from models.io import write_json
-from models.optim import sample_batch
+from models.optim import keep_freed_memory, sample_batch
 from models.train import PRESETS, TrainConfig, init_copyers, step_loss, train
 from probes import bma_posterior, bma_predictive
 
@@ -207,7 +207,15 @@ def _peak(device: str) -> int:
     return _proc_status("VmHWM")
 
 
-def _memory_child(device: str) -> None:
+def _run_fresh(name: str, *args):
+    """``bench.__main__.<name>(*args)`` in a fresh interpreter (none of this process's state, its allocator
+    settings included), and what it returned (through JSON)."""
+    code = f"import json; from bench.__main__ import {name}; print(json.dumps({name}(*{args!r})))"
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True)
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def _memory_child(device: str) -> dict:
     """Run in a fresh process: peak memory of a plain forward, then of ``run_with_cache``, each
     above the memory in use just before it."""
     d, L, H, batch = MEMORY_SIZE
@@ -222,24 +230,18 @@ def _memory_child(device: str) -> None:
         after_cache = _peak(device)
     storages = {t.untyped_storage().data_ptr(): t.untyped_storage().nbytes() for t in cache.values()}
     result_bytes = cache["blocks.0.attn.hook_result"].untyped_storage().nbytes()
-    print(
-        json.dumps(
-            {
-                "before": before,
-                "forward": after_forward,
-                "cache": after_cache,
-                "cache_tensors": sum(storages.values()),
-                "hook_result": result_bytes,
-            }
-        )
-    )
+    return {
+        "before": before,
+        "forward": after_forward,
+        "cache": after_cache,
+        "cache_tensors": sum(storages.values()),
+        "hook_result": result_bytes,
+    }
 
 
 def memory_row(device: str) -> dict:
     """Peak memory of a cached forward at L=K=64, H=32, batch 256, measured in a fresh process."""
-    code = f"from bench.__main__ import _memory_child; _memory_child({device!r})"
-    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True)
-    m = json.loads(out.stdout.strip().splitlines()[-1])
+    m = _run_fresh("_memory_child", device)
     gb = 2**30
     method = "torch.cuda.max_memory_allocated" if device.startswith("cuda") else "peak RSS (VmHWM, reset before each)"
     d, L, H, batch = MEMORY_SIZE
@@ -292,8 +294,17 @@ def steps_to_targets(history: list[dict], gap: float = 0.01, tv: float = 0.05) -
 
 def _step_seconds(fields: dict, before: bool, steps: int, device: str) -> float:
     """Seconds a step of ``models.train.train`` at the large preset with ``fields`` over it (one 16-context
-    evaluation and a checkpoint write included); ``before``: the copies through the full pattern and the
-    batch sampled on every thread, as before."""
+    evaluation and a checkpoint write included), in a fresh interpreter as ``python -m models.train`` runs
+    it; ``before``: the copies through the full pattern, the batch sampled on every thread and glibc's
+    default for freed memory, as before; now: that memory kept (``models.optim.keep_freed_memory``)."""
+    return _run_fresh("_step_seconds_here", fields, before, steps, device, torch.get_num_threads())
+
+
+def _step_seconds_here(fields: dict, before: bool, steps: int, device: str, threads: int) -> float:
+    """``_step_seconds`` in this process (which it changes: its freed memory is kept from now on)."""
+    torch.set_num_threads(threads)
+    if not before:
+        keep_freed_memory()
     saved = causal_transformer.FACTOR_ABOVE
     causal_transformer.FACTOR_ABOVE = float("inf") if before else saved
     every_thread = mock.patch("models.train.sample_batch", lambda task, n, g: task.sample(n, g)[0])
@@ -344,10 +355,10 @@ def large_rows(device: str, steps: int, repeat: int) -> list[dict]:
             "row": f"large preset, a training step ({size})",
             "ours_s": now,
             "baseline_s": before,
-            "baseline": "before: dense copies, float32, sampled on every thread",
+            "baseline": "before: dense copies, float32, sampled on every thread, glibc's default for freed memory",
             "ratio": before / now,
-            "note": f"now: factored copies, bf16 autocast, sampled on one thread; median of {repeat} x {steps} "
-            "steps each, alternating",
+            "note": f"now: factored copies, bf16 autocast, sampled on one thread, freed memory kept; median of "
+            f"{repeat} x {steps} steps each, alternating, each in a fresh process",
         }
     ]
     rows.append(sampling_row(repeat * 5))

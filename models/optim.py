@@ -1,9 +1,11 @@
 """What every trainer shares: the learning-rate schedule (linear warm-up, then cosine decay to a floor), the
-training batch, and the stop on divergence."""
+training batch, the stop on divergence, and the memory a training process keeps."""
 
 from __future__ import annotations
 
+import ctypes
 import math
+import platform
 
 import torch
 
@@ -35,3 +37,19 @@ def sample_batch(task, batch: int, generator: torch.Generator) -> torch.Tensor:
         return task.sample(batch, generator)[0]
     finally:
         torch.set_num_threads(threads)
+
+
+M_TRIM_THRESHOLD, M_MMAP_MAX = -1, -4  # glibc's mallopt parameters (malloc.h)
+
+
+def keep_freed_memory() -> bool:
+    """Keep what this process frees for its next allocations, as a training process (the same large buffers
+    freed and asked for again every step) wants: by default glibc maps every block above 32 MB afresh and the
+    kernel zero-fills each of its pages again (at the large preset 300 MB a step, about a seventh of the step).
+    Large blocks then come from the heap, which is trimmed only when 2 GB lie free at its top, so the process's
+    memory stays near its peak. Returns whether it applied (glibc's mallopt; elsewhere nothing changes)."""
+    if platform.system() != "Linux" or platform.libc_ver()[0] != "glibc":
+        return False
+    mallopt = ctypes.CDLL(None).mallopt
+    mallopt.argtypes, mallopt.restype = (ctypes.c_int, ctypes.c_int), ctypes.c_int
+    return mallopt(M_MMAP_MAX, 0) == 1 and mallopt(M_TRIM_THRESHOLD, 2**31 - 1) == 1

@@ -45,7 +45,7 @@ from tqdm.auto import tqdm
 from models import cli
 from models.checkpoint import HUGGING_FACE, check_replaceable, clear_snapshots, snapshot_folder, write_folder_atomically
 from models.io import check_memory, size
-from models.optim import check_finite, cosine_factor, sample_batch
+from models.optim import check_finite, cosine_factor, keep_freed_memory, sample_batch
 from models.sources.files import TASK_JSON
 from models.sources.hugging_face import check_size
 from probes import MarkovTreeTask, bma_predictive, check_tokens, target_nll
@@ -55,7 +55,7 @@ from probes.tasks import check_float
 
 TRAINING_JSON = "training.json"
 ARCHS = ("gpt2", "attn_only")
-LOSSES = ("all", "target")
+LOSSES = ("all", "target", "last")
 STANDARD_HELP = {
     **cli.FLAG_HELP,  # the fields both trainers share
     "gamma": "floor of the kernel: every pi entry is at least gamma / d",
@@ -72,7 +72,10 @@ STANDARD_HELP = {
     "warmup": "steps of linear learning-rate warm-up",
     "final_lr_fraction": "learning rate at the last step, as a fraction of --lr (1: constant)",
     "weight_decay": "AdamW weight decay",
-    "loss_on": "all: every next token, as a language model; target: only the target sequence's tokens",
+    "loss_on": (
+        "all: every next token, as a language model; target: only the target sequence's tokens; "
+        "last: only the context's last token (Nichani et al.'s loss)"
+    ),
     "eval_every": "evaluate on held-out contexts every this many steps",
     "snapshot_every": "if > 0, also keep the model every this many steps under OUT/snapshots/step_XXXXXX/",
     "out": "folder to write the trained model to (a Hugging Face folder with task.json)",
@@ -235,6 +238,8 @@ def _loss(model, tokens: Int[Tensor, "batch T"], cfg: StandardConfig) -> Tensor:
     logits = logits_of(model, tokens)
     if cfg.loss_on == "all":
         return F.cross_entropy(logits[:, :-1].flatten(0, 1), tokens[:, 1:].flatten())
+    if cfg.loss_on == "last":  # the logits at T - 2 predict the last token
+        return F.cross_entropy(logits[:, -2], tokens[:, -1])
     pos = prediction_positions(cfg.n_examples, cfg.seq_len)[1:].to(tokens.device)  # x_1..x_{H-1}, as models.train
     return F.cross_entropy(logits[:, pos].flatten(0, 1), tokens[:, pos + 1].flatten())
 
@@ -242,16 +247,20 @@ def _loss(model, tokens: Int[Tensor, "batch T"], cfg: StandardConfig) -> Tensor:
 @torch.no_grad()
 def evaluate(model, task: MarkovTreeTask, tokens: Int[Tensor, "batch T"], reference: dict | None = None) -> dict:
     """NLL (h >= 1) of the model, BMA and the uniform-parent plateau on the same contexts, and the
-    progress between them. ``reference``: the BMA and plateau entries of an earlier call on these tokens."""
+    progress between them; the last token's NLL beside BMA's (what ``--loss-on last`` trains).
+    ``reference``: the BMA and plateau entries of an earlier call on these tokens."""
     was_training = model.training
     model.eval()
-    nll = target_nll(target_log_probs(model, tokens, task), tokens)
+    log_probs = target_log_probs(model, tokens, task)
     model.train(was_training)
+    nll, last = target_nll(log_probs, tokens), last_token_nll(log_probs, tokens)
     ref = reference or reference_nlls(task, tokens)
     return {
         "nll": nll,
         **ref,
         "nll_gap": nll - ref["nll_bma"],
+        "last_nll": last,
+        "last_gap": last - ref["last_nll_bma"],
         # undefined (NaN) where the demonstrations are worth nothing on these contexts (tiny samples)
         "progress": progress(nll, ref["nll_uniform"], ref["nll_bma"]) if ref["plateau_gap"] > 0 else math.nan,
     }
@@ -260,9 +269,16 @@ def evaluate(model, task: MarkovTreeTask, tokens: Int[Tensor, "batch T"], refere
 def reference_nlls(task: MarkovTreeTask, tokens: Int[Tensor, "batch T"]) -> dict:
     """NLL (h >= 1) of BMA and of the uniform-parent plateau, and the plateau's gap to BMA (a family task: its
     Bayes oracle, ``probes.oracles.bayes``, and the unigram plateau)."""
-    nll_bma = target_nll(bayes(task, tokens)[0], tokens)
+    oracle = bayes(task, tokens)[0]
+    nll_bma = target_nll(oracle, tokens)
     nll_uniform = target_nll(uniform_parent_predictive(task, tokens), tokens)
-    return {"nll_bma": nll_bma, "nll_uniform": nll_uniform, "plateau_gap": nll_uniform - nll_bma}
+    last = last_token_nll(oracle, tokens)
+    return {"nll_bma": nll_bma, "nll_uniform": nll_uniform, "plateau_gap": nll_uniform - nll_bma, "last_nll_bma": last}
+
+
+def last_token_nll(log_probs: Float[Tensor, "batch H d"], tokens: Int[Tensor, "batch T"]) -> float:
+    """Mean NLL of the context's last token (the target's x_{H-1}) under ``log_probs``' last row."""
+    return -log_probs[:, -1].double().gather(-1, tokens[:, -1:].to(log_probs.device)).mean().item()
 
 
 def train_standard(cfg: StandardConfig, progress: bool = True, save: bool = True, overwrite: bool = False):
@@ -394,12 +410,14 @@ def check_resources(cfg: StandardConfig) -> None:
 
 def _main(argv: list[str]) -> None:
     cfg, args = parse_args(argv)
+    keep_freed_memory()  # this process only trains: the step's buffers are reused, not mapped afresh
     _, history = train_standard(cfg, overwrite=args.overwrite)
     last = history[-1]
+    trained = f"; the last token, the loss trained: gap {last['last_gap']:+.4f}" if cfg.loss_on == "last" else ""
     print(
         f"wrote {cfg.out} ({last['seconds']:.1f} s): NLL {last['nll']:.4f}, BMA {last['nll_bma']:.4f}, "
         f"uniform-parent plateau {last['nll_uniform']:.4f} (gap to BMA {last['nll_gap']:+.4f}, "
-        f"plateau's {last['plateau_gap']:+.4f}; progress {last['progress']:.3f})"
+        f"plateau's {last['plateau_gap']:+.4f}; progress {last['progress']:.3f}{trained})"
     )
 
 

@@ -32,7 +32,7 @@ from models.continuous import mse_loss
 from models.dtypes import RUN_DTYPES
 from models.evaluate import evaluate
 from models.io import check_memory, describe, exclusive_lock, read_json, run_cli, size
-from models.optim import check_finite, cosine_factor, sample_batch
+from models.optim import check_finite, cosine_factor, keep_freed_memory, sample_batch
 from probes import MarkovTreeTask
 from probes.continuous import ContinuousTask
 from probes.graph_task import SPEC_HELP, GraphTask, make_task, relative_offsets
@@ -489,6 +489,7 @@ def parse_args(argv: list[str] | None = None) -> TrainConfig:
 
 def _main(argv: list[str]) -> None:
     cfg = parse_args(argv)
+    keep_freed_memory()  # this process only trains: the step's buffers are reused, not mapped afresh
     try:
         _, history = train(cfg)
     except ValueError as e:  # a field named in a message from deeper down is named as its flag

@@ -60,6 +60,38 @@ def test_target_log_probs_are_next_token_predictions_of_the_prefix():
         assert not torch.allclose(target_log_probs(model, earlier, task)[:, h], got[:, h], atol=1e-4)
 
 
+@torch.no_grad()
+@pytest.mark.parametrize("loss_on", standard.LOSSES)
+def test_each_loss_is_the_cross_entropy_of_the_tokens_it_names(loss_on):
+    """NumPy cross-entropy over the (position, next token) pairs each choice names: every next token,
+    the target's x_1..x_{H-1} (as models.train), or the context's last token only (Nichani et al.)."""
+    cfg = tiny(init_std=0.5, loss_on=loss_on)
+    task = cfg.task()
+    model = build_gpt2(cfg, task.n_tokens).eval()
+    tokens, _ = task.sample(5, torch.Generator().manual_seed(2))
+    logits = model(tokens).logits.double().numpy()
+    log_p = logits - logits.max(-1, keepdims=True)
+    log_p -= np.log(np.exp(log_p).sum(-1, keepdims=True))
+    T, L, H = tokens.shape[1], task.n_examples, task.seq_len
+    pairs = {"all": range(T - 1), "target": range(L * H, L * H + H - 1), "last": [T - 2]}[loss_on]
+    want = -np.mean([log_p[b, p, tokens[b, p + 1]] for b in range(5) for p in pairs])
+    assert standard._loss(model, tokens, cfg).item() == pytest.approx(want, rel=1e-5)
+
+
+@torch.no_grad()
+def test_evaluation_reports_the_last_token_that_the_last_loss_trains():
+    cfg = tiny(init_std=0.5, loss_on="last")
+    task = cfg.task()
+    model = build_gpt2(cfg, task.n_tokens).eval()
+    tokens, _ = task.sample(6, torch.Generator().manual_seed(3))
+    m = standard.evaluate(model, task, tokens)
+    assert m["last_nll"] == pytest.approx(standard._loss(model, tokens, cfg).item(), rel=1e-5)  # checked above
+    assert m["last_gap"] == pytest.approx(m["last_nll"] - m["last_nll_bma"])
+    x = tokens[:, -1]
+    bma_last = -torch.stack([standard.bayes(task, tokens[i : i + 1])[0][0, -1, x[i]] for i in range(6)]).mean()
+    assert m["last_nll_bma"] == pytest.approx(bma_last.item(), abs=1e-12)  # context by context
+
+
 def _attention_only_forward(model, tokens: torch.Tensor, n_heads: int) -> torch.Tensor:
     """Logits of a LayerNorm-free attention-only GPT-2, written from its equations (Conv1D: x @ W + b)."""
     T = tokens.shape[1]
