@@ -48,7 +48,7 @@ def keep_freed_memory() -> bool:
     kernel zero-fills each of its pages again (at the large preset 300 MB a step, about a seventh of the step).
     Large blocks then come from the heap, which is trimmed only when 2 GB lie free at its top, so the process's
     memory stays near its peak. Returns whether it applied (glibc's mallopt; elsewhere nothing changes)."""
-    if platform.system() != "Linux" or platform.libc_ver()[0] != "glibc":
+    if platform.libc_ver()[0] != "glibc":
         return False
     mallopt = ctypes.CDLL(None).mallopt
     mallopt.argtypes, mallopt.restype = (ctypes.c_int, ctypes.c_int), ctypes.c_int

@@ -50,6 +50,7 @@ from models.sources.files import TASK_JSON
 from models.sources.hugging_face import check_size
 from probes import MarkovTreeTask, bma_predictive, check_tokens, target_nll
 from probes.graph_task import SPEC_HELP, GraphTask, make_task
+from probes.metrics import last_token_nll
 from probes.oracles import bayes, check_bayes, count_log_predictive, graph_tensor
 from probes.tasks import check_float
 
@@ -274,11 +275,6 @@ def reference_nlls(task: MarkovTreeTask, tokens: Int[Tensor, "batch T"]) -> dict
     nll_uniform = target_nll(uniform_parent_predictive(task, tokens), tokens)
     last = last_token_nll(oracle, tokens)
     return {"nll_bma": nll_bma, "nll_uniform": nll_uniform, "plateau_gap": nll_uniform - nll_bma, "last_nll_bma": last}
-
-
-def last_token_nll(log_probs: Float[Tensor, "batch H d"], tokens: Int[Tensor, "batch T"]) -> float:
-    """Mean NLL of the context's last token (the target's x_{H-1}) under ``log_probs``' last row."""
-    return -log_probs[:, -1].double().gather(-1, tokens[:, -1:].to(log_probs.device)).mean().item()
 
 
 def train_standard(cfg: StandardConfig, progress: bool = True, save: bool = True, overwrite: bool = False):

@@ -48,6 +48,11 @@ def target_nll(log_probs: Float[Tensor, "batch H d"], tokens: Int[Tensor, "batch
     return -log_probs.double().gather(-1, target.unsqueeze(-1))[:, 1:].mean().item()
 
 
+def last_token_nll(log_probs: Float[Tensor, "batch H d"], tokens: Int[Tensor, "batch T"]) -> float:
+    """Mean NLL (nats) of the context's last token, the target's x_{H-1}, under ``log_probs``' last row."""
+    return -log_probs[:, -1].double().gather(-1, tokens[:, -1:].to(log_probs.device)).mean().item()
+
+
 def per_context_nll(log_probs: Float[Tensor, "batch H d"], tokens: Int[Tensor, "batch T"]) -> Float[Tensor, " batch"]:
     """Target NLL of each context (x_1..x_{H-1}, as ``target_nll``), float64, differentiable."""
     H = log_probs.shape[1]

@@ -10,7 +10,7 @@ import sys
 import pytest
 import torch
 
-from models.optim import keep_freed_memory, sample_batch
+from models.optim import sample_batch
 from models.train import PRESETS, TrainConfig
 
 FAULTS = """
