@@ -292,18 +292,19 @@ def steps_to_targets(history: list[dict], gap: float = 0.01, tv: float = 0.05) -
     return next((m["step"] for m in history if m["nll_gap"] <= gap and m["tv_to_bma"] <= tv), None)
 
 
-def _step_seconds(fields: dict, before: bool, steps: int, device: str) -> float:
+def _step_seconds(fields: dict, before: bool, keep: bool, steps: int, device: str) -> float:
     """Seconds a step of ``models.train.train`` at the large preset with ``fields`` over it (one 16-context
     evaluation and a checkpoint write included), in a fresh interpreter as ``python -m models.train`` runs
-    it; ``before``: the copies through the full pattern, the batch sampled on every thread and glibc's
-    default for freed memory, as before; now: that memory kept (``models.optim.keep_freed_memory``)."""
-    return _run_fresh("_step_seconds_here", fields, before, steps, device, torch.get_num_threads())
+    it; ``before``: the copies through the full pattern and the batch sampled on every thread, as before;
+    ``keep``: the freed memory kept (``models.optim.keep_freed_memory``, as the command line does), else
+    glibc's default."""
+    return _run_fresh("_step_seconds_here", fields, before, keep, steps, device, torch.get_num_threads())
 
 
-def _step_seconds_here(fields: dict, before: bool, steps: int, device: str, threads: int) -> float:
-    """``_step_seconds`` in this process (which it changes: its freed memory is kept from now on)."""
+def _step_seconds_here(fields: dict, before: bool, keep: bool, steps: int, device: str, threads: int) -> float:
+    """``_step_seconds`` in this process (which it changes: with ``keep``, its freed memory is kept)."""
     torch.set_num_threads(threads)
-    if not before:
+    if keep:
         keep_freed_memory()
     saved = causal_transformer.FACTOR_ABOVE
     causal_transformer.FACTOR_ABOVE = float("inf") if before else saved
@@ -344,11 +345,12 @@ def large_rows(device: str, steps: int, repeat: int) -> list[dict]:
     median of ``repeat``, on ``steps`` steps: a shortened run), and the time to the targets (gap <= 0.01,
     TV <= 0.05): those seconds times the steps each recorded run took to the targets
     (figures/scale_histories.json; the row is left out while the new preset's run is not recorded)."""
-    timed = {"before": [], "now": []}
+    timed = {"before": [], "now": [], "unkept": []}
     for _ in range(repeat):
-        timed["before"].append(_step_seconds(BEFORE_FIELDS, True, steps, device))
-        timed["now"].append(_step_seconds({}, False, steps, device))
-    before, now = (statistics.median(timed[k]) for k in ("before", "now"))
+        timed["before"].append(_step_seconds(BEFORE_FIELDS, True, False, steps, device))
+        timed["now"].append(_step_seconds({}, False, True, steps, device))
+        timed["unkept"].append(_step_seconds({}, False, False, steps, device))
+    before, now, unkept = (statistics.median(timed[k]) for k in ("before", "now", "unkept"))
     size = "d=20, L=K=64, H=32, batch 256"
     rows = [
         {
@@ -359,7 +361,15 @@ def large_rows(device: str, steps: int, repeat: int) -> list[dict]:
             "ratio": before / now,
             "note": f"now: factored copies, bf16 autocast, sampled on one thread, freed memory kept; median of "
             f"{repeat} x {steps} steps each, alternating, each in a fresh process",
-        }
+        },
+        {
+            "row": f"large preset, a training step, the freed memory kept ({size})",
+            "ours_s": now,
+            "baseline_s": unkept,
+            "baseline": "the same preset with glibc's default for freed memory",
+            "ratio": unkept / now,
+            "note": "models.optim.keep_freed_memory alone; the same runs as the row above",
+        },
     ]
     rows.append(sampling_row(repeat * 5))
     histories = json.loads(SCALE_HISTORIES.read_text())

@@ -45,7 +45,7 @@ M_TRIM_THRESHOLD, M_MMAP_MAX = -1, -4  # glibc's mallopt parameters (malloc.h)
 def keep_freed_memory() -> bool:
     """Keep what this process frees for its next allocations, as a training process (the same large buffers
     freed and asked for again every step) wants: by default glibc maps every block above 32 MB afresh and the
-    kernel zero-fills each of its pages again (at the large preset 300 MB a step, about a seventh of the step).
+    kernel zero-fills each of its pages again (at the large preset 300 MB a step; ``python -m bench --only large``).
     Large blocks then come from the heap, which is trimmed only when 2 GB lie free at its top, so the process's
     memory stays near its peak. Returns whether it applied (glibc's mallopt; elsewhere nothing changes)."""
     if platform.libc_ver()[0] != "glibc":
