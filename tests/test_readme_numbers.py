@@ -2,8 +2,8 @@
 
 CLAIMS: (README phrase with ``{...}`` format fields, source file, function of the parsed JSON returning the
 values). The test formats the values with the README's own rounding and asserts the phrase occurs in
-README.md (whitespace-normalised), so a stale number fails naming the claim, the README's text and the
-JSON's value. UNCHECKED lists the numbers that come from no committed JSON, with the reason.
+README.md or a page under docs/ (whitespace-normalised: a section may move from the README to the docs
+site), so a stale number fails naming the claim, the text found and the JSON's value. UNCHECKED lists the numbers that come from no committed JSON, with the reason.
 A second test checks that every relative link and image in README.md, figures/README.md and docs/*.md
 resolves to a file inside the repository.
 """
@@ -616,14 +616,21 @@ def _normalise(text: str) -> str:
 
 
 @functools.lru_cache(maxsize=None)
+def _written_text() -> str:
+    """README.md and every Markdown page under docs/, normalised: where a number may be stated."""
+    pages = [README, *sorted((ROOT / "docs").rglob("*.md"))]
+    return "\n".join(_normalise(p.read_text()) for p in pages)
+
+
+@functools.lru_cache(maxsize=None)
 def _load(path: str):
     return json.loads((ROOT / path).read_text())
 
 
 @pytest.mark.parametrize("phrase, source, get", CLAIMS, ids=[c[0][:40] for c in CLAIMS])
 def test_readme_number_matches_json(phrase, source, get):
-    """The README contains the phrase with the numbers formatted from the JSON they came from."""
-    readme = _normalise(README.read_text())
+    """The README or a docs page contains the phrase with the numbers formatted from the JSON they came from."""
+    readme = _written_text()
     values = get(_load(source))
     expected = _normalise(phrase.format(*values))
     if expected in readme:
@@ -632,7 +639,7 @@ def test_readme_number_matches_json(phrase, source, get):
     pattern = r"[^\s,;()]+".join(re.escape(f) for f in re.split(r"\{[^}]*\}", _normalise(phrase)))
     match = re.search(pattern, readme)
     found = match.group(0) if match else "(phrase not found at all)"
-    pytest.fail(f"stale README claim from {source}:\n  expected: {expected!r}\n  README:   {found!r}\n"
+    pytest.fail(f"stale claim from {source}:\n  expected: {expected!r}\n  written:  {found!r}\n"
                 f"  JSON values: {values!r}")
 
 
@@ -650,7 +657,7 @@ LINK = re.compile(r"!?\[[^\]]*\]\(([^)\s]+)(?:\s+\"[^\"]*\")?\)")
 
 
 def _documents():
-    return [README, ROOT / "figures" / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+    return [README, ROOT / "figures" / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
 
 
 @pytest.mark.parametrize("doc", _documents(), ids=lambda p: str(p.relative_to(ROOT)))
