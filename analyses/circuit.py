@@ -229,19 +229,23 @@ def search(runner, scorer, edges, scores, order, args, plateau, full) -> list:
     return order[:lo]
 
 
-def node_roles(graph, kept_by: dict, nodes: list[str], added: dict) -> dict:
+def node_roles(graph, kept_by: dict, nodes: list[str], added: dict, at: dict) -> dict:
     """Per node of the circuit: which corruptions' circuits need it, at which positions it reads and writes
-    (the groups of its kept edges), and why it was added if no edge search needed it."""
+    (the groups of its kept edges), why it was added if no edge search needed it, and (``at``: per group of
+    positions, its mean ablation there alone, mean and SE) where its output matters: its side is the groups
+    where that costs more than ``COST_Z`` standard errors."""
     roles = {}
     for n in nodes:
+        costly = {g for g, (c, se) in at.get(n, {}).items() if c > COST_Z * se}
         reads = {c: sorted({f"{e.input}@{e.group}" for e in kept if e.receiver == n}) for c, kept in kept_by.items()}
         writes = {c: sorted({f"{e.receiver}.{e.input}@{e.group}" for e in kept if e.sender == n})
                   for c, kept in kept_by.items()}  # fmt: skip
         needed = [c for c in kept_by if reads[c] or writes[c]]
-        groups = {g.split("@")[1] for c in needed for g in reads[c] + writes[c]}
+        groups = costly or {g.split("@")[1] for c in needed for g in reads[c] + writes[c]}
         side = ("target side" if groups == {"target"} else "demonstration side" if groups == {"demonstrations"}
                 else "both sides" if {"target", "demonstrations"} <= groups else ", ".join(sorted(groups)) or "none")
         roles[n] = {"needed_by": needed, "reads": reads, "writes": writes, "side": side,
+                    "ablated_at": {g: {"cost": c, "se": se} for g, (c, se) in at.get(n, {}).items()},
                     **({"added": added[n]} if n in added else {})}  # fmt: skip
     return roles
 
@@ -311,6 +315,11 @@ def discover(subject: Subject, args) -> dict:
             nodes = [m for m in graph.node_order if m in set(nodes) | {n}]
             values = node_ablated_values(subject, graph, tokens, nodes, "mean", reference)
             suff = ratio_se(plateau - values, plateau - full)[0]
+    groups = graph.groups[graph.receivers[0].site] if graph.family == "standard" else {}
+    at: dict = {n: {} for n in nodes}
+    for g, positions in groups.items():  # where each node's output matters: ablated at one group's positions
+        for n, v in node_costs(subject, graph, tokens, reference, nodes=nodes, positions=positions).items():
+            at[n][g] = mean_se(v)
     held, n_held = held_out_contexts(subject, args)
     held_out = measure(subject, graph, held, union, nodes, corruptions, args.seed + SEEDS["held_out"])
     fresh = common.sample_contexts(task, n_held, args.seed + SEEDS["replicate"])[0]
@@ -337,7 +346,7 @@ def discover(subject: Subject, args) -> dict:
                       for hook in sorted({h for h, _ in node_outputs(subject, graph).values()})]  # fmt: skip
     progress, progress_se = ratio_se(plateau - full, plateau - bma)
     return {
-        "nodes": nodes, "node_roles": node_roles(graph, kept_by, nodes, added),
+        "nodes": nodes, "node_roles": node_roles(graph, kept_by, nodes, added, at),
         "node_costs": {n: {"cost": c, "se": s} for n, (c, s) in costs.items()},
         "edges": kept_edges, "n_edges_total": len(edges),
         "corruptions": corruptions, "searches": blocks,
@@ -416,8 +425,10 @@ def summary(r: dict) -> str:
     lines.append("node roles (which corruptions need it; where it reads and writes; why added):")
     for n, x in r["node_roles"].items():
         cost = r["node_costs"].get(n, {})
+        where = ", ".join(f"{g} {c['cost']:+.4f} +- {c['se']:.4f}" for g, c in x.get("ablated_at", {}).items())
         lines.append(f"  {n}: {x['side']}, needed by {', '.join(x['needed_by']) or 'no edge search'}; mean ablation "
                      f"alone {cost.get('cost', float('nan')):+.4f} +- {cost.get('se', float('nan')):.4f} nats"
+                     + (f" (at the positions of {where})" if where else "")
                      + (f"; added: {x['added']}" if "added" in x else ""))  # fmt: skip
     left = [f"{n} ({c['cost']:+.4f} +- {c['se']:.4f})" for n, c in r["node_costs"].items() if n not in r["nodes"]]
     lines.append("outside the circuit (mean ablation alone): " + (", ".join(left) or "none"))

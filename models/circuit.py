@@ -615,13 +615,14 @@ def record_outputs(subject: Subject, tokens, hooks_: list[str], rows: int = ROWS
 
 
 def node_ablated_values(subject: Subject, graph: Graph, tokens, kept, ablation: str, reference,
-                        metric: Metric = per_context_nll, rows: int = ROWS, recorded: dict | None = None
-                        ) -> Float[Tensor, " batch"]:  # fmt: skip
+                        metric: Metric = per_context_nll, rows: int = ROWS, recorded: dict | None = None,
+                        positions=None) -> Float[Tensor, " batch"]:  # fmt: skip
     """Per context, the metric with every head and MLP NOT in ``kept`` ablated at every position: set to
     its mean over the ``reference`` contexts (``mean``) or, context by context, to its value on
     ``reference[i]`` (``resample``: as many as ``tokens``). The embeddings and the output are never
     ablated. ``kept`` may name nodes outside the graph's heads and MLPs (ignored). ``recorded``: the
-    outputs on ``reference`` recorded already (``record_outputs``), to spare that pass."""
+    outputs on ``reference`` recorded already (``record_outputs``), to spare that pass. ``positions``: ablate
+    there only (default: every position)."""
     if ablation not in NODE_ABLATIONS:
         raise ValueError(f"unknown node ablation {ablation!r}; expected one of {', '.join(NODE_ABLATIONS)}")
     if ablation == "resample" and len(reference) != len(tokens):
@@ -639,9 +640,9 @@ def node_ablated_values(subject: Subject, graph: Graph, tokens, kept, ablation: 
         for hook, heads in by_hook.items():
             index = None if heads == [None] else tuple(heads)
             if ablation == "mean":
-                ivs.append(Intervention(hook, "mean", heads=index, value=ref[hook].mean(0)))
+                ivs.append(Intervention(hook, "mean", heads=index, positions=positions, value=ref[hook].mean(0)))
             else:
-                ivs.append(Intervention(hook, "patch", heads=index, value=ref[hook][part]))
+                ivs.append(Intervention(hook, "patch", heads=index, positions=positions, value=ref[hook][part]))
         with torch.no_grad():
             lp = subject.log_probs(tokens[part], [iv.fwd_hook() for iv in ivs])
         values.append(metric(lp, tokens[part]))
@@ -649,16 +650,16 @@ def node_ablated_values(subject: Subject, graph: Graph, tokens, kept, ablation: 
 
 
 def node_costs(subject: Subject, graph: Graph, tokens, reference, metric: Metric = per_context_nll,
-               rows: int = ROWS) -> dict[str, Float[Tensor, " batch"]]:  # fmt: skip
-    """Per head and MLP, per context: the metric's change when that node alone is mean-ablated (its mean
-    over ``reference``), the rest clean."""
+               rows: int = ROWS, nodes=None, positions=None) -> dict[str, Float[Tensor, " batch"]]:  # fmt: skip
+    """Per head and MLP (or those of ``nodes``), per context: the metric's change when that node alone is
+    mean-ablated (its mean over ``reference``; at ``positions`` only, if given), the rest clean."""
     with torch.no_grad():
         clean = torch.cat([metric(subject.log_probs(tokens[i : i + rows]), tokens[i : i + rows])
                            for i in range(0, len(tokens), rows)])  # fmt: skip
     outputs = node_outputs(subject, graph)
     recorded = record_outputs(subject, reference, sorted({h for h, _ in outputs.values()}), rows)
     return {n: node_ablated_values(subject, graph, tokens, [m for m in outputs if m != n], "mean", reference, metric,
-                                   rows, recorded) - clean for n in outputs}  # fmt: skip
+                                   rows, recorded, positions) - clean for n in (nodes or outputs)}  # fmt: skip
 
 
 def roc_auc(scores, truth) -> float:
