@@ -86,7 +86,12 @@ def among_nodes(graph, spec: str) -> list:
     bad = [n for n in names if n not in known]
     if bad:
         raise ValueError(f"--nodes: no node {', '.join(bad)} in this model's graph; nodes: {', '.join(known)}")
-    keep = set(names) | {"embed", "pos_embed", "output"}
+    return among(graph, names)
+
+
+def among(graph, nodes) -> list:
+    """Every edge between ``nodes`` (heads and MLPs), the embeddings and the output."""
+    keep = set(nodes) | {"embed", "pos_embed", "output"}
     return [e for e in graph.edges if e.sender in keep and e.receiver in keep]
 
 
@@ -260,17 +265,57 @@ def discover(subject: Subject, args) -> dict:
     plateau, bma = baselines_of(task, tokens)
     edges = graph.edges
     sizes = curve_sizes(len(edges), args.curve_points)
-    blocks, kept_by, passes, runs = {}, {}, 0, 0
+    scored = {}  # corruption -> (runner, scorer, values, scores, ses, order)
     for c in corruptions:
         runner = Runner(subject, graph, tokens, source_writes(subject, graph, tokens, c, args.seed))
         full = runner.clean_values
         scorer = denoising_runner(subject, graph, tokens, c, args.seed) if args.direction == "denoising" else runner
         values = values_of(scorer, args.method, args.ig_steps)
         scores, ses = zip(*(mean_se(v) for v in values)) if len(values) else ((), ())
-        order = ranked(edges, scores, ses, args.min_z)
+        scored[c] = (runner, scorer, values, scores, ses, ranked(edges, scores, ses, args.min_z))
+    # The nodes: every head or MLP whose mean ablation alone costs > COST_Z standard errors, then the costliest
+    # others until the nodes alone (the rest mean-ablated) keep --target of the progress, then, for each
+    # corruption whose edges among them do not keep --target, the nodes its edges' scores weigh most.
+    reference = common.sample_contexts(task, N_MEAN, args.seed + SEEDS["reference"])[0]
+    costs = {n: mean_se(v) for n, v in node_costs(subject, graph, tokens, reference).items()}
+    added: dict = {}
+    if named is not None:
+        nodes = graph.nodes(named)
+    else:
+        for n, (cost, cost_se) in costs.items():
+            if cost > COST_Z * cost_se:
+                added[n] = f"its mean ablation alone costs {cost:+.4f} +- {cost_se:.4f} nats (> {COST_Z:g} SE)"
+
+        def sufficient(ns) -> float:
+            values = node_ablated_values(subject, graph, tokens, ns, "mean", reference)
+            return ratio_se(plateau - values, plateau - full)[0]
+
+        for n in sorted(costs, key=lambda n: -costs[n][0]):
+            if n in added:
+                continue
+            share = sufficient(list(added))
+            if share >= args.target:
+                break
+            added[n] = f"the nodes before it alone kept {share:.3f} < {args.target:g} of the progress, rest mean-ablated"
+        for c in corruptions:
+            runner, _, _, scores, _, _ = scored[c]
+            weight = {n: sum(abs(x) for e, x in zip(edges, scores) if n in (e.sender, e.receiver)) for n in costs}
+            for n in sorted(costs, key=lambda n: -weight[n]):
+                if n in added:
+                    continue
+                share = faithfulness(runner, among(graph, added), plateau, full)["faithfulness"]
+                if share >= args.target:
+                    break
+                added[n] = f"the edges among the nodes before it kept {share:.3f} < {args.target:g} under {c}"
+        nodes = [n for n in graph.node_order if n in added]
+    within = set(named) if named is not None else set(among(graph, nodes))
+    blocks, kept_by, passes, runs = {}, {}, 0, 0
+    for c in corruptions:
+        runner, scorer, values, scores, ses, order = scored[c]
         curve = [faithfulness(runner, order[:n], plateau, full) for n in
                  tqdm(sizes, desc=f"faithfulness curve ({c})", leave=False)]  # fmt: skip
-        kept = named if named is not None else search(runner, scorer, edges, scores, order, args, plateau, full)
+        inner = [e for e in order if e in within]  # the search keeps edges among the nodes only
+        kept = named if named is not None else search(runner, scorer, inner, scores, inner, args, plateau, full)
         found = faithfulness(runner, kept, plateau, full)
         by_edge, se = dict(zip(edges, scores)), dict(zip(edges, ses))
         block = {
@@ -296,25 +341,6 @@ def discover(subject: Subject, args) -> dict:
         passes, runs = passes + runner.passes, runs + runner.context_runs
         blocks[c], kept_by[c] = block, kept
     union = [e for e in edges if any(e in set(k) for k in kept_by.values())]
-    nodes = graph.nodes(union)
-    # Nodes: every head or MLP whose mean ablation alone costs > COST_Z standard errors, then (searching) the
-    # costliest others until the nodes alone, the rest mean-ablated, keep --target of the progress.
-    reference = common.sample_contexts(task, N_MEAN, args.seed + SEEDS["reference"])[0]
-    costs = {n: mean_se(v) for n, v in node_costs(subject, graph, tokens, reference).items()}
-    added = {}
-    for n, (cost, cost_se) in costs.items():
-        if n not in nodes and cost > COST_Z * cost_se and named is None:
-            added[n] = f"its mean ablation alone costs {cost:+.4f} +- {cost_se:.4f} nats (> {COST_Z:g} SE)"
-    nodes = [n for n in graph.node_order if n in set(nodes) | set(added)]
-    suff = ratio_se(plateau - node_ablated_values(subject, graph, tokens, nodes, "mean", reference), plateau - full)[0]
-    for n in sorted(costs, key=lambda n: -costs[n][0]):
-        if named is not None or suff >= args.target:
-            break
-        if n not in nodes:
-            added[n] = f"the nodes alone kept {suff:.3f} < {args.target} of the progress, rest mean-ablated"
-            nodes = [m for m in graph.node_order if m in set(nodes) | {n}]
-            values = node_ablated_values(subject, graph, tokens, nodes, "mean", reference)
-            suff = ratio_se(plateau - values, plateau - full)[0]
     groups = graph.groups[graph.receivers[0].site] if graph.family == "standard" else {}
     at: dict = {n: {} for n in nodes}
     for g, positions in groups.items():  # where each node's output matters: ablated at one group's positions

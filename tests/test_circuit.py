@@ -608,7 +608,7 @@ def test_the_default_finds_the_target_side_head_and_reports_node_level_sufficien
     role = r["node_roles"]["L0H1"]
     if corruption is None:
         assert r["corruptions"] == ["demonstrations", "mean"]
-        assert role["needed_by"] == ["mean"] and role["side"] == "target side" and "added" not in role
+        assert role["needed_by"] == ["mean"] and role["side"] == "target side" and "(> 3 SE)" in role["added"]
         assert "L0H1" not in {n for e in r["searches"]["demonstrations"]["edges"] for n in (e["sender"], e["receiver"])}
     else:
         assert role["needed_by"] == [] and "(> 3 SE)" in role["added"]
