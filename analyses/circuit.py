@@ -1,29 +1,38 @@
-"""Circuit discovery: which edges of the model's graph carry the task? Scores every edge, keeps the
-strongest, and measures how much of the model's progress the circuit alone keeps.
+"""Circuit discovery: which nodes and edges of the model's graph carry the task? Scores every edge under
+each corruption, chooses the nodes and the edges, and answers two questions on held-out contexts.
 
     python -m analyses.circuit --checkpoint standard                 # the shipped standard GPT-2
     python -m analyses.circuit --checkpoint default --method eap-ig  # attribution patching
     python -m analyses.circuit --checkpoint theorem1:beta=50 --corruption mean
 
-The graph, the scores and the run of a circuit are ``models.circuit`` (its docstring says why no circuit
-library runs on our subjects). Nodes: embeddings, heads, MLPs, the output; an edge enters one input of a
-receiver (a head's q, k or v; an MLP; the output) at one group of positions (demonstrations, target, other).
-Scores (``--method``): exact edge patching (each edge ablated alone, the rest clean) or EAP / EAP-IG
-(gradient times the sender's change). Ablated value (``--corruption``): the sender's value on contexts whose
-demonstrations come from another tree (``demonstrations``, the task's own corruption), whose target
-tokens are re-drawn (``target``), on fresh contexts (``resample``), or its mean over held-out contexts
-(``mean``). Direction (``--direction``): noising (the edge's receiver sees the ablated value in the clean
-run) or denoising (it sees the clean value in the corrupted run). Every score is a mean over the contexts
-of each context's score (for EAP and EAP-IG, each context's attribution), with its standard error. Metric:
-target NLL. Progress of a run = (plateau NLL - its NLL) / (plateau NLL - BMA NLL), the plateau being
-uniform-parent BMA; the faithfulness of a circuit = the share of the full model's progress it keeps with
-every other edge ablated, ``(plateau - circuit) / (plateau - full)``, with its standard error over the
-contexts. A circuit found by denoising is judged both ways: by that, and by its denoising faithfulness,
-the share of the clean-minus-corrupted NLL it recovers when the corrupted run has only its edges restored,
-``(corrupted - circuit) / (corrupted - clean)``. Search (``--search``): the top-n edges, a threshold on |score|, or ACDC-style
-greedy pruning; the circuit reported is the smallest top-n set keeping ``--target`` of the progress
-unless ``--n-edges`` / ``--threshold`` say otherwise. The faithfulness curve keeps the top-n edges for
-n along the way (denoising: both curves), and its area is over the fraction of edges kept.
+The graph, the scores and the runs are ``models.circuit`` (its docstring says where the peer tools run).
+Nodes: embeddings, heads, MLPs, the output; an edge enters one input of a receiver (a head's q, k or v; an
+MLP; the output) at one group of positions (demonstrations, target, other). Scores (``--method``): exact
+edge patching (each edge ablated alone, the rest clean) or EAP / EAP-IG. Ablated values (``--corruption``,
+comma-separated; default ``demonstrations,mean``): the sender's value on contexts whose demonstrations come
+from another tree (``demonstrations``, the task's own corruption: it keeps the target, so it cannot see what
+reads only the target's own prefix), whose target tokens are re-drawn (``target``), on fresh contexts
+(``resample``), or its mean over held-out contexts (``mean``, which sees both sides). Direction
+(``--direction``): noising or denoising. Every score is a mean over the contexts with its standard error.
+Metric: target NLL. Progress = (plateau NLL - NLL) / (plateau NLL - BMA NLL), the plateau being
+uniform-parent BMA.
+
+The circuit (default search): its NODES are every head or MLP whose mean ablation alone costs more than
+3 standard errors, then the costliest others until the nodes alone, every other head and MLP mean-ablated,
+keep ``--target`` of the progress, then, for each corruption under which the edges among them keep less,
+the nodes its edge scores weigh most. Its EDGES, for each corruption, are the smallest top-n among the
+edges between those nodes (edges whose |score| exceeds ``--min-z`` standard errors first) keeping
+``--target``; the circuit's edges are their union. ``--n-edges`` / ``--threshold`` / ``--search greedy`` /
+``--nodes`` choose otherwise. The two answers, on ``--n-held-out`` fresh contexts the search never saw
+(default: the fewest of 512, 1024, ... giving the progress a standard error <= ``--target-se``), and again
+on as many other fresh contexts:
+- faithfulness under each corruption: the share of the progress its edges keep with every other edge at
+  its ablated value; under ``demonstrations`` it says the circuit CARRIES THE DEMONSTRATIONS' EVIDENCE;
+- sufficiency: the share its nodes alone keep with every other head and MLP mean-ablated (or resampled from
+  fresh contexts of the task): the circuit COMPUTES THE PREDICTION.
+A circuit found by denoising is also judged by its denoising faithfulness, the share of the clean-minus-
+corrupted NLL it recovers when the corrupted run has only its edges restored. The faithfulness curve keeps
+the top-n edges of the whole graph for n along the way, on the search contexts.
 """
 
 from __future__ import annotations

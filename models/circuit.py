@@ -17,15 +17,22 @@ TransformerBridge and our disentangled model do not offer in the same way; on th
 ``blocks.i.hook_resid_mid``, which there feeds only ln_2 (tests/test_circuit.py checks every site and
 capture per family, and that the bridge's resid_mid edit does not reach the residual stream).
 
-Why not a library. auto-circuit (PyPI ``auto-circuit``) builds its graph by patching a model's modules
-(``PatchableModel``) and expects the TransformerLens HookedTransformer layout with split q/k/v inputs;
-TransformerLens 4.x has no HookedTransformer, our disentangled model's residual is a concatenation whose
-layers have different widths and head counts, and the shipped standard model is a TransformerBridge. The
-ACDC / EAP code bases likewise assume ``hook_q_input`` and one residual width. ``transformer_lens.patching``
-patches one activation per cell and cannot express an edge (a sender's change seen by one receiver only).
-What we take from them: the graph (senders, receivers with q/k/v apart), the scores (ACDC's edge ablation,
-EAP's gradient times the change, EAP-IG's integrated gradients over the inputs), the searches and the
-JSON, and ROC AUC against circuits known in advance.
+Peer tools. auto-circuit (PyPI ``auto-circuit``) and the ACDC / EAP code bases build their graph by
+patching a TransformerLens 2.x ``HookedTransformer`` with split q/k/v inputs (``use_split_qkv_input``). They
+do run on our GPT-2 subjects, converted by hand to a TransformerLens 2.x HookedTransformer in an environment
+of its own (docs/results/circuit.md says how): there auto-circuit 1.0.1 reproduced this module's exact and
+EAP edge scores on the shipped GPT-2 to 3e-8, and the same circuit and faithfulness. They cannot run in
+this suite's environment (TransformerLens >= 4.3, whose standard model is a TransformerBridge without
+HookedTransformer's split inputs), nor on our disentangled model, whose residual is a concatenation whose
+layers have different widths and head counts. ``transformer_lens.patching`` patches one activation per cell
+and cannot express an edge (a sender's change seen by one receiver only). What we take from them: the
+graph (senders, receivers with q/k/v apart), the scores (ACDC's edge ablation, EAP's gradient times the
+change, EAP-IG's integrated gradients over the inputs), the searches and the JSON, and ROC AUC against
+circuits known in advance.
+
+Node ablation (``node_ablated_values``): every head and MLP outside a set of nodes set to its mean over
+held-out contexts (``mean``) or its value on a fresh context of the task (``resample``), at every position:
+the circuit's sufficiency, which does not depend on a corruption that keeps part of the context.
 
 Conventions. Scores are "noising" by default: ``score(edge) = metric(clean run, the edge's receiver seeing
 its sender's ablated value) - metric(clean run)``; with the default metric (target NLL) a positive score is
