@@ -1,17 +1,32 @@
 """Rewrite imports from the flat models/ layout to the subpackages (idempotent). Usage:
 python rewrite_imports.py FILE...   (edits in place)"""
-import re, sys
+
+import re
+import sys
 
 MOVES = {  # old module under models -> new module under models
-    "causal_transformer": "nets.causal_transformer", "continuous": "nets.continuous",
-    "hooked_transformer": "nets.hooked_transformer", "theorem1": "nets.theorem1",
-    "loading": "loading.loading", "sources": "loading.sources", "converters": "loading.converters",
-    "checkpoint": "loading.checkpoint", "dtypes": "loading.dtypes",
-    "subject": "interp.subject", "interventions": "interp.interventions", "patching": "interp.patching",
+    "causal_transformer": "nets.causal_transformer",
+    "continuous": "nets.continuous",
+    "hooked_transformer": "nets.hooked_transformer",
+    "theorem1": "nets.theorem1",
+    "loading": "loading.loading",
+    "sources": "loading.sources",
+    "converters": "loading.converters",
+    "checkpoint": "loading.checkpoint",
+    "dtypes": "loading.dtypes",
+    "subject": "interp.subject",
+    "interventions": "interp.interventions",
+    "patching": "interp.patching",
     "circuit": "interp.circuit",
-    "train": "training.train", "standard": "training.standard", "optim": "training.optim",
-    "distributed": "training.distributed", "evaluate": "training.evaluate", "sweep": "training.sweep",
-    "cli": "plumbing.cli", "io": "plumbing.io", "fast_help": "plumbing.fast_help",
+    "train": "training.train",
+    "standard": "training.standard",
+    "optim": "training.optim",
+    "distributed": "training.distributed",
+    "evaluate": "training.evaluate",
+    "sweep": "training.sweep",
+    "cli": "plumbing.cli",
+    "io": "plumbing.io",
+    "fast_help": "plumbing.fast_help",
 }
 LAUNCHED = {"train", "standard", "evaluate"}  # `python -m models.X` stays as written
 NEW_TOP = {"nets", "loading", "interp", "training", "plumbing"}
@@ -45,19 +60,31 @@ def rewrite(text):
     # `python -m models.train` (and cli_help keys) stay; only imports and attribute paths move
     out = []
     for line in text.split("\n"):
+
         def sub(m):
             name, after = m.group(1), m.group(2)
-            if name == "loading" and not after and re.match(r"\s+import\s+(sources|converters|checkpoint|dtypes|loading)\b", line[m.end():]):
+            if (
+                name == "loading"
+                and not after
+                and re.match(r"\s+import\s+(sources|converters|checkpoint|dtypes|loading)\b", line[m.end() :])
+            ):
                 return m.group(0)  # from models.loading import checkpoint: already new
             if name in LAUNCHED and not (after == "." or re.search(r"\b(from|import)\s+$", line[: m.start()])):
                 return m.group(0)
             return dotted(m)
+
         out.append(re.sub(rf"(?<![\w./-])models\.({NAMES})(?![\w])(\.?)", sub, line))
     text = "\n".join(out)
     # file paths in docstrings and docs
-    text = re.sub(rf"(?<![\w./-])models/({NAMES})(\.py|/)",
-                  lambda m: f"models/{MOVES[m.group(1)].replace('.', '/')}{m.group(2)}"
-                  if not (m.group(1) == "loading" and m.group(2) == "/") else m.group(0), text)
+    text = re.sub(
+        rf"(?<![\w./-])models/({NAMES})(\.py|/)",
+        lambda m: (
+            f"models/{MOVES[m.group(1)].replace('.', '/')}{m.group(2)}"
+            if not (m.group(1) == "loading" and m.group(2) == "/")
+            else m.group(0)
+        ),
+        text,
+    )
     return text
 
 
