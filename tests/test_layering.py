@@ -15,9 +15,8 @@ ROOT = Path(__file__).resolve().parent.parent
 RANK = {"probes": 0, "models": 1, "cape": 1, "analyses": 2, "bench": 2}
 # models' subpackages, one job each (each __init__'s docstring says what belongs there)
 ROOMS = {"nets", "loading", "interp", "training", "plumbing"}
-# `python -m models.train|standard|evaluate` as the docs write them: each runs the module it names
-LAUNCHERS = {"models.train": "models.training.train", "models.standard": "models.training.standard",
-             "models.evaluate": "models.training.evaluate"}  # fmt: skip
+# `python -m models.train|standard|evaluate` as the docs write them (a __main__.py each): each runs its trainer
+LAUNCHERS = {f"models.{m}.__main__": f"models.training.{m}" for m in ("train", "standard", "evaluate")}
 SHARED_BY_ANALYSES = {"analyses.common"}  # what an analysis may import of analyses/
 # an analysis re-run under another name, nothing of its own: inspect on the shipped standard GPT-2 (its own
 # figure set, so the paper run keeps both models' reports)

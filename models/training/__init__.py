@@ -2,5 +2,5 @@
 standard GPT-2, ``python -m models.standard``), what they share (``optim``: the cosine schedule, the stop on
 divergence, the training batch), data parallelism (``distributed``), held-out metrics (``evaluate``,
 ``python -m models.evaluate``), running a sweep's jobs (``sweep``) and short runs with snapshots for the
-analyses that watch training (``short_run``). ``models/train.py``, ``models/standard.py`` and
-``models/evaluate.py`` are launchers that keep those commands as the docs write them."""
+analyses that watch training (``short_run``). ``models/train/``, ``models/standard/`` and
+``models/evaluate/`` hold only a ``__main__.py`` each: launchers that keep those commands as written."""
