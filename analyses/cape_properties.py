@@ -29,7 +29,7 @@ from tqdm.auto import tqdm
 from analyses import common
 from cape.attention import CapeAttention, rotary_scores
 from cape.embedding import depth, embed, generality, hop_distance, initial_points, random_dag, random_tree
-from models.io import check_memory
+from models.plumbing.io import check_memory
 
 NAME = "cape_properties"
 N_CONTEXTS = 40  # default --n-contexts

@@ -44,8 +44,8 @@ from cape.structure import (
     nonlinear_tree_data,
     structure_metrics,
 )
-from models.io import check_memory
-from models.subject import DisentangledSubject, Subject, head_label
+from models.interp.subject import DisentangledSubject, Subject, head_label
+from models.plumbing.io import check_memory
 from probes import MarkovTreeTask, bma_posterior, parent_accuracy
 from probes.continuous import ContinuousTask, gaussian_bma_posterior
 from probes.metrics import parent_mass

@@ -12,7 +12,7 @@ figure, filed under ``NAME``), and ``summary(result) -> str``; ``FIGURES`` descr
                               [--device cpu] [--threads 1] [--key-map MAP.json] [--config CONFIG.json]
 
 What an analysis needs of its subject beyond the common interface is its module's ``REQUIRES`` (capabilities
-of ``models.subject``; every analysis is named once more, in order, in ``ANALYSES``); a subject that lacks one is refused with one line naming the need and the analyses
+of ``models.interp.subject``; every analysis is named once more, in order, in ``ANALYSES``); a subject that lacks one is refused with one line naming the need and the analyses
 that do apply to it (exit code 2).
 """
 
@@ -30,10 +30,10 @@ from pathlib import Path
 
 import torch
 
-from models import cli
-from models.io import write_json, write_set
-from models.sources import NAMED
-from models.subject import BAYES_TASK, CONTENT_FREE_COPYERS, DISENTANGLED, MARKOV_TASK, Subject  # noqa: F401 (analyses declare REQUIRES with them)
+from models.interp.subject import BAYES_TASK, CONTENT_FREE_COPYERS, DISENTANGLED, MARKOV_TASK, Subject  # noqa: F401 (analyses declare REQUIRES with them)
+from models.loading.sources import NAMED
+from models.plumbing import cli
+from models.plumbing.io import write_json, write_set
 
 FIGURES_DIR = Path(__file__).resolve().parent.parent / "figures"  # the paper's figures: analyses.paper only
 RUNS_DIR = Path("runs") / "figures"  # every other run's, relative to the working folder
@@ -244,7 +244,7 @@ def render_figure(fig, path: Path) -> None:
 
 
 def save_set(out: str | Path, name: str, figures: dict, results, args, subject: Subject | None) -> list[Path]:
-    """Write every figure (PNG + PDF) and ``name.json`` as one set (``models.io.write_set``): after an
+    """Write every figure (PNG + PDF) and ``name.json`` as one set (``models.plumbing.io.write_set``): after an
     error, a kill or a concurrent run, ``out`` holds all of this run's files or all of the old ones."""
     import matplotlib.pyplot as plt  # plotting stays off the import path of the CLIs' --help
 

@@ -23,9 +23,9 @@ from tqdm.auto import tqdm
 
 import models
 from analyses import common
-from models import cli
-from models.standard import StandardConfig, train_standard
-from models.subject import DISENTANGLED, Subject, load_subject, subject_of
+from models.interp.subject import DISENTANGLED, Subject, load_subject, subject_of
+from models.plumbing import cli
+from models.training.standard import StandardConfig, train_standard
 from probes import bma_posterior
 from probes.linear import linear_probe
 from probes.metrics import parent_hits

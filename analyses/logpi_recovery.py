@@ -24,7 +24,7 @@ import numpy as np
 import torch
 
 from analyses import common
-from models.subject import head_label
+from models.interp.subject import head_label
 from probes import head_assignment
 from probes.metrics import column_softmax_error, fit_column_shift
 

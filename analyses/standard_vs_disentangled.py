@@ -18,9 +18,9 @@ import tempfile
 from pathlib import Path
 
 from analyses import common
-from models.checkpoint import STANDARD_CHECKPOINT
-from models.standard import TRAINING_JSON, StandardConfig, train_standard
-from models.train import TrainConfig, train
+from models.loading.checkpoint import STANDARD_CHECKPOINT
+from models.training.standard import TRAINING_JSON, StandardConfig, train_standard
+from models.training.train import TrainConfig, train
 
 NAME = "standard_vs_disentangled"
 N_CONTEXTS = None  # no --n-contexts: it samples no contexts of a checkpoint

@@ -1,7 +1,7 @@
 """Constructed models whose circuit is known exactly, shared by tests/test_inspect.py and tests/test_circuit.py.
 
 ``TransposedCircuit``: a standard-layout LM with a real residual stream (a sum of writes, one subspace per
-writer) and every hook TransformerLens names and ``models.circuit.build_graph`` reads (``hook_embed``,
+writer) and every hook TransformerLens names and ``models.interp.circuit.build_graph`` reads (``hook_embed``,
 ``hook_pos_embed``, ``blocks.i.hook_resid_pre``, each head's ``hook_q`` / ``hook_k`` / ``hook_v`` computed
 position by position from that residual, ``hook_pattern``, ``hook_z`` and ``W_O``, ``hook_resid_mid``,
 MLP0's ``hook_mlp_out``, the final ``hook_resid_post``), computing BMA exactly by a route that is not
@@ -15,7 +15,7 @@ import torch
 from transformer_lens import HookedRootModule
 from transformer_lens.hook_points import HookPoint
 
-from models.subject import StandardSubject
+from models.interp.subject import StandardSubject
 from probes import Layout
 
 BLOCKED = -1e9  # an attention score that softmax turns into exactly zero (float64)

@@ -14,8 +14,8 @@ import models
 from analyses import activation_patching as ap
 from analyses.common import single_thread
 from models import DisentangledSubject, load_subject
-from models.interventions import corrupted_contexts
-from models.patching import index_df
+from models.interp.interventions import corrupted_contexts
+from models.interp.patching import index_df
 from probes import bma_posterior, bma_predictive
 from tests.conftest import build_task
 

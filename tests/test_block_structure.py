@@ -12,7 +12,8 @@ from conftest import build_task
 
 import models
 from analyses import block_structure as bs
-from models.train import TrainConfig, train
+from models.training import short_run
+from models.training.train import TrainConfig, train
 from probes.metrics import block_norms
 
 
@@ -72,20 +73,20 @@ def train_tiny(out, steps: int, snapshot_every: int = 10):
 
 def test_snapshots_of_a_training_run_survive_and_are_measured(tmp_path):
     model = train_tiny(tmp_path / "run", 30)
-    snaps = bs.find_snapshots(tmp_path / "run")
+    snaps = short_run.find_snapshots(tmp_path / "run")
     assert [s for s, _ in snaps] == [10, 20, 30]
     series = bs.emergence(snaps, progress=False)
     # The last snapshot is the final model: same block norms as measured directly.
     torch.testing.assert_close(series[-1]["norms"], block_norms(model.W_KQ, 3), rtol=0, atol=0)
     assert all(np.isfinite(s["ratio"]) for s in series)
     with pytest.raises(ValueError, match="no step_XXXXXX"):
-        bs.find_snapshots(tmp_path)
+        short_run.find_snapshots(tmp_path)
 
 
 def test_snapshots_between_evaluations_are_kept_and_distinct(tmp_path):
     # A snapshot every 5 steps with evaluations every 10: every fifth step is kept, not only the evaluated ones.
     model = train_tiny(tmp_path / "run", 20, snapshot_every=5)
-    snaps = bs.find_snapshots(tmp_path / "run")
+    snaps = short_run.find_snapshots(tmp_path / "run")
     assert [s for s, _ in snaps] == [5, 10, 15, 20]
     weights = [models.load(p).W_KQ.detach() for _, p in snaps]
     assert all(not torch.equal(a, b) for i, a in enumerate(weights) for b in weights[i + 1 :])

@@ -12,7 +12,7 @@ from conftest import build_task, tiny_train_config
 
 from analyses import bma_agreement as ba
 from analyses.common import sample_contexts
-from models.train import train
+from models.training.train import train
 from probes import MarkovTreeTask
 
 

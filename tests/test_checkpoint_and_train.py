@@ -14,7 +14,7 @@ import torch
 
 import models
 from models import CausalTransformer, CausalTransformerConfig, load_task
-from models.train import train
+from models.training.train import train
 from probes import MarkovTreeTask, bma_posterior, bma_predictive, head_assignment, mean_tv, target_nll
 from tests.conftest import build_task, tiny_train_config
 from tests.test_model import random_model
@@ -173,7 +173,7 @@ def test_model_with_more_heads_than_demonstrations_builds():
 
 def test_evaluate_cli_weights_chunks_by_size_and_rejects_bad_sizes(tmp_path, capsys):
     from models import load_subject
-    from models.evaluate import evaluate, evaluate_subject, main
+    from models.training.evaluate import evaluate, evaluate_subject, main
 
     subject = load_subject("default")
     got = evaluate_subject(subject, 500, seed=3, batch_size=300)  # chunks of 300 and 200

@@ -1,4 +1,4 @@
-"""models.circuit: hooks that mean what they say (per family), exact edge patching and EAP-IG recover the
+"""models.interp.circuit: hooks that mean what they say (per family), exact edge patching and EAP-IG recover the
 circuits known in advance (ROC AUC), EAP equals exact patching where the metric is linear in the patched
 input, and single-edge scores add up where they must."""
 
@@ -12,7 +12,7 @@ from test_formats import hf_folder
 from test_formats_pipelines import SPECIAL, write_nanogpt
 
 import models
-from models.circuit import (
+from models.interp.circuit import (
     Runner,
     build_graph,
     denoising_runner,
@@ -23,9 +23,9 @@ from models.circuit import (
     sender_writes,
     source_writes,
 )
-from models.hooked_transformer import HookedTransformer, HookedTransformerConfig
-from models.interventions import Intervention
-from models.subject import StandardSubject, load_subject, subject_of
+from models.interp.interventions import Intervention
+from models.interp.subject import StandardSubject, load_subject, subject_of
+from models.nets.hooked_transformer import HookedTransformer, HookedTransformerConfig
 from probes import Layout, bma_predictive
 
 
@@ -322,7 +322,7 @@ def test_inspect_sufficiency_is_the_share_kept_with_every_other_head_mean_ablate
 
 
 def test_greedy_pruning_keeps_exactly_the_paper_circuit_on_theorem1():
-    from models.circuit import greedy
+    from models.interp.circuit import greedy
 
     subject = load_subject("theorem1:beta=50")
     graph = build_graph(subject)
@@ -382,7 +382,7 @@ def test_a_head_that_matters_only_on_the_target_side_is_found_by_the_target_corr
 
 def _final_resid_patch(subject, tokens, sub: slice, positions, value):
     """NLL of the targets with the final residual's subspace ``sub`` at ``positions`` set to ``value``
-    (``[batch or 1, len(positions), width]``): a hand-written hook, no models.circuit."""
+    (``[batch or 1, len(positions), width]``): a hand-written hook, no models.interp.circuit."""
 
     def hook(x, hook):
         x = x.clone()

@@ -1,4 +1,4 @@
-"""``--help`` of every entry point: every flag explained, and the fast path (``models.fast_help``) prints
+"""``--help`` of every entry point: every flag explained, and the fast path (``models.plumbing.fast_help``) prints
 exactly what the entry point's own parser prints, without importing torch."""
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 import analyses
-from models import fast_help
+from models.plumbing import fast_help
 
 ROOT = Path(__file__).resolve().parent.parent
 # module run by `python -m NAME` -> the module whose main(argv) parses its flags
@@ -27,9 +27,9 @@ ENTRY_POINTS = {
         for m in pkgutil.iter_modules(analyses.__path__)
         if m.name != "common"
     },
-    "models.train": "models.train",
-    "models.standard": "models.standard",
-    "models.evaluate": "models.evaluate",
+    "models.train": "models.training.train",
+    "models.standard": "models.training.standard",
+    "models.evaluate": "models.training.evaluate",
     "bench": "bench.__main__",
 }
 

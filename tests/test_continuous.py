@@ -11,8 +11,8 @@ from conftest import tiny_train_config
 import models
 from analyses.common import single_thread
 from analyses.continuous import fit_bilinear, measure
-from models.continuous import bma_bilinear_model
-from models.train import train
+from models.nets.continuous import bma_bilinear_model
+from models.training.train import train
 from probes.continuous import ContinuousTask, gaussian_bma_mean, gaussian_bma_posterior
 
 

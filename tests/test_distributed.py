@@ -11,8 +11,8 @@ import pytest
 import torch
 
 import models
-from models import distributed
-from models.train import TrainConfig, init_copyers, train
+from models.training import distributed
+from models.training.train import TrainConfig, init_copyers, train
 
 ROOT = Path(__file__).resolve().parent.parent
 # float64: Adam divides by sqrt(v), so on near-zero gradients it amplifies float32 differences in the
@@ -65,7 +65,7 @@ def test_two_gloo_processes_match_one_process(tmp_path):
         assert (ddp[name] - weight).abs().max().item() < 1e-6, name
     moved = max((w - start.state_dict()[k]).abs().max().item() for k, w in single.state_dict().items())
     assert moved > 1e-2  # the runs trained: agreement is not agreement at initialisation
-    saved = models.checkpoint.read_config(tmp_path / "ddp")["training"]["history"]
+    saved = models.loading.checkpoint.read_config(tmp_path / "ddp")["training"]["history"]
     assert [m["step"] for m in saved] == [m["step"] for m in history]
     assert saved[-1]["loss"] == pytest.approx(history[-1]["loss"], abs=1e-9)  # global mean, reduced over ranks
 

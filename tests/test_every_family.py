@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from analyses import common
-from models.subject import DISENTANGLED, StandardSubject, load_subject
+from models.interp.subject import DISENTANGLED, StandardSubject, load_subject
 from probes import MarkovTreeTask
 
 WITH_CHECKPOINT = [name for name, a in common.registry().items() if a.requires is not None]

@@ -1,4 +1,4 @@
-"""models.sources: plain state dicts, key maps, bare safetensors, Hugging Face folders (models.standard)."""
+"""models.loading.sources: plain state dicts, key maps, bare safetensors, Hugging Face folders (models.standard)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,13 @@ import torch
 from conftest import build_task
 
 import models
-from models.standard import StandardConfig, build_gpt2, save_standard, target_log_probs, uniform_parent_predictive
+from models.training.standard import (
+    StandardConfig,
+    build_gpt2,
+    save_standard,
+    target_log_probs,
+    uniform_parent_predictive,
+)
 
 
 def small_model(task=None, beta: float = 3.0):

@@ -1,4 +1,4 @@
-"""Checkpoints from the pipelines researchers use (models.sources, models.converters): each test writes a
+"""Checkpoints from the pipelines researchers use (models.loading.sources, models.loading.converters): each test writes a
 small model IN THAT PIPELINE'S OWN FORMAT AND LAYOUT (nanoGPT's ckpt.pt, a TransformerLens state dict and
 its cfg.to_dict(), a paper-literal re-implementation with a key map, a Hugging Face GPT-2 folder) and
 compares the target log-probabilities that every analysis reads (``Subject.log_probs``) with a forward
@@ -20,10 +20,10 @@ from torch import nn
 
 import models
 from analyses import inspect
-from models import converters
-from models.hooked_transformer import HookedTransformer
-from models.loading import load as models_load
-from models.subject import load_subject
+from models.interp.subject import load_subject
+from models.loading import converters
+from models.loading.loading import load as models_load
+from models.nets.hooked_transformer import HookedTransformer
 
 SPECIAL = {"bos": 0, "sep": 1, "token_offset": 2}  # BOS, separator, task tokens after two specials
 LAYOUTS = {

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from models.loading import load
+from models.loading.loading import load
 
 DIRS = [d for d in os.environ.get("TL_RELEASE_DIRS", "").split(os.pathsep) if d]
 WRITER = Path(__file__).parent / "data" / "write_transformer_lens.py"

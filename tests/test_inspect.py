@@ -14,7 +14,7 @@ from test_formats import file_config, hf_folder
 import models
 from analyses import common, inspect
 from analyses.inspect import inspect_subject
-from models.subject import load_subject, subject_of
+from models.interp.subject import load_subject, subject_of
 from probes import bma_posterior, bma_predictive
 
 

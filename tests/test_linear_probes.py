@@ -9,7 +9,7 @@ from test_formats import hf_folder
 
 import models
 from analyses.linear_probes import copyer_probes, parent_probes, standard_probes
-from models.subject import load_subject
+from models.interp.subject import load_subject
 from probes.linear import linear_probe
 
 

@@ -16,7 +16,7 @@ import torch
 from packaging.requirements import Requirement
 
 from analyses import common, copyers
-from models.subject import load_subject
+from models.interp.subject import load_subject
 
 ROOT = Path(__file__).resolve().parent.parent
 

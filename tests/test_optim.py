@@ -1,4 +1,4 @@
-"""models.optim: the training batch does not depend on the thread count, and a training process keeps the
+"""models.training.optim: the training batch does not depend on the thread count, and a training process keeps the
 memory it frees (a large block asked for again faults in no fresh pages)."""
 
 from __future__ import annotations
@@ -10,12 +10,12 @@ import sys
 import pytest
 import torch
 
-from models.optim import sample_batch
-from models.train import PRESETS, TrainConfig
+from models.training.optim import sample_batch
+from models.training.train import PRESETS, TrainConfig
 
 FAULTS = """
 import resource, sys, torch
-from models.optim import keep_freed_memory
+from models.training.optim import keep_freed_memory
 if sys.argv[1] == "keep":
     assert keep_freed_memory()
 faults = lambda: resource.getrusage(resource.RUSAGE_SELF).ru_minflt

@@ -1,4 +1,4 @@
-"""models.patching: each ready sweep against a hand loop of ``run_with_hooks`` with hooks written here."""
+"""models.interp.patching: each ready sweep against a hand loop of ``run_with_hooks`` with hooks written here."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import torch
 from transformer_lens.patching import generic_activation_patch, layer_pos_head_vector_patch_setter
 
 from models import CausalTransformer, CausalTransformerConfig
-from models.patching import index_df, patch_copyer_heads, patch_layer2_pattern, patch_subspaces
+from models.interp.patching import index_df, patch_copyer_heads, patch_layer2_pattern, patch_subspaces
 from tests.conftest import build_task
 
 
@@ -147,7 +147,7 @@ def test_per_example_results_and_a_sweep_past_the_layer_are_refused_before_runni
             )
     finally:
         model.reset_hooks()
-    assert "\n" not in str(e.value) and "models.patching" in str(e.value) and "head_index=1" in str(e.value)
+    assert "\n" not in str(e.value) and "models.interp.patching" in str(e.value) and "head_index=1" in str(e.value)
     assert runs == []
     with pytest.raises(ValueError, match="side must be one of"):
         patch_subspaces(model, corrupted, cache, metric, side="value")

@@ -15,7 +15,7 @@ import torch
 
 from analyses import phase_diagram
 from analyses.phase_diagram import Grid, compute, plot, plot_curves, steps_to
-from models.standard import StandardConfig
+from models.training.standard import StandardConfig
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from models import CausalTransformer
-from models.train import PRESETS, TrainConfig, init_copyers, parse_args
+from models.training.train import PRESETS, TrainConfig, init_copyers, parse_args
 from probes import head_assignment
 
 
@@ -59,7 +59,7 @@ def test_scale_collects_a_run_into_the_histories_and_keeps_earlier_runs(tmp_path
     import json
 
     from analyses import scale
-    from models.train import train
+    from models.training.train import train
 
     cfg = TrainConfig(steps=4, eval_every=2, eval_contexts=16, batch_size=8, out=str(tmp_path / "run"))
     train(cfg)

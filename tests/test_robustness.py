@@ -17,10 +17,10 @@ from test_formats import file_config, hf_folder, small_model
 
 import models
 from analyses import inspect
-from models import standard, train
-from models.sources.key_map import read_key_map
-from models.sources.task_json import read_task as task_from_dict
-from models.subject import load_subject
+from models.interp.subject import load_subject
+from models.loading.sources.key_map import read_key_map
+from models.loading.sources.task_json import read_task as task_from_dict
+from models.training import standard, train
 from probes import MarkovTreeTask
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -21,8 +21,9 @@ from test_robustness_work import tree
 
 import models
 from analyses import copyers
-from models import checkpoint, evaluate, train
-from models.io import run_cli
+from models.loading import checkpoint
+from models.plumbing.io import run_cli
+from models.training import evaluate, train
 
 LONG = "x" * 300
 TINY = ["--d-vocab", "3", "--n-examples", "2", "--seq-len", "3", "--batch-size", "4", "--eval-contexts", "8"]

@@ -1,4 +1,4 @@
-"""The third robustness catalogue (issue 23): every entry point on the one convention of ``models.cli``.
+"""The third robustness catalogue (issue 23): every entry point on the one convention of ``models.plumbing.cli``.
 ``models.standard``, ``bench``, ``analyses.scale``, ``analyses.attention_view`` and
 ``analyses.linear_probes`` beside ``models.train`` and ``models.evaluate``: flags validated before any
 work, no file written over an input or another format's checkpoint, no set written half, messages that
@@ -29,8 +29,9 @@ from tqdm.auto import tqdm
 import bench.__main__ as bench
 import models
 from analyses import attention_view, linear_probes, scale
-from models import checkpoint, standard, train
-from models.io import run_cli
+from models.loading import checkpoint
+from models.plumbing.io import run_cli
+from models.training import standard, train
 
 ROOT = Path(__file__).resolve().parent.parent
 BOUND_S = 60  # a case that takes longer is a hang (each takes seconds)
@@ -111,7 +112,7 @@ def _interrupted(main, target: str):
         def quiet(*a, **kw):  # the progress bar is not part of the error
             return tqdm(*a, **{**kw, "disable": True})
 
-        with mock.patch(target, side_effect=KeyboardInterrupt), mock.patch("models.standard.tqdm", quiet):
+        with mock.patch(target, side_effect=KeyboardInterrupt), mock.patch("models.training.standard.tqdm", quiet):
             main(argv)
 
     return run
@@ -147,7 +148,7 @@ CASES = [
     (
         "traceback",
         "standard Ctrl-C",
-        lambda t, s: (_interrupted(standard.main, "models.standard._descend"), [*STANDARD, *_out(t)]),
+        lambda t, s: (_interrupted(standard.main, "models.training.standard._descend"), [*STANDARD, *_out(t)]),
         "error: interrupted",
         130,
     ),

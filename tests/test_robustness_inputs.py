@@ -60,7 +60,7 @@ def test_standard_refuses_numbers_that_would_train_a_nan_model(tmp_path, flags, 
 
 
 def test_standard_stops_on_divergence_and_saves_nothing(tmp_path, monkeypatch):
-    from models import standard
+    from models.training import standard
 
     descend = standard._descend
 

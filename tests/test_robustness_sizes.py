@@ -38,12 +38,12 @@ from test_robustness_cli import HUGE, _edit_config
 from test_robustness_work import tree
 
 import models
-from models import checkpoint
-from models.causal_transformer import CausalTransformer
-from models.hooked_transformer import HookedTransformer, HookedTransformerConfig
-from models.io import MAX_TENSORS
-from models.sources import resolve
-from models.sources.files import Found
+from models.loading import checkpoint
+from models.loading.sources import resolve
+from models.loading.sources.files import Found
+from models.nets.causal_transformer import CausalTransformer
+from models.nets.hooked_transformer import HookedTransformer, HookedTransformerConfig
+from models.plumbing.io import MAX_TENSORS
 
 ROOT = Path(__file__).resolve().parent.parent
 LIMIT_BYTES = 4 * 10**9  # address space of each case: a full analysis of the shipped models needs < 3 GB
@@ -442,8 +442,8 @@ def test_the_theorem1_estimate_is_its_allocation_exactly(sizes):
 def test_the_hugging_face_estimate_is_within_one_percent_of_what_the_bridge_holds(tmp_path, monkeypatch):
     """What ``hugging_face.check_size`` hands to ``check_memory`` (a floor from the config's numbers, then
     the meta-device count) against the storages of the booted bridge."""
-    from models import io
-    from models.sources import hugging_face
+    from models.loading.sources import hugging_face
+    from models.plumbing import io
 
     folder, _, _ = hf_folder(tmp_path, small_task())
     config = json.loads((folder / "config.json").read_text())
@@ -474,7 +474,7 @@ def test_a_large_file_beside_the_weights_is_never_read(tmp_path):
         with open(where / "optimizer.bin", "wb") as f:
             f.truncate(100 * 10**9)
     code = (
-        "import sys; from models.sources import resolve; "
+        "import sys; from models.loading.sources import resolve; "
         "print(resolve(sys.argv[1]).digest, resolve(sys.argv[2]).digest)"
     )
     env = {**os.environ, "PYTHONPATH": str(ROOT)}

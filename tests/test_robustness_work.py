@@ -19,9 +19,11 @@ from conftest import build_task
 from test_formats import small_model
 
 import models
-from models import checkpoint, io, train
-from models.io import Busy, exclusive_lock
-from models.train import training_lock
+from models.loading import checkpoint
+from models.plumbing import io
+from models.plumbing.io import Busy, exclusive_lock
+from models.training import train
+from models.training.train import training_lock
 
 ROOT = Path(__file__).resolve().parent.parent
 TINY = ["--d-vocab", "3", "--n-examples", "2", "--seq-len", "3", "--batch-size", "8", "--eval-contexts", "16"]
@@ -301,7 +303,7 @@ def test_kill9_at_random_instants_then_resume_gives_the_uninterrupted_weights(tm
     assert [m["nll"] for m in killed] == [m["nll"] for m in full]
 
 
-# An analysis's figures and JSON: one set (models.io.write_set) -----------------------------------------
+# An analysis's figures and JSON: one set (models.plumbing.io.write_set) -----------------------------------------
 SET_STEPS = [(os, "rename"), (os, "replace"), (os, "mkdir"), (os, "chmod"), (os, "rmdir")]
 
 

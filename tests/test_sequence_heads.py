@@ -81,7 +81,7 @@ def test_sequence_scores_match_a_loop_over_every_key(bos, sep, order, n_parents)
         torch.ones(T, T, dtype=torch.bool).triu(1), -math.inf
     )
     pattern = scores.softmax(-1)
-    predicts = torch.cat([keys[1:], torch.full((1, 2), -1)])  # position p predicts p + 1 (models.subject)
+    predicts = torch.cat([keys[1:], torch.full((1, 2), -1)])  # position p predicts p + 1 (models.interp.subject)
     got = sequence_scores(pattern, predicts, keys, tokens, parents if n_parents > 1 else parents[..., 0], H, order)
     want = _brute_force(pattern, keys, tokens, parents, H, order)
     assert set(got) == set(want)

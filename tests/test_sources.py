@@ -1,4 +1,4 @@
-"""models.sources: one read of each file. ``python -m analyses.inspect --checkpoint standard`` opens the
+"""models.loading.sources: one read of each file. ``python -m analyses.inspect --checkpoint standard`` opens the
 checkpoint's task.json exactly once (counted at ``open``, below every reader), and a whole pickled
 ``nn.Module`` is refused by its own format with the line that says what to save instead."""
 
@@ -14,7 +14,7 @@ from torch import nn
 
 import models
 from analyses import inspect
-from models.sources import FORMATS, pickled_module, resolve
+from models.loading.sources import FORMATS, pickled_module, resolve
 
 
 def test_inspect_on_standard_reads_task_json_once(tmp_path, monkeypatch):

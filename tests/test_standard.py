@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 import torch
 
-from models import standard
-from models.standard import StandardConfig, build_gpt2, target_log_probs, train_standard
+from models.training import standard
+from models.training.standard import StandardConfig, build_gpt2, target_log_probs, train_standard
 from probes import MarkovTreeTask
 
 TINY = dict(d_vocab=4, n_examples=3, seq_len=4, n_heads=2, d_model=8, d_mlp=16, eval_every=3, eval_contexts=16)

@@ -13,8 +13,9 @@ from constructed import transposed_subject
 from test_formats import hf_folder
 
 from analyses import standard_circuit as sc
-from models.interventions import head_outputs
-from models.subject import load_subject
+from models.interp import path_patching as pp
+from models.interp.interventions import head_outputs
+from models.interp.subject import load_subject
 from probes import bma_predictive, target_nll
 
 
@@ -39,12 +40,12 @@ def test_dropping_a_demonstration_from_the_reader_gives_bma_without_it():
     for l in range(4):
         keep = [k for k in range(4) if k != l]
         want = bma_predictive(task.pi, tokens, 4, 6, task.root, demonstrations=keep, log=True).double()
-        got = subject.log_probs(tokens, sc.drop_demonstration_hook(subject, [0], l, renormalise=False))
+        got = subject.log_probs(tokens, pp.drop_demonstration_hook(subject, [0], l, renormalise=False))
         assert torch.allclose(got[:, 1:], want[:, 1:], atol=1e-9)
-    r = sc.bma_without(subject, tokens, [0])
+    r = pp.bma_without(subject, tokens, [0])
     assert abs(r["slope"] - 1) < 1e-6 and abs(r["correlation"] - 1) < 1e-6 and r["kl_without_vs_ablated"] < 1e-9
     assert r["kl_without_vs_clean"] > 0.01  # dropping a demonstration does change BMA
-    other = sc.bma_without(subject, tokens, [1])  # a head the read-out ignores: nothing moves
+    other = pp.bma_without(subject, tokens, [1])  # a head the read-out ignores: nothing moves
     assert abs(other["kl_without_vs_clean"] - other["kl_without_vs_ablated"]) < 1e-12
 
 
@@ -88,7 +89,7 @@ def test_sender_delta_is_what_the_head_adds_to_the_residual(tmp_path):
     tokens, _ = task.sample(8, torch.Generator().manual_seed(5))
     bad, _ = task.sample(8, torch.Generator().manual_seed(6))
     positions = subject.layout.token_positions()[:3].flatten()
-    delta = sc.sender_delta(subject, tokens, bad, 1, positions)
+    delta = pp.sender_delta(subject, tokens, bad, 1, positions)
     z_bad = head_outputs(subject, bad, [0])[0]
     store = {}
 
@@ -107,10 +108,10 @@ def test_sender_delta_is_what_the_head_adds_to_the_residual(tmp_path):
     # A path from an unchanged context carries nothing, directly or through the MLP.
     clean = target_nll(subject.log_probs(tokens), tokens)
     for mlp in (False, True):
-        assert abs(sc.path_patch(subject, tokens, tokens, [0, 1], [0, 1], positions, mlp) - clean) < 1e-6
+        assert abs(pp.path_patch(subject, tokens, tokens, [0, 1], [0, 1], positions, mlp) - clean) < 1e-6
     # All senders into all receivers through the MLP, with the receivers' queries clean: at the demonstration
     # positions every layer-1 input is then the corrupted run's wherever layer 0's heads differ.
-    assert sc.path_patch(subject, tokens, bad, [0, 1], [0, 1], positions, True) != clean
+    assert pp.path_patch(subject, tokens, bad, [0, 1], [0, 1], positions, True) != clean
 
 
 def test_cli_writes_the_set_and_calls_an_untrained_model_a_plateau(tmp_path, capsys):

@@ -1,4 +1,4 @@
-"""models.sweep: a two-cell phase-diagram sweep really trained through each engine this machine can run
+"""models.training.sweep: a two-cell phase-diagram sweep really trained through each engine this machine can run
 equals the two cells trained directly in this process; results come back in order whatever order the jobs
 end in; every job runs at the thread count asked; the Slurm executor carries the partition and the
 parameters into its sbatch script (submitted to a stand-in sbatch: no Slurm here); bad flags exit 2."""
@@ -14,7 +14,7 @@ import torch
 
 from analyses import phase_diagram
 from analyses.phase_diagram import Grid, train_cell
-from models import sweep
+from models.training import sweep
 
 # Two cells of the phase diagram, small enough for CI but trained for real: a GPT-2 and the disentangled
 # model (each evaluated at steps 0, 4 and 8 on held-out contexts).

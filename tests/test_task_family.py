@@ -16,9 +16,9 @@ import numpy as np
 import pytest
 import torch
 
-from models.sources.task_json import read_task
-from models.standard import StandardConfig
-from models.train import TrainConfig
+from models.loading.sources.task_json import read_task
+from models.training.standard import StandardConfig
+from models.training.train import TrainConfig
 from probes import MarkovTreeTask
 from probes.graph_task import GraphTask, make_task, relative_offsets
 from probes.metrics import target_nll
@@ -331,8 +331,8 @@ def test_each_task_runs_through_both_trainers_inspect_and_trajectory(tmp_path, s
     from analyses import common, trajectory
     from analyses import inspect as inspect_analysis
     from models import load_task
-    from models.standard import train_standard
-    from models.train import train
+    from models.training.standard import train_standard
+    from models.training.train import train
 
     alpha = 0.5
     cfg = tiny_train_config(tmp_path, task_kind=spec, alpha=alpha, n_examples=L, n_copy_heads=K, seq_len=5,
@@ -361,7 +361,7 @@ def test_each_task_runs_through_both_trainers_inspect_and_trajectory(tmp_path, s
 def test_the_disentangled_model_refuses_a_graph_it_cannot_read_without_demonstrations(tmp_path, capsys):
     """Relative positions only: with L = 0 a random DAG's parents sit at offsets that change with the
     position (a chain's and an n-gram's do not); one line, exit 2, nothing written."""
-    from models.train import main
+    from models.training.train import main
 
     assert relative_offsets([[], [0], [1], [2]]) == [1]
     assert relative_offsets([[], [0], [0, 1], [1, 2]]) == [1, 2]  # a 3-gram
@@ -420,7 +420,7 @@ def test_a_bad_task_json_is_one_line_and_exit_2_in_an_analysis(tmp_path, capsys,
     one line and exit 2."""
     from analyses import inspect as inspect_analysis
     from analyses import trajectory
-    from models.standard import train_standard
+    from models.training.standard import train_standard
 
     std = StandardConfig(task_kind="chain:kernel=dirichlet", d_vocab=3, n_examples=0, seq_len=3, n_heads=1, d_model=8,
                          d_mlp=8, steps=2, batch_size=4, eval_every=2, eval_contexts=8, snapshot_every=2,
@@ -449,7 +449,7 @@ def test_graph_task_rejects_bad_fields():
 def test_no_demonstrations_the_copyers_read_the_target_prefix():
     """With L = 0 the copyers attend inside the target's own prefix (w_L[k, 0]); row 0, with no key, copies
     nothing; a copyer preferring offset -1 is a previous-token head; the loss and its gradient are finite."""
-    from models.causal_transformer import CausalTransformer, CausalTransformerConfig
+    from models.nets.causal_transformer import CausalTransformer, CausalTransformerConfig
 
     with pytest.raises(ValueError, match="n_copy_heads must be given"):
         CausalTransformerConfig(3, 0, 6)
@@ -475,8 +475,8 @@ def test_no_demonstrations_the_copyers_read_the_target_prefix():
 
 def test_no_demonstrations_init_gives_each_copyer_its_own_offset():
     """Without demonstrations to spread the heads over, head k starts at offset -(k+1): distinct heads."""
-    from models.causal_transformer import CausalTransformer, CausalTransformerConfig
-    from models.train import init_copyers
+    from models.nets.causal_transformer import CausalTransformer, CausalTransformerConfig
+    from models.training.train import init_copyers
 
     model = CausalTransformer(CausalTransformerConfig(3, 0, 6, n_copy_heads=3))
     assert init_copyers(model, 1.0, 5.0, torch.Generator().manual_seed(0)) == [-1, -1, -1]
@@ -505,7 +505,7 @@ def test_the_shipped_checkpoints_and_our_numbers_are_unchanged():
     and the shipped GPT-2's last evaluation in its training.json (its 512 held-out contexts: NLL, BMA, the
     plateau). A changed checkpoint, sampler or oracle moves them."""
     from models import load
-    from models.standard import reference_nlls, target_log_probs
+    from models.training.standard import reference_nlls, target_log_probs
     from probes import mean_tv
     from probes.metrics import parent_set_accuracy
 

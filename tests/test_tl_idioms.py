@@ -14,8 +14,8 @@ import torch.nn.functional as F
 from transformer_lens import ActivationCache, patching
 
 import models
-from models.causal_transformer import RESULT_HOOK
-from models.standard import StandardConfig, build_gpt2, save_standard
+from models.nets.causal_transformer import RESULT_HOOK
+from models.training.standard import StandardConfig, build_gpt2, save_standard
 from tests.conftest import build_task
 
 OURS = ("checkpoint", "theorem1")
@@ -200,7 +200,7 @@ def test_get_act_patch_helpers(families, family):
             patching.get_act_patch_attn_head_pattern_by_pos,
             patching.get_act_patch_resid_pre,
         ):
-            one_line(ValueError, lambda: helper(model, corrupted, cache, metric), "models.patching", "index_df")
+            one_line(ValueError, lambda: helper(model, corrupted, cache, metric), "models.interp.patching", "index_df")
         one_line(KeyError, lambda: patching.get_act_patch_mlp_out(model, corrupted, cache, metric), "no such part")
     finally:
         model.reset_hooks()

@@ -15,8 +15,8 @@ from conftest import tiny_train_config
 
 import models
 from analyses import trajectory as tj
-from models.standard import StandardConfig, train_standard
-from models.train import train
+from models.training.standard import StandardConfig, train_standard
+from models.training.train import train
 from probes import bma_posterior, bma_predictive, head_assignment, mean_tv, target_nll
 
 
