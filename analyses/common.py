@@ -40,7 +40,7 @@ RUNS_DIR = Path("runs") / "figures"  # every other run's, relative to the workin
 
 # Every analysis, in the order of the paper's argument (mechanism, theory, other models, scale, CAPE). What
 # each needs of its subject is its module's REQUIRES (None: it studies synthetic tasks of its own and takes no
-# --checkpoint); tests/test_registration.py fails if a module of analyses/ is missing here.
+# --checkpoint); tests/analyses/test_registration.py fails if a module of analyses/ is missing here.
 ANALYSES = [
     "head_ablation", "activation_patching", "copyers", "logpi_recovery", "block_structure", "bma_agreement",
     "init_gradient", "information", "continuous", "inspect", "inspect_standard", "linear_probes", "standard_circuit", "circuit",
