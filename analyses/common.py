@@ -2,7 +2,7 @@
 PNG + PDF + JSON as one set, printing a summary, and errors.
 
 An analysis module defines ``NAME``, ``compute``, ``figures`` and ``summary`` and declares
-``REQUIRES`` and ``ANALYSIS = Analysis.from_module(globals())`` (optional names: ``N_CONTEXTS``, ``add_flags``,
+``REQUIRES`` and registers itself in one line, ``ANALYSIS = common.register(globals())`` (optional names: ``N_CONTEXTS``, ``add_flags``,
 ``check_flags``, ``record``):
 ``compute(subject, args) -> result`` (plain data; ``subject`` is a ``models.Subject``, or None for an
 analysis of its own synthetic tasks), ``figures(result, args) -> {stem: matplotlib figure}`` (or one
@@ -215,6 +215,17 @@ def main(analysis: Analysis, argv: list[str] | None = None) -> dict:
     print(analysis.summary(result))
     report_written(written)
     return result
+
+
+def register(ns: dict, analysis: Analysis | None = None) -> Analysis:
+    """The one registration line at the foot of an analysis module, ``ANALYSIS = common.register(globals())``:
+    its ``Analysis`` (``analysis``, else ``Analysis.from_module(ns)``), its ``main`` (``ns["main"]``, for
+    ``analyses.<name>.main(argv)``), and the run under ``python -m analyses.<name>``."""
+    analysis = analysis or Analysis.from_module(ns)
+    ns["main"] = analysis.main
+    if ns["__name__"] == "__main__":
+        run(analysis.main)
+    return analysis
 
 
 def run(main_fn, argv: list[str] | None = None):
