@@ -235,10 +235,4 @@ def summary(r: dict) -> str:
 
 
 REQUIRES = frozenset({common.DISENTANGLED})  # what it needs of its subject
-ANALYSIS = common.Analysis.from_module(globals())
-
-
-main = ANALYSIS.main
-
-if __name__ == "__main__":
-    common.run(main)
+ANALYSIS = common.register(globals())

@@ -264,11 +264,5 @@ def check_flags(parser, args) -> None:
 
 
 REQUIRES = frozenset({common.MARKOV_TASK})  # what it needs of its subject
-QUICK_ARGS = ["--n-trees", "1", "--inner-steps", "5"]  # tests/test_every_family.py: runs, on one tree
-ANALYSIS = common.Analysis.from_module(globals())
-
-
-main = ANALYSIS.main
-
-if __name__ == "__main__":
-    common.run(main)
+QUICK_ARGS = ["--n-trees", "1", "--inner-steps", "5"]  # tests/analyses/test_every_family.py: runs, on one tree
+ANALYSIS = common.register(globals())

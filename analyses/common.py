@@ -2,7 +2,7 @@
 PNG + PDF + JSON as one set, printing a summary, and errors.
 
 An analysis module defines ``NAME``, ``compute``, ``figures`` and ``summary`` and declares
-``REQUIRES`` and ``ANALYSIS = Analysis.from_module(globals())`` (optional names: ``N_CONTEXTS``, ``add_flags``,
+``REQUIRES`` and registers itself in one line, ``ANALYSIS = common.register(globals())`` (optional names: ``N_CONTEXTS``, ``add_flags``,
 ``check_flags``, ``record``):
 ``compute(subject, args) -> result`` (plain data; ``subject`` is a ``models.Subject``, or None for an
 analysis of its own synthetic tasks), ``figures(result, args) -> {stem: matplotlib figure}`` (or one
@@ -40,7 +40,7 @@ RUNS_DIR = Path("runs") / "figures"  # every other run's, relative to the workin
 
 # Every analysis, in the order of the paper's argument (mechanism, theory, other models, scale, CAPE). What
 # each needs of its subject is its module's REQUIRES (None: it studies synthetic tasks of its own and takes no
-# --checkpoint); tests/test_registration.py fails if a module of analyses/ is missing here.
+# --checkpoint); tests/analyses/test_registration.py fails if a module of analyses/ is missing here.
 ANALYSES = [
     "head_ablation", "activation_patching", "copyers", "logpi_recovery", "block_structure", "bma_agreement",
     "init_gradient", "information", "continuous", "inspect", "inspect_standard", "linear_probes", "standard_circuit", "circuit",
@@ -215,6 +215,17 @@ def main(analysis: Analysis, argv: list[str] | None = None) -> dict:
     print(analysis.summary(result))
     report_written(written)
     return result
+
+
+def register(ns: dict, analysis: Analysis | None = None) -> Analysis:
+    """The one registration line at the foot of an analysis module, ``ANALYSIS = common.register(globals())``:
+    its ``Analysis`` (``analysis``, else ``Analysis.from_module(ns)``), its ``main`` (``ns["main"]``, for
+    ``analyses.<name>.main(argv)``), and the run under ``python -m analyses.<name>``."""
+    analysis = analysis or Analysis.from_module(ns)
+    ns["main"] = analysis.main
+    if ns["__name__"] == "__main__":
+        run(analysis.main)
+    return analysis
 
 
 def run(main_fn, argv: list[str] | None = None):

@@ -370,10 +370,4 @@ def record(res) -> dict:
 
 
 REQUIRES = None  # its own synthetic tasks: no --checkpoint
-ANALYSIS = common.Analysis.from_module(globals())
-
-
-main = ANALYSIS.main
-
-if __name__ == "__main__":
-    common.run(main)
+ANALYSIS = common.register(globals())

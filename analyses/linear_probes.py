@@ -239,10 +239,4 @@ def check_flags(parser, args) -> None:
 
 
 REQUIRES = frozenset({common.MARKOV_TASK})  # what it needs of its subject
-ANALYSIS = common.Analysis.from_module(globals())
-
-
-main = ANALYSIS.main
-
-if __name__ == "__main__":
-    common.run(main)
+ANALYSIS = common.register(globals())

@@ -433,7 +433,7 @@ def describe_run(res: dict) -> str:
 
 
 REQUIRES = None  # its own synthetic tasks: no --checkpoint
-ANALYSIS = common.Analysis(
+ANALYSIS = common.register(globals(), common.Analysis(
     NAME,
     __doc__,
     compute_from_args,
@@ -443,10 +443,4 @@ ANALYSIS = common.Analysis(
     requires=REQUIRES,
     add_flags=add_flags,
     check_flags=check_flags,
-)
-
-
-main = ANALYSIS.main
-
-if __name__ == "__main__":
-    common.run(main)
+))

@@ -392,10 +392,4 @@ def figures(r: dict, args) -> dict:
 
 
 REQUIRES = frozenset({common.BAYES_TASK})  # what it needs of its subject
-ANALYSIS = common.Analysis.from_module(globals())
-
-
-main = ANALYSIS.main
-
-if __name__ == "__main__":
-    common.run(main)
+ANALYSIS = common.register(globals())

@@ -34,7 +34,7 @@ def sender_delta(subject: Subject, tokens, corrupted, sender: int, positions) ->
 # Where a sender's change enters: blocks.0.hook_attn_out is layer 0's attention output as it is added to the
 # residual, so a change there reaches the MLP and, past it, layer 1 (the direct path and the path through
 # MLP0). Not blocks.0.hook_resid_mid: on a TransformerBridge editing it changes only ln_2's input, so an
-# edit there measured the path through MLP0 alone (tests/test_circuit.py shows both).
+# edit there measured the path through MLP0 alone (tests/models/interp/test_circuit.py shows both).
 THROUGH_MLP_SITE, DIRECT_SITE = "blocks.0.hook_attn_out", "blocks.1.hook_resid_pre"
 
 

@@ -4,7 +4,7 @@
   as JSON): the names are already ours; the causal-mask buffers are dropped; a config saying ``"LN"``
   whose state dict has no ``ln*.w/b`` at all (saved after ``fold_ln``) loads as ``"LNPre"``, which is
   what TransformerLens itself does when it folds. Every field of every release's ``HookedTransformerConfig``
-  (``tests/data/tl_config_fields.json``) is known here: those that do not change the forward pass
+  (``tests/models/loading/data/tl_config_fields.json``) is known here: those that do not change the forward pass
   (``IGNORED_FIELDS``) are ignored; the others must have a covered value (``REQUIRED_VALUES``, the
   defaults) or are passed on (``MODEL_FIELDS``); a field no release has is an error.
 - Hugging Face GPT-2 with ``scale_attn_weights: false`` (``hf_gpt2_config``): the TransformerBridge always

@@ -1,8 +1,8 @@
 """``python -m ENTRY_POINT --help`` in a fraction of a second: the help texts of every entry point, kept in
 ``cli_help.json`` beside this file, are printed before torch or transformer_lens is imported (importing
 them takes seconds). Each package's ``__init__`` calls ``exit_if_help_asked`` first (``analyses`` and
-``bench`` through ``import models``); ``tests/test_cli_help.py`` fails when a text differs from what the
-entry point's own parser prints, and ``UPDATE_CLI_HELP=1 python -m pytest tests/test_cli_help.py``
+``bench`` through ``import models``); ``tests/models/plumbing/test_cli_help.py`` fails when a text differs from what the
+entry point's own parser prints, and ``UPDATE_CLI_HELP=1 python -m pytest tests/models/plumbing/test_cli_help.py``
 rewrites the file. Standard library only.
 """
 

@@ -19,7 +19,7 @@ this machine or on a Slurm cluster: ``run_jobs(fn, kwargs_list, cluster, jobs)``
 
 Every job runs at ``threads`` torch threads (default: this process's count, which the entry points set
 from ``--threads``, default 1) and draws its randomness from its own arguments, so its numbers do not
-depend on the engine, the number of jobs or the order the jobs ran in (tests/test_sweep.py).
+depend on the engine, the number of jobs or the order the jobs ran in (tests/models/training/test_sweep.py).
 """
 
 from __future__ import annotations

@@ -14,7 +14,7 @@ import models
 from models.training import distributed
 from models.training.train import TrainConfig, init_copyers, train
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[3]
 # float64: Adam divides by sqrt(v), so on near-zero gradients it amplifies float32 differences in the
 # order of the gradient reduction (measured: 1e-4 after 4 steps); in float64 they stay near 1e-14.
 TINY = {

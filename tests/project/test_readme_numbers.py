@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 README = ROOT / "README.md"
 
 HA = "figures/head_ablation.json"
@@ -571,7 +571,7 @@ UNCHECKED = [
      "shared machine; no committed file records them"),
     ("another seed: progress 0.995 at the end of training", "models.standard --seed 1's training.json, not committed "
      "(its circuit's JSON is: docs/reproductions/circuit_seed1.json)"),
-    ("default run ends 4096-context test", "tests/test_checkpoint_and_train.py thresholds, not results"),
+    ("default run ends 4096-context test", "tests/models/training/test_checkpoint_and_train.py thresholds, not results"),
     ("purity 0.68 -> 0.58, TV 0.022 (--init-demo 3, lr 3e-2, 4000 steps); 0.94 -> 0.75 (--init-demo 5)",
      "training runs whose output is not committed; the README gives the command"),
     ("Theorem 1 numbers in the head_ablation row (2e-16, TV 3e-4)", "from a run with --checkpoint theorem1:beta=50 "
@@ -606,7 +606,7 @@ UNCHECKED = [
     ("e^w / (e^w + L - 1): 0.94, 0.82; offset 0.70 vs 0.24", "closed-form arithmetic in the text"),
     ("CAPE downstream, the second and third of each 'a / b / c' triple and the 1000-step 0.284",
      "runs with --seed 1, 2 and --steps 1000 whose JSON is not committed (figures/cape_downstream.json is --seed 0)"),
-    ("continuous: KL 0.023 and 1.6e-16 on a small case", "measured in tests/test_continuous.py (d=3), the README says so"),
+    ("continuous: KL 0.023 and 1.6e-16 on a small case", "measured in tests/analyses/test_continuous.py (d=3), the README says so"),
     ("CAPE structure: 'N = 500', '5 to 25 times fewer samples'", "sample sizes and a ratio of them, not results"),
 ]
 

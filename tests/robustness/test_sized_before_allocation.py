@@ -23,6 +23,7 @@ import pytest
 import safetensors.torch
 import torch
 from conftest import build_task
+from test_cli_bad_input import HUGE, _edit_config
 from test_formats import file_config, hf_folder, small_model
 from test_formats_pipelines import (
     PaperLiteral,
@@ -34,8 +35,7 @@ from test_formats_pipelines import (
     write_paper_literal,
     write_task,
 )
-from test_robustness_cli import HUGE, _edit_config
-from test_robustness_work import tree
+from test_work_never_lost import tree
 
 import models
 from models.loading import checkpoint
@@ -45,7 +45,7 @@ from models.nets.causal_transformer import CausalTransformer
 from models.nets.hooked_transformer import HookedTransformer, HookedTransformerConfig
 from models.plumbing.io import MAX_TENSORS
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 LIMIT_BYTES = 4 * 10**9  # address space of each case: a full analysis of the shipped models needs < 3 GB
 TIMEOUT_S = 60  # a case is refused after its imports (~3 s); a hang or a built model would pass this
 BIG = 10**12
@@ -60,7 +60,7 @@ ENV = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
 
 def run(module: str, *argv: str, cwd: Path) -> forked.Completed:
     """``python -m module argv`` in a process of its own (forked from a server that has done the imports:
-    ``tests/forked.py``), memory- and time-bounded."""
+    ``tests/helpers/forked.py``), memory- and time-bounded."""
     return forked.run(module, *argv, cwd=cwd, env=ENV, limit=LIMIT_BYTES, timeout=TIMEOUT_S)
 
 
@@ -375,7 +375,7 @@ def test_sizes_and_numbers_are_one_line_exit_2_bounded_and_change_nothing(lab, k
 
 @pytest.mark.parametrize("name", ["TransformerLens over ulimit -v, under RAM", "nanoGPT vocab_size 1e12"])
 def test_a_forked_case_is_what_a_fresh_interpreter_does(lab, name):
-    """The catalogue's processes are forked from a server that has imported the suite (tests/forked.py):
+    """The catalogue's processes are forked from a server that has imported the suite (tests/helpers/forked.py):
     a case gives the same exit code and stderr as ``python -m`` in a new interpreter under the same limit
     (the first case is refused by what the limit leaves, so the limit holds in both)."""
     (module, argv) = next(make(lab) for _, n, make, _ in CASES if n == name)

@@ -1,4 +1,4 @@
-"""Constructed models whose circuit is known exactly, shared by tests/test_inspect.py and tests/test_circuit.py.
+"""Constructed models whose circuit is known exactly, shared by tests/analyses/test_inspect.py and tests/models/interp/test_circuit.py.
 
 ``TransposedCircuit``: a standard-layout LM with a real residual stream (a sum of writes, one subspace per
 writer) and every hook TransformerLens names and ``models.interp.circuit.build_graph`` reads (``hook_embed``,

@@ -25,7 +25,7 @@ from models.plumbing.io import Busy, exclusive_lock
 from models.training import train
 from models.training.train import training_lock
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 TINY = ["--d-vocab", "3", "--n-examples", "2", "--seq-len", "3", "--batch-size", "8", "--eval-contexts", "16"]
 
 

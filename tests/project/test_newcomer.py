@@ -18,7 +18,7 @@ from packaging.requirements import Requirement
 from analyses import common, copyers
 from models.interp.subject import load_subject
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def readme_commands() -> list[str]:

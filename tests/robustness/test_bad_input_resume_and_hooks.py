@@ -23,7 +23,7 @@ from models.loading.sources.task_json import read_task as task_from_dict
 from models.training import standard, train
 from probes import MarkovTreeTask
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 class Evil:
@@ -258,7 +258,7 @@ def test_cli_errors_exit_2_with_one_line_and_keep_existing_files(files, capsys):
 
 def test_cli_subprocess_stderr_is_one_line(files):
     tmp, _, _ = files
-    proc = forked.run(  # python -m, the imports done once (tests/forked.py)
+    proc = forked.run(  # python -m, the imports done once (tests/helpers/forked.py)
         "analyses.inspect", "--checkpoint", str(tmp / "evil.pt"), "--config", str(tmp / "cfg.json"),
         "--out", str(tmp / "o"), cwd=ROOT, timeout=120,
     )  # fmt: skip

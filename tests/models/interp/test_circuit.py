@@ -343,7 +343,7 @@ def _progress_kept(runner, task, tokens, kept) -> float:
 
 @pytest.mark.parametrize("corruption", ["demonstrations", "target"])
 def test_exact_patching_and_eap_ig_recover_the_transposed_circuit(corruption):
-    """The constructed transposed circuit (tests/constructed.py): the edges each corruption can see, read
+    """The constructed transposed circuit (tests/helpers/constructed.py): the edges each corruption can see, read
     from the construction, are the ones exact patching and EAP-IG rank first, and they alone keep the
     model's progress."""
     task = build_task(n_examples=3, seq_len=4, alpha=0.3)

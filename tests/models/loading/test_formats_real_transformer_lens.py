@@ -1,4 +1,4 @@
-"""Checkpoints written by a real TransformerLens 2.x/3.x release (``tests/data/write_transformer_lens.py``, run
+"""Checkpoints written by a real TransformerLens 2.x/3.x release (``tests/models/loading/data/write_transformer_lens.py``, run
 in a subprocess under that release) load with that release's own log-probabilities.
 
 Opt-in: those releases cannot be installed beside TransformerLens 4, so the test runs only when

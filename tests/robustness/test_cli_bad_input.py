@@ -17,7 +17,7 @@ import safetensors.torch
 import torch
 from conftest import build_task
 from test_formats import file_config, small_model
-from test_robustness_work import tree
+from test_work_never_lost import tree
 
 import models
 from analyses import copyers

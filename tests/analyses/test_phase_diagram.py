@@ -17,7 +17,7 @@ from analyses import phase_diagram
 from analyses.phase_diagram import Grid, compute, plot, plot_curves, steps_to
 from models.training.standard import StandardConfig
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def _brute_force_nlls(task, tokens) -> tuple[float, float]:

@@ -24,7 +24,7 @@ from probes.graph_task import GraphTask, make_task, relative_offsets
 from probes.metrics import target_nll
 from probes.oracles import MAX_TREES, bayes, distances, stationary, strategies
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 # Brute force: the posterior predictive by integrating over every kernel row ---------------------------
@@ -400,7 +400,7 @@ def test_the_disentangled_model_refuses_a_graph_it_cannot_read_without_demonstra
     ],
 )
 def test_bad_task_input_is_one_line_and_exit_2(tmp_path, module, args, message):
-    run = forked.run(  # python -m, the imports done once (tests/forked.py)
+    run = forked.run(  # python -m, the imports done once (tests/helpers/forked.py)
         module, *args, "--seq-len", "4", "--out", str(tmp_path / "out"),
         cwd=ROOT, env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"},
     )  # fmt: skip

@@ -315,7 +315,7 @@ def tl_group(release: str) -> dict:
 
 def tl_cfg_dict(variant: str = "gelu LN", release: str = "2.18.0", **kw) -> dict:
     """What ``json.dump(cfg.to_dict(), default=str)`` of that TransformerLens release writes for the
-    variant (``tests/data/tl_config_fields.json``, read from the release's own config class), then ``kw``."""
+    variant (``tests/models/loading/data/tl_config_fields.json``, read from the release's own config class), then ``kw``."""
     group = tl_group(release)
     cfg = {**{k: v for k, v in group["fields"].items()}, **group["to_dict"][variant]}
     assert "<required>" not in cfg.values()

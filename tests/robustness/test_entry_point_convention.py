@@ -5,7 +5,7 @@ work, no file written over an input or another format's checkpoint, no set writt
 name the thing (a FIFO, a symlink loop, an undecodable name, a list of 20 000 keys cut with a count).
 Each case runs the CLI in-process under a time bound and asserts its exit code (2, or 130 for Ctrl-C),
 exactly ONE line on stderr containing the expected text, and every file of the test folder and of the
-shipped checkpoints byte-identical afterwards (``test_robustness_cli.assert_one_line``)."""
+shipped checkpoints byte-identical afterwards (``test_cli_bad_input.assert_one_line``)."""
 
 from __future__ import annotations
 
@@ -22,8 +22,8 @@ from unittest import mock
 
 import pytest
 import torch
+from test_cli_bad_input import HUGE, TINY, _evaluate, _out, _train, assert_one_line
 from test_formats import file_config, hf_folder, small_model
-from test_robustness_cli import HUGE, TINY, _evaluate, _out, _train, assert_one_line
 from tqdm.auto import tqdm
 
 import bench.__main__ as bench
@@ -33,7 +33,7 @@ from models.loading import checkpoint
 from models.plumbing.io import run_cli
 from models.training import standard, train
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 BOUND_S = 60  # a case that takes longer is a hang (each takes seconds)
 STANDARD = [
     *("--d-vocab", "3", "--n-examples", "2", "--seq-len", "3", "--n-layers", "1", "--n-heads", "2"),

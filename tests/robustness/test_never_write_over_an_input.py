@@ -13,7 +13,7 @@ import torch
 
 import models
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def tree(folder: Path) -> dict[str, str]:

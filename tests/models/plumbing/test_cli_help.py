@@ -19,7 +19,7 @@ import pytest
 import analyses
 from models.plumbing import fast_help
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[3]
 # module run by `python -m NAME` -> the module whose main(argv) parses its flags
 ENTRY_POINTS = {
     **{
@@ -89,10 +89,10 @@ def test_every_flag_is_explained_in_words():
 def test_the_cached_help_is_what_each_parser_prints(cached):
     texts, live = cached
     assert sorted(texts) == sorted(live), (
-        "entry points added or removed: UPDATE_CLI_HELP=1 python -m pytest tests/test_cli_help.py"
+        "entry points added or removed: UPDATE_CLI_HELP=1 python -m pytest tests/models/plumbing/test_cli_help.py"
     )
     for name, text in live.items():
-        assert texts[name] == text, f"{name}: stale help; UPDATE_CLI_HELP=1 python -m pytest tests/test_cli_help.py"
+        assert texts[name] == text, f"{name}: stale help; UPDATE_CLI_HELP=1 python -m pytest tests/models/plumbing/test_cli_help.py"
 
 
 @pytest.mark.parametrize("name", ["analyses.head_ablation", "models.train", "bench"])

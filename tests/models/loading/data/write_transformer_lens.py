@@ -5,9 +5,9 @@ Run under a TransformerLens 2.x/3.x release (its unpacked wheel first on PYTHONP
 needs ``better_abc``), e.g.::
 
     pip download --no-deps transformer-lens==2.18.0 better-abc; unzip both into /tmp/tl218
-    PYTHONPATH=/tmp/tl218 python tests/data/write_transformer_lens.py OUT_DIR
+    PYTHONPATH=/tmp/tl218 python tests/models/loading/data/write_transformer_lens.py OUT_DIR
 
-``tests/test_formats_real_transformer_lens.py`` runs it when ``TL_RELEASE_DIRS`` names such folders.
+``tests/models/loading/test_formats_real_transformer_lens.py`` runs it when ``TL_RELEASE_DIRS`` names such folders.
 """
 
 import json

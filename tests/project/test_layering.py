@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 RANK = {"probes": 0, "models": 1, "cape": 1, "analyses": 2, "bench": 2}
 # models' subpackages, one job each (each __init__'s docstring says what belongs there)
 ROOMS = {"nets", "loading", "interp", "training", "plumbing"}

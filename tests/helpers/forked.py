@@ -24,7 +24,7 @@ import tempfile
 import traceback
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 PRELOAD = ["torch", "transformers", "transformer_lens", "matplotlib.pyplot", "models", "analyses.common"]
 
 

@@ -11,13 +11,13 @@ import numpy as np
 import pytest
 import safetensors.torch
 import torch
+from test_model import random_model
 
 import models
 from models import CausalTransformer, CausalTransformerConfig, load_task
 from models.training.train import train
 from probes import MarkovTreeTask, bma_posterior, bma_predictive, head_assignment, mean_tv, target_nll
 from tests.conftest import build_task, tiny_train_config
-from tests.test_model import random_model
 
 
 def test_save_load_round_trip_is_exact(tmp_path):

@@ -9,7 +9,7 @@ package that provides only ``get_device`` (-> "cpu") and ``warn_if_mps``; every 
 with ``HookedTransformerConfig(**kwargs)`` and dumped as ``json.dumps(cfg.to_dict(), default=str)``, the
 README's recipe.
 
-    python tests/data/make_tl_config_fields.py CLONE WHEEL_DIR > tests/data/tl_config_fields.json
+    python tests/models/loading/data/make_tl_config_fields.py CLONE WHEEL_DIR > tests/models/loading/data/tl_config_fields.json
 """
 
 from __future__ import annotations
@@ -135,7 +135,7 @@ def main(clone: str, wheels: str) -> None:
         "source": (
             "each TransformerLens release's own HookedTransformerConfig, run on the variant kwargs: git tags "
             "v2.0.0..v3.5.1 of github.com/TransformerLensOrg/TransformerLens, PyPI wheels 3.6.0..3.9.0; "
-            "see tests/data/make_tl_config_fields.py"
+            "see tests/models/loading/data/make_tl_config_fields.py"
         ),
         "format": "per group of releases: fields = every HookedTransformerConfig field with its default "
                   "('<required>': none); to_dict[variant] = the fields whose written value differs from "
