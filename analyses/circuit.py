@@ -5,7 +5,7 @@ each corruption, chooses the nodes and the edges, and answers two questions on h
     python -m analyses.circuit --checkpoint default --method eap-ig  # attribution patching
     python -m analyses.circuit --checkpoint theorem1:beta=50 --corruption mean
 
-The graph, the scores and the runs are ``models.circuit`` (its docstring says where the peer tools run).
+The graph, the scores and the runs are ``models.interp.circuit`` (its docstring says where the peer tools run).
 Nodes: embeddings, heads, MLPs, the output; an edge enters one input of a receiver (a head's q, k or v; an
 MLP; the output) at one group of positions (demonstrations, target, other). Scores (``--method``): exact
 edge patching (each edge ablated alone, the rest clean) or EAP / EAP-IG. Ablated values (``--corruption``,
@@ -41,7 +41,7 @@ import torch
 from tqdm.auto import tqdm
 
 from analyses import common
-from models.circuit import (
+from models.interp.circuit import (
     CORRUPTIONS,
     NODE_ABLATIONS,
     DIRECTIONS,
@@ -60,8 +60,8 @@ from models.circuit import (
     threshold,
     top_n,
 )
-from models.interventions import description
-from models.subject import Subject
+from models.interp.interventions import description
+from models.interp.subject import Subject
 from probes import bma_predictive
 
 NAME = "circuit"
@@ -600,9 +600,4 @@ def record(r: dict) -> dict:
 
 
 REQUIRES = frozenset({common.MARKOV_TASK})  # what it needs of its subject
-ANALYSIS = common.Analysis.from_module(globals())
-
-main = ANALYSIS.main
-
-if __name__ == "__main__":
-    common.run(main)
+ANALYSIS = common.register(globals())
