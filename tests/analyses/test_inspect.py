@@ -201,9 +201,9 @@ def test_a_model_leaving_the_plateau_credits_the_heads_its_measurements_find():
 
 
 def test_verdicts_on_a_nanogpt_checkpoint_follow_from_its_measurements(tmp_path):
-    """A nanoGPT checkpoint (tests/data/nanogpt's layout), one of its layer-0 heads made a copyer of
-    demonstration 0 by its position embeddings: the report finds the copyer, and its labels follow from
-    its measurements (no paper's circuit without sufficiency, every costly head named)."""
+    """An untrained nanoGPT checkpoint (written as nanoGPT's train.py writes it): the report's labels follow
+    from its measurements (no plateau label without the progress below its bar, no paper's circuit without
+    sufficiency, every costly head named). Not yet the issue's trained nanoGPT with one copyer."""
     from test_formats_pipelines import SPECIAL, write_nanogpt
 
     task = build_task(n_examples=3, seq_len=4)
