@@ -58,12 +58,14 @@ from models.interp.circuit import INPUTS, Runner, build_graph, mean_se, per_cont
 from models.interp.interventions import ablate, corrupted_contexts, head_ablation, head_outputs, hooks, patch_heads
 from models.interp.subject import head_label
 from models.training.standard import uniform_parent_predictive
-from probes import target_nll
-from probes.graph_task import context_order
+from probes import bma_predictive, oracles, target_nll
+from probes.graph_task import GraphTask, context_order
 from probes.roles import CATEGORIES, GROUPS, OVERLAPPING, attention_role, role_profile, sequence_scores
 
 NAME = "inspect"
-N_CONTEXTS = 512  # default --n-contexts
+N_CONTEXTS = 512  # default --n-contexts: the attention statistics and the progress
+INTERVENTION_CONTEXTS = 128  # ablation, patching and sufficiency: the first of the contexts, as many as
+# analyses.circuit searches on (another sample: both report their standard errors, and agree within them)
 FIGURES = {
     "inspect_heads.png": (
         "per head of every layer of the inspected model: parent accuracy, TV to the BMA posterior and mass on the candidate parents from the query that predicts x_h, against BMA and the uniform-parent baseline, with the verdict in the title."
@@ -80,60 +82,92 @@ FIGURES = {
 }
 
 
-PLATEAU_PROGRESS = 0.5  # progress below this: on the plateau
-SELECT_FRACTION = 0.5  # a head must close this fraction of the uniform -> BMA parent-accuracy gap
-MIN_CANDIDATE_MASS = 0.5
-COPY_MASS = 0.5
-MIN_PLATEAU_GAP = 0.005  # nats between plateau and BMA below which no verdict is possible
-WORSE_MARGIN = 1e-6  # nats above the plateau's NLL (beyond float rounding): worse than the plateau
-MIN_PATCH_EFFECT = 0.005  # nats between clean and corrupted runs for patching to be defined
-CARRY_FRACTION = 0.1  # a carrying head's ablation costs this share of the gain over the plateau (or its
-# patching restores this share of the clean-vs-corrupted difference)
-N_DISTRIBUTED = 3  # heads named when no single head reaches the carrying bar
-VALUES_SHARE = 0.8  # a last-layer head whose value input carries this share of its inputs' cost pools
-# evidence through its values (its attention is nearly content-free)
-SELECT_SHARE = 0.5  # ... whose query and key inputs carry this share: it selects through its keys/queries
+THRESHOLDS = {  # name: (value, what it decides). Every verdict prints the ones behind it.
+    "plateau_progress": (0.1, "ON THE UNIFORM-PARENT PLATEAU: progress below this by more than 2 SE"),
+    "off_plateau_progress": (0.5, "off the plateau: progress at least this (between the two: leaving it)"),
+    "min_plateau_gap": (0.005, "nats between the plateau's and BMA's NLL below which no verdict is possible"),
+    "worse_margin": (1e-6, "nats above the plateau's NLL (beyond float rounding): worse than the plateau"),
+    "select_fraction": (0.5, "a parent-selecting head closes this share of the uniform -> BMA parent-accuracy gap"),
+    "min_candidate_mass": (0.5, "a parent-selecting head puts this attention mass on the candidate parents"),
+    "copy_mass": (0.5, "a copyer of demonstration l puts this attention on position h of it"),
+    "min_patch_effect": (0.005, "nats between the clean and corrupted runs for patching to be defined"),
+    "carry_fraction": (0.1, "a carrier's ablation costs this share of the gain over the plateau, or its patching "
+                            "restores this share of the clean-vs-corrupted difference"),
+    "cost_z": (3.0, "a head whose mean ablation costs more than this many standard errors is always named"),
+    "sufficient": (0.8, "THE PAPER'S CIRCUIT: its heads alone, every other head mean-ablated, keep this share of the "
+                        "progress"),
+    "n_distributed": (3, "heads named when no single head reaches the carrying bar"),
+    "values_share": (0.8, "a last-layer head whose value input carries this share of its inputs' cost pools evidence "
+                          "through its values"),
+    "select_share": (0.5, "... whose query and key inputs carry this share selects through its keys/queries"),
+    "sequence_mass": (0.5, "a previous-token, induction or own-parent head puts this mass on its keys"),
+    "induction_over_chance": (2.0, "an induction head puts this many times what uniform attention would"),
+}
+
+
+def th(name: str) -> float:
+    """The value of threshold ``name`` (``THRESHOLDS``)."""
+    return THRESHOLDS[name][0]
+
+
+def thresholds_words(*names: str) -> str:
+    """``(thresholds: plateau_progress 0.1, ...)`` for a verdict line."""
+    return "(thresholds: " + ", ".join(f"{n} {th(n):g}" for n in names) + ")"
+
+
 POOLING = "evidence pooled through the values at fixed positions"
+
+
+def costly(heads: list[dict]) -> list[str]:
+    """The heads whose mean ablation costs more than ``cost_z`` standard errors, largest first."""
+    order = sorted(heads, key=lambda h: -h["ablation_dnll"])
+    return [h["label"] for h in order if h.get("ablation_se") is not None
+            and h["ablation_dnll"] > th("cost_z") * h["ablation_se"]]  # fmt: skip
 
 
 def carriers(heads: list[dict], gain: float, nll_clean: float, nll_corrupted: float) -> tuple[list[str], bool]:
     """The heads that carry the computation (module docstring), largest ablation first, and whether it
-    is distributed (no single head reached the bar)."""
+    is distributed (no single head reached the bar). Every head whose mean ablation costs more than
+    ``cost_z`` standard errors is among them."""
     order = sorted(heads, key=lambda h: -h["ablation_dnll"])
-    patch_bar = abs(nll_corrupted - nll_clean) >= MIN_PATCH_EFFECT
+    patch_bar = abs(nll_corrupted - nll_clean) >= th("min_patch_effect")
     chosen = [
         h["label"]
         for h in order
-        if h["ablation_dnll"] >= CARRY_FRACTION * gain
-        or (patch_bar and h["patching_restored"] is not None and h["patching_restored"] >= CARRY_FRACTION)
+        if h["ablation_dnll"] >= th("carry_fraction") * gain
+        or (patch_bar and h["patching_restored"] is not None and h["patching_restored"] >= th("carry_fraction"))
     ]
     if chosen:
-        return chosen, False
-    return [h["label"] for h in order[:N_DISTRIBUTED]], True
+        return chosen + [c for c in costly(heads) if c not in chosen], False
+    top = [h["label"] for h in order[: int(th("n_distributed"))]]
+    return top + [c for c in costly(heads) if c not in top], True
 
 
-def verdict(nll: float, base: dict, heads: list[dict], inter: dict | None = None) -> dict:
+def verdict(nll: float, base: dict, heads: list[dict], inter: dict | None = None, progress_se: float = 0.0) -> dict:
     """Apply the module docstring's rules; ``heads`` hold candidate_mass, tv, parent_acc, copy_mass,
-    role_profile, and (with ``inter``, the clean and corrupted NLLs) ablation_dnll, patching_restored."""
+    role_profile, and (with ``inter``, the clean and corrupted NLLs) ablation_dnll, ablation_se,
+    patching_restored. ``paper_circuit`` here is the attention's verdict; ``inspect_subject`` also asks
+    that its heads be sufficient."""
     gap = base["nll_uniform"] - base["nll_bma"]
-    if gap < MIN_PLATEAU_GAP:  # the demonstrations barely help even BMA here: nothing to credit
-        progress, on_plateau = None, None
+    if gap < th("min_plateau_gap"):  # the demonstrations barely help even BMA here: nothing to credit
+        progress, on_plateau, regime = None, None, None
     else:
         progress = (base["nll_uniform"] - nll) / gap
-        on_plateau = progress < PLATEAU_PROGRESS
-    bar = base["acc_uniform"] + SELECT_FRACTION * (base["acc_bma"] - base["acc_uniform"])
+        on_plateau = progress + 2 * progress_se < th("plateau_progress") or progress < 0
+        regime = "plateau" if on_plateau else "leaving" if progress < th("off_plateau_progress") else "off"
+    bar = base["acc_uniform"] + th("select_fraction") * (base["acc_bma"] - base["acc_uniform"])
     selecting = [
         h["label"]
         for h in heads
         if on_plateau is False
-        and h["candidate_mass"] >= MIN_CANDIDATE_MASS
+        and h["candidate_mass"] >= th("min_candidate_mass")
         and h["parent_acc"] >= bar
         and h["tv"] < base["tv_uniform"]
     ]
     copyers = {
         h["label"]: int(torch.tensor(h["copy_mass"]).argmax())
         for h in heads
-        if max(h["copy_mass"], default=0) >= COPY_MASS
+        if max(h["copy_mass"], default=0) >= th("copy_mass")
     }
     best = max(heads, key=lambda h: h["parent_acc"])["label"]
     roles = {h["label"]: head_role(h, selecting, copyers) for h in heads}
@@ -142,16 +176,21 @@ def verdict(nll: float, base: dict, heads: list[dict], inter: dict | None = None
         carrying, distributed = carriers(heads, base["nll_uniform"] - nll, inter["nll_clean"], inter["nll_corrupted"])
     return {
         "progress": progress,
+        "progress_se": progress_se,
         "on_plateau": on_plateau,
-        "worse_than_plateau": progress is not None and nll - base["nll_uniform"] > WORSE_MARGIN,
+        "regime": regime,
+        "worse_than_plateau": progress is not None and nll - base["nll_uniform"] > th("worse_margin"),
         "parent_acc_bar": bar,
         "parent_selecting": selecting,
         "copyers": copyers,
         "best_head": best,
+        "paper_circuit_attention": on_plateau is False and bool(selecting) and bool(copyers),
         "paper_circuit": on_plateau is False and bool(selecting) and bool(copyers),
         "roles": roles,
         "carriers": carrying,
         "carriers_distributed": distributed,
+        "costly_heads": costly(heads) if inter is not None else [],
+        "thresholds": {k: v for k, (v, _) in THRESHOLDS.items()},
     }
 
 
@@ -166,25 +205,29 @@ def head_role(head: dict, selecting: list[str], copyers: dict[str, int]) -> str:
 
 @torch.no_grad()
 def interventions(subject, tokens, corrupted) -> dict:
-    """Per head: NLL change under mean ablation of its ``hook_z``, and the fraction of the clean-vs-
+    """Per head: NLL change under mean ablation of its ``hook_z`` (mean over the contexts, with its standard
+    error), and the fraction of the clean-vs-
     corrupted NLL difference restored by patching its clean ``hook_z`` into the corrupted run."""
     clean_z = head_outputs(subject, tokens)
     nll_clean = target_nll(subject.log_probs(tokens), tokens)
     nll_corrupt = target_nll(subject.log_probs(corrupted), corrupted)
-    ablation, patching, log = [], [], []
+    clean_values = per_context_nll(subject.log_probs(tokens), tokens)
+    ablation, ablation_se, patching, log = [], [], [], []
     jobs = [(i, j) for i, n in enumerate(subject.n_heads) for j in range(n)]
     # Undefined when the demonstrations make no difference (a model on the plateau): None.
-    usable = abs(nll_corrupt - nll_clean) >= MIN_PATCH_EFFECT
+    usable = abs(nll_corrupt - nll_clean) >= th("min_patch_effect")
     for i, j in tqdm(jobs, desc="ablate/patch heads", leave=False, disable=len(jobs) < 8):
-        ablation.append(
-            target_nll(subject.log_probs(tokens, ablate(subject, i, [j], "mean", log=log)), tokens) - nll_clean
-        )
+        cost, se = mean_se(per_context_nll(subject.log_probs(tokens, ablate(subject, i, [j], "mean", log=log)), tokens)
+                           - clean_values)  # fmt: skip
+        ablation.append(cost)
+        ablation_se.append(se)
         patched = target_nll(subject.log_probs(corrupted, patch_heads(subject, i, [j], clean_z, log)), corrupted)
         patching.append((nll_corrupt - patched) / (nll_corrupt - nll_clean) if usable else None)
     return {
         "nll_clean": nll_clean,
         "nll_corrupted": nll_corrupt,
         "ablation_dnll": ablation,
+        "ablation_se": ablation_se,
         "patching_restored": patching,
         "interventions": log,
     }
@@ -223,8 +266,8 @@ def input_costs(subject, tokens, corrupted) -> dict | None:
         head["cost"], head["se"] = cost, se
         head["through"] = (  # no verdict for a cost within two standard errors of zero
             None if cost <= 2 * se
-            else "values" if head["v"]["share"] >= VALUES_SHARE
-            else "keys/queries" if selecting >= SELECT_SHARE
+            else "values" if head["v"]["share"] >= th("values_share")
+            else "keys/queries" if selecting >= th("select_share")
             else None
         )  # fmt: skip
         out[label] = head
@@ -279,22 +322,25 @@ def inspect_subject(subject, n_contexts: int = 512, seed: int = 0, batch: int = 
             head["role_profile"] = {k[5:]: v[j].tolist() for k, v in layer.items() if k.startswith("role:")}
             head["sequence"] = {k[4:]: v[j].item() for k, v in layer.items() if k.startswith("seq:")}
             per_head.append(head)
-    n_int = min(n_contexts, 128)
-    inter = interventions(subject, tokens[:n_int], corrupt(task, tokens[:n_int], seed))
-    for h, a, p in zip(per_head, inter["ablation_dnll"], inter["patching_restored"]):
-        h.update(ablation_dnll=a, patching_restored=p)
+    n_int = min(n_contexts, INTERVENTION_CONTEXTS)
+    inter_tokens = tokens[:n_int]
+    inter = interventions(subject, inter_tokens, corrupt(task, inter_tokens, seed))
+    for h, a, se, p in zip(per_head, inter["ablation_dnll"], inter["ablation_se"], inter["patching_restored"]):
+        h.update(ablation_dnll=a, ablation_se=se, patching_restored=p)
     out = {
         "kind": subject.family,
         "nll": nll,
         **{k: v for k, v in base.items() if k != "posterior"},
         "heads": per_head,
+        "n_contexts": n_contexts,
+        "seed": seed,
         "intervention_contexts": n_int,
         "nll_clean": inter["nll_clean"],
         "nll_corrupted": inter["nll_corrupted"],
         "interventions": inter["interventions"],
-        **verdict(nll, base, per_head, inter),
+        **verdict(nll, base, per_head, inter, progress_error(task, tokens, lp)),
     }
-    out["inputs"] = input_costs(subject, tokens[:n_int], corrupt(task, tokens[:n_int], seed))
+    out["inputs"] = input_costs(subject, inter_tokens, corrupt(task, inter_tokens, seed))
     for c in out["carriers"] if out["inputs"] else []:
         if out["inputs"].get(c, {}).get("through") == "values" and c not in out["parent_selecting"]:
             out["roles"][c] = f"{POOLING} ({out['roles'][c]})"
@@ -303,11 +349,23 @@ def inspect_subject(subject, n_contexts: int = 512, seed: int = 0, batch: int = 
     out["sequence_heads"] = sequence_heads(per_head)
     named = {"paper_circuit": sorted(set(out["parent_selecting"]) | set(out["copyers"])), "carriers": out["carriers"]}
     out["sufficiency"] = {
-        name: sufficiency(subject, tokens[:n_int], heads, out["interventions"])
+        name: sufficiency(subject, inter_tokens, heads, out["interventions"])
         for name, heads in named.items()
         if heads
     }
+    # The paper's circuit is named only if its heads alone, every other head mean-ablated, keep the progress.
+    kept = out["sufficiency"].get("paper_circuit", {}).get("share")
+    out["paper_circuit"] = out["paper_circuit_attention"] and kept is not None and kept >= th("sufficient")
     return out
+
+
+def progress_error(task, tokens, log_probs) -> float:
+    """The standard error of the progress over the contexts (delta method on per-context NLLs)."""
+    L, H = task.n_examples, task.seq_len
+    plateau = per_context_nll(uniform_parent_predictive(task, tokens), tokens)
+    bayes = oracles.bayes(task, tokens)[0] if isinstance(task, GraphTask) else bma_predictive(
+        task.pi, tokens, L, H, task.root, log=True)  # fmt: skip
+    return ratio_se(plateau - per_context_nll(log_probs, tokens), plateau - per_context_nll(bayes, tokens))[1]
 
 
 @torch.no_grad()
@@ -327,22 +385,20 @@ def sufficiency(subject, tokens, heads: list[str], log: list) -> dict:
 
 
 # Heads named by what they read in the sequence (in-context Markov chains, fixed graphs) -------------------
-SEQUENCE_MASS = 0.5  # a previous-token, induction or own-parent head puts at least this on its keys
-INDUCTION_OVER_CHANCE = 2.0  # and an induction head at least this many times what uniform attention would
 
 
 def sequence_heads(heads: list[dict]) -> dict[str, list[str]]:
     """The heads named by ``probes.roles.sequence_scores``: PREVIOUS-TOKEN heads (mass on the token
-    before the query's own >= ``SEQUENCE_MASS``), on an n-gram task K-BACK heads (``previous_k``: mass on the
+    before the query's own >= ``sequence_mass`` (``THRESHOLDS``)), on an n-gram task K-BACK heads (``previous_k``: mass on the
     token k before it), INDUCTION heads (mass on the tokens that followed earlier occurrences of the query's
-    current token, on an n-gram task of its n - 1 last tokens, >= ``SEQUENCE_MASS`` and >=
-    ``INDUCTION_OVER_CHANCE`` x chance), and OWN-PARENT heads (mass on the parents of the query's own token
-    >= ``SEQUENCE_MASS``; a fixed graph's first layer). A previous-token head whose parents are all the
+    current token, on an n-gram task of its n - 1 last tokens, >= ``sequence_mass`` (``THRESHOLDS``) and >=
+    ``induction_over_chance`` x chance), and OWN-PARENT heads (mass on the parents of the query's own token
+    >= ``sequence_mass`` (``THRESHOLDS``); a fixed graph's first layer). A previous-token head whose parents are all the
     previous token (a chain) is both."""
 
     def at_least(h: dict, key: str) -> bool:
         v = h["sequence"][key]
-        return v == v and v >= SEQUENCE_MASS
+        return v == v and v >= th("sequence_mass")
 
     backs = sorted((k for k in heads[0]["sequence"] if k.startswith("previous_") and k != "previous_token"),
                    key=lambda k: int(k.split("_")[1])) if heads else []  # fmt: skip
@@ -350,7 +406,7 @@ def sequence_heads(heads: list[dict]) -> dict[str, list[str]]:
         **{k: [h["label"] for h in heads if at_least(h, k)] for k in ("previous_token", *backs)},
         "induction": [
             h["label"] for h in heads
-            if at_least(h, "induction") and h["sequence"]["induction"] >= INDUCTION_OVER_CHANCE * h["sequence"]["induction_chance"]
+            if at_least(h, "induction") and h["sequence"]["induction"] >= th("induction_over_chance") * h["sequence"]["induction_chance"]
         ],
         "own_parent": [h["label"] for h in heads if at_least(h, "own_parent")],
     }  # fmt: skip
@@ -378,32 +434,52 @@ def _fmt(x) -> str:
     return "n/a" if x is None else f"{x:.2f}"
 
 
+def _cost(h: dict) -> str:
+    se = h.get("ablation_se")
+    return f"{h['ablation_dnll']:+.4f}" + ("" if se is None else f" +- {se:.4f}") + " nats"
+
+
 def circuit_text(r: dict) -> str:
-    """The verdict in words: plateau, the paper's circuit, or the heads that carry the computation."""
+    """The verdict in words, with the measurements and thresholds behind it: plateau, the paper's circuit,
+    or the heads that carry the computation."""
     if r["on_plateau"] is None:
         return (
-            f"BMA is within {MIN_PLATEAU_GAP} nats of the uniform-parent plateau on these contexts, so no head "
+            f"BMA is within {th('min_plateau_gap')} nats of the uniform-parent plateau on these contexts, so no head "
             f"can be credited (use more contexts or demonstrations)"
         )
+    by_label = {h["label"]: h for h in r["heads"]}
+    progress = f"progress {r['progress']:.3f} +- {r.get('progress_se', 0.0):.3f}"
     if r["on_plateau"]:
         where = (
             f"WORSE THAN THE UNIFORM-PARENT PLATEAU (its NLL is {r['nll'] - r['nll_uniform']:.4f} nats above the "
-            f"uniform-parent mixture's)"
+            f"uniform-parent mixture's; {progress})"
             if r["worse_than_plateau"]
-            else "ON THE UNIFORM-PARENT PLATEAU"
+            else f"ON THE UNIFORM-PARENT PLATEAU ({progress}, below {th('plateau_progress'):g} by more than 2 SE)"
         )
-        return f"{where}: no head credited (best head {r['best_head']} is not evidence of a mechanism)"
-    by_label = {h["label"]: h for h in r["heads"]}
+        named = "; ".join(f"{c} ({_cost(by_label[c])})" for c in r.get("costly_heads", []))
+        return (f"{where}: no head is credited with the demonstrations' evidence (best head {r['best_head']} is not "
+                f"evidence of a mechanism); " + (f"heads whose mean ablation costs > {th('cost_z'):g} SE (they compute "
+                f"the plateau's own prediction): {named}" if named else
+                f"no head's mean ablation costs > {th('cost_z'):g} SE"))  # fmt: skip
     named = "; ".join(
-        f"{c} ({r['roles'][c]}: ablation {by_label[c]['ablation_dnll']:+.4f} nats, patching "
-        f"{_fmt(by_label[c]['patching_restored'])})"
+        f"{c} ({r['roles'][c]}: ablation {_cost(by_label[c])}, patching {_fmt(by_label[c]['patching_restored'])})"
         for c in r["carriers"]
     )
     carried = ("no single head carries it; the largest causal weights: " if r["carriers_distributed"] else "") + named
+    stage = (f"LEAVING THE PLATEAU ({progress}, between {th('plateau_progress'):g} and "
+             f"{th('off_plateau_progress'):g})" if r.get("regime") == "leaving" else f"off the plateau ({progress})")  # fmt: skip
+    copy = ", ".join(f"{k}->demo {v}" for k, v in r["copyers"].items())
+    suff = r.get("sufficiency", {}).get("paper_circuit")
+    kept = "" if suff is None else f"its heads alone keep {suff['share']:.3f} +- {suff['se']:.3f} of the progress"
     if r["paper_circuit"]:
-        copy = ", ".join(f"{k}->demo {v}" for k, v in r["copyers"].items())
         return (
-            f"THE PAPER'S CIRCUIT: copyers {copy}, then parent selection by {', '.join(r['parent_selecting'])}. "
+            f"{stage}. THE PAPER'S CIRCUIT: copyers {copy}, then parent selection by "
+            f"{', '.join(r['parent_selecting'])}; {kept} (>= {th('sufficient'):g}). Carrying the computation: {carried}"
+        )
+    if r.get("paper_circuit_attention"):
+        return (
+            f"{stage}. The attention looks like the paper's circuit (copyers {copy}; parent selection by "
+            f"{', '.join(r['parent_selecting'])}), but {kept}, below {th('sufficient'):g}: not the paper's circuit. "
             f"Carrying the computation: {carried}"
         )
     missing = [
@@ -411,7 +487,7 @@ def circuit_text(r: dict) -> str:
         for w, present in (("no parent-selecting head", r["parent_selecting"]), ("no copyer", r["copyers"]))
         if not present
     ]
-    return f"off the plateau, and the paper's circuit is absent ({', '.join(missing)}). Carrying the computation: {carried}"
+    return f"{stage}, and the paper's circuit is absent ({', '.join(missing)}). Carrying the computation: {carried}"
 
 
 def plateau_words(r: dict) -> str:
@@ -430,14 +506,15 @@ def summary(r: dict) -> str:
         ),
         "",
         (
-            f"{'head':6s}{'cand mass':>10s}{'TV':>7s}{'parent acc':>11s}{'max copy':>9s}{'ablate dNLL':>12s}"
+            f"{'head':6s}{'cand mass':>10s}{'TV':>7s}{'parent acc':>11s}{'max copy':>9s}{'ablate dNLL':>12s}{'+- SE':>8s}"
             f"{'patch':>7s}  role"
         ),
     ]
     for h in r["heads"]:
         lines.append(
             f"{h['label']:6s}{h['candidate_mass']:10.3f}{h['tv']:7.3f}{h['parent_acc']:11.3f}"
-            f"{max(h['copy_mass'], default=float('nan')):9.3f}{h['ablation_dnll']:+12.4f}{_fmt(h['patching_restored']):>7s}  {h['role']}"
+            f"{max(h['copy_mass'], default=float('nan')):9.3f}{h['ablation_dnll']:+12.4f}"
+            f"{h.get('ablation_se', float('nan')):8.4f}{_fmt(h['patching_restored']):>7s}  {h['role']}"
         )
     lines += ["", "role profile: attention mass from demonstration / target queries"]
     lines.append(f"{'head':6s}" + "".join(f"{c[:13]:>14s}" for c in CATEGORIES))
@@ -446,8 +523,12 @@ def summary(r: dict) -> str:
         lines.append(f"{h['label']:6s}" + "".join(f"{_pair(v):>14s}" for v in cells))
     lines.append("")
     if r["on_plateau"] is not None:
-        lines.append(f"{r['kind']} model: progress from the plateau to BMA {r['progress']:.3f}")
+        lines.append(f"{r['kind']} model: progress from the plateau to BMA {r['progress']:.3f} +- "
+                     f"{r.get('progress_se', 0.0):.3f} ({r['n_contexts']} contexts, seed {r.get('seed', 0)}; ablation, patching "
+                     f"and sufficiency on the first {r['intervention_contexts']}; analyses.circuit samples its own, "
+                     "so the two agree within their standard errors, not to the digit)")  # fmt: skip
     lines.append(circuit_text(r))
+    lines.append("thresholds behind the verdict: " + ", ".join(f"{k} {v:g}" for k, v in r["thresholds"].items()))
     if r["on_plateau"] is False:
         lines.append(
             f"paper's circuit, parent-selecting heads: {', '.join(r['parent_selecting']) or 'not found'} "
@@ -460,7 +541,7 @@ def summary(r: dict) -> str:
     for name, suff in r.get("sufficiency", {}).items():
         lines.append(
             f"sufficiency of the {name.replace('_', ' ')} ({', '.join(suff['heads'])}): every other head mean-ablated "
-            f"keeps {suff['share']:.3f} +- {suff['se']:.3f} of the progress ({suff['contexts']} contexts)"
+            f"(the MLPs kept) keeps {suff['share']:.3f} +- {suff['se']:.3f} of the progress ({suff['contexts']} contexts)"
         )
     if r.get("inputs"):
         lines.append(
@@ -650,10 +731,4 @@ def compute(subject, args) -> dict:
 
 
 REQUIRES = frozenset({common.BAYES_TASK})  # what it needs of its subject
-ANALYSIS = common.Analysis.from_module(globals())
-
-
-main = ANALYSIS.main
-
-if __name__ == "__main__":
-    common.run(main)
+ANALYSIS = common.register(globals())

@@ -145,6 +145,35 @@ def _circuit(d):
             r["faithfulness_se"], r["kl_to_full"], r["kl_to_full_se"])
 
 
+def _answers(d, where="held_out"):
+    """circuit.json: on one sample, its size, the faithfulness under each corruption and the sufficiencies."""
+    m = d["results"][where]
+    return (m["n_contexts"], m["faithfulness_demonstrations"], m["faithfulness_demonstrations_se"],
+            m["faithfulness_mean"], m["faithfulness_mean_se"], m["sufficiency_mean"], m["sufficiency_mean_se"],
+            m["sufficiency_resample"], m["sufficiency_resample_se"])  # fmt: skip
+
+
+def _shape(d):
+    """circuit.json: held-out progress, the circuit's nodes (of all heads and MLPs) and edges."""
+    r = d["results"]
+    return (r["held_out"]["progress"], r["held_out"]["progress_se"], len(r["nodes"]), len(r["node_costs"]),
+            ", ".join(r["nodes"]), len(r["edges"]), r["n_edges_total"])  # fmt: skip
+
+
+def _searches(d):
+    """circuit.json: per corruption, the edges kept, their faithfulness on the search contexts, and how many
+    are within 2 standard errors of zero."""
+    s = d["results"]["searches"]
+    return tuple(x for c in ("demonstrations", "mean") for x in
+                 (len(s[c]["edges"]), s[c]["faithfulness"], s[c]["faithfulness_se"], s[c]["n_within_2se"]))  # fmt: skip
+
+
+def _costs(d, names):
+    """circuit.json: each named node's mean-ablation cost alone and its standard error."""
+    c = d["results"]["node_costs"]
+    return tuple(x for n in names for x in (c[n]["cost"], c[n]["se"]))
+
+
 def _sci0(x):
     mantissa, exponent = f"{x:.0e}".split("e")
     return f"{mantissa}e{int(exponent)}"
@@ -408,19 +437,25 @@ CLAIMS = [
      lambda d: (min(max(row) for row in d["results"]["copyers"]["test_acc"]),
                 max(max(row) for row in d["results"]["copyers"]["control_acc"]))),
     # Circuit discovery: circuit.json (--checkpoint standard) and the seed-1 model's circuit_seed1.json.
-    ("the model's progress is {:.3f} +- {:.3f}; the smallest top-n circuit keeping 0.9 has {} of the {} edges ({:.0%}) "
-     "and keeps {:.3f} +- {:.3f} (KL to the full model {:.3f} +- {:.3f} nats)", CIRCUIT, _circuit),
-    ("the faithfulness curve's area is {:.2f}", CIRCUIT, lambda d: (d["results"]["curve_area"],)),
-    ("128 contexts; {} forward passes over {:,} context copies", CIRCUIT,
-     lambda d: (d["results"]["forward_passes"], d["results"]["context_runs"])),
+    ("the model's progress on the held-out contexts is {:.3f} +- {:.3f}; the circuit has {} of the {} heads and MLPs "
+     "({}) and {} of the {} edges", CIRCUIT, _shape),
+    ("On {} held-out contexts it carries the demonstrations' evidence: its edges alone keep {:.3f} +- {:.3f} of the "
+     "progress under the demonstrations corruption ({:.3f} +- {:.3f} with every other edge mean-ablated). It computes "
+     "the prediction: its nodes alone keep {:.3f} +- {:.3f} with every other head and MLP mean-ablated, and "
+     "{:.3f} +- {:.3f} with each resampled from a fresh context", CIRCUIT, _answers),
+    ("Re-measured on {} other fresh contexts: {:.3f} +- {:.3f} ({:.3f} +- {:.3f}); {:.3f} +- {:.3f} and "
+     "{:.3f} +- {:.3f}", CIRCUIT, lambda d: _answers(d, "replicate")),
+    ("under the demonstrations corruption {} edges keep {:.3f} +- {:.3f} on the search contexts ({} of them within 2 "
+     "standard errors of zero), under mean ablation {} edges keep {:.3f} +- {:.3f} ({})", CIRCUIT, _searches),
+    ("(L0H0 {:+.3f} +- {:.3f}, L0H4 {:+.3f} +- {:.3f}, L1H2 {:+.3f} +- {:.3f}, L1H4 {:+.3f} +- {:.3f}, MLP0 "
+     "{:+.3f} +- {:.3f}, MLP1 {:+.3f} +- {:.3f} nats); the costliest head left out is L0H1 ({:+.4f} +- {:.4f})",
+     CIRCUIT, lambda d: _costs(d, ["L0H0", "L0H4", "L1H2", "L1H4", "MLP0", "MLP1", "L0H1"])),
+    ("KL to the full model {:.3f} +- {:.3f} nats; the faithfulness curve's area is {:.2f}", CIRCUIT,
+     lambda d: (d["results"]["kl_to_full"], d["results"]["kl_to_full_se"], d["results"]["curve_area"])),
     ("which writes the output (the largest edge, {:+.2f} nats)", CIRCUIT, lambda d: (_edge(d, "MLP1", "output", "out")[0],)),
     ("layer 1's values at the demonstration positions {:.3f} +- {:.3f} nats, its keys there {:.3f} +- {:.3f}, its "
      "queries at the target {:.4f} +- {:.4f}. This agrees", CIRCUIT,
      lambda d: (*_into(d, "L1", "v", "demonstrations"), *_into(d, "L1", "k", "demonstrations"), *_into(d, "L1", "q", "target"))),
-    ("write into MLP0 ({} edges into MLP0 there, the embedding's the largest); layer 1 reads the demonstration positions "
-     "through its values ({} value edges, from MLP0 and from layer-0 heads directly; {} key edges; no query edge", CIRCUIT,
-     lambda d: (_kept_into(d, "MLP0", "in"), _kept_into(d, "L1", "v"), _kept_into(d, "L1", "k"))
-     if _kept_into(d, "L1", "q") == 0 else ("query edges kept",) * 3),
     ("The circuit has the same shape ({} value edges and {} key edges into layer 1, no query edge", SEED1,
      lambda d: (_kept_into(d, "L1", "v"), _kept_into(d, "L1", "k")) if _kept_into(d, "L1", "q") == 0 else ("q", "q")),
     ("progress {:.3f} +- {:.3f}; {} of {} edges ({:.0%}) keep {:.3f} +- {:.3f} of it (KL {:.3f} +- {:.3f})", SEED1, _circuit),
@@ -438,9 +473,10 @@ CLAIMS = [
      "(L1H4 {:+.3f} +- {:.3f}, L1H2 {:+.3f} +- {:.3f})", SEED1,
      lambda d: (*_edge(d, "L1H3", "MLP1"), *_edge(d, "L1H6", "MLP1"), *_edge(_load(CIRCUIT), "L1H4", "MLP1"),
                 *_edge(_load(CIRCUIT), "L1H2", "MLP1"))),
-    ("are smaller ({:.3f} +- {:.3f} against {:.3f} +- {:.3f}), so more edges are needed for 0.9 ({} against {})", SEED1,
+    ("are smaller ({:.3f} +- {:.3f} against {:.3f} +- {:.3f}), so more edges were needed for 0.9 under the "
+     "previous default ({})", SEED1,
      lambda d: (*_into(d, "MLP1", "in", "target"), *_into(_load(CIRCUIT), "MLP1", "in", "target"),
-                len(d["results"]["edges"]), len(_load(CIRCUIT)["results"]["edges"]))),
+                len(d["results"]["edges"]))),
     # Standard transformers: standard_circuit.json (--checkpoint standard).
     ("(512 contexts): progress {:.3f}; the paper's circuit is absent", SC, lambda d: (d["results"]["progress"],)),
     ("({:.2f} to {:.2f} on earlier tokens of it, {:.2f} to {:.2f} on itself;", SC,

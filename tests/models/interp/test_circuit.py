@@ -4,6 +4,8 @@ input, and single-edge scores add up where they must."""
 
 from __future__ import annotations
 
+from functools import partial
+
 import pytest
 import torch
 from conftest import build_task
@@ -254,7 +256,8 @@ def test_cli_writes_the_set_and_refuses_an_unknown_node_in_one_line(tmp_path, ca
 
     from analyses import circuit, common
 
-    argv = ["--checkpoint", "theorem1:beta=50", "--out", str(tmp_path), "--n-contexts", "8", "--curve-points", "2"]
+    argv = ["--checkpoint", "theorem1:beta=50", "--out", str(tmp_path), "--n-contexts", "8", "--curve-points", "2",
+            "--n-held-out", "16"]  # fmt: skip
     r = circuit.main(argv + ["--nodes", ",".join([f"L0H{k}" for k in range(10)] + ["L1H0"])])
     assert r["faithfulness"] == pytest.approx(1.0, abs=1e-9)  # every edge between every node: the full model
     saved = json.loads((tmp_path / "circuit.json").read_text())["results"]
@@ -275,7 +278,8 @@ def test_cli_writes_the_set_and_refuses_an_unknown_node_in_one_line(tmp_path, ca
     assert max(row["se"] for row in saved["by_input"]) > 0
     nodes = ",".join([f"L0H{k}" for k in range(10)] + ["L1H0"])
     denoised = [a if a != str(tmp_path) else str(tmp_path / "denoised") for a in argv]
-    r = circuit.main(denoised + ["--direction", "denoising", "--method", "eap", "--nodes", nodes])
+    r = circuit.main(denoised + ["--direction", "denoising", "--method", "eap", "--nodes", nodes, "--corruption",
+                                 "demonstrations"])  # fmt: skip
     assert r["faithfulness"] == pytest.approx(1.0, abs=1e-9) and r["denoising_faithfulness"] == pytest.approx(1.0, abs=1e-5)
     assert [c["n_edges"] for c in r["denoising_curve"]] == [c["n_edges"] for c in r["curve"]]
     assert r["denoising_curve"][0]["faithfulness"] == pytest.approx(0.0, abs=1e-12)
@@ -572,3 +576,154 @@ def test_a_record_intervention_changes_nothing_and_keeps_the_tensor_gradients_fl
         Intervention(name, "record", heads=(0,), store={})
     with pytest.raises(ValueError, match="a 'record' needs one"):
         Intervention(name, "record")
+
+
+def _defaults(**flags):
+    """analyses.circuit's flags with their defaults, but for ``flags``."""
+    from analyses import circuit, common
+
+    args = common.parser_for(circuit.ANALYSIS).parse_args(["--n-contexts", str(flags.pop("n_contexts", 48))])
+    for k, v in flags.items():
+        setattr(args, k, v)
+    return args
+
+
+@pytest.mark.parametrize("corruption", [None, "demonstrations"])
+def test_the_default_finds_the_target_side_head_and_reports_node_level_sufficiency(corruption):
+    """On the transposed circuit, L0H1 reads only the target's own prefix: the demonstrations corruption
+    cannot see it. The default (demonstrations and mean ablation) finds it, says it is on the target side and
+    needed by mean ablation only, and the nodes it reports are those of the construction (tests/constructed.py),
+    which alone, every other node mean- or resample-ablated, keep the progress on held-out contexts. With the
+    demonstrations corruption alone, L0H1 is still added: its mean ablation alone costs > 3 standard errors."""
+    from constructed import USED
+
+    from analyses import circuit
+
+    task = build_task(n_examples=3, seq_len=4, alpha=0.3)
+    subject = transposed_subject(task)
+    args = _defaults(n_held_out=256, **({} if corruption is None else {"corruption": corruption}))
+    r = circuit.discover(subject, args)
+    truth = {n for used in USED.values() for edge in used for n in edge[:2]} - {"embed", "output"}
+    assert set(r["nodes"]) == truth == {"L0H0", "L0H1", "MLP0", "L1H0"}
+    role = r["node_roles"]["L0H1"]
+    if corruption is None:
+        assert r["corruptions"] == ["demonstrations", "mean"]
+        assert role["needed_by"] == ["mean"] and role["side"] == "target side" and "(> 3 SE)" in role["added"]
+        assert "L0H1" not in {n for e in r["searches"]["demonstrations"]["edges"] for n in (e["sender"], e["receiver"])}
+    else:
+        assert role["needed_by"] == [] and "(> 3 SE)" in role["added"]
+    h = r["held_out"]
+    assert h["n_contexts"] == 256 and r["replicate"]["n_contexts"] == 256
+    for a in ("mean", "resample"):  # the construction computes BMA from these nodes alone
+        assert h[f"sufficiency_{a}"] == pytest.approx(1.0, abs=1e-6) and h[f"sufficiency_{a}_se"] < 1e-3
+    text = circuit.summary(r)
+    assert "carries the demonstrations' evidence" in text and "computes the prediction: its nodes alone keep 1.000" in text
+    assert "L0H1: target side" in text  # its mean ablation costs at the target positions only
+    assert role["ablated_at"]["target"]["cost"] > 3 * role["ablated_at"]["target"]["se"]
+    assert abs(role["ablated_at"]["demonstrations"]["cost"]) < 1e-9
+
+
+def test_the_held_out_sample_is_chosen_from_the_standard_error_it_must_reach(monkeypatch):
+    """Without --n-held-out, the held-out sample doubles from 512 until the model's progress has a
+    standard error at most --target-se; those contexts are none of the search's."""
+    from analyses import circuit
+
+    subject = load_subject("default")
+    monkeypatch.setattr(circuit, "MAX_HELD_OUT", 2048)
+    args = _defaults(n_contexts=8, target_se=1e-9)  # unreachable: the sample stops at its largest
+    tokens, n = circuit.held_out_contexts(subject, args)
+    assert n == circuit.MAX_HELD_OUT == len(tokens)
+    args = _defaults(n_contexts=8, target_se=10.0)
+    tokens, n = circuit.held_out_contexts(subject, args)
+    assert n == circuit.MIN_HELD_OUT
+    search = subject.task.sample(8, torch.Generator().manual_seed(args.seed))[0]
+    assert not (tokens.unsqueeze(1) == search.unsqueeze(0)).all(-1).any()
+
+
+def _hf_log_probs(subject, hf, tokens, pre_hooks=(), hooks=()):
+    """Log-probs of the task's tokens from the Hugging Face GPT-2 itself (no TransformerLens, no
+    models.circuit), with torch hooks ``(module, fn)`` on its modules."""
+    handles = [m.register_forward_pre_hook(f) for m, f in pre_hooks] + [m.register_forward_hook(f) for m, f in hooks]
+    try:
+        with torch.no_grad():
+            logits = hf(subject.layout.encode(tokens)).logits
+    finally:
+        for h in handles:
+            h.remove()
+    first = subject.layout.token_offset
+    return logits[:, subject.layout.prediction_positions(), first : first + subject.task.d_vocab].double().log_softmax(-1)
+
+
+def _hf_outputs(subject, hf, tokens):
+    """Per layer, the heads' merged outputs (c_proj's input, ``[batch, T, n_heads * d_head]``) and the MLP's
+    output, recorded by torch hooks."""
+    store = {}
+    pre = [(b.attn.c_proj, lambda m, a, i=i: store.__setitem__(("attn", i), a[0].clone()))
+           for i, b in enumerate(hf.transformer.h)]  # fmt: skip
+    post = [(b.mlp, lambda m, a, out, i=i: store.__setitem__(("mlp", i), out.clone())) for i, b in enumerate(hf.transformer.h)]
+    _hf_log_probs(subject, hf, tokens, pre, post)
+    return store
+
+
+def _hf_with_nodes_replaced(subject, hf, tokens, kept, value):
+    """Log-probs with every head and MLP not in ``kept`` replaced by ``value(kind, layer)`` (broadcastable
+    to the batch), written on Hugging Face's modules."""
+    d_head = hf.config.n_embd // hf.config.n_head
+
+    def heads(m, a, i):
+        x = a[0].clone()
+        for j in range(hf.config.n_head):
+            if f"L{i}H{j}" not in kept:
+                cols = slice(j * d_head, (j + 1) * d_head)
+                x[..., cols] = value("attn", i)[..., cols].expand_as(x[..., cols])
+        return (x,)
+
+    def mlp(m, a, out, i):
+        return out if f"MLP{i}" in kept else value("mlp", i).expand_as(out).clone()
+
+    blocks = list(enumerate(hf.transformer.h))
+    return _hf_log_probs(subject, hf, tokens, [(b.attn.c_proj, partial(heads, i=i)) for i, b in blocks],
+                         [(b.mlp, partial(mlp, i=i)) for i, b in blocks])  # fmt: skip
+
+
+def test_faithfulness_and_sufficiency_agree_with_huggingface_modules_and_torch_hooks():
+    """An independent forward pass: the shipped standard GPT-2's own Hugging Face modules, with torch hooks
+    on c_proj (the heads' merged outputs) and on the MLPs. A circuit of nodes (every edge among them): its
+    faithfulness under the demonstrations corruption is the run in which every other head and MLP takes its
+    value on the corrupted contexts; its sufficiency, every other node at its mean over held-out contexts
+    or its value on fresh contexts. models.circuit gives the same per-context NLLs."""
+    from analyses.circuit import among_nodes
+
+    from models.interp.circuit import node_ablated_values
+
+    subject = load_subject("standard")
+    hf = subject.model.original_model.eval()
+    graph = build_graph(subject)
+    task = subject.task
+    tokens, _ = task.sample(48, torch.Generator().manual_seed(5))
+    reference, _ = task.sample(96, torch.Generator().manual_seed(6))
+    fresh, _ = task.sample(48, torch.Generator().manual_seed(7))
+    kept = ["L0H1", "L0H3", "L0H6", "MLP0", "L1H2", "L1H4", "MLP1"]
+    nll = lambda lp: per_context_nll(lp, tokens)  # noqa: E731
+    clean = nll(_hf_log_probs(subject, hf, tokens))
+    assert torch.allclose(clean, nll(subject.log_probs(tokens)), atol=1e-5)
+
+    corrupted = other_contexts(task, tokens, "demonstrations", 0)
+    on_corrupted = _hf_outputs(subject, hf, corrupted)
+    want = nll(_hf_with_nodes_replaced(subject, hf, tokens, kept, lambda k, i: on_corrupted[(k, i)]))
+    runner = Runner(subject, graph, tokens, source_writes(subject, graph, tokens, "demonstrations", 0))
+    got = runner.keep_only_values(among_nodes(graph, ",".join(kept)))
+    assert (want - clean).abs().mean() > 0.01  # the corruption reaches the circuit
+    assert torch.allclose(got, want, atol=1e-4)
+
+    means = {k: v.mean(0, keepdim=True) for k, v in _hf_outputs(subject, hf, reference).items()}
+    for ablation, value in (("mean", lambda k, i: means[(k, i)]), ("resample", None)):
+        if ablation == "resample":
+            on_fresh = _hf_outputs(subject, hf, fresh)
+            value = lambda k, i: on_fresh[(k, i)]  # noqa: E731
+        want = nll(_hf_with_nodes_replaced(subject, hf, tokens, kept, value))
+        got = node_ablated_values(subject, graph, tokens, kept, ablation, reference if ablation == "mean" else fresh)
+        assert (want - clean).abs().mean() > 0.01
+        assert torch.allclose(got, want, atol=1e-4), ablation
+        share, se = ratio_se(-got, -clean)  # the same ratio from either pass: the same answer, within 1e-4
+        assert share == pytest.approx(ratio_se(-want, -clean)[0], abs=1e-3)
