@@ -99,6 +99,24 @@ def test_quick_sizes_are_smaller_than_the_pages():
     assert found >= len(TUTORIALS)
 
 
+# How-to guides whose Python blocks run as written (the rest show a skeleton to fill in: write_analysis.md).
+HOWTO_RUN = ["load.md", "add_intervention.md"]
+
+
+def test_howto_python_blocks_run():
+    for name in HOWTO_RUN:
+        for code in tutorials.blocks((DOCS / "howto" / name).read_text()):
+            done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=ENV, capture_output=True, text=True,
+                                  timeout=600)
+            assert done.returncode == 0, (name, done.stderr[-3000:])
+
+
+def test_every_howto_python_block_runs_or_is_a_skeleton():
+    for page in sorted((DOCS / "howto").glob("*.md")):
+        code = "".join(tutorials.blocks(page.read_text()))
+        assert page.name in HOWTO_RUN or not code or "    ..." in code, f"{page.name}: its Python is run by no test"
+
+
 # The site --------------------------------------------------------------------------------------------------
 
 
@@ -182,11 +200,11 @@ COMMANDS = [
     (r"python -m models\.(train|standard)( --\S+ \S+)* --out (runs|models/checkpoints)/\S+( --\S+( \S+)?)*|python -m models\.standard --task-kind .*",
      LONG + ": tests/test_checkpoint_and_train.py, tests/test_standard.py, tests/test_task_family.py"),
     (r"python -m models\.(train|standard)( --(lr|steps|init-demo|preset) \S+)*", LONG + ": tests/test_checkpoint_and_train.py, tests/test_standard.py"),
-    (r"python -m models\.evaluate( --checkpoint models/checkpoints/default)?", "tests/test_checkpoint_and_train.py evaluates the shipped checkpoint on 4096 contexts"),
+    (r"python -m models\.evaluate( --checkpoint (models/checkpoints/default|runs/mine))?", "tests/test_checkpoint_and_train.py evaluates the shipped checkpoint on 4096 contexts"),
     (r"torchrun --standalone --nproc_per_node 2 -m models\.train --out runs/ddp", LONG + ": tests/test_distributed.py"),
     (r"python -m bench( --only (large|circuit))?( --threads [12])?", "a benchmark of minutes, on a quiet machine; "
      "tests/test_robustness_entry_points.py runs its flag checks"),
-    (r"python -m bench --device cuda", "needs a GPU"),
+    (r"python -m [\w.]+( --\S+ \S+)* --device cuda( --\S+ \S+)*", "needs a GPU"),
     (r"KILL9_TRIALS=20 python -m pytest tests/test_robustness_work.py -k kill9 -s", "the suite runs 3 trials of it"),
 ]
 
