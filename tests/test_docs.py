@@ -22,8 +22,13 @@ import tutorials  # noqa: E402
 
 TUTORIALS = sorted((DOCS / "tutorials").glob("*.md"))
 PACKAGES = ["probes", "models", "cape", "analyses", "bench"]
-ENV = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1", "NO_MKDOCS_2_WARNING": "1",
-       "DISABLE_MKDOCS_2_WARNING": "true"}
+ENV = {
+    **os.environ,
+    "PYTHONPATH": str(ROOT),
+    "OMP_NUM_THREADS": "1",
+    "NO_MKDOCS_2_WARNING": "1",
+    "DISABLE_MKDOCS_2_WARNING": "true",
+}
 
 
 def pages() -> list[Path]:
@@ -37,7 +42,9 @@ def pages() -> list[Path]:
 def test_readme_example_runs_as_written():
     """The README's first Python block runs in a fresh interpreter and prints what its comments promise: the
     layer-2 attention within 0.05 TV of the BMA posterior, a one-to-one copyer assignment, the log-prob shape."""
-    (code,) = tutorials.blocks(re.search(r"^## A first look\n(.*?)^## ", (ROOT / "README.md").read_text(), re.S | re.M)[1])
+    (code,) = tutorials.blocks(
+        re.search(r"^## A first look\n(.*?)^## ", (ROOT / "README.md").read_text(), re.S | re.M)[1]
+    )
     assert len(code.strip().splitlines()) <= 20, "the README's example must stay within 20 lines"
     done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
@@ -58,10 +65,14 @@ def rendered(tmp_path_factory) -> Path:
 
 # What each tutorial's printed output must show, read back from its rendered page: (regex, check of the groups).
 OUTPUTS = {
-    "five_minutes": [(r"mean TV between attention and BMA: ([\d.]+)", lambda tv: float(tv) < 0.05),
-                     (r"beta=50.0: TV to BMA ([\d.e+-]+)", lambda tv: float(tv) < 1e-12)],
-    "your_gpt2": [(r"loss ([\d.]+) -> ([\d.]+) after", lambda a, b: float(b) < float(a)),
-                  (r"circuit \(top-n\): (\d+) of (\d+) edges", lambda kept, total: 0 < int(kept) <= int(total))],
+    "five_minutes": [
+        (r"mean TV between attention and BMA: ([\d.]+)", lambda tv: float(tv) < 0.05),
+        (r"beta=50.0: TV to BMA ([\d.e+-]+)", lambda tv: float(tv) < 1e-12),
+    ],
+    "your_gpt2": [
+        (r"loss ([\d.]+) -> ([\d.]+) after", lambda a, b: float(b) < float(a)),
+        (r"circuit \(top-n\): (\d+) of (\d+) edges", lambda kept, total: 0 < int(kept) <= int(total)),
+    ],
     "paper_analyses": [(r"wrote \d+ files to .*: copyers\.png", lambda: True)],
     "nanogpt": [(r"target NLL ([\d.]+) nats", lambda nll: 0 < float(nll) < 1.7)],  # uniform guessing: log 5 = 1.61
 }
@@ -106,8 +117,9 @@ HOWTO_RUN = ["load.md", "add_intervention.md"]
 def test_howto_python_blocks_run():
     for name in HOWTO_RUN:
         for code in tutorials.blocks((DOCS / "howto" / name).read_text()):
-            done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=ENV, capture_output=True, text=True,
-                                  timeout=600)
+            done = subprocess.run(
+                [sys.executable, "-c", code], cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=600
+            )
             assert done.returncode == 0, (name, done.stderr[-3000:])
 
 
@@ -145,9 +157,14 @@ def test_mkdocs_build_strict(rendered, tmp_path):
         if not (rendered / page.name).exists():  # this test run alone: render the tutorials first
             tutorials.run(page, rendered, fast=True)
     site = tmp_path / "site"
-    done = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "-d", str(site)], cwd=ROOT,
-                          env={**ENV, "DOCS_TUTORIALS_RENDERED": str(rendered)}, capture_output=True, text=True,
-                          timeout=900)
+    done = subprocess.run(
+        [sys.executable, "-m", "mkdocs", "build", "--strict", "-d", str(site)],
+        cwd=ROOT,
+        env={**ENV, "DOCS_TUTORIALS_RENDERED": str(rendered)},
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
     log = done.stdout + done.stderr
     assert done.returncode == 0, log[-5000:]
     assert not re.search(r"^WARNING\s+-", log, re.M), log[-5000:]
@@ -175,35 +192,63 @@ def test_every_committed_figure_is_on_a_results_page_with_a_caption():
 LONG = "too long for CI at this size; the test named runs the same entry point smaller"
 TEMPLATE = "a template: names a file or value the reader supplies"
 # (pattern matching the whole command, why it is not run here, or the test that runs it). Every command quoted
-# in README.md or docs/ (```bash lines, and inline code starting with python -m, bash, torchrun, pip or an
-# environment variable) must match one row; a row that matches nothing is stale and fails.
+# in README.md or docs/ (```bash lines, and inline code starting with python -m, bash, torchrun, pip, mkdocs
+# or an environment variable) must match one row; a row that matches nothing is stale and fails.
 COMMANDS = [
-    (r"pip install torch==2\.13\.0 --extra-index-url \S+ && pip install -e \"\.\[dev\]\" -c constraints\.txt && python -m (analyses\.head_ablation|pytest)",
-     "run by .ci/run in CI, in a fresh virtual environment (the README's first bash block)"),
-    (r"pip install torch==2\.13\.0|pip install -e \"\.\[dev\]\" -c constraints\.txt|pip install -e \"\.\[sweep\]\"",
-     "the set-up's parts, run by .ci/run as above"),
+    (
+        r"pip install torch==2\.13\.0 --extra-index-url \S+ && pip install -e \"\.\[dev\]\" -c constraints\.txt && python -m (analyses\.head_ablation|pytest)",
+        "run by .ci/run in CI, in a fresh virtual environment (the README's first bash block)",
+    ),
+    (
+        r"pip install torch==2\.13\.0|pip install -e \"\.\[dev\]\" -c constraints\.txt|pip install -e \"\.\[sweep\]\"",
+        "the set-up's parts, run by .ci/run as above",
+    ),
     (r"python -m venv \.venv && \. \.venv/bin/activate", "what .ci/run does before the set-up"),
     (r"python -m pytest|bash \.ci/run", "CI itself"),
+    (
+        r"mkdocs (serve|build)",
+        "test_mkdocs_build_strict builds the site (serve is the same build and a local web server)",
+    ),
     (r"python -m [\w.]+ --help", "run here: test_help_commands_run"),
-    (r"python -m analyses\.<name>|python -m analyses\.\w+ --checkpoint (X|RUN|FOLDER|out/ckpt\.pt|model\.pt|w\.pt --config task\.json|paper\.pt --key-map paper_map\.json|runs/(train|standard|mine))",
-     TEMPLATE),
-    (r"python -m analyses\.scale --from-runs LABEL=FOLDER|python -m models\.evaluate --checkpoint \.\.\.|python -m models\.train --preset small\|medium\|large",
-     TEMPLATE),
-    (r"python -m analyses\.\w+( --checkpoint (default|standard|theorem1:beta=50))?( --(method|corruption|search|threshold|direction) \S+)*( --full)?",
-     "an analysis at full size (all of them: python -m analyses.paper, 199 s); tests/test_<analysis>.py runs each "
-     "smaller, tests/test_every_family.py every one on a tiny GPT-2"),
+    (
+        r"python -m analyses\.<name>|python -m analyses\.\w+ --checkpoint (X|RUN|FOLDER|out/ckpt\.pt|model\.pt|w\.pt --config task\.json|paper\.pt --key-map paper_map\.json|runs/(train|standard|mine))",
+        TEMPLATE,
+    ),
+    (
+        r"python -m analyses\.scale --from-runs LABEL=FOLDER|python -m models\.evaluate --checkpoint \.\.\.|python -m models\.train --preset small\|medium\|large",
+        TEMPLATE,
+    ),
+    (
+        r"python -m analyses\.\w+( --checkpoint (default|standard|theorem1:beta=50))?( --(method|corruption|search|threshold|direction) \S+)*( --full)?",
+        "an analysis at full size (all of them: python -m analyses.paper, 199 s); tests/test_<analysis>.py runs each "
+        "smaller, tests/test_every_family.py every one on a tiny GPT-2",
+    ),
     (r"python -m analyses\.paper( --jobs 2)?", "the paper run, 199 s on 2 cores; tests/test_paper.py runs its engine"),
-    (r"python -m (analyses\.paper|analyses\.phase_diagram --full) --cluster slurm:cpu --jobs \d+",
-     "needs a Slurm cluster; tests/test_sweep.py runs the submitit path against a stand-in sbatch"),
-    (r"python -m analyses\.\w+ --checkpoint runs/\S+( --out runs/\S+| --n-contexts \d+| --train-steps 0)*",
-     "reads the run a training command beside it writes (" + LONG + ": tests/test_task_family.py)"),
-    (r"python -m models\.(train|standard)( --\S+ \S+)* --out (runs|models/checkpoints)/\S+( --\S+( \S+)?)*|python -m models\.standard --task-kind .*",
-     LONG + ": tests/test_checkpoint_and_train.py, tests/test_standard.py, tests/test_task_family.py"),
-    (r"python -m models\.(train|standard)( --(lr|steps|init-demo|preset) \S+)*", LONG + ": tests/test_checkpoint_and_train.py, tests/test_standard.py"),
-    (r"python -m models\.evaluate( --checkpoint (models/checkpoints/default|runs/mine))?", "tests/test_checkpoint_and_train.py evaluates the shipped checkpoint on 4096 contexts"),
+    (
+        r"python -m (analyses\.paper|analyses\.phase_diagram --full) --cluster slurm:cpu --jobs \d+",
+        "needs a Slurm cluster; tests/test_sweep.py runs the submitit path against a stand-in sbatch",
+    ),
+    (
+        r"python -m analyses\.\w+ --checkpoint runs/\S+( --out runs/\S+| --n-contexts \d+| --train-steps 0)*",
+        "reads the run a training command beside it writes (" + LONG + ": tests/test_task_family.py)",
+    ),
+    (
+        r"python -m models\.(train|standard)( --\S+ \S+)* --out (runs|models/checkpoints)/\S+( --\S+( \S+)?)*|python -m models\.standard --task-kind .*",
+        LONG + ": tests/test_checkpoint_and_train.py, tests/test_standard.py, tests/test_task_family.py",
+    ),
+    (
+        r"python -m models\.(train|standard)( --(lr|steps|init-demo|preset) \S+)*",
+        LONG + ": tests/test_checkpoint_and_train.py, tests/test_standard.py",
+    ),
+    (
+        r"python -m models\.evaluate( --checkpoint (models/checkpoints/default|runs/mine))?",
+        "tests/test_checkpoint_and_train.py evaluates the shipped checkpoint on 4096 contexts",
+    ),
     (r"torchrun --standalone --nproc_per_node 2 -m models\.train --out runs/ddp", LONG + ": tests/test_distributed.py"),
-    (r"python -m bench( --only (large|circuit))?( --threads [12])?", "a benchmark of minutes, on a quiet machine; "
-     "tests/test_robustness_entry_points.py runs its flag checks"),
+    (
+        r"python -m bench( --only (large|circuit))?( --threads [12])?",
+        "a benchmark of minutes, on a quiet machine; tests/test_robustness_entry_points.py runs its flag checks",
+    ),
     (r"python -m [\w.]+( --\S+ \S+)* --device cuda( --\S+ \S+)*", "needs a GPU"),
     (r"KILL9_TRIALS=20 python -m pytest tests/test_robustness_work.py -k kill9 -s", "the suite runs 3 trials of it"),
 ]
@@ -215,7 +260,7 @@ def quoted_commands() -> dict[str, str]:
     for page in pages():
         text = page.read_text()
         lines = [line for block in re.findall(r"^```bash\n(.*?)^```", text, re.S | re.M) for line in block.splitlines()]
-        lines += re.findall(r"`((?:python -m|bash |torchrun|pip install|[A-Z0-9_]+=\S+ python)[^`]*)`", text)
+        lines += re.findall(r"`((?:python -m|bash |torchrun|pip install|mkdocs |[A-Z0-9_]+=\S+ python)[^`]*)`", text)
         for line in lines:
             command = re.sub(r"\s+", " ", line.split("  #")[0].split(" # ")[0]).strip()
             if command:
@@ -236,6 +281,7 @@ def test_help_commands_run():
     helps = sorted(c for c in quoted_commands() if re.fullmatch(r"python -m [\w.]+ --help", c))
     assert helps
     for command in helps:
-        done = subprocess.run([sys.executable, *command.split()[1:]], cwd=ROOT, env=ENV, capture_output=True,
-                              text=True, timeout=300)
+        done = subprocess.run(
+            [sys.executable, *command.split()[1:]], cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=300
+        )
         assert done.returncode == 0 and done.stdout.startswith("usage: "), (command, done.stderr[-2000:])

@@ -4,8 +4,9 @@ CLAIMS: (README phrase with ``{...}`` format fields, source file, function of th
 values). The test formats the values with the README's own rounding and asserts the phrase occurs in
 README.md or a page under docs/ (whitespace-normalised: a section may move from the README to the docs
 site), so a stale number fails naming the claim, the text found and the JSON's value. UNCHECKED lists the numbers that come from no committed JSON, with the reason.
-A second test checks that every relative link and image in README.md, figures/README.md and docs/*.md
-resolves to a file inside the repository.
+A second test checks that every relative link and image in README.md, figures/README.md and every page under
+docs/ (the docs site's pages written by hand: tutorials, how-to, reference, explanation, results) resolves to a
+file inside the repository; tests/test_docs.py builds the site with --strict, which checks the generated pages.
 """
 
 import functools

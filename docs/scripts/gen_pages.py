@@ -37,8 +37,11 @@ def public_modules() -> list[str]:
 
 
 def api_pages() -> None:
-    index = ["# API reference\n", "Generated from the docstrings: one page per public module, found by walking "
-             f"the packages ({', '.join(f'`{p}`' for p in PACKAGES)}).\n"]
+    index = [
+        "# API reference\n",
+        "Generated from the docstrings: one page per public module, found by walking "
+        f"the packages ({', '.join(f'`{p}`' for p in PACKAGES)}).\n",
+    ]
     for name in public_modules():
         with mkdocs_gen_files.open(f"reference/api/{name}.md", "w") as page:
             page.write(f"# `{name}`\n\n::: {name}\n")
@@ -50,8 +53,11 @@ def api_pages() -> None:
 
 def cli_page() -> None:
     helps = json.loads((ROOT / "models" / "cli_help.json").read_text())
-    text = ["# Entry points\n", "Every entry point's flags, as `python -m NAME --help` prints them (read from "
-            "`models/cli_help.json`, which a test keeps equal to the parsers).\n"]
+    text = [
+        "# Entry points\n",
+        "Every entry point's flags, as `python -m NAME --help` prints them (read from "
+        "`models/cli_help.json`, which a test keeps equal to the parsers).\n",
+    ]
     for name, usage in helps.items():
         text.append(f"## `{name}`\n\n```text\n{usage.rstrip()}\n```\n")
     with mkdocs_gen_files.open("reference/cli.md", "w") as page:
