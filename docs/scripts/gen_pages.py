@@ -2,7 +2,7 @@
 
 - reference/api/: one page per public module (every ``.py`` under the packages whose name does not start with
   ``_``, packages by their ``__init__``), found by walking the packages, so a moved module moves its page;
-- reference/cli.md: every entry point's ``--help``, from ``models/cli_help.json``;
+- reference/cli.md: every entry point's ``--help``, from ``cli_help.json`` (in ``models/``);
 - tutorials/: each tutorial executed and rendered with its output and figures (``tutorials.py``). With
   ``DOCS_TUTORIALS_RENDERED=DIR`` the pages already rendered into DIR are taken instead (the test suite renders
   them once, at its smaller sizes, and builds the site from those).
@@ -52,11 +52,12 @@ def api_pages() -> None:
 
 
 def cli_page() -> None:
-    helps = json.loads((ROOT / "models" / "cli_help.json").read_text())
+    (help_file,) = ROOT.glob("models/**/cli_help.json")  # wherever the package keeps it
+    helps = json.loads(help_file.read_text())
     text = [
         "# Entry points\n",
         "Every entry point's flags, as `python -m NAME --help` prints them (read from "
-        "`models/cli_help.json`, which a test keeps equal to the parsers).\n",
+        f"`{help_file.relative_to(ROOT)}`, which a test keeps equal to the parsers).\n",
     ]
     for name, usage in helps.items():
         text.append(f"## `{name}`\n\n```text\n{usage.rstrip()}\n```\n")

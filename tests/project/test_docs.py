@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 DOCS = ROOT / "docs"
 sys.path.insert(0, str(DOCS / "scripts"))
 import tutorials  # noqa: E402
@@ -39,6 +39,7 @@ def pages() -> list[Path]:
 # The README's example --------------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_readme_example_runs_as_written():
     """The README's first Python block runs in a fresh interpreter and prints what its comments promise: the
     layer-2 attention within 0.05 TV of the BMA posterior, a one-to-one copyer assignment, the log-prob shape."""
@@ -82,6 +83,7 @@ def test_every_tutorial_has_output_checks():
     assert sorted(OUTPUTS) == sorted(p.stem for p in TUTORIALS)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("page", TUTORIALS, ids=lambda p: p.stem)
 def test_tutorial_runs_top_to_bottom(page, rendered):
     """Every block of the tutorial runs, in order, in one fresh interpreter; the rendered page keeps every block,
@@ -114,6 +116,7 @@ def test_quick_sizes_are_smaller_than_the_pages():
 HOWTO_RUN = ["load.md", "add_intervention.md"]
 
 
+@pytest.mark.slow
 def test_howto_python_blocks_run():
     for name in HOWTO_RUN:
         for code in tutorials.blocks((DOCS / "howto" / name).read_text()):
@@ -144,6 +147,7 @@ def public_modules() -> list[str]:
     return sorted(names)
 
 
+@pytest.mark.slow
 def test_mkdocs_build_strict(rendered, tmp_path):
     """``mkdocs build --strict`` passes with no warning; the reference has a page with content for every public
     module; every tutorial page carries its figures."""
@@ -220,37 +224,47 @@ COMMANDS = [
     ),
     (
         r"python -m analyses\.\w+( --checkpoint (default|standard|theorem1:beta=50))?( --(method|corruption|search|threshold|direction) \S+)*( --full)?",
-        "an analysis at full size (all of them: python -m analyses.paper, 199 s); tests/test_<analysis>.py runs each "
-        "smaller, tests/test_every_family.py every one on a tiny GPT-2",
+        "an analysis at full size (all of them: python -m analyses.paper, 199 s); tests/analyses/test_<analysis>.py runs each "
+        "smaller, tests/analyses/test_every_family.py every one on a tiny GPT-2",
     ),
-    (r"python -m analyses\.paper( --jobs 2)?", "the paper run, 199 s on 2 cores; tests/test_paper.py runs its engine"),
+    (
+        r"python -m analyses\.paper( --jobs 2)?",
+        "the paper run, 199 s on 2 cores; tests/analyses/test_paper.py runs its engine",
+    ),
     (
         r"python -m (analyses\.paper|analyses\.phase_diagram --full) --cluster slurm:cpu --jobs \d+",
-        "needs a Slurm cluster; tests/test_sweep.py runs the submitit path against a stand-in sbatch",
+        "needs a Slurm cluster; tests/models/training/test_sweep.py runs the submitit path against a stand-in sbatch",
     ),
     (
         r"python -m analyses\.\w+ --checkpoint runs/\S+( --out runs/\S+| --n-contexts \d+| --train-steps 0)*",
-        "reads the run a training command beside it writes (" + LONG + ": tests/test_task_family.py)",
+        "reads the run a training command beside it writes (" + LONG + ": tests/probes/test_task_family.py)",
     ),
     (
         r"python -m models\.(train|standard)( --\S+ \S+)* --out (runs|models/checkpoints)/\S+( --\S+( \S+)?)*|python -m models\.standard --task-kind .*",
-        LONG + ": tests/test_checkpoint_and_train.py, tests/test_standard.py, tests/test_task_family.py",
+        LONG
+        + ": tests/models/training/test_checkpoint_and_train.py, tests/models/training/test_standard.py, tests/probes/test_task_family.py",
     ),
     (
         r"python -m models\.(train|standard)( --(lr|steps|init-demo|preset) \S+)*",
-        LONG + ": tests/test_checkpoint_and_train.py, tests/test_standard.py",
+        LONG + ": tests/models/training/test_checkpoint_and_train.py, tests/models/training/test_standard.py",
     ),
     (
         r"python -m models\.evaluate( --checkpoint (models/checkpoints/default|runs/mine))?",
-        "tests/test_checkpoint_and_train.py evaluates the shipped checkpoint on 4096 contexts",
+        "tests/models/training/test_checkpoint_and_train.py evaluates the shipped checkpoint on 4096 contexts",
     ),
-    (r"torchrun --standalone --nproc_per_node 2 -m models\.train --out runs/ddp", LONG + ": tests/test_distributed.py"),
+    (
+        r"torchrun --standalone --nproc_per_node 2 -m models\.train --out runs/ddp",
+        LONG + ": tests/models/training/test_distributed.py",
+    ),
     (
         r"python -m bench( --only (large|circuit))?( --threads [12])?",
-        "a benchmark of minutes, on a quiet machine; tests/test_robustness_entry_points.py runs its flag checks",
+        "a benchmark of minutes, on a quiet machine; tests/robustness/test_entry_point_convention.py runs its flag checks",
     ),
     (r"python -m [\w.]+( --\S+ \S+)* --device cuda( --\S+ \S+)*", "needs a GPU"),
-    (r"KILL9_TRIALS=20 python -m pytest tests/test_robustness_work.py -k kill9 -s", "the suite runs 3 trials of it"),
+    (
+        r"KILL9_TRIALS=20 python -m pytest tests/(test_robustness_work|robustness/test_work_never_lost)\.py -k kill9 -s",
+        "the suite runs 3 trials of it",
+    ),
 ]
 
 
