@@ -15,7 +15,7 @@ into angles ``phi = (pi/4) e`` and scored with ``cape.attention.rotary_scores``.
    the generality score ``pi_v`` (reversed PageRank, expected < 0); and a node's mean score to the others
    against ``pi_v``.
 3. Feature order: embedding ``A[perm][:, perm]`` (a) from the permuted initial points: exact equivariance,
-   max |p' - p[perm]| and max |pattern' - pattern[perm][:, perm]| of a ``CapeAttention`` layer on permuted
+   ``max |p' - p[perm]|`` and ``max |pattern' - pattern[perm][:, perm]|`` of a ``CapeAttention`` layer on permuted
    features; (b) from a fresh seeded initialisation (what a user gets): Spearman between the score matrices,
    compared with re-embedding the unpermuted graph with a different seed.
 """
