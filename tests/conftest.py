@@ -1,4 +1,5 @@
-"""Shared fixtures: every test starts from seeded generators; small builders keep tests short."""
+"""Shared fixtures: every test starts from seeded generators; small builders keep tests short. ``SLOW``:
+the tests marked ``slow`` (``python -m pytest -m "not slow"`` leaves them out)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,20 @@ import torch
 
 from models.training.train import TrainConfig
 from probes import MarkovTreeTask
+
+
+# The heaviest tests, by file and function (every parametrisation), marked `slow` here rather than in their
+# files so that one table says what a quick run leaves out (tests/README.md); a new slow test may instead
+# carry @pytest.mark.slow. Measured with --durations=0 (seconds of wall time on the loaded 2-core machine of
+# 2026-12-03, about 6x an idle one; tests/project/test_slow_marker.py checks every entry names a test).
+SLOW = {
+}
+
+
+def pytest_collection_modifyitems(items):
+    for item in items:
+        if f"{item.path.name}::{item.originalname}" in SLOW:
+            item.add_marker(pytest.mark.slow)
 
 
 @pytest.fixture(autouse=True)
