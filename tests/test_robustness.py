@@ -260,7 +260,7 @@ def test_cli_subprocess_stderr_is_one_line(files):
     tmp, _, _ = files
     proc = forked.run(  # python -m, the imports done once (tests/forked.py)
         "analyses.inspect", "--checkpoint", str(tmp / "evil.pt"), "--config", str(tmp / "cfg.json"),
-        "--out", str(tmp / "o"), cwd=ROOT, timeout=120,
+        "--out", str(tmp / "o"), cwd=ROOT, timeout=forked.HANG_S,
     )  # fmt: skip
     assert proc.returncode == 2
     assert proc.stderr.strip().count("\n") == 0 and "refusing to unpickle" in proc.stderr

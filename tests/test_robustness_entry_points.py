@@ -9,17 +9,16 @@ shipped checkpoints byte-identical afterwards (``test_robustness_cli.assert_one_
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import shutil
-import signal
 import stat
 import subprocess
 import sys
 from pathlib import Path
 from unittest import mock
 
+import forked
 import pytest
 import torch
 from test_formats import file_config, hf_folder, small_model
@@ -33,7 +32,7 @@ from models import checkpoint, standard, train
 from models.io import run_cli
 
 ROOT = Path(__file__).resolve().parent.parent
-BOUND_S = 60  # a case that takes longer is a hang (each takes seconds)
+BOUND_S = forked.HANG_S  # a hang, not a time limit: each case takes seconds alone, longer on a busy machine
 STANDARD = [
     *("--d-vocab", "3", "--n-examples", "2", "--seq-len", "3", "--n-layers", "1", "--n-heads", "2"),
     *("--d-model", "8", "--d-mlp", "8", "--batch-size", "4", "--eval-contexts", "8", "--steps", "2"),
@@ -344,22 +343,6 @@ CASES = [
 ]
 
 
-@contextlib.contextmanager
-def bounded(seconds: int):
-    """Fail (instead of hanging) if the block takes more than ``seconds``."""
-
-    def expire(signum, frame):
-        raise TimeoutError(f"over {seconds} s")
-
-    previous = signal.signal(signal.SIGALRM, expire)
-    signal.alarm(seconds)
-    try:
-        yield
-    finally:
-        signal.alarm(0)
-        signal.signal(signal.SIGALRM, previous)
-
-
 def modes(folder: Path) -> dict[str, int]:
     return {p.name: os.lstat(p).st_mode for p in folder.iterdir()}
 
@@ -369,7 +352,7 @@ def test_entry_point_bad_input_is_one_line_and_changes_nothing(lab, specials, ca
     kind, name, make, expected, *code = case
     main, argv = make(lab, specials)
     before = modes(specials)
-    with bounded(BOUND_S):
+    with forked.bounded(BOUND_S):
         assert_one_line(main, argv, expected, [lab, checkpoint.STANDARD_CHECKPOINT], capsys, *code)
     assert modes(specials) == before
     assert all(len(line) < 1000 for line in capsys.readouterr().err.splitlines())
