@@ -151,10 +151,9 @@ def parse(analysis: Analysis, argv: list[str] | None) -> tuple[argparse.Argument
     """The analysis's flags parsed and checked (``--out`` defaulted by ``default_out``), before any work."""
     p = parser_for(analysis)
     args = p.parse_args(argv)
-    defaulted = args.out is None  # then its parent folders are made; a given --out's parent must exist
-    if defaulted:
+    if args.out is None:
         args.out = str(default_out(getattr(args, "checkpoint", None)))
-    cli.check_run_flags(p, args, argv, make_parents=defaulted)  # --out included
+    cli.check_run_flags(p, args, argv)  # --out included (its missing parent folders are made)
     if analysis.check_flags is not None:
         analysis.check_flags(p, args)
     return p, args

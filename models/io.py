@@ -27,6 +27,7 @@ MAX_TENSORS = 20_000  # refuse to build a model of more tensors (work, whatever 
 def atomic_write(path: str | Path, write) -> None:
     """``write(tmp_path)`` then rename over ``path``: readers never see a half-written file."""
     path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)  # a missing folder of --json is made, as --out's
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=path.suffix, dir=path.parent)
     os.close(fd)
     try:

@@ -271,7 +271,7 @@ def _train(cfg: TrainConfig, progress: bool, place: distributed.Rank, device: st
     out = Path(cfg.out)
     if not place.is_main:
         return _train_locked(cfg, progress, place, device, out)
-    cli.check_out_folder(cfg.out, make_parents=True)
+    cli.check_out_folder(cfg.out)
     try:
         out.parent.mkdir(parents=True, exist_ok=True)
     except OSError as e:

@@ -214,7 +214,7 @@ def test_cli_errors_exit_2_with_one_line_and_keep_existing_files(files, capsys):
     before = _snapshot(tmp)
     cases = [
         (inspect.main, ["--n-contexts", "0"], "--n-contexts must be >= 1"),
-        (inspect.main, ["--out", str(tmp / "no" / "such" / "dir")], "does not exist"),
+        (inspect.main, ["--out", str(tmp / "cfg.json" / "dir")], "is not a folder"),
         (inspect.main, ["--out", str(tmp / "cfg.json")], "is a file"),
         (
             inspect.main,

@@ -168,9 +168,9 @@ CASES = [
     ("work", "analysis --out under /proc", lambda t: _copyers("--out", "/proc/robustness"), "not writable"),
     (
         "work",
-        "evaluate --json missing folder",
-        lambda t: _evaluate("--json", str(t / "no" / "m.json")),
-        "does not exist",
+        "evaluate --json in a file",
+        lambda t: _evaluate("--json", str(t / "afile" / "m.json")),
+        "is a file",
     ),
     ("work", "evaluate --json a folder", lambda t: _evaluate("--json", str(t / "notes")), "is a folder"),
     # --- hangs and memory bombs: sizes bounded, memory estimated before allocating ------------------

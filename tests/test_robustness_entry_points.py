@@ -142,7 +142,7 @@ CASES = [
     ),
     ("traceback", "standard --out under /proc", lambda t, s: _standard("--out", "/proc/robustness"), "not writable"),
     ("traceback", "standard --out a file", lambda t, s: _standard(*_out(t, "afile")), "is a file"),
-    ("traceback", "standard --out no parent", lambda t, s: _standard(*_out(t, "no/such/x")), "does not exist"),
+    ("traceback", "standard --out in a file", lambda t, s: _standard(*_out(t, "afile/such/x")), "is not a folder"),
     (
         "traceback",
         "standard Ctrl-C",
@@ -153,7 +153,7 @@ CASES = [
     # --- bench on the convention ------------------------------------------------------------------
     ("traceback", "bench --device mps", lambda t, s: _bench("--device", "mps"), "--device 'mps' cannot be used"),
     ("traceback", "bench --threads 0", lambda t, s: _bench("--threads", "0"), "--threads must be in [1, 1024]"),
-    ("traceback", "bench --json missing folder", lambda t, s: _bench("--json", str(t / "no" / "b.json")), "does not exist"),
+    ("traceback", "bench --json in a file", lambda t, s: _bench("--json", str(t / "afile" / "b.json")), "is a file"),
     ("traceback", "bench --json a folder", lambda t, s: _bench("--json", str(t / "notes")), "is a folder"),
     ("traceback", "bench --only nothing", lambda t, s: _bench("--only", "nothing"), "invalid choice: 'nothing'"),
     # --- never write over an input, or another format's checkpoint ------------------------------
