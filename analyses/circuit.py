@@ -65,7 +65,7 @@ SEARCHES = ("top-n", "threshold", "greedy")
 def values_of(runner: Runner, method: str, ig_steps: int) -> torch.Tensor:
     """Each edge's score on each context, ``[edge, context]``."""
     if method == "exact":
-        return runner.exact_values(progress=lambda e: tqdm(e, desc="exact edge patching", leave=False))
+        return runner.exact_values(progress=lambda e: tqdm(e, desc="exact edge patching", leave=False, disable=None))
     if method == "eap":
         return runner.eap_values()
     return runner.eap_ig_values(steps=ig_steps)
@@ -151,11 +151,11 @@ def discover(subject: Subject, args) -> dict:
     edges = graph.edges
     sizes = curve_sizes(len(edges), args.curve_points)
     curve = [faithfulness(runner, top_n(edges, scores, n), plateau, full) for n in
-             tqdm(sizes, desc="faithfulness curve", leave=False)]  # fmt: skip
+             tqdm(sizes, desc="faithfulness curve", leave=False, disable=None)]  # fmt: skip
     denoising = {}
     if scorer is not runner:
         back = [restored(scorer, top_n(edges, scores, n), full) for n in
-                tqdm(sizes, desc="denoising faithfulness curve", leave=False)]  # fmt: skip
+                tqdm(sizes, desc="denoising faithfulness curve", leave=False, disable=None)]  # fmt: skip
         denoising = {"denoising_curve": back, "denoising_curve_area": area(back, len(edges))}
     if named is not None:
         kept = named

@@ -218,7 +218,9 @@ def main(analysis: Analysis, argv: list[str] | None = None) -> dict:
 
 def run(main_fn, argv: list[str] | None = None):
     """``python -m analyses.<name>``: a ValueError becomes one line and exit code 2."""
-    return cli.run_cli(main_fn, argv)
+    analysis = getattr(main_fn, "__self__", None)  # Analysis.main, bound; else a module's own main
+    name = analysis.name if isinstance(analysis, Analysis) else main_fn.__module__.removeprefix("analyses.")
+    return cli.run_cli(main_fn, argv, f"python -m analyses.{name}")
 
 
 # Saving -----------------------------------------------------------------------------------------------

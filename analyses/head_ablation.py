@@ -146,7 +146,7 @@ def head_ablation(
         out = run_ablated(subject, tokens, ablate(subject, 0, heads, kind, means[HOOK_Z], log))
         return measure(*out, tokens, parents, bma, frozenset(demos[k] for k in heads))
 
-    bar = tqdm(total=2 * K + 2 * (K + 1) + 4, desc="ablations", disable=not progress, leave=False)
+    bar = tqdm(total=2 * K + 2 * (K + 1) + 4, desc="ablations", disable=not progress or None, leave=False)
     heads = []
     for k in range(K):
         heads.append({"head": head_label(0, k), "demonstration": demos[k], "purity": purity[k]})

@@ -208,7 +208,8 @@ def path_patching(subject: Subject, tokens, corrupted, log: list | None = None) 
     out = {"senders": [head_label(0, j) for j in range(n0)], "receivers": [head_label(1, j) for j in range(n1)]}
     for key, mlp in (("share", False), ("share_through_mlp", True)):
         out[key] = [[None] * n1 for _ in range(n0)]
-        for s, r in tqdm([(s, r) for s in range(n0) for r in range(n1)], desc="path patching", leave=False):
+        pairs = [(s, r) for s in range(n0) for r in range(n1)]
+        for s, r in tqdm(pairs, desc="path patching", leave=False, disable=None):  # None: no bar off a terminal
             out[key][s][r] = share_of(
                 path_patch(subject, tokens, corrupted, [s], [r], positions, mlp, log), nll_clean, nll_bad
             )

@@ -500,7 +500,7 @@ def _main(argv: list[str]) -> None:
 
 def main(argv: list[str] | None = None) -> None:
     """The command line: bad input (or any failure) is one line on stderr and exit code 2."""
-    run_cli(_main, argv)
+    run_cli(_main, argv, "python -m models.train")
 
 
 if __name__ == "__main__":

@@ -147,7 +147,7 @@ CASES = [
         "traceback",
         "standard Ctrl-C",
         lambda t, s: (_interrupted(standard.main, "models.standard._descend"), [*STANDARD, *_out(t)]),
-        "error: interrupted",
+        "python -m models.standard: error: interrupted",
         130,
     ),
     # --- bench on the convention ------------------------------------------------------------------
@@ -389,7 +389,7 @@ def test_a_malformed_omp_num_threads_is_one_line_not_libgomps(tmp_path):
     out, err = p.communicate(timeout=BOUND_S)
     assert p.returncode == 2 and out == ""
     assert err.strip().splitlines() == [
-        "error: environment variable OMP_NUM_THREADS='abc' is not a positive integer; unset it "
+        "python -m models.evaluate: error: environment variable OMP_NUM_THREADS='abc' is not a positive integer; unset it "
         "(--threads sets torch's threads)"
     ]
 
