@@ -390,7 +390,7 @@ CASES = [
         lambda t: _evaluate("--checkpoint", str(t / "new\nline" / "ckpt")),
         "new\\nline",
     ),
-    ("message", "newline in --out", lambda t: _copyers("--out", str(t / "new\nline" / "no" / "x")), "new\\nline"),
+    ("message", "newline in --out", lambda t: _copyers("--out", str(t / "afile" / "new\nline" / "x")), "new\\nline"),
     ("message", "unknown flag", lambda t: _train("--lrr", "1"), "unrecognized arguments: --lrr 1"),
 ]
 

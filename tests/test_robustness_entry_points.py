@@ -238,9 +238,9 @@ CASES = [
     ),
     (
         "work",
-        "scale --histories in a missing folder",
-        lambda t, s: _scale(t, "--from-runs", f"r={t / 'run'}", "--histories", str(t / "no" / "h.json")),
-        "does not exist",
+        "scale --histories in a file",
+        lambda t, s: _scale(t, "--from-runs", f"r={t / 'run'}", "--histories", str(t / "afile" / "h.json")),
+        "is a file",
     ),
     (
         "work",
