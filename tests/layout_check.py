@@ -1,0 +1,69 @@
+"""Text that a reader cannot read: what ``tests/test_figure_layout.py`` looks for in every figure.
+
+``text_problems(fig)`` draws the figure and records every text artist as it is drawn (so only the tick
+labels, titles, legends and notes actually on the canvas count), with its extent from matplotlib's
+renderer, and returns one line per problem: a text that leaves the canvas, two texts that overlap, or an
+axis's own text (a label, a tick label, a title) over the frame of another panel (a twin axes, which
+shares its frame, excepted).
+"""
+
+from __future__ import annotations
+
+from contextlib import contextmanager
+
+import matplotlib.text
+from matplotlib.transforms import Bbox
+
+SLACK = 1.0  # pixels: antialiasing and rounding of the extents
+
+
+@contextmanager
+def _recording(drawn: list):
+    original = matplotlib.text.Text.draw
+
+    def draw(self, renderer):
+        original(self, renderer)
+        if self.get_visible() and self.get_text().strip():
+            drawn.append((self, self.get_window_extent(renderer).frozen()))
+
+    matplotlib.text.Text.draw = draw
+    try:
+        yield
+    finally:
+        matplotlib.text.Text.draw = original
+
+
+def _overlap(a: Bbox, b: Bbox) -> bool:
+    return min(a.x1, b.x1) - max(a.x0, b.x0) > SLACK and min(a.y1, b.y1) - max(a.y0, b.y0) > SLACK
+
+
+def _name(text: matplotlib.text.Text) -> str:
+    return repr(" ".join(text.get_text().split())[:40])
+
+
+def text_problems(fig) -> list[str]:
+    """One line per text that leaves the canvas or overlaps another text or another panel's frame."""
+    drawn: list = []
+    with _recording(drawn):
+        fig.canvas.draw()
+    canvas = fig.bbox
+    problems = []
+    for text, box in drawn:
+        if box.x0 < canvas.x0 - SLACK or box.y0 < canvas.y0 - SLACK or box.x1 > canvas.x1 + SLACK or box.y1 > canvas.y1 + SLACK:
+            problems.append(f"{_name(text)} leaves the canvas ({box.bounds} of {canvas.bounds})")
+    for i, (a, box_a) in enumerate(drawn):
+        for b, box_b in drawn[i + 1 :]:
+            if _overlap(box_a, box_b):
+                problems.append(f"{_name(a)} overlaps {_name(b)}")
+    renderer = fig.canvas.get_renderer()
+    frames = [(ax, ax.get_window_extent(renderer)) for ax in fig.axes if ax.get_visible() and ax.axison]
+    for text, box in drawn:
+        own = getattr(text, "axes", None)
+        if own is None:
+            continue
+        own_frame = own.get_window_extent(renderer)
+        for ax, frame in frames:
+            twin = abs(frame.x0 - own_frame.x0) < SLACK and abs(frame.x1 - own_frame.x1) < SLACK
+            if ax is not own and not twin and _overlap(box, frame):
+                problems.append(f"{_name(text)} (of a panel) lies over another panel")
+    return problems
