@@ -9,6 +9,7 @@ shares its frame, excepted).
 
 from __future__ import annotations
 
+import math
 from contextlib import contextmanager
 
 import matplotlib.text
@@ -37,6 +38,33 @@ def _overlap(a: Bbox, b: Bbox) -> bool:
     return min(a.x1, b.x1) - max(a.x0, b.x0) > SLACK and min(a.y1, b.y1) - max(a.y0, b.y0) > SLACK
 
 
+def _texts_overlap(a, box_a: Bbox, b, box_b: Bbox, renderer) -> bool:
+    """Two texts at one angle (e.g. tick labels at 35 degrees) overlap when their rotated rectangles do:
+    compared in their own frame, as their axis-aligned extents would overlap without touching. Texts at
+    different angles are compared by their extents."""
+    if a.get_rotation() != b.get_rotation() or a.get_rotation() % 90 == 0:
+        return _overlap(box_a, box_b)
+    theta = math.radians(a.get_rotation())
+    (wa, ha), (wb, hb) = _upright_size(a, renderer), _upright_size(b, renderer)
+    dx, dy = (
+        box_b.x0 + box_b.width / 2 - box_a.x0 - box_a.width / 2,
+        box_b.y0 + box_b.height / 2 - box_a.y0 - box_a.height / 2,
+    )
+    along = dx * math.cos(theta) + dy * math.sin(theta)
+    across = -dx * math.sin(theta) + dy * math.cos(theta)
+    return abs(along) < (wa + wb) / 2 - SLACK and abs(across) < (ha + hb) / 2 - SLACK
+
+
+def _upright_size(text, renderer) -> tuple[float, float]:
+    angle = text.get_rotation()
+    text.set_rotation(0)
+    try:
+        box = text.get_window_extent(renderer)
+    finally:
+        text.set_rotation(angle)
+    return box.width, box.height
+
+
 def _name(text: matplotlib.text.Text) -> str:
     return repr(" ".join(text.get_text().split())[:40])
 
@@ -47,15 +75,20 @@ def text_problems(fig) -> list[str]:
     with _recording(drawn):
         fig.canvas.draw()
     canvas = fig.bbox
+    renderer = fig.canvas.get_renderer()
     problems = []
     for text, box in drawn:
-        if box.x0 < canvas.x0 - SLACK or box.y0 < canvas.y0 - SLACK or box.x1 > canvas.x1 + SLACK or box.y1 > canvas.y1 + SLACK:
+        if (
+            box.x0 < canvas.x0 - SLACK
+            or box.y0 < canvas.y0 - SLACK
+            or box.x1 > canvas.x1 + SLACK
+            or box.y1 > canvas.y1 + SLACK
+        ):
             problems.append(f"{_name(text)} leaves the canvas ({box.bounds} of {canvas.bounds})")
     for i, (a, box_a) in enumerate(drawn):
         for b, box_b in drawn[i + 1 :]:
-            if _overlap(box_a, box_b):
+            if _texts_overlap(a, box_a, b, box_b, renderer):
                 problems.append(f"{_name(a)} overlaps {_name(b)}")
-    renderer = fig.canvas.get_renderer()
     frames = [(ax, ax.get_window_extent(renderer)) for ax in fig.axes if ax.get_visible() and ax.axison]
     for text, box in drawn:
         own = getattr(text, "axes", None)
