@@ -593,7 +593,7 @@ def figures(r: dict, args) -> dict:
     out["inspect_heads"] = fig
 
     copy = np.array([h["copy_mass"] for h in r["heads"]])
-    fig, ax = plt.subplots(figsize=(0.45 * copy.shape[1] + 2.5, 0.3 * len(labels) + 1.5))
+    fig, ax = plt.subplots(figsize=(0.45 * copy.shape[1] + 2.5, 0.3 * len(labels) + 1.5), layout="constrained")
     ax.set(title=f"Attention to x_h of demonstration l\nfrom the query predicting x_h ({n} ctx)")
     if copy.shape[1]:
         im = ax.imshow(copy, cmap="viridis", vmin=0, vmax=1, aspect="auto")

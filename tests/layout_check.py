@@ -89,14 +89,21 @@ def text_problems(fig) -> list[str]:
         for b, box_b in drawn[i + 1 :]:
             if _texts_overlap(a, box_a, b, box_b, renderer):
                 problems.append(f"{_name(a)} overlaps {_name(b)}")
+    owners = {}  # an axes' own texts (axis labels and tick labels carry no .axes of their own)
+    for ax in fig.axes:
+        for axis in (ax.xaxis, ax.yaxis):
+            for t in [axis.label, axis.get_offset_text(), *axis.get_majorticklabels(), *axis.get_minorticklabels()]:
+                owners[id(t)] = ax
+        for t in [ax.title, ax._left_title, ax._right_title, *ax.texts]:
+            owners[id(t)] = ax
     frames = [(ax, ax.get_window_extent(renderer)) for ax in fig.axes if ax.get_visible() and ax.axison]
     for text, box in drawn:
-        own = getattr(text, "axes", None)
+        own = owners.get(id(text), getattr(text, "axes", None))
         if own is None:
             continue
         own_frame = own.get_window_extent(renderer)
         for ax, frame in frames:
-            twin = abs(frame.x0 - own_frame.x0) < SLACK and abs(frame.x1 - own_frame.x1) < SLACK
+            twin = all(abs(u - v) < SLACK for u, v in zip(frame.extents, own_frame.extents))  # twinx: one frame
             if ax is not own and not twin and _overlap(box, frame):
                 problems.append(f"{_name(text)} (of a panel) lies over another panel")
     return problems
