@@ -157,7 +157,6 @@ def measure(
 
 def figures(res: dict, args=None):
     import matplotlib.pyplot as plt  # plotting stays off the import path of the CLI's --help
-
     from matplotlib.patches import Patch
 
     fig, (ax, ax2, ax3) = plt.subplots(
