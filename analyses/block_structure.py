@@ -74,7 +74,7 @@ def block_structure(model) -> dict:
 def emergence(snapshots: list[tuple[int, Path]], progress: bool = True) -> list[dict]:
     """``block_structure`` of every snapshot, in step order (plus ``step``)."""
     out = []
-    for step, path in tqdm(snapshots, desc="snapshots", disable=not progress):
+    for step, path in tqdm(snapshots, desc="snapshots", disable=not progress or None):
         out.append({"step": step, **block_structure(models.load(path))})
     return out
 

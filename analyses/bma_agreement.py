@@ -57,7 +57,7 @@ def theorem1_sweep(task: MarkovTreeTask, tokens: torch.Tensor, betas=BETAS, prog
     posterior = bma_posterior(task.pi, tokens, L, H)
     nll_bma = target_nll(bma_predictive(task.pi, tokens, L, H, task.root, log=True), tokens)
     rows = []
-    for beta in tqdm(betas, desc="beta", disable=not progress):
+    for beta in tqdm(betas, desc="beta", disable=not progress or None):
         attention, nll = attention_and_nll(models.theorem1_model(task.pi, L, H, beta, task.root), tokens)
         rows.append(
             {
@@ -87,7 +87,7 @@ def trained_vs_length(
     """Train one model per L (``train_config`` with ``n_examples = L``, K = L, ``steps`` steps) and
     measure its attention on the true parent, parent accuracy, TV and NLL gap to BMA on fresh contexts."""
     rows = []
-    for L in tqdm(lengths, desc="train per L", disable=not progress):
+    for L in tqdm(lengths, desc="train per L", disable=not progress or None):
         cfg = dataclasses.replace(
             train_config,
             n_examples=L,
@@ -123,15 +123,16 @@ def trained_vs_length(
 def _plot(t1: dict, bma_rows: list[dict], trained: list[dict] | None, name: str, n: int, steps: int):
     import matplotlib.pyplot as plt
 
-    fig, (a0, a1, a2) = plt.subplots(1, 3, figsize=(15, 4.2))
+    fig, (a0, a1, a2) = plt.subplots(1, 3, figsize=(15, 4.4), layout="constrained")
     betas = [r["beta"] for r in t1["sweep"]]
     floor = np.finfo(np.float64).eps
     a0.loglog(betas, [max(r["tv"], floor) for r in t1["sweep"]], "o-", label="mean TV(attention, BMA posterior)")
     a0.loglog(betas, [max(abs(r["nll_gap"]), floor) for r in t1["sweep"]], "s-", label="|NLL − NLL_BMA| (nats)")
     a0.axhline(floor, color="0.5", ls=":", lw=1, label="float64 eps (values below clipped)")
-    a0.set_xlabel("β")
-    a0.set_title(f"Theorem 1 model vs BMA ({name} task, {n} contexts)", fontsize=9)
-    a0.legend(fontsize=7)
+    a0.set_xlabel("β (inverse temperature of the construction)")
+    a0.set_ylabel("distance to BMA")
+    a0.set_title(f"Theorem 1 model vs BMA\n({name} task, {n} contexts)", fontsize=10)
+    a0.legend(fontsize=8)
     for ax, key, label in (
         (a1, "parent_mass", "mean attention on the true parent"),
         (a2, "parent_acc", "parent-identification accuracy"),
@@ -153,9 +154,8 @@ def _plot(t1: dict, bma_rows: list[dict], trained: list[dict] | None, name: str,
         ax.set_xlabel("number of demonstrations L")
         ax.set_ylabel(label)
         ax.set_ylim(0, 1.05)
-        ax.set_title(f"Theorem 2: {label} vs L ({n} contexts per L)", fontsize=9)
-        ax.legend(fontsize=7)
-    fig.tight_layout()
+        ax.set_title(f"Theorem 2: {label} vs L\n({n} contexts per L)", fontsize=10)
+        ax.legend(fontsize=8, loc="lower right")
     return fig
 
 

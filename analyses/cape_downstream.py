@@ -157,32 +157,38 @@ def measure(
 
 def figures(res: dict, args=None):
     import matplotlib.pyplot as plt  # plotting stays off the import path of the CLI's --help
+    from matplotlib.patches import Patch
 
-    fig, (ax, ax2, ax3) = plt.subplots(1, 3, figsize=(19, 4.6), gridspec_kw={"width_ratios": [1.3, 1, 1.1]})
+    fig, (ax, ax2, ax3) = plt.subplots(
+        1, 3, figsize=(19, 5.4), gridspec_kw={"width_ratios": [1.3, 1, 1.1]}, layout="constrained"
+    )
     names = list(res["variants"])
     means = [res["variants"][v]["mean"] for v in names]
     stds = [res["variants"][v]["std"] for v in names]
     colours = [f"C{i}" for i in range(len(names))]
     ax.bar(range(len(names)), means, yerr=stds, color=colours, capsize=3)
     for i, (m, sd) in enumerate(zip(means, stds)):
-        ax.text(i, m + sd + 0.01, f"{m:.3f}", ha="center", va="bottom", fontsize=7)
+        ax.text(i, m + sd + 0.01, f"{m:.3f}", ha="center", va="bottom", fontsize=8)
     ax.set_xticks(range(len(names)), [LABELS[v] for v in names], rotation=35, ha="right")
     ax.axhline(res["bayes_mse"], color="k", ls="--", lw=1, label=f"Bayes floor {res['bayes_mse']:.3f}")
     ax.axhline(res["marginal_mse"], color="grey", ls="--", lw=1, label="marginal (predict 0) 1.0")
     ax.set_ylabel("test MSE per coordinate (masked feature)")
     s = res["structure"]
     ax.set_title(
-        f"mean +- std over {len(res['variants'][names[0]]['mse'])} model seeds; CSL: SHD {s['shd']}, skeleton F1 {s['skeleton_f1']:.2f}"
+        f"mean ± std over {len(res['variants'][names[0]]['mse'])} model seeds; CSL: SHD {s['shd']}, "
+        f"skeleton F1 {s['skeleton_f1']:.2f}",
+        fontsize=10,
     )
-    ax.legend(fontsize=8, loc="upper right")
+    ax.set_ylim(0, 1.3)  # headroom: the legend sits above the marginal line
+    ax.legend(fontsize=8, loc="upper center", ncol=2)
     for v, c in zip(names, colours):
         r = res["variants"][v]
         ax2.plot(r["steps"], r["curve_mean"], color=c, label=LABELS[v])
     ax2.axhline(res["bayes_mse"], color="k", ls="--", lw=1)
     ax2.set_xlabel("training step")
     ax2.set_ylabel("test MSE (mean over seeds)")
-    ax2.set_title("learning curves")
-    ax2.legend(fontsize=7, ncol=2)
+    ax2.set_title("learning curves", fontsize=10)
+    ax2.legend(fontsize=8, ncol=2, loc="upper center", bbox_to_anchor=(0.5, -0.16))  # below: off the curves
     blanket = [res["variants"][v]["blanket_attention"] for v in names]
     width = 0.8 / len(blanket[0])
     for layer in range(len(blanket[0])):
@@ -195,23 +201,27 @@ def figures(res: dict, args=None):
             edgecolor="k",
             lw=0.3,
         )
-    ax3.axhline(
+    chance = ax3.axhline(
         res["blanket_chance"], color="grey", ls="--", lw=1, label=f"uniform attention {res['blanket_chance']:.2f}"
     )
+    n_layers = len(blanket[0])
+    shades = [
+        Patch(fc="0.45", alpha=0.5 + 0.5 * layer / max(1, n_layers - 1), ec="k", lw=0.3, label=f"layer {layer + 1}")
+        for layer in range(n_layers)
+    ]
     ax3.set_xticks(range(len(names)), [LABELS[v] for v in names], rotation=35, ha="right")
     ax3.set_ylim(0, 1)
     ax3.set_ylabel("attention on the Markov blanket")
     ax3.set_title(
-        "masked token's attention on its parent + children\n(light: layer 1, dark: layer 2; mean over heads)",
-        fontsize=9,
+        "masked token's attention on its parent + children\n(bars: layers, left to right; mean over heads)",
+        fontsize=10,
     )
-    ax3.legend(fontsize=8, loc="upper left")
+    ax3.legend(handles=[*shades, chance], fontsize=8, loc="upper left")
     c = res["config"]
     fig.suptitle(
         f"Masked-feature prediction, one fixed tree (M={c['M']}, d={c['d']}, rho={c['rho']}), random slot order, "
         f"N_train={c['n_train']}"
     )
-    fig.tight_layout()
     return fig
 
 

@@ -83,7 +83,7 @@ def measure(
     g = torch.Generator().manual_seed(seed)
     iu = np.triu_indices(nodes, 1)
     res = {"nodes": nodes, "dim": dim, "n_graphs": n_graphs, "n_queries": n_queries, "graphs": []}
-    for i in tqdm(range(n_graphs), desc="graphs", disable=not progress):
+    for i in tqdm(range(n_graphs), desc="graphs", disable=not progress or None):
         kind = "tree" if i % 2 == 0 else "dag"
         A = random_tree(nodes, g) if kind == "tree" else random_dag(nodes, g)
         emb = embed(A, dim=dim, seed=seed + i)

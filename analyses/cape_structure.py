@@ -116,7 +116,7 @@ def measure(
     # On one-hot features any function of a node is linear in it, so the MLP f adds parameters, not
     # expressiveness (measured: it overfits, SHD 52 vs 23 at N = 100); it is skipped there.
     jobs = [(kind, f) for kind in KINDS for f in encoders if (kind, f) != ("markov", "mlp")]
-    for kind, f in tqdm(jobs, desc="structure learning", disable=not progress):
+    for kind, f in tqdm(jobs, desc="structure learning", disable=not progress or None):
         rows = []
         for N in Ns:
             per_tree = []
@@ -127,7 +127,7 @@ def measure(
             rows.append({"N": N, **_mean(per_tree, METRICS), "per_tree": per_tree})
         res["structure"][f"{kind}/{f}"] = rows
     res["bma"] = {"markov": [], "continuous": []}
-    for L in tqdm(Ls, desc="BMA and model", disable=not progress):
+    for L in tqdm(Ls, desc="BMA and model", disable=not progress or None):
         markov, gauss, model, source, heads = [], [], [], "", set()
         for t, parents in enumerate(trees):
             fixed = parents.view(1, -1).expand(n_contexts, -1)

@@ -78,7 +78,7 @@ SEARCHES = ("top-n", "threshold", "greedy")
 def values_of(runner: Runner, method: str, ig_steps: int) -> torch.Tensor:
     """Each edge's score on each context, ``[edge, context]``."""
     if method == "exact":
-        return runner.exact_values(progress=lambda e: tqdm(e, desc="exact edge patching", leave=False))
+        return runner.exact_values(progress=lambda e: tqdm(e, desc="exact edge patching", leave=False, disable=None))
     if method == "eap":
         return runner.eap_values()
     return runner.eap_ig_values(steps=ig_steps)
@@ -322,7 +322,7 @@ def discover(subject: Subject, args) -> dict:
     for c in corruptions:
         runner, scorer, values, scores, ses, order = scored[c]
         curve = [faithfulness(runner, order[:n], plateau, full) for n in
-                 tqdm(sizes, desc=f"faithfulness curve ({c})", leave=False)]  # fmt: skip
+                 tqdm(sizes, desc=f"faithfulness curve ({c})", leave=False, disable=None)]  # fmt: skip
         inner = [e for e in order if e in within]  # the search keeps edges among the nodes only
         kept = named if named is not None else search(runner, scorer, inner, scores, inner, args, plateau, full)
         found = faithfulness(runner, kept, plateau, full)
@@ -339,7 +339,7 @@ def discover(subject: Subject, args) -> dict:
         }  # fmt: skip
         if scorer is not runner:
             back = [restored(scorer, order[:n], full) for n in
-                    tqdm(sizes, desc="denoising faithfulness curve", leave=False)]  # fmt: skip
+                    tqdm(sizes, desc="denoising faithfulness curve", leave=False, disable=None)]  # fmt: skip
             d = restored(scorer, kept, full)
             block.update(denoising_curve=back, denoising_curve_area=area(back, len(edges)),
                          denoising_faithfulness=d["faithfulness"], denoising_faithfulness_se=d["se"])  # fmt: skip
@@ -489,7 +489,11 @@ def summary(r: dict) -> str:
 
 
 COLOURS = {"q": "C0", "k": "C2", "v": "C1", "in": "C7", "out": "k"}
+INPUT_WORDS = {"q": "a head's query", "k": "a head's key", "v": "a head's value", "in": "an MLP", "out": "the logits"}
 STYLES = {"demonstrations": "-", "target": "--", "other": ":"}
+GROUP_WORDS = {"demonstrations": "the demonstrations'", "target": "the target's", "other": "other"}
+ARRIVAL = {"q": -0.13, "k": 0.0, "v": 0.13}  # where on a head's box (about 0.35 wide) its q, k, v edges arrive
+BEND = {"q": 0.12, "k": 0.0, "v": -0.12, "in": 0.06, "out": 0.06}  # arc3 curvature per input: q, k, v apart
 
 
 def _row(node: str) -> float:
@@ -502,6 +506,12 @@ def _row(node: str) -> float:
     return 2 * int(node[1 : node.index("H")]) + 1
 
 
+def short_name(name: str | None) -> str:
+    """A model's name for a title: a path by its last part (a user's checkpoint path would fill the line)."""
+    name = str(name or "model").rstrip("/")
+    return name.rsplit("/", 1)[-1] or name
+
+
 def figures(r: dict, args) -> dict:
     import matplotlib.pyplot as plt
     from matplotlib.lines import Line2D
@@ -509,35 +519,49 @@ def figures(r: dict, args) -> dict:
     nodes = ["embed", "pos_embed", *r["nodes"], "output"]
     nodes = [n for n in nodes if n in r["nodes"] or any(n in (e["sender"], e["receiver"]) for e in r["edges"])]
     rows = sorted({_row(n) for n in nodes})
+    widest = max((sum(_row(n) == row for n in nodes) for row in rows), default=1)
     pos = {}
     for y, row in enumerate(rows):
         members = [n for n in nodes if _row(n) == row]
         for i, n in enumerate(members):
             pos[n] = (i - (len(members) - 1) / 2, y)
-    fig, ax = plt.subplots(figsize=(9, 1.4 * len(rows) + 1))
+    fig, ax = plt.subplots(figsize=(max(6.5, 1.05 * widest + 1), 1.25 * len(rows) + 2.2), layout="constrained")
     top = max((abs(e["score"]) for e in r["edges"]), default=1) or 1
+    width = lambda score: 0.5 + 3.5 * abs(score) / top  # noqa: E731  (line width of an edge, points)
+    span = max(widest - 1, 1)
     for e in r["edges"]:
         (x0, y0), (x1, y1) = pos[e["sender"]], pos[e["receiver"]]
-        ax.annotate("", (x1, y1 - 0.12), (x0, y0 + 0.12), arrowprops=dict(
-            arrowstyle="-|>", color=COLOURS[e["input"]], lw=0.5 + 3.5 * abs(e["score"]) / top,
-            ls=STYLES[e["group"]], alpha=0.8, shrinkA=0, shrinkB=0, connectionstyle="arc3,rad=0.08"))  # fmt: skip
+        # A head's q, k and v arrive at three points of its box; an MLP's or the output's many inputs
+        # spread over its box by where they come from, so that arrowheads do not pile up in one place.
+        x1 += ARRIVAL.get(e["input"], 0.3 * (x0 - x1) / span)
+        ax.annotate("", (x1, y1 - 0.14), (x0, y0 + 0.14), arrowprops=dict(
+            arrowstyle="-|>", mutation_scale=8, color=COLOURS[e["input"]], lw=width(e["score"]),
+            ls=STYLES[e["group"]], alpha=0.75, shrinkA=0, shrinkB=0,
+            connectionstyle=f"arc3,rad={BEND[e['input']]}"))  # fmt: skip
     for n, (x, y) in pos.items():
-        ax.text(x, y, n, ha="center", va="center", fontsize=9,
+        ax.text(x, y, n, ha="center", va="center", fontsize=9, zorder=3,
                 bbox=dict(boxstyle="round", fc="w", ec="0.3"))  # fmt: skip
     xs = [p[0] for p in pos.values()] or [0]
     if not r["edges"]:
         ax.text(0, 0, "no edge kept", ha="center", va="center")
-    ax.set(xlim=(min(xs) - 1, max(xs) + 1), ylim=(-0.6, max(len(rows), 1) - 0.4))
+    ax.set(xlim=(min(xs) - 0.6, max(xs) + 0.6), ylim=(-0.4, max(len(rows), 1) - 0.6))
     ax.axis("off")
-    handles = [Line2D([], [], color=c, label=f"into {k}") for k, c in COLOURS.items()]
-    handles += [Line2D([], [], color="0.3", ls=s, label=f"at {g} positions") for g, s in STYLES.items()]
-    ax.legend(handles=handles, fontsize=7, loc="center left", bbox_to_anchor=(1, 0.5))
+    used = {e["input"] for e in r["edges"]} or set(COLOURS)
+    handles = [Line2D([], [], color=c, label=f"into {INPUT_WORDS[k]}") for k, c in COLOURS.items() if k in used]
+    groups = {e["group"] for e in r["edges"]} or set(STYLES)
+    handles += [
+        Line2D([], [], color="0.3", ls=s, label=f"from {GROUP_WORDS[g]} positions") for g, s in STYLES.items() if g in groups
+    ]
+    handles += [
+        Line2D([], [], color="0.3", lw=width(v), label=f"|score| {v:.2g} (width: the edge's effect)") for v in (top, top / 4)
+    ]
+    fig.legend(handles=handles, fontsize=8, loc="outside lower center", ncol=3, frameon=False)
     h = r["held_out"]
     ax.set_title(
-        f"{args.subject_name}: {len(r['edges'])} of {r['n_edges_total']} edges ({r['method']}, "
+        f"{short_name(args.subject_name)}: {len(r['edges'])} of {r['n_edges_total']} edges ({r['method']}, "
         f"{', '.join(r['corruptions'])}); on {h['n_contexts']} held-out contexts\n{r['faithfulness_means']}: "
-        f"{r['faithfulness']:.2f} +- {r['faithfulness_se']:.2f} of the progress (faithfulness); {COMPUTES}: "
-        f"{h['sufficiency_mean']:.2f} +- {h['sufficiency_mean_se']:.2f} (nodes alone, rest mean-ablated)",
+        f"{r['faithfulness']:.2f} \u00b1 {r['faithfulness_se']:.2f} of the progress (faithfulness); {COMPUTES}: "
+        f"{h['sufficiency_mean']:.2f} \u00b1 {h['sufficiency_mean_se']:.2f} (nodes alone, rest mean-ablated)",
         fontsize=9)  # fmt: skip
     fig2, ax2 = plt.subplots(figsize=(5.5, 3.5))
     n = [c["n_edges"] for c in r["curve"]]
@@ -574,7 +598,7 @@ def add_flags(parser) -> None:
     parser.add_argument("--target", type=float, default=0.9, help="top-n without --n-edges: the share of the model's progress the circuit must keep (default: 0.9)")
     parser.add_argument("--threshold", type=float, default=None, help="threshold / greedy: keep edges whose |score| exceeds this (default: 1e-3)")
     parser.add_argument("--nodes", default=None, help="score a given circuit instead of searching: every edge among these comma-separated nodes (L1H2,MLP0,...)")
-    parser.add_argument("--curve-points", type=int, default=8, help="number of circuit sizes on the faithfulness curve, at most 1000 (default: 8)")
+    parser.add_argument("--curve-points", type=int, default=8, help="number of non-empty circuit sizes on the faithfulness curve, which also plots the empty circuit (0 edges), at most 1000 (default: 8)")
     parser.add_argument("--ig-steps", type=int, default=8, help="EAP-IG: interpolation steps between the clean and corrupted runs, at most 1024 (default: 8)")
 
 

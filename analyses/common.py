@@ -151,10 +151,9 @@ def parse(analysis: Analysis, argv: list[str] | None) -> tuple[argparse.Argument
     """The analysis's flags parsed and checked (``--out`` defaulted by ``default_out``), before any work."""
     p = parser_for(analysis)
     args = p.parse_args(argv)
-    defaulted = args.out is None  # then its parent folders are made; a given --out's parent must exist
-    if defaulted:
+    if args.out is None:
         args.out = str(default_out(getattr(args, "checkpoint", None)))
-    cli.check_run_flags(p, args, argv, make_parents=defaulted)  # --out included
+    cli.check_run_flags(p, args, argv)  # --out included (its missing parent folders are made)
     if analysis.check_flags is not None:
         analysis.check_flags(p, args)
     return p, args
@@ -230,7 +229,9 @@ def register(ns: dict, analysis: Analysis | None = None) -> Analysis:
 
 def run(main_fn, argv: list[str] | None = None):
     """``python -m analyses.<name>``: a ValueError becomes one line and exit code 2."""
-    return cli.run_cli(main_fn, argv)
+    analysis = getattr(main_fn, "__self__", None)  # Analysis.main, bound; else a module's own main
+    name = analysis.name if isinstance(analysis, Analysis) else main_fn.__module__.removeprefix("analyses.")
+    return cli.run_cli(main_fn, argv, f"python -m analyses.{name}")
 
 
 # Saving -----------------------------------------------------------------------------------------------

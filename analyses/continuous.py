@@ -164,7 +164,7 @@ def measure(
         "quadratic_control": [],
         "trained": [],
     }
-    for L in tqdm(Ls, desc="L", disable=not progress):
+    for L in tqdm(Ls, desc="L", disable=not progress or None):
         task = ContinuousTask.random(d, L, seq_len, rho, seed)  # the same A for every L (seed only)
         x, parents = task.sample(n_eval, torch.Generator().manual_seed(seed + 1))
         x_fit, _ = task.sample(n_fit, torch.Generator().manual_seed(seed + 2))

@@ -73,33 +73,39 @@ def duplicate_warning(res: dict) -> str | None:
 def figures(res: dict, args):
     import matplotlib.pyplot as plt
 
-    K, H2 = res["w_H"].shape
+    K, H2 = np.shape(res["w_H"])  # tensors from compute, lists from a saved JSON: redrawn alike
     H = (H2 + 1) // 2
-    L = res["w_L"].shape[1] - 1
+    L = np.shape(res["w_L"])[1] - 1
     fig, axes = plt.subplots(
-        1, 4, figsize=(17, 0.35 * K + 2.2), gridspec_kw={"width_ratios": [2 * H - 1, L + 1, L + 1, L + 1]}
-    )
+        1, 4, figsize=(17, 0.35 * K + 2.6), gridspec_kw={"width_ratios": [2 * H - 1, L + 1, L + 1, L + 1]},
+        sharey=True, layout="constrained",
+    )  # fmt: skip
     heads = [f"{h} → d{l}" for h, l in zip(res["heads"], res["head_demo"])]
     dup_heads = {h for hs in res["duplicates"].values() for h in hs}
+    demos = [str(l) for l in range(L)] + ["T"]
     panels = [
-        (res["w_H"], "w^H (offset h' − h)", [str(o) for o in range(-(H - 1), H)], "RdBu_r", True),
-        (res["w_L"], "w^L (demonstration; T = target prefix)", [str(l) for l in range(L)] + ["T"], "RdBu_r", True),
-        (res["demonstration_mass"], "attention mass per example", [str(l) for l in range(L)] + ["T"], "viridis", False),
-        (res["copy_mass"], "same-position copy mass", [str(l) for l in range(L)] + ["T"], "viridis", False),
-    ]
-    for ax, (m, title, xt, cmap, centred) in zip(axes, panels):
-        m = m.numpy()
+        (res["w_H"], "score by offset (w^H)", "offset h' − h", [str(o) for o in range(-(H - 1), H)], "RdBu_r", True),
+        (res["w_L"], "score by demonstration (w^L)", "demonstration l (T: the target)", demos, "RdBu_r", True),
+        (res["demonstration_mass"], "attention mass per demonstration", "demonstration l (T: the target)", demos, "viridis", False),
+        (res["copy_mass"], "same-position copy mass", "demonstration l (T: the target)", demos, "viridis", False),
+    ]  # fmt: skip
+    for ax, (m, title, xlabel, xt, cmap, centred) in zip(axes, panels):
+        m = np.asarray(m)
         kw = {"vmin": -np.abs(m).max(), "vmax": np.abs(m).max()} if centred else {"vmin": 0, "vmax": 1}
         im = ax.imshow(m, cmap=cmap, aspect="auto", **kw)
         ax.grid(False)
-        ax.set_xticks(range(len(xt)), xt, fontsize=6, rotation=90 if len(xt) > 15 else 0)
-        ax.set_yticks(range(K), heads, fontsize=7)
-        for t, h in zip(ax.get_yticklabels(), res["heads"]):
-            if h in dup_heads:
-                t.set_color("C3")
-                t.set_fontweight("bold")
-        ax.set_title(title, fontsize=9)
-        fig.colorbar(im, ax=ax, shrink=0.8)
+        step = 1 if len(xt) <= 15 else 2  # every other offset when there are many (0 kept): upright, readable
+        shown = [i for i, t in enumerate(xt) if not t.lstrip("-").isdigit() or int(t) % step == 0]
+        ax.set_xticks(shown, [xt[i] for i in shown], fontsize=8)
+        ax.set_xlabel(xlabel, fontsize=9)
+        ax.set_title(title, fontsize=10)
+        fig.colorbar(im, ax=ax, shrink=0.8, label="score" if centred else "mass")
+    axes[0].set_yticks(range(K), heads, fontsize=8)
+    axes[0].set_ylabel("copyer head → the demonstration it copies", fontsize=9)
+    for t, h in zip(axes[0].get_yticklabels(), res["heads"]):
+        if h in dup_heads:
+            t.set_color("C3")
+            t.set_fontweight("bold")
     flag = f"DUPLICATES: {res['duplicates']}" if res["duplicates"] else "all heads copy distinct demonstrations"
     fig.suptitle(
         f"{args.subject_name}: copyer heads; {res['distinct_demos']}/{K} distinct demonstrations, "
@@ -107,7 +113,6 @@ def figures(res: dict, args):
         fontsize=10,
         color="C3" if res["duplicates"] else "k",
     )
-    fig.tight_layout()
     return fig
 
 

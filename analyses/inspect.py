@@ -216,7 +216,7 @@ def interventions(subject, tokens, corrupted) -> dict:
     jobs = [(i, j) for i, n in enumerate(subject.n_heads) for j in range(n)]
     # Undefined when the demonstrations make no difference (a model on the plateau): None.
     usable = abs(nll_corrupt - nll_clean) >= th("min_patch_effect")
-    for i, j in tqdm(jobs, desc="ablate/patch heads", leave=False, disable=len(jobs) < 8):
+    for i, j in tqdm(jobs, desc="ablate/patch heads", leave=False, disable=len(jobs) < 8 or None):
         cost, se = mean_se(per_context_nll(subject.log_probs(tokens, ablate(subject, i, [j], "mean", log=log)), tokens)
                            - clean_values)  # fmt: skip
         ablation.append(cost)
@@ -591,28 +591,32 @@ def figures(r: dict, args) -> dict:
         else f"parent-selecting: {', '.join(r['parent_selecting']) or 'none'}"
     )
     out = {}
-    fig, axes = plt.subplots(1, 3, figsize=(max(9, 0.5 * len(labels) + 6), 3.4))
+    fig, axes = plt.subplots(1, 3, figsize=(max(9, 0.5 * len(labels) + 6), 3.8), layout="constrained")
     axes[0].bar(x, [h["parent_acc"] for h in r["heads"]], color="C0")
-    axes[0].axhline(r["acc_bma"], color="k", label="BMA")
-    axes[0].axhline(r["acc_uniform"], color="C3", ls="--", label="uniform-parent")
-    axes[0].set(ylabel="parent accuracy", title="argmax = true parent")
+    bma = axes[0].axhline(r["acc_bma"], color="k", label="BMA")
+    plateau = axes[0].axhline(r["acc_uniform"], color="C3", ls="--", label="uniform-parent plateau")
+    axes[0].set(ylabel="parent accuracy", ylim=(0, 1.02))
+    axes[0].set_title("attention's argmax is the true parent", fontsize=10)
     axes[1].bar(x, [h["tv"] for h in r["heads"]], color="C1")
-    axes[1].axhline(r["tv_uniform"], color="C3", ls="--", label="uniform-parent")
-    axes[1].set(ylabel="TV to BMA posterior", title="candidate attention vs BMA")
+    axes[1].axhline(r["tv_uniform"], color="C3", ls="--")
+    axes[1].set(ylabel="TV to BMA posterior")
+    axes[1].set_title("candidate attention vs BMA", fontsize=10)
     axes[2].bar(x, [h["candidate_mass"] for h in r["heads"]], color="C2")
-    axes[2].set(ylabel="attention mass", title="mass on candidate parents", ylim=(0, 1.02))
+    axes[2].set(ylabel="attention mass", ylim=(0, 1.02))
+    axes[2].set_title("mass on candidate parents", fontsize=10)
     for ax in axes:
-        ax.set_xticks(x, labels, rotation=90, fontsize=7)
-    axes[0].legend(fontsize=7)
+        ax.set_xticks(x, labels, rotation=90, fontsize=8)
+        ax.set_xlabel("head", fontsize=9)
+    fig.legend(handles=[bma, plateau], fontsize=9, loc="outside lower center", ncol=2, frameon=False)
     fig.suptitle(
         f"{r['kind']} model, {n} contexts: NLL gap to BMA {r['nll'] - r['nll_bma']:+.4f} "
         f"(plateau {r['nll_uniform'] - r['nll_bma']:+.4f}); {verdict_text}",
-        fontsize=9,
+        fontsize=12,
     )
     out["inspect_heads"] = fig
 
     copy = np.array([h["copy_mass"] for h in r["heads"]])
-    fig, ax = plt.subplots(figsize=(0.45 * copy.shape[1] + 2.5, 0.3 * len(labels) + 1.5))
+    fig, ax = plt.subplots(figsize=(0.45 * copy.shape[1] + 2.5, 0.3 * len(labels) + 1.5), layout="constrained")
     ax.set(title=f"Attention to x_h of demonstration l\nfrom the query predicting x_h ({n} ctx)")
     if copy.shape[1]:
         im = ax.imshow(copy, cmap="viridis", vmin=0, vmax=1, aspect="auto")
@@ -625,20 +629,23 @@ def figures(r: dict, args) -> dict:
         ax.axis("off")
     out["inspect_copy"] = fig
 
-    fig, axes = plt.subplots(1, 2, figsize=(max(8, 0.4 * len(labels) + 4), 3.2))
+    fig, axes = plt.subplots(1, 2, figsize=(max(8, 0.4 * len(labels) + 4), 3.4), layout="constrained")
     axes[0].bar(x, [h["ablation_dnll"] for h in r["heads"]], color="C4")
-    axes[0].set(ylabel="NLL change (nats)", title="mean-ablating the head's output")
+    axes[0].set(ylabel="NLL change (nats)")
+    axes[0].set_title("mean-ablating the head's output", fontsize=10)
     axes[1].bar(
         x, [np.nan if h["patching_restored"] is None else h["patching_restored"] for h in r["heads"]], color="C5"
     )
     axes[1].axhline(0, color="k", lw=0.8)
-    axes[1].set(ylabel="restored (corrupted 0, clean 1)", title="patching clean output into corrupted run")
+    axes[1].set(ylabel="restored (corrupted 0, clean 1)")
+    axes[1].set_title("patching its clean output into a corrupted run", fontsize=10)
     for ax in axes:
-        ax.set_xticks(x, labels, rotation=90, fontsize=7)
+        ax.set_xticks(x, labels, rotation=90, fontsize=8)
+        ax.set_xlabel("head", fontsize=9)
     fig.suptitle(
         f"Interventions per head, {r['intervention_contexts']} contexts "
         f"(clean NLL {r['nll_clean']:.4f}, corrupted {r['nll_corrupted']:.4f})",
-        fontsize=9,
+        fontsize=12,
     )
     out["inspect_interventions"] = fig
     out["inspect_roles"] = _roles_figure(r, n)
@@ -658,6 +665,13 @@ CATEGORY_NAMES = {
 EMPTY_MASS = 0.005  # a category (or a query group) below this for every head is left out of the roles figure
 
 
+def _role_words(role: str) -> str:
+    """A head's role for a row label: the words before its numbers (``role [demonstration: ...]``), with
+    any parenthesis the cut opened closed again."""
+    words = role.split(" [")[0]
+    return words + ")" * (words.count("(") - words.count(")"))
+
+
 def _roles_figure(r: dict, n: int):
     """Role profile per head (one heatmap per query group that the model has, values printed) beside its
     causal weight; categories no head attends to are left out and named in the title."""
@@ -672,10 +686,7 @@ def _roles_figure(r: dict, n: int):
     groups = [g for g in range(len(GROUPS)) if np.isfinite(m[:, g]).any()]  # [head, group, category]
     shown = [i for i, c in enumerate(CATEGORIES) if np.nanmax(np.nan_to_num(m[:, groups, i], nan=0.0)) >= EMPTY_MASS]
     left_out = [CATEGORIES[i] for i in range(len(CATEGORIES)) if i not in shown]
-    ylabels = [
-        "\n".join(textwrap.wrap(f"{h['label']}: {h['role'].split(' [')[0]}", 42, max_lines=3, placeholder=" …"))
-        for h in heads
-    ]
+    ylabels = ["\n".join(textwrap.wrap(f"{h['label']}: {_role_words(h['role'])}", 46)) for h in heads]
     widths = [len(shown)] * len(groups) + [3.5]
     fig, axes = plt.subplots(
         1, len(widths), figsize=(0.85 * sum(widths) + 4.5, 0.55 * len(heads) + 2.8),
@@ -688,7 +699,7 @@ def _roles_figure(r: dict, n: int):
         for i in range(block.shape[0]):
             for j in range(block.shape[1]):
                 if np.isfinite(block[i, j]):
-                    ax.text(j, i, f"{block[i, j]:.2f}", ha="center", va="center", fontsize=8,
+                    ax.text(j, i, f"{block[i, j]:.2f}", ha="center", va="center", fontsize=9,
                             color="k" if block[i, j] > 0.6 else "w")  # fmt: skip
         ax.set_xticks(range(len(shown)), [CATEGORY_NAMES.get(CATEGORIES[i], CATEGORIES[i]) for i in shown], fontsize=9)
         ax.tick_params(axis="x", labelrotation=0)
@@ -707,11 +718,11 @@ def _roles_figure(r: dict, n: int):
     ax.barh(y, dnll, color=["C3" if h["label"] in carriers else "C7" for h in heads])
     for yi, v, h in zip(y, dnll, heads):
         patched = "-" if h["patching_restored"] is None else f"{h['patching_restored']:.2f}"
-        ax.text(max(v, 0), yi, f" +{v:.3f} | {patched}", va="center", fontsize=8,
+        ax.text(max(v, 0), yi, f" {v:+.3f} | {patched}", va="center", fontsize=10,
                 fontweight="bold" if h["label"] in carriers else "normal")  # fmt: skip
-    ax.set_xlim(0, max(dnll) * 1.6 if max(dnll) > 0 else 1)
+    ax.set_xlim(0, max(dnll) * 1.9 if max(dnll) > 0 else 1)  # room for the notes beside the longest bar
     ax.set_xlabel("mean-ablation NLL change (nats)")
-    ax.set_title("causal weight: ablation (nats) | patching\nshare restored; red: carries the computation", fontsize=11)
+    ax.set_title("causal weight:\nablation (nats) | patching share\nrestored; red: carries the computation", fontsize=11)
     if r["on_plateau"] is None:
         title = "no verdict (BMA ~ plateau)"
     elif r["on_plateau"]:

@@ -201,7 +201,11 @@ def compute(grid: Grid, seed: int = 0, device: str = "cpu", log=print, cluster: 
             c for c in cells if c["family"] == family and abs(c["runs"][seed]["progress"][-1] - 0.5) <= grid.boundary
         ]
         near.sort(key=lambda c: abs(c["runs"][seed]["progress"][-1] - 0.5))
-        boundary += [(c, extra) for c in near[: grid.max_boundary_cells] for extra in range(seed + 1, seed + grid.extra_seeds + 1)]
+        boundary += [
+            (c, extra)
+            for c in near[: grid.max_boundary_cells]
+            for extra in range(seed + 1, seed + grid.extra_seeds + 1)
+        ]
     runs = train_all([_key(c) for c, _ in boundary], [s for _, s in boundary], "boundary")
     for (cell, extra), run in zip(boundary, runs):
         cell["runs"][extra] = run
@@ -271,10 +275,14 @@ def plot(res: dict):
             c = cells[(family, alpha, gamma, L, loss)]
             half = " / ".join("-" if s is None else str(s) for s in c["steps_to_half"])
             half = ": never" if all(s is None for s in c["steps_to_half"]) else f" at step {half}"
-            ax.text(j, i, f"{c['mean_progress']:.2f}", ha="center", va="center", fontsize=15, fontweight="bold")
-            ax.text(j, i + 0.3, f"progress 0.5{half}", ha="center", va="center", fontsize=9)
+            shade = norm(c["mean_progress"])  # white text on the dark ends of the colour map, black between
+            colour = "w" if shade < 0.2 or shade > 0.85 else "k"
+            ax.text(j, i, f"{c['mean_progress']:.2f}", ha="center", va="center", fontsize=15, fontweight="bold",
+                    color=colour)  # fmt: skip
+            ax.text(j, i + 0.3, f"progress 0.5{half}", ha="center", va="center", fontsize=9, color=colour)
             if len(c["seeds"]) > 1:
-                ax.text(j, i - 0.3, f"mean of {len(c['seeds'])} seeds", ha="center", va="center", fontsize=9)
+                ax.text(j, i - 0.3, f"mean of {len(c['seeds'])} seeds", ha="center", va="center", fontsize=9,
+                        color=colour)  # fmt: skip
     for i in range(1, len(rows)):
         if rows[i][0] != rows[i - 1][0]:
             ax.axhline(i - 0.5, color="k", lw=2)
@@ -310,9 +318,10 @@ def plot_curves(res: dict):
     fig, axes = plt.subplots(
         len(grid.families),
         len(kernels),
-        figsize=(2.6 * len(kernels), 2.2 * len(grid.families)),
+        figsize=(2.8 * len(kernels), 2.3 * len(grid.families) + 0.8),
         squeeze=False,
         sharey=True,
+        layout="constrained",
     )
     styles = {loss: ls for loss, ls in zip(("all", "target"), ("-", "--"))}
     for i, family in enumerate(grid.families):
@@ -334,14 +343,22 @@ def plot_curves(res: dict):
                         label=label,
                     )
             ax.axhline(0.5, color="grey", lw=0.5)
-            ax.set_ylim(-0.3, 1.1)
-            ax.set_title(f"{family}: Dir({alpha:g}), {gamma:g}/d", fontsize=8)
+            # Linear over [-1, 1] (plateau 0, BMA 1), logarithmic beyond: a run far below the plateau
+            # (progress -12 early in training) is drawn whole instead of clipped.
+            ax.set_yscale("symlog", linthresh=1)
+            ax.set_yticks([-10, -1, 0, 0.5, 1], ["-10", "-1", "0", "0.5", "1"])
+            ax.set_title(f"{family}: Dir({alpha:g}), {gamma:g}/d", fontsize=9)
             if i == len(grid.families) - 1:
-                ax.set_xlabel("step", fontsize=7)
+                ax.set_xlabel("step", fontsize=9)
             if j == 0:
-                ax.set_ylabel("progress", fontsize=7)
-            ax.legend(fontsize=5)
-    fig.tight_layout()
+                ax.set_ylabel("progress (0: plateau, 1: BMA)", fontsize=9)
+    handles = {}
+    for ax in axes.flat:
+        handles.update(zip(*reversed(ax.get_legend_handles_labels())))
+    order = sorted(handles, key=lambda label: (int(label.split(",")[0][2:]), label))
+    fig.legend([handles[k] for k in order], [k.replace(", all", ", loss on all tokens").replace(", target", ", loss on targets") for k in order],
+               fontsize=9, loc="outside lower center", ncol=min(len(order), 4), frameon=False)  # fmt: skip
+    fig.suptitle("progress during training, per family and kernel (faint: other seeds)", fontsize=11)
     return fig
 
 
@@ -360,8 +377,12 @@ def summary(res: dict) -> list[str]:
 
 def add_flags(parser) -> None:
     what = parser.add_mutually_exclusive_group()
-    what.add_argument("--quick", action="store_true", help="train a small grid now (3 kernels, L=6, all-token loss, 600 steps)")
-    what.add_argument("--full", action="store_true", help="train the full grid now (44 cells and the boundary cells' seeds)")
+    what.add_argument(
+        "--quick", action="store_true", help="train a small grid now (3 kernels, L=6, all-token loss, 600 steps)"
+    )
+    what.add_argument(
+        "--full", action="store_true", help="train the full grid now (44 cells and the boundary cells' seeds)"
+    )
     what.add_argument(
         "--sweep",
         metavar="FILE",
@@ -377,13 +398,25 @@ def add_flags(parser) -> None:
 def check_flags(parser, args) -> None:
     sweep.check_flags(parser, args)
     training = args.quick or args.full
-    given = [flag for flag, on in (("--families", args.families), ("--jobs", args.jobs != 1), ("--cluster", args.cluster != "local")) if on]
+    given = [
+        flag
+        for flag, on in (
+            ("--families", args.families),
+            ("--jobs", args.jobs != 1),
+            ("--cluster", args.cluster != "local"),
+        )
+        if on
+    ]
     if not training and given:
-        parser.error(f"{given[0]} applies to training; add --quick or --full (without them the committed sweep is re-plotted)")
+        parser.error(
+            f"{given[0]} applies to training; add --quick or --full (without them the committed sweep is re-plotted)"
+        )
     if not training and args.sweep is None:
         args.sweep = str(SWEEP)
     if args.sweep is not None and Path(args.sweep).resolve() == (Path(args.out) / f"{NAME}.json").resolve():
-        parser.error(f"--sweep {args.sweep!r} is the file this run writes; copy it elsewhere first (the committed one: {os.path.relpath(SWEEP)})")
+        parser.error(
+            f"--sweep {args.sweep!r} is the file this run writes; copy it elsewhere first (the committed one: {os.path.relpath(SWEEP)})"
+        )
 
 
 def read_sweep(path: str | Path) -> dict:
@@ -404,7 +437,9 @@ def read_sweep(path: str | Path) -> dict:
         raise ValueError(f"--sweep {str(path)!r}: its grid or cells are malformed ({type(e).__name__}: {e})") from None
     missing = [c for c in cells_of(grid) if tuple(c.values()) not in cells]
     if missing:
-        raise ValueError(f"--sweep {str(path)!r} lacks {len(missing)} cells of its grid (with {', '.join(plotted)}), e.g. {missing[0]}")
+        raise ValueError(
+            f"--sweep {str(path)!r} lacks {len(missing)} cells of its grid (with {', '.join(plotted)}), e.g. {missing[0]}"
+        )
     where, root = Path(path).resolve(), common.FIGURES_DIR.parent
     shown = str(where.relative_to(root)) if where.is_relative_to(root) else str(where)
     return {**res, "sweep": {"file": shown, "command": record.get("command")}}

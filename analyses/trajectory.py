@@ -219,7 +219,7 @@ def trajectory(subject, snapshots: list[tuple[int, Path]], n_contexts: int, seed
     strats = merge_identical(strategies(task, tokens))
     base = baselines(task, tokens, parents)
     rows = []
-    for step, path in tqdm(snapshots, desc="snapshots", disable=not progress):
+    for step, path in tqdm(snapshots, desc="snapshots", disable=not progress or None):
         snap = load_subject(path, device)
         if snap.task.to_dict() != task.to_dict():
             raise ValueError(f"snapshot {path} was trained on another task than --checkpoint's; expected one run")

@@ -545,7 +545,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def main(argv: list[str] | None = None) -> None:
-    cli.run_cli(_main, argv)
+    cli.run_cli(_main, argv, "python -m bench")
 
 
 def _main(argv: list[str]) -> None:

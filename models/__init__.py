@@ -6,10 +6,11 @@ Public names: ``models.load``, ``models.save``, ``models.load_task``, ``models.l
 checkpoints ``models.DEFAULT_CHECKPOINT`` and ``models.STANDARD_CHECKPOINT``.
 """
 
-from models.plumbing.fast_help import exit_if_help_asked
+from models.plumbing.fast_help import exit_if_help_asked, exit_if_refused
 from models.plumbing.io import drop_bad_thread_variables
 
 exit_if_help_asked()  # `python -m ... --help` answers here, before torch is imported
+exit_if_refused()  # and an unknown flag, or an analysis on a shipped model of the wrong family
 drop_bad_thread_variables()  # before torch loads: a malformed OMP_NUM_THREADS would make libgomp print
 
 from models.interp.subject import DisentangledSubject, StandardSubject, Subject, load_subject

@@ -5,4 +5,4 @@ from models.plumbing.cli import run_cli
 from models.training.evaluate import main
 
 if __name__ == "__main__":
-    run_cli(main)
+    run_cli(main, prog="python -m models.evaluate")

@@ -121,9 +121,10 @@ def check_path(path: str, flag: str) -> None:
         raise ValueError(f"{flag}: the name {long[:40]!r}... is {len(os.fsencode(long))} bytes; the limit is 255")
 
 
-def check_out_folder(out: str, flag: str = "--out", make_parents: bool = False) -> None:
-    """An output folder, checked before any work: not a file, not a dangling symlink, inside a writable
-    folder (its parent must exist unless ``make_parents``). One ``ValueError`` naming ``flag``."""
+def check_out_folder(out: str, flag: str = "--out") -> None:
+    """An output folder, checked before any work: not a file, not a dangling symlink, and its nearest
+    existing ancestor a writable folder (every entry point makes missing parent folders, as ``mkdir -p``).
+    One ``ValueError`` naming ``flag``."""
     check_path(out, flag)
     path = Path(out)
     if path.is_symlink() and not path.exists():
@@ -131,8 +132,6 @@ def check_out_folder(out: str, flag: str = "--out", make_parents: bool = False) 
     if path.exists() and not path.is_dir():
         raise ValueError(f"{flag} {out!r} is a file; expected a folder")
     probe = path if path.exists() else path.parent
-    if not make_parents and not probe.is_dir():
-        raise ValueError(f"{flag} {out!r}: parent folder {str(probe)!r} does not exist")
     while not probe.exists() and probe != probe.parent:
         probe = probe.parent
     if not probe.is_dir():
@@ -145,12 +144,13 @@ def check_out_folder(out: str, flag: str = "--out", make_parents: bool = False) 
 
 
 def check_out_file(out: str, flag: str) -> None:
-    """An output file, checked before any work: not a folder, in an existing writable folder."""
+    """An output file, checked before any work: not a folder, in a writable folder (made if missing, with its
+    parents, as ``--out``'s)."""
     check_path(out, flag)
     path = Path(out)
     if path.is_dir():
         raise ValueError(f"{flag} {out!r} is a folder; expected a file name")
-    if not path.parent.is_dir():
+    if path.parent.exists() and not path.parent.is_dir():
         raise ValueError(f"{flag} {out!r}: folder {str(path.parent)!r} {what_is(path.parent)}")
     check_out_folder(str(path.parent), flag=f"{flag} {out!r}: folder")
 
@@ -187,13 +187,12 @@ def check_run_flags(
     p: argparse.ArgumentParser,
     args: argparse.Namespace,
     argv: list[str] | None = None,
-    make_parents: bool = False,
     reads: tuple = (),
 ) -> None:
     """Validate, before any work, the flags every entry point shares (those it has of ``--seed``,
     ``--n-contexts``, ``--batch-size``, ``--threads``, ``--device``, the path flags, ``--out``,
     ``--json``), apply ``--threads``, and record the command that reproduces the run in ``args.command``.
-    ``make_parents``: ``--out``'s missing parent folders will be made. ``reads``: files or folders the
+    ``--out``'s and ``--json``'s missing parent folders will be made (``check_out_folder``). ``reads``: files or folders the
     command reads beyond its flags (no output may be, or lie in, one: ``check_not_an_input``)."""
     args.reads = [Path(r) for r in reads]
     try:
@@ -211,7 +210,7 @@ def check_run_flags(
             if isinstance(value, str) and value not in NAMED and not value.startswith("theorem1"):
                 check_path(value, "--" + name.replace("_", "-"))
         if isinstance(getattr(args, "out", None), str):
-            check_out_folder(args.out, make_parents=make_parents)
+            check_out_folder(args.out)
             check_not_an_input(args.out, args, "--out")
         if isinstance(getattr(args, "json", None), str):
             check_out_file(args.json, "--json")

@@ -27,6 +27,7 @@ MAX_TENSORS = 20_000  # refuse to build a model of more tensors (work, whatever 
 def atomic_write(path: str | Path, write) -> None:
     """``write(tmp_path)`` then rename over ``path``: readers never see a half-written file."""
     path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)  # a missing folder of --json is made, as --out's
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=path.suffix, dir=path.parent)
     os.close(fd)
     try:
@@ -344,12 +345,14 @@ def check_environment() -> None:
         )
 
 
-def run_cli(main, argv: list[str] | None = None):
-    """Run a CLI ``main(argv)``. A ``ValueError`` (bad input) becomes ``error: <one line>`` on stderr and
-    exit code 2; any other exception becomes the same with a hint, exit code 2. ``--debug`` in argv
-    shows the traceback as well. ``KeyboardInterrupt`` exits 130 with one line. A reader of stdout that
-    went away (``| head``) ends the run quietly: what it wrote is written."""
+def run_cli(main, argv: list[str] | None = None, prog: str | None = None):
+    """Run a CLI ``main(argv)``. A ``ValueError`` (bad input) becomes ``PROG: error: <one line>`` on stderr
+    (``prog``, e.g. ``python -m models.train``, as argparse's errors begin) and exit code 2; any other
+    exception becomes the same with a hint, exit code 2. ``--debug`` in argv shows the traceback as well.
+    ``KeyboardInterrupt`` exits 130 with one line. A reader of stdout that went away (``| head``) ends the
+    run quietly: what it wrote is written."""
     args = sys.argv[1:] if argv is None else list(argv)
+    error = "error:" if prog is None else f"{prog}: error:"
     try:
         try:
             check_environment()
@@ -362,13 +365,13 @@ def run_cli(main, argv: list[str] | None = None):
             _quiet_stdout()
             return None
     except KeyboardInterrupt:
-        print("error: interrupted", file=sys.stderr)
+        print(f"{error} interrupted", file=sys.stderr)
         raise SystemExit(130) from None
     except Exception as e:
         if "--debug" in args:
             traceback.print_exc()
         hint = "" if isinstance(e, ValueError) or "--debug" in args else " (--debug for the traceback)"
-        print(f"error: {describe(e)}{hint}", file=sys.stderr)
+        print(f"{error} {describe(e)}{hint}", file=sys.stderr)
         raise SystemExit(2) from None
 
 

@@ -139,4 +139,4 @@ def main(argv: list[str] | None = None) -> dict:
 
 
 if __name__ == "__main__":
-    cli.run_cli(main)
+    cli.run_cli(main, prog="python -m models.evaluate")

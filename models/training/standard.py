@@ -306,7 +306,7 @@ def train_standard(cfg: StandardConfig, progress: bool = True, save: bool = True
     history: list[dict] = [{"step": 0, "loss": None, "seconds": 0.0, **evaluate(model, task, eval_tokens, reference)}]
     model.train()
     t0 = time.perf_counter()
-    for done in (bar := tqdm(range(1, cfg.steps + 1), disable=not progress, desc="train standard")):
+    for done in (bar := tqdm(range(1, cfg.steps + 1), disable=not progress or None, desc="train standard")):
         loss = _loss(model, sample_batch(task, cfg.batch_size, data_gen).to(cfg.device), cfg)
         _descend(loss, opt, sched)
         if cfg.snapshot_every and done % cfg.snapshot_every == 0:  # as models.train: the run, then the snapshot
@@ -425,7 +425,7 @@ def _main(argv: list[str]) -> None:
 
 def main(argv: list[str] | None = None) -> None:
     """The command line: bad input (or any failure) is one line on stderr and exit code 2 (``run_cli``)."""
-    cli.run_cli(_main, argv)
+    cli.run_cli(_main, argv, "python -m models.standard")
 
 
 if __name__ == "__main__":

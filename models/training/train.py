@@ -273,7 +273,7 @@ def _train(cfg: TrainConfig, progress: bool, place: distributed.Rank, device: st
     out = Path(cfg.out)
     if not place.is_main:
         return _train_locked(cfg, progress, place, device, out)
-    cli.check_out_folder(cfg.out, make_parents=True)
+    cli.check_out_folder(cfg.out)
     try:
         out.parent.mkdir(parents=True, exist_ok=True)
     except OSError as e:
@@ -502,7 +502,7 @@ def _main(argv: list[str]) -> None:
 
 def main(argv: list[str] | None = None) -> None:
     """The command line: bad input (or any failure) is one line on stderr and exit code 2."""
-    run_cli(_main, argv)
+    run_cli(_main, argv, "python -m models.train")
 
 
 if __name__ == "__main__":

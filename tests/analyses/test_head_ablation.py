@@ -63,6 +63,22 @@ def test_theorem1_zero_ablation_is_bma_without_the_copied_demonstration(theorem1
     assert r["claims"]["zero"]["theorem1_exact"]
 
 
+def test_the_summary_checks_what_this_model_is_expected_to_meet(theorem1_result):
+    """Theorem 1's construction is checked for exactness; a trained model (intact TV above 1e-4) for the
+    trained claims only, so a true claim never prints as a failure ("NO")."""
+    r = theorem1_result[-1]
+    text = ha.summary(r)
+    assert "exact, as Theorem 1's construction" in text
+    assert f"zero ablation: mean TV to BMA-without {r['claims']['zero']['mean_tv_without']:.4g}" in text
+    assert f"TV <= {ha.CLAIM_THEOREM1_TV:g} every head: yes" in text and "NO" not in text
+    trained = {**r, "intact": {**r["intact"], "tv": 0.03}}
+    trained["claims"] = ha.claims(trained)
+    text = ha.summary(trained)
+    assert "a trained model, so Theorem 1's exact TV <= 0.0001 is not expected" in text
+    assert f"TV <= {ha.CLAIM_THEOREM1_TV:g} every head" not in text and "NO" not in text
+    assert text.count("<= intact + 0.02 every head: yes, < TV to full BMA every head: yes") == 2
+
+
 def test_theorem1_mean_ablation_is_not_exact(theorem1_result):
     # The mean copy is the token marginal at each position: its score term varies with the candidate.
     *_, r = theorem1_result

@@ -78,7 +78,7 @@ def test_jobs_must_be_positive(capsys):
     "argv, message",
     [
         (["--seed", "-1", "--only", "copyers"], "--seed must be between 0"),
-        (["--out", "/no/such/parent/x", "--only", "copyers"], "does not exist"),
+        (["--out", "/proc/no/such/x", "--only", "copyers"], "is not writable"),
         (["--only", "copyers", "no_such_analysis"], "--only no_such_analysis: not an analysis"),
         (["--only", "copyers", "--cluster", "slurm"], "--cluster 'slurm' names no partition"),
         (["--only", "copyers", "--cluster", "ray://head:10001"], "is not a cluster; expected local"),

@@ -14,17 +14,23 @@ an uncaught exception (its traceback on stderr), as in Python.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import multiprocessing
 import os
 import resource
 import runpy
+import signal
 import sys
 import tempfile
 import traceback
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
+# The bound on a hang, for every test that must bound one. It is no timing test: the cases it guards take
+# seconds alone, but the suite must pass on a slow machine under load (beside a second copy of itself on
+# 2 cores a 40 s case took over 60 s), so the bound is ten minutes, far above any case's run time.
+HANG_S = 600
 PRELOAD = ["torch", "transformers", "transformer_lens", "matplotlib.pyplot", "models", "analyses.common"]
 
 
@@ -78,8 +84,24 @@ def _child(module: str, argv: list[str], cwd: str, env: dict, limit: int | None,
     os._exit(code)
 
 
+@contextlib.contextmanager
+def bounded(seconds: int = HANG_S):
+    """Fail (instead of hanging) if the block takes more than ``seconds`` (main thread only: SIGALRM)."""
+
+    def expire(signum, frame):
+        raise TimeoutError(f"over {seconds} s")
+
+    previous = signal.signal(signal.SIGALRM, expire)
+    signal.alarm(seconds)
+    try:
+        yield
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, previous)
+
+
 def run(module: str, *argv: str, cwd: Path, env: dict | None = None, limit: int | None = None,
-        timeout: float = 60) -> Completed:  # fmt: skip
+        timeout: float = HANG_S) -> Completed:  # fmt: skip
     """``python -m module argv`` in a forked process with working folder ``cwd``, the environment ``env``
     (default: this one's, with the repository on ``PYTHONPATH``), address space ``limit`` bytes, and
     ``timeout`` seconds (then killed; ``TimeoutError``)."""

@@ -30,7 +30,7 @@ def readme_commands() -> list[str]:
 
 def test_ci_runs_the_readmes_two_commands_in_a_fresh_venv():
     first, second = readme_commands()
-    setup = 'pip install torch==2.13.0 --extra-index-url https://download.pytorch.org/whl/cpu && pip install -e ".[dev]" -c constraints.txt && '
+    setup = 'pip install torch==2.13.0 --extra-index-url https://download.pytorch.org/whl/cpu --retries 0 && pip install -e ".[dev]" -c constraints.txt && '
     assert first == setup + "python -m analyses.head_ablation"
     assert second == setup + "python -m pytest"
     ci = (ROOT / ".ci" / "run").read_text()

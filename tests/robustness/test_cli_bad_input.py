@@ -169,9 +169,9 @@ CASES = [
     ("work", "analysis --out under /proc", lambda t: _copyers("--out", "/proc/robustness"), "not writable"),
     (
         "work",
-        "evaluate --json missing folder",
-        lambda t: _evaluate("--json", str(t / "no" / "m.json")),
-        "does not exist",
+        "evaluate --json in a file",
+        lambda t: _evaluate("--json", str(t / "afile" / "m.json")),
+        "is a file",
     ),
     ("work", "evaluate --json a folder", lambda t: _evaluate("--json", str(t / "notes")), "is a folder"),
     # --- hangs and memory bombs: sizes bounded, memory estimated before allocating ------------------
@@ -391,7 +391,7 @@ CASES = [
         lambda t: _evaluate("--checkpoint", str(t / "new\nline" / "ckpt")),
         "new\\nline",
     ),
-    ("message", "newline in --out", lambda t: _copyers("--out", str(t / "new\nline" / "no" / "x")), "new\\nline"),
+    ("message", "newline in --out", lambda t: _copyers("--out", str(t / "afile" / "new\nline" / "x")), "new\\nline"),
     ("message", "unknown flag", lambda t: _train("--lrr", "1"), "unrecognized arguments: --lrr 1"),
 ]
 

@@ -47,7 +47,7 @@ from models.plumbing.io import MAX_TENSORS
 
 ROOT = Path(__file__).resolve().parents[2]
 LIMIT_BYTES = 4 * 10**9  # address space of each case: a full analysis of the shipped models needs < 3 GB
-TIMEOUT_S = 60  # a case is refused after its imports (~3 s); a hang or a built model would pass this
+TIMEOUT_S = forked.HANG_S  # a hang only (each case is refused in seconds); LIMIT_BYTES stops a built model
 BIG = 10**12
 
 

@@ -12,6 +12,7 @@ import threading
 import time
 from pathlib import Path
 
+import forked
 import pytest
 import safetensors.torch
 import torch
@@ -186,9 +187,10 @@ def test_second_training_into_one_out_errors_at_once(tmp_path, capsys):
     out = tmp_path / "run"
     with exclusive_lock(training_lock(out), wait=False):  # as a running training holds it
         before = tree(tmp_path)
-        t0 = time.perf_counter()
-        _one_line_exit(capsys, _train_argv(out), "another process is writing --out")
-        assert time.perf_counter() - t0 < 5  # at once, not after waiting
+        # This process holds the lock until the block ends: a training that waited for it would never
+        # return (the alarm turns that hang into a failure), so the refusal came without waiting.
+        with forked.bounded():
+            _one_line_exit(capsys, _train_argv(out), "another process is writing --out")
         assert tree(tmp_path) == before
         with pytest.raises(Busy):
             with exclusive_lock(training_lock(out), wait=False):
@@ -200,13 +202,13 @@ def test_a_training_locked_by_another_process_errors_at_once(tmp_path, capsys):
     """Another process (plain fcntl, no import of ours) holds the lock: the training fails at once."""
     out = tmp_path / "run"
     holder = "import fcntl, os, sys, time; fd = os.open(sys.argv[1], os.O_RDWR | os.O_CREAT); "
-    holder += "fcntl.flock(fd, fcntl.LOCK_EX); print('locked', flush=True); time.sleep(120)"
+    holder += "fcntl.flock(fd, fcntl.LOCK_EX); print('locked', flush=True); time.sleep(100000)"
     proc = subprocess.Popen([sys.executable, "-c", holder, str(training_lock(out))], stdout=subprocess.PIPE, text=True)
     try:
         assert proc.stdout.readline().strip() == "locked"
-        t0 = time.perf_counter()
-        _one_line_exit(capsys, _train_argv(out), "another process is writing --out")
-        assert time.perf_counter() - t0 < 5 and not out.exists()
+        with forked.bounded():  # the holder never lets go: a training that waited would hang
+            _one_line_exit(capsys, _train_argv(out), "another process is writing --out")
+        assert proc.poll() is None and not out.exists()  # refused while the lock was still held
     finally:
         proc.kill()
         proc.wait()
@@ -245,7 +247,7 @@ def test_resume_recovers_an_interrupted_write(tmp_path):
     assert debris(tmp_path) == []
 
 
-def _wait_for_a_save(meta: Path, before: int | None, proc: subprocess.Popen, timeout: float = 120) -> None:
+def _wait_for_a_save(meta: Path, before: int | None, proc: subprocess.Popen, timeout: float = forked.HANG_S) -> None:
     """Until this process has written a checkpoint of its own (``train_state.json`` replaced)."""
     deadline = time.time() + timeout
     while not meta.is_file() or meta.stat().st_mtime_ns == before:

@@ -107,7 +107,9 @@ class Found:
         """(raw task, where): the task.json beside a language model's weights."""
         file = self.beside / TASK_JSON
         if not file.is_file():
-            raise ValueError(f"{self.path} is a {kind} model; its task (and layout) must be in {file}, which does not exist")
+            raise ValueError(
+                f"{self.path} is a {kind} model; its task (and layout) must be in {file}, which does not exist"
+            )
         return self.json(file, "task.json"), str(file)
 
     def key_map_spec(self) -> dict[str, dict]:
@@ -168,6 +170,23 @@ def hf_weight_files(folder: Path, read_json) -> list[Path]:
                 raise ValueError(f"{index}: weight_map must be a JSON object {{tensor name: shard file}}")
             return [index, *(folder / Path(str(shard)).name for shard in sorted(set(shards.values())))]
     return []
+
+
+def check_not_a_weight_file_folder(folder: Path, what: str) -> None:
+    """A folder read as ``what`` that lacks its own files (no ``config.json``, or a ``config.json`` that is
+    not ``what``'s) but holds a weight file (a nanoGPT ``ckpt.pt``, a TransformerLens state dict): a
+    ``ValueError`` naming the file to pass instead. Nothing if the folder holds no weight file."""
+    if not folder.is_dir() or hf_weight_files(folder, lambda f, w: {}):
+        return
+    suffixes = (*TORCH_SUFFIXES, SAFETENSORS_SUFFIX)
+    files = sorted(f for f in folder.iterdir() if f.suffix.lower() in suffixes and f.is_file())
+    if files:
+        more = f" (or {io.listing([f.name for f in files[1:]])})" if len(files) > 1 else ""
+        raise ValueError(
+            f"{str(folder)!r} is not {what} but holds the weight file {files[0].name!r}{more}: pass the file "
+            f"itself, --checkpoint {str(files[0])!r} (nanoGPT's ckpt.pt and TransformerLens state dicts are read "
+            "from the file, with task.json beside it)"
+        )
 
 
 def is_torch_file(path: Path) -> bool:

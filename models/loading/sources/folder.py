@@ -4,7 +4,7 @@ model and its task; ``model.safetensors`` holds the weights (``models.loading.ch
 from __future__ import annotations
 
 from models.loading import checkpoint
-from models.loading.sources.files import TASK_JSON, Found, Source, no_file_options
+from models.loading.sources.files import TASK_JSON, Found, Source, check_not_a_weight_file_folder, no_file_options
 from models.loading.sources.task_json import read_task
 
 NAME = "checkpoint folder"
@@ -18,6 +18,8 @@ def detect(found: Found) -> bool:
 
 def read(found: Found, device: str | None = None, *, weights: bool = True) -> Source:
     no_file_options(found, "one of our checkpoint folders: its config.json defines it")
+    if not (found.path / checkpoint.CONFIG).is_file():
+        check_not_a_weight_file_folder(found.path, f"one of our checkpoint folders ({checkpoint.CONFIG} and weights)")
     config = checkpoint.read_config(found.path, found.json)
     task, layout = read_task(
         config["task"], str(found.path / checkpoint.CONFIG), kinds=("markov_tree", "graph", "continuous")

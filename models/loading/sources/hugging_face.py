@@ -18,6 +18,7 @@ from models.loading.sources.files import (
     Source,
     as_state_dict,
     check_fits,
+    check_not_a_weight_file_folder,
     no_file_options,
     read_archive,
 )
@@ -38,6 +39,7 @@ def read(found: Found, device: str | None = None, *, weights: bool = True) -> So
     task, layout = read_task(found.json(path / TASK_JSON, "task.json"), str(path / TASK_JSON))
     if not weights:
         return Source(None, task, layout, found.where, "", NAME)
+    check_not_a_weight_file_folder(path, "a Hugging Face folder (config.json with model_type, and its weights)")
     hf_config = found.json(path / CONFIG, "Hugging Face config")
     if isinstance(hf_config, dict) and hf_config.get("format") == FORMAT:
         raise ValueError(
@@ -139,7 +141,9 @@ def _boot(path, device: str):
         return TransformerBridge.boot_transformers(str(path), device=device)
     except Exception as e:  # missing/corrupt weights, unsupported architecture, ...
         if "ignore_mismatched_sizes" in str(e):  # transformers names the tensors in a report it does not show
-            raise ValueError(f"{path}: weights of other shapes than its config.json says: {_mismatched(path)}") from None
+            raise ValueError(
+                f"{path}: weights of other shapes than its config.json says: {_mismatched(path)}"
+            ) from None
         raise ValueError(f"{path} could not be loaded as a Hugging Face model ({one_line(e)[:200]})") from None
     finally:
         transformers.logging.set_verbosity(verbosity)

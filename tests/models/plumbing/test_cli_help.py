@@ -12,12 +12,17 @@ import os
 import pkgutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
 
 import analyses
+import models
+from analyses import common
+from models.loading.sources import NAMED
 from models.plumbing import fast_help
+from models.plumbing.io import one_line
 
 ROOT = Path(__file__).resolve().parents[3]
 # module run by `python -m NAME` -> the module whose main(argv) parses its flags
@@ -106,6 +111,61 @@ def test_help_answers_before_torch_is_imported(name, cached):
     assert run.stdout == texts[name]
     imported = {line.split("|")[-1].strip() for line in run.stderr.splitlines() if line.startswith("import time:")}
     assert "torch" not in imported and "transformer_lens" not in imported
+
+
+def live_refusals() -> dict:
+    """``{analysis module: {named checkpoint: error}}``: what ``analyses.common`` refuses after loading each
+    shipped checkpoint, as ``OneLineParser`` prints it (``models.fast_help`` prints it from the cache)."""
+    subjects = {name: models.load_subject(name) for name in NAMED}
+    refusals = {}
+    for name, analysis in common.registry().items():
+        for checkpoint, subject in subjects.items():
+            try:
+                common.check_requirements(analysis, subject)
+            except ValueError as e:
+                refusals.setdefault(f"analyses.{name}", {})[checkpoint] = one_line(" ".join(str(e).split()))
+    return refusals
+
+
+def test_the_cached_refusals_are_what_each_analysis_refuses():
+    live = live_refusals()
+    if os.environ.get("UPDATE_CLI_HELP"):
+        fast_help.REFUSALS_FILE.write_text(json.dumps(live, indent=1, sort_keys=True) + "\n", encoding="utf-8")
+    assert json.loads(fast_help.REFUSALS_FILE.read_text(encoding="utf-8")) == live, (
+        "stale refusals: UPDATE_CLI_HELP=1 python -m pytest tests/test_cli_help.py"
+    )
+    assert live["analyses.head_ablation"]["standard"].startswith("analyses.head_ablation needs a model with")
+
+
+@pytest.mark.parametrize(
+    "name, argv",
+    [
+        ("analyses.copyers", ["--n-context", "8", "--seeed", "1"]),  # --n-context: an abbreviation; --seeed: not
+        ("analyses.head_ablation", ["--checkpoint", "standard"]),
+        ("analyses.copyers", ["--checkpoint=standard", "--threads", "1"]),
+        ("models.train", ["--out", "x", "--stepz", "5"]),
+        ("bench", ["--jsn", "b.json"]),
+    ],
+)
+def test_a_mistyped_flag_or_a_wrong_family_is_refused_before_torch_is_imported(name, argv, capsys):
+    """The same line as the entry point's own parser gives, with no heavy import (``models.fast_help``)."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    start = time.perf_counter()
+    run = subprocess.run(
+        [sys.executable, "-X", "importtime", "-m", name, *argv], cwd=ROOT, env=env, capture_output=True, text=True
+    )
+    seconds = time.perf_counter() - start
+    with capsys.disabled():
+        print(f"\n{name} {' '.join(argv)}: refused in {seconds:.2f} s")  # measured, not asserted: machines differ
+    imported = {line.split("|")[-1].strip() for line in run.stderr.splitlines() if line.startswith("import time:")}
+    errors = [line for line in run.stderr.splitlines() if not line.startswith("import time:")]
+    assert run.returncode == 2 and run.stdout == ""
+    assert "torch" not in imported and "transformer_lens" not in imported
+    module = importlib.import_module(ENTRY_POINTS[name])
+    with pytest.raises(SystemExit) as slow:  # the entry point itself, heavy imports done
+        module.main(argv)
+    assert slow.value.code == 2
+    assert errors == capsys.readouterr().err.splitlines()
 
 
 def test_help_asked_reads_only_the_python_m_form(monkeypatch):

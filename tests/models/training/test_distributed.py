@@ -7,6 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import forked
 import pytest
 import torch
 
@@ -50,7 +51,9 @@ def test_two_gloo_processes_match_one_process(tmp_path):
         str(tmp_path / "ddp"),
     ]
     for _ in range(2):  # one retry, only for a rank that crashed at exit after the run was written
-        proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=120, check=False)
+        proc = subprocess.run(
+            cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=forked.HANG_S, check=False
+        )
         crashed_at_exit = "terminate called without an active exception" in proc.stderr and "wrote " in proc.stdout
         if proc.returncode == 0 or not crashed_at_exit:
             break

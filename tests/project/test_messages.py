@@ -1,0 +1,86 @@
+"""What a new user meets first: output folders made the same way by every entry point, a folder that holds
+a weight file answered with the file to pass, one error prefix (Ctrl-C included), and progress bars that
+stay off stdout and out of logs."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from test_cli_bad_input import TINY
+from test_entry_point_convention import STANDARD
+from test_formats_pipelines import LAYOUTS, small_task, tl_cfg_dict, tl_state, write_nanogpt, write_task
+
+import models
+from analyses import common, copyers
+from models.plumbing.io import run_cli
+from models.training import evaluate, standard, train
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_every_entry_point_makes_the_missing_parents_of_out_and_json(tmp_path):
+    standard.main([*STANDARD, "--out", str(tmp_path / "s" / "t" / "gpt")])
+    assert (tmp_path / "s" / "t" / "gpt" / "task.json").is_file()
+    train.main([*TINY, "--steps", "2", "--eval-every", "2", "--out", str(tmp_path / "r" / "u" / "run")])
+    assert (tmp_path / "r" / "u" / "run" / "config.json").is_file()
+    run_cli(evaluate.main, ["--n-contexts", "8", "--json", str(tmp_path / "e" / "v" / "m.json")])
+    assert json.loads((tmp_path / "e" / "v" / "m.json").read_text())["n_contexts"] == 8
+    copyers.main(["--n-contexts", "8", "--out", str(tmp_path / "c" / "w" / "figs")])
+    assert (tmp_path / "c" / "w" / "figs" / "copyers.json").is_file()
+
+
+def test_a_nanogpt_output_folder_names_its_ckpt_pt(tmp_path):
+    ckpt, _, _ = write_nanogpt(tmp_path / "out", small_task(), LAYOUTS["special"])
+    with pytest.raises(ValueError) as e:
+        models.load(tmp_path / "out")
+    assert f"pass the file itself, --checkpoint {str(ckpt)!r}" in str(e.value)
+    assert models.load(ckpt) is not None  # and that file is what loads
+
+
+def test_a_folder_with_a_transformer_lens_state_dict_names_it(tmp_path):
+    task = small_task()
+    cfg = tl_cfg_dict()
+    torch.save(tl_state(cfg, with_ln=True), tmp_path / "w.pt")
+    (tmp_path / "config.json").write_text(json.dumps(cfg))  # cfg.to_dict(), as TransformerLens users save it
+    write_task(tmp_path, task, LAYOUTS["special"])
+    with pytest.raises(ValueError) as e:
+        models.load(tmp_path)
+    assert f"pass the file itself, --checkpoint {str(tmp_path / 'w.pt')!r}" in str(e.value)
+    # without a task.json, read as one of our folders: the same line
+    (tmp_path / "task.json").unlink()
+    (tmp_path / "config.json").unlink()
+    with pytest.raises(ValueError, match="holds the weight file 'w.pt'"):
+        models.load(tmp_path)
+
+
+def test_ctrl_c_in_an_analysis_is_one_line_with_the_entry_points_prefix(monkeypatch, tmp_path, capsys):
+    def interrupted(subject, args):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(copyers.ANALYSIS, "compute", interrupted)
+    with pytest.raises(SystemExit) as e:
+        common.run(copyers.main, ["--n-contexts", "8", "--out", str(tmp_path / "o")])
+    assert e.value.code == 130
+    assert capsys.readouterr().err.splitlines() == ["python -m analyses.copyers: error: interrupted"]
+    assert not (tmp_path / "o").exists()
+
+
+def test_the_summary_is_alone_on_stdout_and_no_bar_reaches_a_log(tmp_path):
+    """Piped (as into a log file), stdout holds the summary and the last line; stderr holds no progress
+    bar (tqdm draws one only on a terminal) and so no line of spaces."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+    run = subprocess.run(
+        [sys.executable, "-m", "analyses.head_ablation", "--n-contexts", "32", "--out", str(tmp_path / "o")],
+        cwd=ROOT, env=env, capture_output=True, text=True,
+    )  # fmt: skip
+    assert run.returncode == 0, run.stderr[-500:]
+    lines = run.stdout.splitlines()
+    assert lines[0].startswith("intact: NLL") and lines[-1].startswith("wrote 5 files to ")
+    assert all(line.strip() for line in lines) and "\r" not in run.stdout
+    assert run.stderr == ""
