@@ -342,6 +342,10 @@ def check_flags(parser, args) -> None:
         parser.error("--direction denoising needs a corruption that is a run on other contexts, not --corruption mean")
     if args.n_edges is not None and args.n_edges < 0:
         parser.error(f"--n-edges must be >= 0, got {args.n_edges}")
+    if not 0 < args.target <= 1:  # finite: every float flag is (models.cli.finite_float)
+        parser.error(f"--target must be a share of the model's progress in (0, 1], got {args.target}")
+    if args.threshold is not None and args.threshold < 0:
+        parser.error(f"--threshold must be >= 0 (it bounds |score|), got {args.threshold}")
 
 
 def record(r: dict) -> dict:

@@ -39,7 +39,6 @@ from bench.circuit_reference import exact_values_per_edge, keep_only_values_per_
 from bench.reference import bma_posterior_loop, reference_model
 from models import DEFAULT_CHECKPOINT, STANDARD_CHECKPOINT, CausalTransformer, causal_transformer, cli, load_subject
 from models.circuit import Runner, build_graph, curve_sizes, per_context_nll, ratio_se, source_writes, top_n
-from models.io import write_json
 from models.optim import keep_freed_memory, sample_batch
 from models.train import PRESETS, TrainConfig, init_copyers, step_loss, train
 from probes import bma_posterior, bma_predictive
@@ -576,7 +575,7 @@ def _main(argv: list[str]) -> None:
             "machine": machine(args.device),
             "rows": rows,
         }
-        write_json(args.json, record)
+        cli.write_json_output(args, record, parser.prog)
 
 
 if __name__ == "__main__":

@@ -23,6 +23,7 @@ import torch
 
 from models import checkpoint
 from models.dtypes import DTYPES, RUN_DTYPES
+from models.io import what_is
 from models.sources import (
     folder,
     hugging_face,
@@ -62,6 +63,9 @@ def resolve(
     path = Path(NAMED.get(spec, spec))
     if spec in NAMED and not path.exists():
         raise ValueError(f"--checkpoint {spec}: the shipped checkpoint {path} is missing from this installation")
+    kind = what_is(path)
+    if kind not in ("is a folder", "is a file", "does not exist"):  # a FIFO, a socket, a device, a symlink loop
+        raise ValueError(f"--checkpoint {spec!r} {kind}; expected a checkpoint folder or a weight file")
     found = Found(path, config=config, key_map=key_map)
     form = next(f for f in FORMATS if f.detect(found))
     source = form.read(found, device, weights=weights)
