@@ -331,6 +331,7 @@ def one_line(e: BaseException | str) -> str:
     if not text and isinstance(e, BaseException):
         text = type(e).__name__
     text = text.replace("\r", "\\r").replace("\n", "\\n")
+    text = text.encode("utf-8", "backslashreplace").decode()  # a name that is not UTF-8: its bytes escaped
     return text if len(text) <= 500 else text[:497] + "..."
 
 

@@ -105,7 +105,9 @@ def check_weights(path, meta, found: Found) -> None:
     known = set(shapes) | {strip(k) for k, _ in meta.named_buffers()}
     ignored = [re.compile(p) for p in getattr(meta, "_keys_to_ignore_on_load_unexpected", None) or []]
     tensors = {strip(k): v for k, v in _header(path, found).items()}
-    missing = [names[0] for names in groups.values() if not any(n in tensors for n in names)]
+    tied = getattr(meta, "_tied_weights_keys", None) or () if getattr(meta.config, "tie_word_embeddings", False) else ()
+    optional = {strip(k) for k in tied}  # an output embedding tied to the input one: from_pretrained ties it
+    missing = [names[0] for names in groups.values() if not any(n in tensors or n in optional for n in names)]
     extra = [k for k in tensors if k not in known and not any(p.search(k) for p in ignored)]
     if missing or extra:
         parts = ([f"missing {listing(sorted(missing), 3)}"] if missing else []) + (
@@ -183,7 +185,8 @@ def _boot(path, device: str):
     transformers.logging.set_verbosity_error()
     transformers.logging.disable_progress_bar()
     try:
-        return TransformerBridge.boot_transformers(str(path), device=device)
+        with io.openable(path) as name:  # any name the shell allows
+            return TransformerBridge.boot_transformers(str(name), device=device)
     except Exception as e:  # missing/corrupt weights, unsupported architecture, ...
         raise ValueError(f"{path} could not be loaded as a Hugging Face model ({one_line(e)[:200]})") from None
     finally:
