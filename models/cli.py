@@ -102,7 +102,13 @@ FLAG_HELP = {  # --help of the config fields that models.train and models.standa
 
 MAX_ALPHA = 1e6  # Dirichlet(alpha) kernel rows: uniform to ~1e-3 at 1e6; beyond, the draw overflows (1e308: NaN rows)
 
-FLAG_TYPES = {"int": int, "float": float, "str": str, "int | None": int}
+def dataclass_float(text: str) -> float:
+    """The ``type`` of a dataclass's float flag: its ``__post_init__`` checks the value (finite, in its range)
+    and names the range in its message."""
+    return float(text)
+
+
+FLAG_TYPES = {"int": int, "float": dataclass_float, "str": str, "int | None": int}
 
 
 def add_dataclass_flags(p: argparse.ArgumentParser, cls, helps: dict[str, str], choices: dict | None = None) -> None:
@@ -232,9 +238,14 @@ def check_run_flags(
         for name in ("seed", "task_seed"):
             if getattr(args, name, None) is not None:
                 check_int(getattr(args, name), "--" + name.replace("_", "-"), 0, MAX_SEED)
-        for name, high in (("n_contexts", MAX_CONTEXTS), ("batch_size", None)):  # a batch is sized by memory
+        for name in ("n_contexts", "batch_size"):
             if getattr(args, name, None) is not None:
-                check_int(getattr(args, name), "--" + name.replace("_", "-"), 1, high)
+                check_int(getattr(args, name), "--" + name.replace("_", "-"), 1)
+        if getattr(args, "n_contexts", None) is not None and args.n_contexts > MAX_CONTEXTS:  # a batch: memory bounds it
+            raise ValueError(
+                f"--n-contexts {args.n_contexts} is more than the bound of {MAX_CONTEXTS} contexts "
+                "(the work grows with it, however it is chunked); use fewer"
+            )
         if getattr(args, "threads", None) is not None:
             check_int(args.threads, "--threads", 1, 1024)
         check_device(getattr(args, "device", "cpu"))

@@ -269,10 +269,10 @@ def train(cfg: TrainConfig, progress: bool = True) -> tuple[CausalTransformer, l
 
 def _train(cfg: TrainConfig, progress: bool, place: distributed.Rank, device: str):
     distributed.check_batch(cfg.batch_size, place)
-    out = checkpoint.resolved_out(cfg.out)  # a symlinked --out: its target is the run's folder
     if not place.is_main:
-        return _train_locked(cfg, progress, place, device, out)
+        return _train_locked(cfg, progress, place, device, checkpoint.resolved_out(cfg.out))
     cli.check_out_folder(cfg.out, make_parents=True)
+    out = checkpoint.resolved_out(cfg.out)  # a symlinked --out: its target is the run's folder
     try:
         out.parent.mkdir(parents=True, exist_ok=True)
     except OSError as e:

@@ -193,9 +193,9 @@ def test_a_key_map_pad_into_an_integer_tensor_names_its_dtype(tmp_path):
 # --- every count flag bounded before work -----------------------------------------------------------------
 
 COUNT_FLAGS = [
-    ("models.evaluate", "--n-contexts", str(10**12), "--n-contexts must be in [1, 10000000]"),
-    ("analyses.copyers", "--n-contexts", str(10**12), "--n-contexts must be in [1, 10000000]"),
-    ("analyses.head_ablation", "--n-contexts", str(10**12), "--n-contexts must be in [1, 10000000]"),
+    ("models.evaluate", "--n-contexts", str(10**12), "is more than the bound of 10000000 contexts"),
+    ("analyses.copyers", "--n-contexts", str(10**12), "is more than the bound of 10000000 contexts"),
+    ("analyses.head_ablation", "--n-contexts", str(10**12), "is more than the bound of 10000000 contexts"),
     ("analyses.init_gradient", "--n-contexts", str(10**7), "target sequences, more than the bound"),
     ("analyses.init_gradient", "--n-trees", str(10**9), "target sequences, more than the bound"),
     ("analyses.init_gradient", "--steps", str(10**12), "--steps must be <= 100000"),
@@ -558,7 +558,9 @@ FLOAT_FLAGS = [
 @pytest.mark.parametrize("value", ["nan", "inf", "-inf", "1e999"])
 @pytest.mark.parametrize("module,flag", FLOAT_FLAGS, ids=[f"{m} {f}" for m, f in FLOAT_FLAGS])
 def test_every_float_flag_refuses_a_value_that_is_not_finite(tmp_path, module, flag, value):
-    refused(run(module, f"{flag}={value}", "--out", str(tmp_path / "out"), cwd=tmp_path), f"argument {flag}: expected a finite number, got {value!r}")
+    proc = run(module, f"{flag}={value}", "--out", str(tmp_path / "out"), cwd=tmp_path)
+    refused(proc, "finite number")
+    assert flag in proc.stderr
     assert list(tmp_path.iterdir()) == []
 
 
