@@ -33,6 +33,7 @@ import forked
 import pytest
 import safetensors.torch
 import torch
+from test_cli_bad_input import TINY
 from test_formats import file_config, hf_folder, small_model
 from test_formats_pipelines import (
     PaperLiteral,
@@ -44,7 +45,6 @@ from test_formats_pipelines import (
     write_paper_literal,
     write_task,
 )
-from test_cli_bad_input import TINY
 from test_work_never_lost import tree
 
 import models
