@@ -43,8 +43,8 @@ from tqdm.auto import tqdm
 from analyses import common
 from models.interp.circuit import (
     CORRUPTIONS,
-    NODE_ABLATIONS,
     DIRECTIONS,
+    NODE_ABLATIONS,
     Runner,
     build_graph,
     curve_sizes,
@@ -58,7 +58,6 @@ from models.interp.circuit import (
     ratio_se,
     source_writes,
     threshold,
-    top_n,
 )
 from models.interp.interventions import description
 from models.interp.subject import Subject
@@ -617,6 +616,10 @@ def check_flags(parser, args) -> None:
         parser.error(f"--target-se must be > 0, got {args.target_se}")
     if args.n_edges is not None and args.n_edges < 0:
         parser.error(f"--n-edges must be >= 0, got {args.n_edges}")
+    if not 0 < args.target <= 1:  # finite: every float flag is (models.cli.finite_float)
+        parser.error(f"--target must be a share of the model's progress in (0, 1], got {args.target}")
+    if args.threshold is not None and args.threshold < 0:
+        parser.error(f"--threshold must be >= 0 (it bounds |score|), got {args.threshold}")
 
 
 def record(r: dict) -> dict:

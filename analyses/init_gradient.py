@@ -355,9 +355,19 @@ def add_flags(parser) -> None:
     parser.add_argument("--steps", type=int, default=300, help="Adam steps on W_KQ from 0 (default: 300)")
 
 
+MAX_SAMPLES = 2**24  # --n-trees x --n-contexts target sequences (the default is 2**17): the work, chunked, is not memory
+MAX_STEPS = 100_000
+
+
 def check_flags(parser, args) -> None:
     if args.n_trees < 1 or args.steps < 1:
         parser.error(f"--n-trees and --steps must be >= 1, got {args.n_trees} and {args.steps}")
+    common.check_at_most(parser, args, steps=MAX_STEPS)
+    if args.n_trees * args.n_contexts > MAX_SAMPLES:
+        parser.error(
+            f"--n-trees {args.n_trees} x --n-contexts {args.n_contexts} = {args.n_trees * args.n_contexts} target "
+            f"sequences, more than the bound of {MAX_SAMPLES} (2**24); use fewer"
+        )
     H = models.load_task(models.DEFAULT_CHECKPOINT).seq_len
     try:  # every tree's parents, int64 [n_trees, H], are drawn at once
         check_memory(args.n_trees * H * 8, f"--n-trees {args.n_trees} (trees of {H} positions)")

@@ -17,7 +17,7 @@ from pathlib import Path
 from analyses import common
 from models.loading.checkpoint import read_config
 from models.plumbing import cli
-from models.plumbing.io import read_json, what_is, write_json
+from models.plumbing.io import exclusive_lock, read_json, what_is, write_json
 
 NAME = "scale"
 N_CONTEXTS = None  # no --n-contexts: it samples no contexts of a checkpoint
@@ -115,23 +115,36 @@ def figures(result: dict, args=None):
 
 
 def run_pairs(items: list[str]) -> list[tuple[str, str]]:
-    """``["LABEL=FOLDER", ...]`` -> ``[(label, folder), ...]``, split at the last "=" (labels may hold "=")."""
-    pairs = [item.rpartition("=") for item in items]
-    if any(not eq or not label for label, eq, _ in pairs):
-        raise ValueError(f"--from-runs expects LABEL=FOLDER items, got {items}")
-    return [(label, folder) for label, _, folder in pairs]
+    """``["LABEL=FOLDER", ...]`` -> ``[(label, folder), ...]``. Labels and folders may both hold "=": an item
+    splits at the one "=" whose right side is an existing folder (``"alpha 0.1=runs/alpha=0.1"``), else at
+    the last; two such splits are ambiguous (one line)."""
+    pairs = []
+    for item in items:
+        splits = [(item[:i], item[i + 1 :]) for i, c in enumerate(item) if c == "=" and i > 0]
+        if not splits:
+            raise ValueError(f"--from-runs expects LABEL=FOLDER items, got {item!r}")
+        folders = [(label, folder) for label, folder in splits if Path(folder).is_dir()]
+        if len(folders) > 1:
+            raise ValueError(
+                f"--from-runs {item!r} is ambiguous: {' and '.join(repr(f) for _, f in folders)} are both folders; "
+                "rename one (LABEL=FOLDER)"
+            )
+        pairs.append(folders[0] if folders else splits[-1])
+    return pairs
 
 
 def compute(subject, args) -> dict:
     """Collect ``--from-runs`` into ``--histories`` (merged into the runs already there: earlier runs'
     folders need not exist any more), then the curves of every run in it. Every run is checked first:
-    ``--histories`` is rewritten only once all of them can be plotted."""
+    ``--histories`` is rewritten only once all of them can be plotted. The read, the merge and the write
+    hold a lock on ``--histories``: two collections at once take turns, and neither loses the other's runs."""
     path = Path(args.histories)
-    histories = read_histories(path) if path.is_file() or not args.from_runs else {}
-    if args.from_runs:
+    if not args.from_runs:
+        return curves(read_histories(path))
+    with exclusive_lock(path.parent / f".{path.name}.lock", what=f"--histories {args.histories!r}"):
+        histories = read_histories(path) if path.is_file() else {}
         histories.update(collect(dict(run_pairs(args.from_runs))))
-    result = curves(histories)
-    if args.from_runs:
+        result = curves(histories)
         write_json(path, histories)
     return result
 

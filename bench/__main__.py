@@ -41,7 +41,6 @@ from models import DEFAULT_CHECKPOINT, STANDARD_CHECKPOINT, CausalTransformer, l
 from models.interp.circuit import Runner, build_graph, curve_sizes, per_context_nll, ratio_se, source_writes, top_n
 from models.nets import causal_transformer
 from models.plumbing import cli
-from models.plumbing.io import write_json
 from models.training.optim import keep_freed_memory, sample_batch
 from models.training.train import PRESETS, TrainConfig, init_copyers, step_loss, train
 from probes import bma_posterior, bma_predictive
@@ -578,7 +577,7 @@ def _main(argv: list[str]) -> None:
             "machine": machine(args.device),
             "rows": rows,
         }
-        write_json(args.json, record)
+        cli.write_json_output(args, record, "python -m bench")
 
 
 if __name__ == "__main__":

@@ -28,7 +28,7 @@ from torch import Tensor
 from models.loading.dtypes import dtype_name
 from models.nets.causal_transformer import CausalTransformer, CausalTransformerConfig
 from models.nets.continuous import ContinuousTransformer
-from models.plumbing.io import check_memory, exclusive_lock, name_too_long, one_line, read_json, what_is
+from models.plumbing.io import check_memory, exclusive_lock, name_too_long, one_line, openable, read_json, what_is
 from probes.tasks import check_sizes
 
 FORMAT = "causal-transformer-checkpoint/1"
@@ -204,18 +204,19 @@ def load_checkpoint(path: str | Path, device: str | None = None, config: dict | 
         raise ValueError(f"checkpoint {str(path)!r} has no {WEIGHTS}")
     cls = model_class(config["task"].get("kind", "markov_tree"))
     where = str(path / WEIGHTS)
-    try:
-        with safetensors.safe_open(path / WEIGHTS, "pt") as f:
-            shapes = {k: tuple(f.get_slice(k).get_shape()) for k in f.keys()}
-    except Exception as e:  # safetensors raises its own error types for truncated/corrupt files
-        raise ValueError(f"{where!r} is not a readable safetensors file ({one_line(e)})") from None
-    with torch.device("meta"):
-        check_state_dict(shapes, cls(dataclasses.replace(cfg, device="meta")), where)
-    model = build(cls, cfg, f"the model of {str(path)!r}")
-    try:
-        state = safetensors.torch.load_file(path / WEIGHTS)  # on the CPU: a bad --device is not the file's fault
-    except Exception as e:
-        raise ValueError(f"{where!r} is not a readable safetensors file ({one_line(e)})") from None
+    with openable(path / WEIGHTS) as name:  # any name the shell allows
+        try:
+            with safetensors.safe_open(name, "pt") as f:
+                shapes = {k: tuple(f.get_slice(k).get_shape()) for k in f.keys()}
+        except Exception as e:  # safetensors raises its own error types for truncated/corrupt files
+            raise ValueError(f"{where!r} is not a readable safetensors file ({one_line(e)})") from None
+        with torch.device("meta"):
+            check_state_dict(shapes, cls(dataclasses.replace(cfg, device="meta")), where)
+        model = build(cls, cfg, f"the model of {str(path)!r}")
+        try:
+            state = safetensors.torch.load_file(name)  # on the CPU: a bad --device is not the file's fault
+        except Exception as e:
+            raise ValueError(f"{where!r} is not a readable safetensors file ({one_line(e)})") from None
     check_state_dict(state, model, where)
     model.load_state_dict({k: v.to(cfg.torch_dtype) for k, v in state.items()})
     return model.eval()
@@ -229,9 +230,12 @@ def save(
     training: dict | None = None,
     train_state: dict[str, Tensor] | None = None,
     train_meta: dict | None = None,
+    carry: bool = True,
 ) -> None:
     """Write a checkpoint folder atomically. ``task`` (a ``probes.MarkovTreeTask`` or ``ContinuousTask``,
-    required: every reader needs it) must match the model's sizes."""
+    required: every reader needs it) must match the model's sizes. ``carry``: the previous folder's other
+    entries (a run's snapshots/) move into the new one; False: they go with the previous folder, once the
+    new one is in place (a run started afresh)."""
     check_replaceable(Path(path))
     if task is None or not hasattr(task, "to_dict"):
         raise ValueError(f"models.save({str(path)!r}) needs task=: the task the model reads (every CLI loads it)")
@@ -254,7 +258,7 @@ def save(
             )
             (folder / TRAIN_META).write_text(json.dumps(train_meta or {}, indent=1) + "\n")
 
-    write_folder_atomically(path, write)
+    write_folder_atomically(path, write, carry=carry)
 
 
 # The atomic folder write ---------------------------------------------------------------------------
@@ -262,7 +266,8 @@ def save(
 # ``.NAME.old`` (only where the file system cannot exchange two folders) is the previous folder while
 # the new one is renamed into place, ``.NAME.lock`` is the lock. ``recover`` reads them to finish or undo
 # an interrupted write; the write itself calls it first.
-OWN_FILES = (WEIGHTS, CONFIG, TRAIN_STATE, TRAIN_META)
+REPLACES = ".replaces-extras"  # in a new folder written with carry=False: recovery carries nothing into it
+OWN_FILES = (WEIGHTS, CONFIG, TRAIN_STATE, TRAIN_META, REPLACES)
 
 
 def _new(path: Path) -> Path:
@@ -318,11 +323,13 @@ def _recover(path: Path) -> None:
             _carry_extras(new, old)
         os.rename(old, path)
     if new.is_dir():
-        if path.is_dir():
+        if path.is_dir() and not (path / REPLACES).exists():
             _carry_extras(new, path)
         shutil.rmtree(new)
     if old.is_dir():
         shutil.rmtree(old)
+    with contextlib.suppress(FileNotFoundError, NotADirectoryError):
+        (path / REPLACES).unlink()
 
 
 SNAPSHOTS = "snapshots"  # a run's snapshots/step_XXXXXX/ folders (models.train, models.standard)
@@ -333,20 +340,36 @@ def snapshot_folder(out: str | Path, step: int) -> Path:
     return Path(out) / SNAPSHOTS / f"step_{step:06d}"
 
 
-def clear_snapshots(out: str | Path) -> None:
-    """A run started afresh over ``out`` (``--overwrite``, not resumed) replaces the old run's snapshots
-    too: kept, they would mix into the new run's trajectory (``analyses.trajectory``)."""
-    folder = Path(out) / SNAPSHOTS
-    if folder.is_dir():
-        shutil.rmtree(folder)
-
-
 def recover(path: str | Path) -> None:
-    """Restore ``path`` after a write to it was killed part-way, and remove the write's leftovers."""
+    """Restore ``path`` after a write to it was killed part-way, and remove the write's leftovers (a
+    lock file a killed writer left included)."""
     path = Path(path)
-    if path.parent.is_dir() and (_new(path).exists() or _old(path).exists()):
+    if path.parent.is_dir() and any(p.exists() for p in (_new(path), _old(path), _lock(path))):
         with exclusive_lock(_lock(path), what=repr(str(path))):
             _recover(path)
+
+
+def recover_run(out: str | Path) -> None:
+    """``recover`` a run's folder and every snapshot under its snapshots/ (a kill inside a snapshot's
+    write leaves its ``.step_XXXXXX.new`` and ``.lock`` there, not beside ``out``)."""
+    out = Path(out)
+    recover(out)
+    snapshots = out / SNAPSHOTS
+    if snapshots.is_dir():
+        names = {e.name[1:].rsplit(".", 1)[0] for e in snapshots.iterdir() if e.name.endswith((".new", ".old", ".lock"))}
+        for name in sorted(names):
+            recover(snapshots / name)
+
+
+def training_lock(out: Path) -> Path:
+    """The lock a training holds on its ``--out`` for its whole run (beside it: the folder is replaced)."""
+    return out.parent / f".{out.name}.train.lock"
+
+
+def resolved_out(out: str | Path) -> Path:
+    """``out``, or where it points if it is a symlink: a write replaces the target folder, never the link."""
+    out = Path(out)
+    return Path(os.path.realpath(out)) if out.is_symlink() else out
 
 
 OURS, HUGGING_FACE, OTHER = "checkpoint folder of ours", "Hugging Face folder", "folder that is not a checkpoint"
@@ -381,7 +404,7 @@ def check_replaceable(path: Path, kind: str = OURS) -> None:
         )
 
 
-def write_folder_atomically(path: str | Path, write, kind: str = OURS) -> None:
+def write_folder_atomically(path: str | Path, write, kind: str = OURS, carry: bool = True) -> None:
     """Call ``write(folder)`` on a fresh folder, then put it at ``path`` in one step, replacing a previous
     checkpoint there (whose other entries, e.g. snapshots/, move into the new one).
 
@@ -389,8 +412,10 @@ def write_folder_atomically(path: str | Path, write, kind: str = OURS) -> None:
     the two are exchanged atomically (``renameat2``); where the file system cannot, the previous folder
     is renamed to ``.NAME.old`` for the instant between two renames, and ``recover`` (called by the next
     write, and by training at its start) puts it back. Writers of one ``path`` take turns (a lock).
-    Refuses to replace an existing folder that is not empty and not a checkpoint of ``kind``."""
-    path = Path(path)
+    Refuses to replace an existing folder that is not empty and not a checkpoint of ``kind``. ``carry``
+    False: the previous folder's other entries are removed with it, after the new one is in place. A
+    symlink at ``path`` stays: the folder it points to is replaced."""
+    path = resolved_out(path)
     check_replaceable(path, kind)
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -403,16 +428,21 @@ def write_folder_atomically(path: str | Path, write, kind: str = OURS) -> None:
         new.mkdir()
         try:
             write(new)
+            if not carry:
+                (new / REPLACES).touch()
             _sync_folder(new)
             if not path.exists():
                 os.rename(new, path)
             else:
-                _carry_extras(path, new)
+                if carry:
+                    _carry_extras(path, new)
                 if not _exchange(new, path):
                     os.rename(path, old)
                     os.rename(new, path)
                     new = old
                 shutil.rmtree(new)
+            with contextlib.suppress(FileNotFoundError):
+                (path / REPLACES).unlink()
             _sync(path.parent)
         except BaseException:
             with contextlib.suppress(Exception):

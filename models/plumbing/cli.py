@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import math
 import os
 import re
 import sys
@@ -22,8 +23,19 @@ import torch
 from models.interp.subject import THEOREM1_USAGE, Subject, load_subject
 from models.loading.checkpoint import check_device
 from models.loading.dtypes import RUN_DTYPES
-from models.loading.sources import NAMED
-from models.plumbing.io import check_memory, name_too_long, one_line, read_json, run_cli, size, what_is
+from models.loading.sources import NAMED, theorem1
+from models.plumbing.io import (
+    check_memory,
+    exclusive_lock,
+    is_utf8,
+    name_too_long,
+    one_line,
+    read_json,
+    run_cli,
+    size,
+    what_is,
+    write_json,
+)
 from probes.tasks import MAX_SEED, check_int
 
 __all__ = [
@@ -42,11 +54,28 @@ __all__ = [
 ]
 
 PATH_FLAGS = ("checkpoint", "config", "key_map")  # flags naming files to read (unless a named checkpoint)
+MAX_CONTEXTS = 10**7  # --n-contexts and the like: work grows with the count even where chunks bound the memory
+
+
+def finite_float(text: str) -> float:
+    """The ``type`` of every float flag: a number that is finite (``nan``, ``inf``, ``1e999`` refused)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+    if not math.isfinite(value):
+        raise argparse.ArgumentTypeError(f"expected a finite number, got {text!r}")
+    return value
 
 
 class OneLineParser(argparse.ArgumentParser):
     """argparse, except that an error is one line on stderr (``prog: error: message``; ``--help`` shows
-    the usage) and exit code 2."""
+    the usage) and exit code 2, and that every float flag is ``finite_float``."""
+
+    def add_argument(self, *args, **kwargs):
+        if kwargs.get("type") is float:
+            kwargs["type"] = finite_float
+        return super().add_argument(*args, **kwargs)
 
     def error(self, message: str):
         self.exit(2, f"{self.prog}: error: {one_line(' '.join(str(message).split()))}\n")
@@ -71,7 +100,15 @@ FLAG_HELP = {  # --help of the config fields that models.train and models.standa
 }
 
 
-FLAG_TYPES = {"int": int, "float": float, "str": str, "int | None": int}
+MAX_ALPHA = 1e6  # Dirichlet(alpha) kernel rows: uniform to ~1e-3 at 1e6; beyond, the draw overflows (1e308: NaN rows)
+
+def dataclass_float(text: str) -> float:
+    """The ``type`` of a dataclass's float flag: its ``__post_init__`` checks the value (finite, in its range)
+    and names the range in its message."""
+    return float(text)
+
+
+FLAG_TYPES = {"int": int, "float": dataclass_float, "str": str, "int | None": int}
 
 
 def add_dataclass_flags(p: argparse.ArgumentParser, cls, helps: dict[str, str], choices: dict | None = None) -> None:
@@ -108,14 +145,13 @@ def dataclass_from_args(cls, args: argparse.Namespace):
     return cls(**{f.name: getattr(args, f.name) for f in dataclasses.fields(cls)})
 
 
-def check_path(path: str, flag: str) -> None:
-    """A path flag: no NUL byte, no component over 255 bytes (``ValueError`` naming the flag)."""
+def check_path(path: str, flag: str, utf8: bool = True) -> None:
+    """A path flag: no NUL byte, no component over 255 bytes, and (``utf8``: an output) a valid UTF-8
+    name (``ValueError`` naming the flag). Inputs may have any name the shell allows (``io.openable``)."""
     if "\x00" in path:
         raise ValueError(f"{flag} {path!r} contains a NUL byte")
-    try:
-        path.encode()
-    except UnicodeEncodeError:  # bytes undecodable as UTF-8 (surrogate-escaped): safetensors cannot open it
-        raise ValueError(f"{flag} {path!r} is not valid UTF-8; rename it (the weight readers need UTF-8 names)") from None
+    if utf8 and not is_utf8(path):  # bytes undecodable as UTF-8 (surrogate-escaped)
+        raise ValueError(f"{flag} {path!r} is not valid UTF-8; expected a UTF-8 name for an output (rename it)")
     long = name_too_long(path)
     if long is not None:
         raise ValueError(f"{flag}: the name {long[:40]!r}... is {len(os.fsencode(long))} bytes; the limit is 255")
@@ -128,9 +164,9 @@ def check_out_folder(out: str, flag: str = "--out") -> None:
     check_path(out, flag)
     path = Path(out)
     if path.is_symlink() and not path.exists():
-        raise ValueError(f"{flag} {out!r} is a symlink to {os.readlink(path)!r}, which does not exist")
+        raise ValueError(f"{flag} {out!r} {what_is(path)}; expected a folder")
     if path.exists() and not path.is_dir():
-        raise ValueError(f"{flag} {out!r} is a file; expected a folder")
+        raise ValueError(f"{flag} {out!r} {what_is(path)}; expected a folder")
     probe = path if path.exists() else path.parent
     while not probe.exists() and probe != probe.parent:
         probe = probe.parent
@@ -150,6 +186,8 @@ def check_out_file(out: str, flag: str) -> None:
     path = Path(out)
     if path.is_dir():
         raise ValueError(f"{flag} {out!r} is a folder; expected a file name")
+    if path.is_symlink() and not path.exists() or path.exists() and not path.is_file():
+        raise ValueError(f"{flag} {out!r} {what_is(path)}; expected a regular file")
     if path.parent.exists() and not path.parent.is_dir():
         raise ValueError(f"{flag} {out!r}: folder {str(path.parent)!r} {what_is(path.parent)}")
     check_out_folder(str(path.parent), flag=f"{flag} {out!r}: folder")
@@ -202,13 +240,18 @@ def check_run_flags(
         for name in ("n_contexts", "batch_size"):
             if getattr(args, name, None) is not None:
                 check_int(getattr(args, name), "--" + name.replace("_", "-"), 1)
+        if getattr(args, "n_contexts", None) is not None and args.n_contexts > MAX_CONTEXTS:  # a batch: memory bounds it
+            raise ValueError(
+                f"--n-contexts {args.n_contexts} is more than the bound of {MAX_CONTEXTS} contexts "
+                "(the work grows with it, however it is chunked); use fewer"
+            )
         if getattr(args, "threads", None) is not None:
             check_int(args.threads, "--threads", 1, 1024)
         check_device(getattr(args, "device", "cpu"))
         for name in PATH_FLAGS:
             value = getattr(args, name, None)
             if isinstance(value, str) and value not in NAMED and not value.startswith("theorem1"):
-                check_path(value, "--" + name.replace("_", "-"))
+                check_path(value, "--" + name.replace("_", "-"), utf8=False)
         if isinstance(getattr(args, "out", None), str):
             check_out_folder(args.out)
             check_not_an_input(args.out, args, "--out")
@@ -244,6 +287,16 @@ def check_own_output(out: str, flag: str, prog: str) -> None:
         )
 
 
+def write_json_output(args: argparse.Namespace, record: dict, prog: str) -> None:
+    """Write ``--json``: under a lock on it (two runs take turns), the check that it may be replaced
+    (``check_own_output``, unless ``--overwrite``) made again, then the atomic write."""
+    path = Path(args.json)
+    with exclusive_lock(path.parent / f".{path.name}.lock", what=f"--json {args.json!r}"):
+        if not getattr(args, "overwrite", False):
+            check_own_output(args.json, "--json", prog)
+        write_json(path, record)
+
+
 def add_json_flags(p: argparse.ArgumentParser, what: str) -> None:
     """``--json FILE`` (``what`` it holds) and the ``--overwrite`` that lets it replace a file this command did
     not write (``check_own_output``)."""
@@ -254,14 +307,26 @@ def add_json_flags(p: argparse.ArgumentParser, what: str) -> None:
 
 
 def inputs_of(args: argparse.Namespace) -> list[Path]:
-    """The files and folders a command reads: ``--checkpoint`` (a named one: its folder), ``--config``,
-    ``--key-map``, and what ``check_run_flags`` was told it ``reads``, resolved."""
+    """The files and folders a command reads, resolved: what ``check_run_flags`` was told it ``reads``,
+    ``--config``, ``--key-map``, and ``--checkpoint`` with every file it reads (``read_by``)."""
     paths = [Path(r).expanduser().resolve() for r in getattr(args, "reads", ())]
     for name in PATH_FLAGS:
         value = getattr(args, name, None)
-        if isinstance(value, str) and not value.startswith("theorem1"):
-            paths.append(Path(NAMED.get(value, value)).expanduser().resolve())
+        if isinstance(value, str):
+            paths += [p.expanduser().resolve() for p in read_by(value)]
     return paths
+
+
+def read_by(spec: str) -> list[Path]:
+    """What ``--checkpoint spec`` reads: a named checkpoint's folder; ``theorem1:...,from=FOLDER``'s folder
+    (the shipped one without ``from=``); a folder; a weight file and the side files its config may come
+    from (``<stem>.json``, ``config.json`` and ``task.json`` beside it)."""
+    if theorem1.detect(spec):
+        return [Path(theorem1.parse(spec).get("from", NAMED["default"]))]
+    path = Path(NAMED.get(spec, spec))
+    if path.is_dir() or not path.suffix:
+        return [path]
+    return [path, path.with_suffix(".json"), path.parent / "config.json", path.parent / "task.json"]
 
 
 def check_not_an_input(out: str, args: argparse.Namespace, flag: str) -> None:

@@ -71,6 +71,33 @@ def what_is(path: str | Path) -> str:
     return next((text for test, text in kinds.items() if test(mode)), "is not a regular file")
 
 
+def is_utf8(path: str | Path) -> bool:
+    """Whether the name of ``path`` is valid UTF-8 (a name the shell allows may not be: ``b"ck\\xff"``)."""
+    try:
+        os.fsencode(path).decode()
+    except UnicodeDecodeError:
+        return False
+    return True
+
+
+@contextlib.contextmanager
+def openable(path: str | Path):
+    """A name of ``path`` that readers needing UTF-8 names (safetensors, torch.load, transformers) can open:
+    ``path`` itself, or for a name that is not valid UTF-8, ``/proc/self/fd/N`` of the file or folder opened
+    here (Linux), valid while the context lasts."""
+    path = Path(path)
+    if is_utf8(path):
+        yield path
+        return
+    if not Path("/proc/self/fd").is_dir():
+        raise ValueError(f"{str(path)!r} is not valid UTF-8 and this system cannot name it otherwise; rename it")
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        yield Path(f"/proc/self/fd/{fd}")
+    finally:
+        os.close(fd)
+
+
 def listing(names, shown: int = 5) -> str:
     """``names`` for a message: the first ``shown``, then ``... and N more`` (a list of 20 000 is one short line)."""
     names = [str(n) for n in names]
@@ -305,6 +332,7 @@ def one_line(e: BaseException | str) -> str:
     if not text and isinstance(e, BaseException):
         text = type(e).__name__
     text = text.replace("\r", "\\r").replace("\n", "\\n")
+    text = text.encode("utf-8", "backslashreplace").decode()  # a name that is not UTF-8: its bytes escaped
     return text if len(text) <= 500 else text[:497] + "..."
 
 
@@ -353,6 +381,8 @@ def run_cli(main, argv: list[str] | None = None, prog: str | None = None):
     run quietly: what it wrote is written."""
     args = sys.argv[1:] if argv is None else list(argv)
     error = "error:" if prog is None else f"{prog}: error:"
+    with contextlib.suppress(AttributeError, ValueError):  # a path that is not UTF-8 prints as its own bytes
+        sys.stdout.reconfigure(errors="surrogateescape")
     try:
         try:
             check_environment()

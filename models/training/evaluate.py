@@ -22,7 +22,6 @@ from models.interp.subject import DisentangledSubject, check_finite
 from models.nets.causal_transformer import CausalTransformer
 from models.nets.continuous import bma_nll, gaussian_nll
 from models.plumbing import cli
-from models.plumbing.io import write_json
 from probes import head_assignment, mean_tv, parent_accuracy, target_nll
 from probes.continuous import ContinuousTask, gaussian_bma_posterior, predictive_mean, target_mse
 from probes.metrics import parent_set_accuracy, per_context_nll
@@ -75,7 +74,9 @@ def evaluate(model: CausalTransformer, task, inputs, parents) -> dict:
             model, target_nll(out.cpu(), inputs), target_nll(bma, inputs), attention, posterior, parents
         )
         gaps = per_context_nll(out.cpu(), inputs) - per_context_nll(bma, inputs)  # [batch]
-        return {**metrics, "nll_gap_se": (gaps.std() / len(gaps) ** 0.5).item() if len(gaps) > 1 else float("nan")}
+        if len(gaps) > 1:  # one context has no standard error: none is written (never NaN)
+            metrics["nll_gap_se"] = (gaps.std() / len(gaps) ** 0.5).item()
+        return metrics
     posterior = gaussian_bma_posterior(task, inputs)
     metrics = eval_metrics(
         model, gaussian_nll(out.cpu(), inputs, task), bma_nll(task, inputs), attention, posterior, parents
@@ -86,11 +87,11 @@ def evaluate(model: CausalTransformer, task, inputs, parents) -> dict:
 
 
 def evaluate_subject(subject: DisentangledSubject, n_contexts: int, seed: int, batch_size: int) -> dict:
-    """``evaluate`` over ``n_contexts`` fresh contexts, averaged over chunks (weighted by size; the gap's
-    standard error is that of the weighted mean of the chunks' means); the head assignment is the model's,
-    the same for every chunk."""
+    """``evaluate`` over ``n_contexts`` fresh contexts, averaged over chunks (weighted by size); the gap's
+    standard error is that of all the contexts together (``pooled_se``: the chunks' means and standard
+    errors give it exactly); the head assignment is the model's, the same for every chunk."""
     g = torch.Generator().manual_seed(seed)
-    total, sums, variance, last = 0, {}, 0.0, {}
+    total, sums, chunks, last = 0, {}, [], {}
     for start in range(0, n_contexts, batch_size):
         n = min(batch_size, n_contexts - start)
         tokens, parents = subject.task.sample(n, g)
@@ -98,12 +99,27 @@ def evaluate_subject(subject: DisentangledSubject, n_contexts: int, seed: int, b
         for key, value in last.items():
             if isinstance(value, float) and key != "nll_gap_se":
                 sums[key] = sums.get(key, 0.0) + n * value
-        variance += (n * last.get("nll_gap_se", 0.0)) ** 2
+        chunks.append((n, last["nll_gap"], last.get("nll_gap_se", 0.0)))
         total += n
     means = {key: value / total for key, value in sums.items()}
-    if "nll_gap_se" in last:
-        means["nll_gap_se"] = variance**0.5 / total
-    return {**last, **means, "n_contexts": total, "seed": seed}
+    means.pop("nll_gap_se", None)
+    se = pooled_se(chunks)
+    discrete = not isinstance(subject.task, ContinuousTask)
+    if discrete and se is not None:
+        means["nll_gap_se"] = se
+    return {**{k: v for k, v in last.items() if k != "nll_gap_se"}, **means, "n_contexts": total, "seed": seed}
+
+
+def pooled_se(chunks: list[tuple[int, float, float]]) -> float | None:
+    """The standard error of the mean over every value of chunks given as (count, mean, standard error of
+    the mean; 0 for a chunk of one): the within-chunk and between-chunk sums of squares added. None for
+    fewer than two values."""
+    total = sum(n for n, _, _ in chunks)
+    if total < 2:
+        return None
+    mean = sum(n * m for n, m, _ in chunks) / total
+    squares = sum((n - 1) * n * se**2 + n * (m - mean) ** 2 for n, m, se in chunks)
+    return math.sqrt(squares / (total - 1) / total)
 
 
 def _se(m: dict) -> str:
@@ -134,7 +150,7 @@ def main(argv: list[str] | None = None) -> dict:
         f"{len(m['head_demo'])} distinct demos, min purity {min(m['head_purity']):.3f}"
     )
     if args.json:
-        write_json(args.json, {"command": args.command, **m})
+        cli.write_json_output(args, {"command": args.command, **m}, parser.prog)
     return m
 
 

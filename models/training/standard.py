@@ -45,14 +45,16 @@ from tqdm.auto import tqdm
 from models.loading.checkpoint import (
     HUGGING_FACE,
     check_replaceable,
-    clear_snapshots,
+    recover_run,
+    resolved_out,
     snapshot_folder,
+    training_lock,
     write_folder_atomically,
 )
 from models.loading.sources.files import TASK_JSON
 from models.loading.sources.hugging_face import check_size
 from models.plumbing import cli
-from models.plumbing.io import check_memory, size
+from models.plumbing.io import check_memory, exclusive_lock, size
 from models.training.optim import check_finite, cosine_factor, keep_freed_memory, sample_batch
 from probes import MarkovTreeTask, bma_predictive, check_tokens, target_nll
 from probes.graph_task import SPEC_HELP, GraphTask, make_task
@@ -142,7 +144,7 @@ class StandardConfig:
                 raise ValueError(f"{name} must be one of {', '.join(allowed)}; got {getattr(self, name)!r}")
         if self.device.startswith("cuda") and not torch.cuda.is_available():
             raise ValueError(f"device {self.device!r} requested but CUDA is not available; use --device cpu")
-        check_float(self.alpha, "alpha", 0, open_low=True)
+        check_float(self.alpha, "alpha", 0, cli.MAX_ALPHA, open_low=True)
         if self.task_kind == "continuous" or not isinstance(self.task_kind, str):
             raise ValueError(
                 f"task_kind {self.task_kind!r}: a standard transformer reads tokens; expected a discrete task"
@@ -285,10 +287,22 @@ def reference_nlls(task: MarkovTreeTask, tokens: Int[Tensor, "batch T"]) -> dict
 
 def train_standard(cfg: StandardConfig, progress: bool = True, save: bool = True, overwrite: bool = False):
     """Train on fresh contexts; returns (model, history) and writes ``cfg.out`` if ``save`` (refusing to
-    replace a non-empty folder unless ``overwrite``). Runs on torch's current thread count."""
-    if save:
-        check_out(cfg.out, overwrite)
-        clear_snapshots(cfg.out)  # only reached over an empty folder or with overwrite
+    replace a non-empty folder unless ``overwrite``), holding the training lock on it for the whole run
+    (a second run into it is refused at once, as ``models.train``'s). Runs on torch's current thread count."""
+    if not save:
+        return _train_standard(cfg, progress, save, overwrite)
+    out = resolved_out(cfg.out)  # a symlinked --out: its target is replaced, never the link
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise ValueError(f"--out {cfg.out!r}: cannot create {str(out.parent)!r} ({e.strerror or e})") from None
+    with exclusive_lock(training_lock(out), wait=False, what=f"--out {cfg.out!r} (another training)"):
+        recover_run(out)
+        check_out(out, overwrite)  # under the lock: no other run can fill it before this one writes
+        return _train_standard(cfg, progress, save, overwrite)
+
+
+def _train_standard(cfg: StandardConfig, progress: bool, save: bool, overwrite: bool):
     if save and cfg.arch == "attn_only":
         raise ValueError("an attn_only model has no Hugging Face folder; train it with save=False")
     if cfg.snapshot_every and not save:
@@ -311,7 +325,8 @@ def train_standard(cfg: StandardConfig, progress: bool = True, save: bool = True
         _descend(loss, opt, sched)
         if cfg.snapshot_every and done % cfg.snapshot_every == 0:  # as models.train: the run, then the snapshot
             training = {"config": asdict(cfg), "threads": torch.get_num_threads(), "step": done, "history": history}
-            save_standard(model, cfg.out, task, training, overwrite=True)  # out is ours from here (checked above)
+            # out is ours from here (checked above); the first write drops an earlier run's snapshots
+            save_standard(model, cfg.out, task, training, overwrite=True, carry=done > cfg.snapshot_every)
             save_standard(model, snapshot_folder(cfg.out, done), task, training)
         if done % cfg.eval_every == 0 or done == cfg.steps:
             check_finite(model, loss.item(), done)  # no NaN model is ever saved
@@ -327,7 +342,8 @@ def train_standard(cfg: StandardConfig, progress: bool = True, save: bool = True
     model.eval()
     if save:
         training = {"config": asdict(cfg), "threads": torch.get_num_threads(), "history": history}
-        save_standard(model, cfg.out, task, training, overwrite=overwrite or cfg.snapshot_every > 0)
+        saved = cfg.snapshot_every and cfg.steps >= cfg.snapshot_every  # this run has written out already
+        save_standard(model, cfg.out, task, training, overwrite=overwrite or bool(saved), carry=bool(saved))
     return model, history
 
 
@@ -352,8 +368,11 @@ def check_out(out: str | Path, overwrite: bool) -> None:
         raise ValueError(f"--out {out} is not empty; refusing to overwrite it (pass --overwrite to replace it)")
 
 
-def save_standard(model, out: str | Path, task: MarkovTreeTask, training: dict, overwrite: bool = False) -> None:
-    """Write the Hugging Face folder, task.json and training.json atomically (float32 weights)."""
+def save_standard(
+    model, out: str | Path, task: MarkovTreeTask, training: dict, overwrite: bool = False, carry: bool = True
+) -> None:
+    """Write the Hugging Face folder, task.json and training.json atomically (float32 weights); ``carry``
+    as ``models.loading.checkpoint.save``'s (False: an earlier run's snapshots/ go once this folder is in place)."""
     if getattr(model, "attention_only", False):
         raise ValueError("an attn_only model has no Hugging Face folder (GPT-2 always has LayerNorms and MLPs)")
     check_out(out, overwrite)
@@ -367,7 +386,7 @@ def save_standard(model, out: str | Path, task: MarkovTreeTask, training: dict, 
 
     transformers.logging.disable_progress_bar()
     try:
-        write_folder_atomically(out, write, HUGGING_FACE)
+        write_folder_atomically(out, write, HUGGING_FACE, carry=carry)
     finally:
         transformers.logging.enable_progress_bar()
 

@@ -26,7 +26,16 @@ import torch
 from tqdm.auto import tqdm
 
 from models.loading import checkpoint
-from models.loading.checkpoint import CONFIG, TRAIN_META, TRAIN_STATE, load_checkpoint, model_class, read_config, save
+from models.loading.checkpoint import (
+    CONFIG,
+    TRAIN_META,
+    TRAIN_STATE,
+    load_checkpoint,
+    model_class,
+    read_config,
+    save,
+    training_lock,
+)
 from models.loading.dtypes import RUN_DTYPES
 from models.nets.causal_transformer import CausalTransformer, CausalTransformerConfig
 from models.nets.continuous import mse_loss
@@ -117,7 +126,7 @@ class TrainConfig:
         check_int(self.snapshot_every, "snapshot_every", 0)
         for name in ("seed", "task_seed"):
             check_int(getattr(self, name), name, 0, MAX_SEED)
-        check_float(self.alpha, "alpha", 0, open_low=True)
+        check_float(self.alpha, "alpha", 0, cli.MAX_ALPHA, open_low=True)
         check_float(self.gamma, "gamma", 0, 1)
         check_float(self.rho, "rho", 0, 1, open_low=True, open_high=True)
         check_float(self.lr, "lr", 0, open_low=True)
@@ -270,22 +279,17 @@ def train(cfg: TrainConfig, progress: bool = True) -> tuple[CausalTransformer, l
 
 def _train(cfg: TrainConfig, progress: bool, place: distributed.Rank, device: str):
     distributed.check_batch(cfg.batch_size, place)
-    out = Path(cfg.out)
     if not place.is_main:
-        return _train_locked(cfg, progress, place, device, out)
+        return _train_locked(cfg, progress, place, device, checkpoint.resolved_out(cfg.out))
     cli.check_out_folder(cfg.out)
+    out = checkpoint.resolved_out(cfg.out)  # a symlinked --out: its target is the run's folder
     try:
         out.parent.mkdir(parents=True, exist_ok=True)
     except OSError as e:
         raise ValueError(f"--out {cfg.out!r}: cannot create {str(out.parent)!r} ({e.strerror or e})") from None
     with exclusive_lock(training_lock(out), wait=False, what=f"--out {cfg.out!r} (another training)"):
-        checkpoint.recover(out)  # a write killed part-way: the old checkpoint back, its debris gone
+        checkpoint.recover_run(out)  # a write killed part-way (its snapshots' too): old or new back, debris gone
         return _train_locked(cfg, progress, place, device, out)
-
-
-def training_lock(out: Path) -> Path:
-    """The lock a training holds on its ``--out`` for its whole run (beside it: the folder is replaced)."""
-    return out.parent / f".{out.name}.train.lock"
 
 
 def check_start(cfg: TrainConfig, out: Path) -> bool:
@@ -330,8 +334,6 @@ def _train_locked(cfg: TrainConfig, progress: bool, place: distributed.Rank, dev
     resume = check_start(cfg, out) if place.is_main else cfg.resume and (out / TRAIN_STATE).is_file()
     if resume:
         check_resumable(out, cfg)
-    elif place.is_main:
-        checkpoint.clear_snapshots(out)
     task = cfg.task()
     torch.manual_seed(cfg.seed)
     init_gen = torch.Generator().manual_seed(cfg.seed)
@@ -350,6 +352,10 @@ def _train_locked(cfg: TrainConfig, progress: bool, place: distributed.Rank, dev
     start = 0
     if resume:
         start, history = _resume(out, cfg, model, opt, sched, data_gen)
+        if place.is_main and cfg.snapshot_every and start % cfg.snapshot_every == 0:
+            if not checkpoint.snapshot_folder(out, start).is_dir():  # killed between the checkpoint and its snapshot
+                _save(model, task, cfg, history, None, None, None, start, checkpoint.snapshot_folder(out, start))
+    carry = resume  # a run started afresh drops the old run's snapshots/ with its first checkpoint, not before
     if start == 0 and place.is_main:  # the state at initialisation, for the record (uses no randomness)
         history.append({"step": 0, "loss": None, "seconds": 0.0, **evaluate(model, task, eval_tokens, eval_parents)})
         if progress:
@@ -391,7 +397,8 @@ def _train_locked(cfg: TrainConfig, progress: bool, place: distributed.Rank, dev
             bar.set_postfix(gap=f"{m['nll_gap']:.4f}", tv=f"{m['tv_to_bma']:.3f}")
             if progress:
                 tqdm.write(_describe(m))
-        _save(model, task, cfg, history, opt, sched, data_gen, done, out)  # resumable from here (snapshots inside)
+        _save(model, task, cfg, history, opt, sched, data_gen, done, out, carry)  # resumable from here (snapshots inside)
+        carry = True
         if snapshot:
             _save(model, task, cfg, history, None, None, None, done, checkpoint.snapshot_folder(out, done))
     bar.close()
@@ -407,7 +414,7 @@ def _describe(m: dict) -> str:
     )
 
 
-def _save(model, task, cfg, history, opt, sched, data_gen, step, path) -> None:
+def _save(model, task, cfg, history, opt, sched, data_gen, step, path, carry: bool = True) -> None:
     training = {"config": asdict(cfg), "step": step, "history": history}
     if opt is None:
         save(model, path, task=task, training=training)
@@ -416,10 +423,13 @@ def _save(model, task, cfg, history, opt, sched, data_gen, step, path) -> None:
     tensors["data_generator"] = data_gen.get_state()
     tensors["torch_rng"] = torch.get_rng_state()
     meta.update(step=step, scheduler=sched.state_dict())
-    save(model, path, task=task, training=training, train_state=tensors, train_meta=meta)
+    save(model, path, task=task, training=training, train_state=tensors, train_meta=meta, carry=carry)
 
 
-RESUME_MAY_DIFFER = ("resume", "overwrite", "steps", "compile", "out")  # the rest must equal the saved run's
+RESUME_MAY_DIFFER = ("resume", "overwrite", "compile", "out")  # the rest (--steps: the cosine spans it) must be the saved run's
+
+
+AFRESH = "to train it afresh instead, run without --resume, with --overwrite"  # --resume --overwrite resumes a state
 
 
 def check_resumable(out: Path, cfg: TrainConfig) -> dict:
@@ -429,16 +439,22 @@ def check_resumable(out: Path, cfg: TrainConfig) -> dict:
     saved = training.get("config") if isinstance(training, dict) else None
     if not isinstance(saved, dict) or not isinstance(training.get("history"), list):
         raise ValueError(
-            f"cannot resume {str(out)!r}: its {CONFIG} has no training record; pass --overwrite to start afresh"
+            f"cannot resume {str(out)!r}: its {CONFIG} has no training record; {AFRESH}"
         )
     default = asdict(TrainConfig())  # a field newer than the saved run: it ran with the default
     differ = {k for k, v in asdict(cfg).items() if k not in RESUME_MAY_DIFFER and saved.get(k, default[k]) != v}
+    if "steps" in differ:
+        raise ValueError(
+            f"cannot resume {str(out)!r} with --steps {cfg.steps}: it was started with --steps {saved['steps']} "
+            f"(the cosine learning-rate schedule spans the whole run); resume with --steps {saved['steps']}, "
+            "or train afresh (--overwrite, without --resume)"
+        )
     if differ:
         raise ValueError(f"cannot resume {str(out)!r}: its training config differs in {sorted(differ)}")
     meta = read_json(out / TRAIN_META, "training state")
     if not isinstance(meta, dict) or not isinstance(meta.get("step"), int) or "scheduler" not in meta:
         raise ValueError(
-            f"cannot resume {str(out)!r}: {TRAIN_META} is not a training state; pass --overwrite to start afresh"
+            f"cannot resume {str(out)!r}: {TRAIN_META} is not a training state; {AFRESH}"
         )
     return training
 
@@ -456,7 +472,7 @@ def _resume(out: Path, cfg: TrainConfig, model, opt, sched, data_gen) -> tuple[i
         step = check_int(meta["step"], "step", 1)
     except Exception as e:  # safetensors, Adam and the generators raise their own types on a corrupt state
         raise ValueError(
-            f"cannot resume {str(out)!r}: its training state is unreadable ({describe(e)}); pass --overwrite to start afresh"
+            f"cannot resume {str(out)!r}: its training state is unreadable ({describe(e)}); {AFRESH}"
         ) from None
     return step, training["history"]
 

@@ -117,4 +117,6 @@ def run(module: str, *argv: str, cwd: Path, env: dict | None = None, limit: int 
             p.kill()
             p.join()
             raise TimeoutError(f"python -m {module} {' '.join(argv)} ran past {timeout} s")
-        return Completed([module, *argv], p.exitcode, out.read_text(), err.read_text())
+        # a path that is not UTF-8 prints as its own bytes: read back as the same str
+        text = [f.read_text(errors="surrogateescape") for f in (out, err)]
+        return Completed([module, *argv], p.exitcode, *text)

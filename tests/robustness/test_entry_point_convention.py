@@ -323,9 +323,9 @@ CASES = [
     ),
     (
         "message",
-        "--checkpoint an undecodable name",
+        "--checkpoint a bad file of an undecodable name (read, and named as what it is)",
         lambda t, s: _evaluate("--checkpoint", str(s / BAD_NAME), "--config", str(t / "cfg.json")),
-        "is not valid UTF-8",
+        "is not a readable safetensors file",
     ),
     (
         "message",
@@ -339,7 +339,7 @@ CASES = [
         "message",
         "Hugging Face weights of other shapes than its config",
         lambda t, s: _evaluate("--checkpoint", str(t / "hf_other_shapes")),
-        "lm_head.weight [4, 8] vs [4, 16]",
+        "h.0.attn.c_attn.bias [24] vs [48]",
     ),
 ]
 

@@ -233,10 +233,20 @@ def test_train_refuses_to_replace_work_unless_asked(tmp_path, capsys):
     assert (shipped_like / checkpoint.TRAIN_STATE).is_file() and debris(tmp_path) == []
 
 
-def test_resume_recovers_an_interrupted_write(tmp_path):
+def test_resume_recovers_an_interrupted_write(tmp_path, monkeypatch):
     """The debris of a write killed between its renames: --resume restores the old checkpoint and goes on."""
     run = tmp_path / "run"
-    train.main(_train_argv(run, "--steps", "3"))
+    original = train._save
+
+    def save_then_stop(*args):  # a 6-step run stopped once its step-3 checkpoint is written
+        original(*args)
+        if args[7] == 3:
+            raise KeyboardInterrupt
+
+    monkeypatch.setattr(train, "_save", save_then_stop)
+    with pytest.raises(SystemExit):
+        train.main(_train_argv(run))
+    monkeypatch.setattr(train, "_save", original)
     history = checkpoint.read_config(run)["training"]["history"]
     os.rename(run, tmp_path / ".run.old")  # killed just after the first rename
     (tmp_path / ".run.new").mkdir()

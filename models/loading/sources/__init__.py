@@ -33,6 +33,7 @@ from models.loading.sources import (
     transformer_lens,
 )
 from models.loading.sources.files import Found, Source
+from models.plumbing.io import what_is
 
 __all__ = ["FORMATS", "NAMED", "Source", "resolve"]
 
@@ -62,6 +63,9 @@ def resolve(
     path = Path(NAMED.get(spec, spec))
     if spec in NAMED and not path.exists():
         raise ValueError(f"--checkpoint {spec}: the shipped checkpoint {path} is missing from this installation")
+    kind = what_is(path)
+    if kind not in ("is a folder", "is a file", "does not exist"):  # a FIFO, a socket, a device, a symlink loop
+        raise ValueError(f"--checkpoint {spec!r} {kind}; expected a checkpoint folder or a weight file")
     found = Found(path, config=config, key_map=key_map)
     form = next(f for f in FORMATS if f.detect(found))
     source = form.read(found, device, weights=weights)

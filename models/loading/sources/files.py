@@ -200,35 +200,44 @@ def _torch_load(path: Path, **kw):
 
 
 def read_archive(path: Path):
-    """The contents of a .pt/.pth/.bin (``weights_only=True``) or .safetensors file."""
+    """The contents of a .pt/.pth/.bin (``weights_only=True``) or .safetensors file, sized before it is
+    read (its bytes against the memory available: a memory-mapped .pt is touched whole by the checks and
+    copies that follow, a key map's included); any name the shell allows (``io.openable``)."""
     suffix = path.suffix.lower()
-    if suffix in TORCH_SUFFIXES:
-        try:
-            try:  # memory-mapped: tensors are read when used
-                return _torch_load(path, mmap=True)
-            except RuntimeError as e:
-                if "mmap" not in str(e):
-                    raise
-                return _torch_load(path)  # legacy (non-zip) format
-        except pickle.UnpicklingError as e:
-            blocked = [line.strip() for line in str(e).splitlines() if "GLOBAL" in line]
-            if not blocked:  # not a pickle at all
-                raise ValueError(f"{path} is not a readable PyTorch file (not a state-dict archive)") from None
-            raise ValueError(
-                f"{path} is not a plain state dict: refusing to unpickle it, it would load code ({blocked[0][:160]})"
-            ) from None
-        except Exception as e:  # truncated or corrupt archives raise RuntimeError, EOFError, ...
-            raise ValueError(f"{path} is not a readable PyTorch file ({io.one_line(e)})") from None
-    if suffix == SAFETENSORS_SUFFIX:
-        io.check_memory(path.stat().st_size, f"reading {path}")  # read whole (a .pt is memory-mapped)
-        try:
-            return safetensors.torch.load_file(path)
-        except Exception as e:
-            raise ValueError(f"{path} is not a readable safetensors file ({io.one_line(e)})") from None
-    raise ValueError(
-        f"{path}: unknown weight format {suffix!r}; expected one of "
-        f"{', '.join(TORCH_SUFFIXES + (SAFETENSORS_SUFFIX,))}, or a checkpoint folder"
-    )
+    if suffix not in (*TORCH_SUFFIXES, SAFETENSORS_SUFFIX):
+        raise ValueError(
+            f"{path}: unknown weight format {suffix!r}; expected one of "
+            f"{', '.join(TORCH_SUFFIXES + (SAFETENSORS_SUFFIX,))}, or a checkpoint folder"
+        )
+    io.check_memory(path.stat().st_size, f"reading {path}")
+    with io.openable(path) as name:
+        return _read_torch(name, path) if suffix in TORCH_SUFFIXES else _read_safetensors(name, path)
+
+
+def _read_torch(name: Path, path: Path):
+    try:
+        try:  # memory-mapped: tensors are read when used
+            return _torch_load(name, mmap=True)
+        except RuntimeError as e:
+            if "mmap" not in str(e):
+                raise
+            return _torch_load(name)  # legacy (non-zip) format
+    except pickle.UnpicklingError as e:
+        blocked = [line.strip() for line in str(e).splitlines() if "GLOBAL" in line]
+        if not blocked:  # not a pickle at all
+            raise ValueError(f"{path} is not a readable PyTorch file (not a state-dict archive)") from None
+        raise ValueError(
+            f"{path} is not a plain state dict: refusing to unpickle it, it would load code ({blocked[0][:160]})"
+        ) from None
+    except Exception as e:  # truncated or corrupt archives raise RuntimeError, EOFError, ...
+        raise ValueError(f"{path} is not a readable PyTorch file ({io.one_line(e)})") from None
+
+
+def _read_safetensors(name: Path, path: Path):
+    try:
+        return safetensors.torch.load_file(name)
+    except Exception as e:
+        raise ValueError(f"{path} is not a readable safetensors file ({io.one_line(e)})") from None
 
 
 def as_state_dict(obj, path: Path) -> dict[str, Tensor]:

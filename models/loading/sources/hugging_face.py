@@ -6,6 +6,7 @@ in it, loaded offline through ``transformer_lens.TransformerBridge`` (see ``mode
 from __future__ import annotations
 
 import os
+import re
 
 import torch
 
@@ -19,6 +20,7 @@ from models.loading.sources.files import (
     as_state_dict,
     check_fits,
     check_not_a_weight_file_folder,
+    hf_weight_files,
     no_file_options,
     read_archive,
 )
@@ -55,9 +57,10 @@ def read(found: Found, device: str | None = None, *, weights: bool = True) -> So
     check_fits(layout, vocab, n_pos if _is_int(n_pos) else None, str(path))
     if converters.needs_hooked_gpt2(hf_config):  # the bridge would scale the scores anyway
         converters.hf_gpt2_config(hf_config, str(path), device)  # sized before the weights are read
+        check_weights(path, check_size(hf_config, str(path / CONFIG), device), found)
         model = converters.from_hf_gpt2(hf_config, _hf_weights(path), str(path), device)
         return Source(model, task, layout, found.where, found.digest(), NAME)
-    check_size(hf_config, str(path / CONFIG), device)
+    check_weights(path, check_size(hf_config, str(path / CONFIG), device), found)
     bridge = _boot(path, device or "cpu")
     bad = [n for n, p in bridge.original_model.named_parameters() if not torch.isfinite(p).all()]
     if bad:
@@ -69,11 +72,12 @@ LAYER_FIELDS = ("n_layer", "num_hidden_layers", "n_layers", "num_layers")
 WIDTH_FIELDS = ("n_embd", "hidden_size", "d_model")
 
 
-def check_size(hf_config: dict, where: str, device: str | None) -> None:
+def check_size(hf_config: dict, where: str, device: str | None):
     """The memory of the model a Hugging Face ``config.json`` (``where``) describes, before it is built: a
     floor from its numbers first (every layer has at least a query and an output projection, width x width; the
     embedding is vocab x width), so that no absurd config is even built on the meta device; then its
-    parameters and buffers counted on the meta device (``from_config``, nothing allocated)."""
+    parameters and buffers counted on the meta device (``from_config``, nothing allocated). Returns that
+    meta model."""
     layers, width = _field(hf_config, LAYER_FIELDS, where), _field(hf_config, WIDTH_FIELDS, where)
     vocab = hf_config["vocab_size"]
     what = f"{where} (a {hf_config['model_type']!r} model of {layers} layers, width {width}, vocab {vocab})"
@@ -88,6 +92,70 @@ def check_size(hf_config: dict, where: str, device: str | None) -> None:
     except Exception as e:  # an architecture transformers does not know, a config it refuses
         raise ValueError(f"{where} is not a Hugging Face config transformers can build ({one_line(e)[:200]})") from None
     io.check_memory(sum(t.numel() * t.element_size() for t in [*meta.parameters(), *meta.buffers()]), what, device)
+    return meta
+
+
+def check_weights(path, meta, found: Found) -> None:
+    """The folder's weight files against ``meta``, the model its config.json builds (``check_size``), read
+    from their headers (nothing loaded): every parameter is there (tied ones once), nothing is left over (a
+    layer the config does not have), every tensor has its shape and a float dtype. transformers would fill
+    a missing tensor with random numbers, drop a left-over one and cast an int8 one, all silently."""
+    strip = lambda k: k.removeprefix(meta.base_model_prefix + ".")  # noqa: E731 (saved with or without it)
+    groups: dict[int, list[str]] = {}  # tied parameters: one tensor, several names
+    for name, param in meta.named_parameters(remove_duplicate=False):
+        groups.setdefault(id(param), []).append(strip(name))
+    shapes = {strip(k): tuple(v.shape) for k, v in meta.state_dict().items()}
+    known = set(shapes) | {strip(k) for k, _ in meta.named_buffers()}
+    ignored = [re.compile(p) for p in getattr(meta, "_keys_to_ignore_on_load_unexpected", None) or []]
+    tensors = {strip(k): v for k, v in _header(path, found).items()}
+    tied = getattr(meta, "_tied_weights_keys", None) or () if getattr(meta.config, "tie_word_embeddings", False) else ()
+    optional = {strip(k) for k in tied}  # an output embedding tied to the input one: from_pretrained ties it
+    missing = [names[0] for names in groups.values() if not any(n in tensors or n in optional for n in names)]
+    extra = [k for k in tensors if k not in known and not any(p.search(k) for p in ignored)]
+    if missing or extra:
+        parts = ([f"missing {listing(sorted(missing), 3)}"] if missing else []) + (
+            [f"not in the model {listing(sorted(extra), 3)}"] if extra else []
+        )
+        raise ValueError(f"{path}: its weights do not cover the model its config.json describes: {' | '.join(parts)}")
+    wrong = [
+        f"{k} {list(tensors[k][0])} vs {list(shapes[k])}" for k in sorted(tensors) if k in shapes and tensors[k][0] != shapes[k]
+    ]
+    if wrong:
+        raise ValueError(f"{path}: weights of other shapes than its config.json says: {listing(wrong, 3)}")
+    ints = [f"{k} ({dtype})" for k, (_, dtype) in sorted(tensors.items()) if k in shapes and not _is_float(dtype)]
+    if ints:
+        raise ValueError(f"{path}: {listing(ints, 3)} are not float tensors; expected float16/bfloat16/float32/float64 weights")
+
+
+def _is_float(dtype: str) -> bool:
+    return dtype.lower() in ("f16", "bf16", "f32", "f64", "float16", "bfloat16", "float32", "float64")
+
+
+def _header(path, found: Found) -> dict[str, tuple[tuple[int, ...], str]]:
+    """{name: (shape, dtype)} of every tensor in the folder's weight files, from their headers (a .bin is
+    memory-mapped: nothing is read but its index)."""
+    from safetensors import safe_open
+
+    tensors = {}
+    for file in hf_weight_files(path, found.json):
+        if file.name.endswith(".json"):
+            continue
+        if not file.is_file():
+            raise ValueError(f"{path}: the weight file {file.name} its index names {io.what_is(file)}")
+        if file.suffix == ".safetensors":
+            with io.openable(file) as name:
+                try:
+                    with safe_open(str(name), "pt") as f:
+                        for k in f.keys():
+                            tensors[k] = (tuple(f.get_slice(k).get_shape()), f.get_slice(k).get_dtype())
+                except Exception as e:
+                    raise ValueError(f"{file} is not a readable safetensors file ({one_line(e)})") from None
+        else:
+            for k, v in as_state_dict(read_archive(file), file).items():
+                tensors[k] = (tuple(v.shape), str(v.dtype).replace("torch.", ""))
+    if not tensors:
+        raise ValueError(f"{path} has no weights: expected {' or '.join(HF_WEIGHTS)} (or their shards and index)")
+    return tensors
 
 
 def _field(hf_config: dict, names: tuple[str, ...], where: str) -> int:
@@ -110,24 +178,6 @@ def _is_int(x) -> bool:
     return isinstance(x, int) and not isinstance(x, bool)
 
 
-def _mismatched(path) -> str:
-    """The tensors of the folder's model.safetensors whose shapes differ from those its config.json
-    builds (on the meta device: nothing allocated), as ``name (file) vs (config)``, cut with a count."""
-    import transformers
-    from safetensors import safe_open
-
-    try:
-        with torch.device("meta"):
-            model = transformers.AutoModelForCausalLM.from_config(transformers.AutoConfig.from_pretrained(str(path)))
-        expected = {k: tuple(v.shape) for k, v in model.state_dict().items()}
-        with safe_open(str(path / "model.safetensors"), "pt") as f:
-            found = {k: tuple(f.get_slice(k).get_shape()) for k in f.keys()}
-    except Exception:  # another weight file, or a config transformers cannot build
-        return "see the shapes of its weights against its config.json"
-    bad = [f"{k} {list(found[k])} vs {list(expected[k])}" for k in found if found[k] != expected.get(k, found[k])]
-    return listing(bad, 3) if bad else "see the shapes of its weights against its config.json"
-
-
 def _boot(path, device: str):
     import transformers
     from transformer_lens import TransformerBridge
@@ -138,12 +188,9 @@ def _boot(path, device: str):
     transformers.logging.set_verbosity_error()
     transformers.logging.disable_progress_bar()
     try:
-        return TransformerBridge.boot_transformers(str(path), device=device)
+        with io.openable(path) as name:  # any name the shell allows
+            return TransformerBridge.boot_transformers(str(name), device=device)
     except Exception as e:  # missing/corrupt weights, unsupported architecture, ...
-        if "ignore_mismatched_sizes" in str(e):  # transformers names the tensors in a report it does not show
-            raise ValueError(
-                f"{path}: weights of other shapes than its config.json says: {_mismatched(path)}"
-            ) from None
         raise ValueError(f"{path} could not be loaded as a Hugging Face model ({one_line(e)[:200]})") from None
     finally:
         transformers.logging.set_verbosity(verbosity)

@@ -130,6 +130,7 @@ def apply_key_map(
                 f"key map default {key!r} is not a tensor of the model; expected one of {', '.join(expected)}"
             )
         dtype = next((v.dtype for v in out.values() if v.is_floating_point()), torch.float32)
+        check_fits_dtype(value, dtype, f"key map default {key!r}")
         out[key] = torch.full(expected[key], value, dtype=dtype)
     return out
 
@@ -154,6 +155,7 @@ def _transform(key: str, value: Tensor, entry: dict, expected: tuple[int, ...] |
         padded = list(value.shape)
         padded[dim] += pad["before"] + pad["after"]
         check_memory(tensor_bytes(padded, value.element_size()), f"key map entry {key!r}: pad to shape {padded}")
+        check_fits_dtype(pad["value"], value.dtype, f"key map entry {key!r}: pad value")
         value = F.pad(value, widths, value=pad["value"])  # F.pad lists dims from the last
     if place is not None:
         shape = place["shape"] or (list(expected) if expected is not None else None)
@@ -176,6 +178,17 @@ def _transform(key: str, value: Tensor, entry: dict, expected: tuple[int, ...] |
         block[tuple(slice(a, a + n) for a, n in zip(at, value.shape))] = value
         value = block
     return value.contiguous()
+
+
+def check_fits_dtype(value: float, dtype: torch.dtype, what: str) -> None:
+    """A constant the key map writes into a tensor of ``dtype``: a float dtype whose range holds it."""
+    name = str(dtype).replace("torch.", "")
+    if not dtype.is_floating_point:
+        raise ValueError(f"{what} {value!r} would go into a tensor of dtype {name}; expected float weights")
+    if abs(value) > torch.finfo(dtype).max:
+        raise ValueError(
+            f"{what} {value!r} is beyond the {name} range of the tensor it fills (max {torch.finfo(dtype).max:.3g})"
+        )
 
 
 def _is_int(x) -> bool:

@@ -14,11 +14,20 @@ NAME = "nanoGPT"
 
 
 def detect(found: Found) -> bool:
+    """A torch file holding ``model`` (a state dict) beside ``model_args``, or a GPT's ``transformer.wte``
+    without them (then ``read`` says what is missing, rather than another format listing its own keys)."""
     obj = found.archive if is_torch_file(found.path) else None
-    return isinstance(obj, dict) and isinstance(obj.get("model"), dict) and "model_args" in obj
+    if not isinstance(obj, dict) or not isinstance(obj.get("model"), dict):
+        return False
+    return "model_args" in obj or any(str(k).endswith("transformer.wte.weight") for k in obj["model"])
 
 
 def read(found: Found, device: str | None = None, *, weights: bool = True) -> Source:
+    if not isinstance(found.archive.get("model_args"), dict):
+        raise ValueError(
+            f"{found.where} is a nanoGPT checkpoint without model_args; expected the dict nanoGPT's train.py saves "
+            "beside model (n_layer, n_head, n_embd, block_size, bias, vocab_size)"
+        )
     if found.config is not None:
         raw, where = found.json_arg(found.config, "task.json"), str(found.config)
     else:

@@ -39,6 +39,11 @@ def read(found: Found, device: str | None = None, *, weights: bool = True) -> So
         return Source(None, task, layout, found.where, "", NAME)
     cfg = converters.tl_config(found.model_config(), found.where, device)
     check_fits(layout, cfg.d_vocab, cfg.n_ctx, found.where)
+    if cfg.d_vocab_out < layout.min_vocab:  # it could not predict every id the task's contexts hold
+        raise ValueError(
+            f"{found.where}: the model predicts d_vocab_out={cfg.d_vocab_out} tokens; the task's layout "
+            f"{layout.to_json()} needs at least {layout.min_vocab}"
+        )
     expected = shapes(HookedTransformer(dataclasses.replace(cfg, device="meta")))  # names and shapes only
     state = apply_key_map(strip_prefixes(found.state_dict()), found.key_map_spec(), expected)
     model = converters.from_transformer_lens(state, cfg, found.where)

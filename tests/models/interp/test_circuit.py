@@ -693,7 +693,6 @@ def test_faithfulness_and_sufficiency_agree_with_huggingface_modules_and_torch_h
     value on the corrupted contexts; its sufficiency, every other node at its mean over held-out contexts
     or its value on fresh contexts. models.circuit gives the same per-context NLLs."""
     from analyses.circuit import among_nodes
-
     from models.interp.circuit import node_ablated_values
 
     subject = load_subject("standard")

@@ -183,8 +183,8 @@ def test_evaluate_cli_weights_chunks_by_size_and_rejects_bad_sizes(tmp_path, cap
         assert got[key] == pytest.approx((300 * parts[0][key] + 200 * parts[1][key]) / 500, abs=1e-12)
     assert got["head_demo"] == parts[1]["head_demo"] and got["n_contexts"] == 500
     # The gap's standard error, independently: per-context NLLs by NumPy indexing, then std / sqrt(n) per chunk,
-    # and the chunks' SEs pooled as the weighted mean's: sqrt(sum (n_i se_i)^2) / N.
-    g, ses = torch.Generator().manual_seed(3), []
+    # and over the run that of all 500 contexts together (the chunking changes nothing).
+    g, ses, gaps = torch.Generator().manual_seed(3), [], []
     for n in (300, 200):
         tokens, _ = subject.task.sample(n, g)
         t = subject.task
@@ -195,8 +195,9 @@ def test_evaluate_cli_weights_chunks_by_size_and_rejects_bad_sizes(tmp_path, cap
         rows, cols = np.arange(n)[:, None], np.arange(subject.task.seq_len)[None, :]
         gap = (bma.double().numpy()[rows, cols, target] - lp.double().numpy()[rows, cols, target])[:, 1:].mean(1)
         ses.append(gap.std(ddof=1) / np.sqrt(n))
+        gaps.append(gap)
         assert parts[len(ses) - 1]["nll_gap_se"] == pytest.approx(ses[-1], rel=1e-9)
-    assert got["nll_gap_se"] == pytest.approx(np.hypot(300 * ses[0], 200 * ses[1]) / 500, rel=1e-9)
+    assert got["nll_gap_se"] == pytest.approx(np.concatenate(gaps).std(ddof=1) / np.sqrt(500), rel=1e-9)
     out = tmp_path / "m.json"
     main(["--checkpoint", "default", "--n-contexts", "64", "--json", str(out)])
     assert json.loads(out.read_text())["n_contexts"] == 64
