@@ -31,6 +31,7 @@ import torch
 from jaxtyping import Float, Int
 from torch import Tensor
 
+from probes.jax_random import nichani_dags
 from probes.tasks import (
     MAX_D_VOCAB,
     MAX_N_EXAMPLES,
@@ -48,12 +49,13 @@ from probes.tasks import (
     task_header,
 )
 
-GRAPHS = ("random_tree", "chain", "ngram", "random_dag", "given")
+GRAPHS = ("random_tree", "chain", "ngram", "random_dag", "given", "nichani_dag")
 KERNELS = ("fixed", "dirichlet")
-SPEC_KEYS = {"kernel", "n", "parents", "seed"}
+SPEC_KEYS = {"kernel", "n", "parents", "seed", "index"}
 SPEC_HELP = (
-    "GRAPH[:key=value...] with GRAPH one of random_tree, chain, ngram, random_dag, given and keys "
-    "kernel=fixed|dirichlet, n=N (ngram), parents=K (random_dag) or parents=[[],[0],...] (given), seed=S (random_dag)"
+    "GRAPH[:key=value...] with GRAPH one of random_tree, chain, ngram, random_dag, given, nichani_dag and keys "
+    "kernel=fixed|dirichlet, n=N (ngram), parents=K (random_dag) or parents=[[],[0],...] (given), seed=S (random_dag, "
+    "nichani_dag), index=I (nichani_dag: their I-th of 20 DAGs, 0-19)"
 )
 MAX_TABLE_ROWS = 2**16  # d^k rows of the table of parent count k
 MAX_KERNEL_ENTRIES = 2**27  # per-context kernels of one batch (float64: 1 GiB)
@@ -95,11 +97,22 @@ def _on_cycle(parents, start: int) -> bool:
     return False
 
 
+N_NICHANI_DAGS = 20  # their many_graphs.ipynb draws 20 DAGs at once (the keys depend on the count)
+
+
 def fixed_graph(
-    kind: str, seq_len: int, n: int = 2, n_parents: int = 1, seed: int = 0, parents=None
+    kind: str, seq_len: int, n: int = 2, n_parents: int = 1, seed: int = 0, parents=None, index: int = 0
 ) -> list[list[int]]:
-    """The parents lists of a fixed graph: ``chain``, ``ngram`` (n), ``random_dag`` (n_parents, seed), ``given``."""
+    """The parents lists of a fixed graph: ``chain``, ``ngram`` (n), ``random_dag`` (n_parents, seed), ``given``,
+    ``nichani_dag`` (index, seed: ``probes.jax_random.nichani_dags(20, seed, seq_len - 1)[index]`` on positions
+    0..H-3, their DAG at their T = H - 1; then their test token H - 2, a root, and its child H - 1)."""
     H = seq_len
+    if kind == "nichani_dag":
+        i = check_int(index, "nichani_dag index", 0, N_NICHANI_DAGS - 1)
+        if H < 4:
+            raise ValueError(f"nichani_dag needs seq_len >= 4 (their T = seq_len - 1), got {H}")
+        dag = nichani_dags(N_NICHANI_DAGS, check_int(seed, "nichani_dag seed", 0, 2**32 - 1), H - 1)[i]
+        return [[] if p < 0 else [p] for p in dag] + [[], [H - 2]]
     if kind == "chain":
         return [[] if h == 0 else [h - 1] for h in range(H)]
     if kind == "ngram":
@@ -354,6 +367,7 @@ def parse_spec(spec: str) -> dict:
         "ngram": {"n"},
         "random_dag": {"parents", "seed"},
         "given": {"parents"},
+        "nichani_dag": {"index", "seed"},
     }
     extra = set(out) - {"graph", "kernel"} - allowed[graph]
     if extra:
@@ -380,7 +394,8 @@ def make_task(
         parents = None
         if graph != "random_tree":
             parents = fixed_graph(
-                graph, seq_len, parts.get("n", 2), parts.get("parents", 1), parts.get("seed", 0), parts.get("parents")
+                graph, seq_len, parts.get("n", 2), parts.get("parents", 1), parts.get("seed", 0), parts.get("parents"),
+                parts.get("index", 0),
             )
     except ValueError as e:
         raise ValueError(f"task_kind {spec!r}: {e}") from None

@@ -24,6 +24,7 @@ import torch
 from models import checkpoint
 from models.dtypes import DTYPES, RUN_DTYPES
 from models.sources import (
+    catformer,
     folder,
     hugging_face,
     nanogpt,
@@ -40,6 +41,7 @@ __all__ = ["FORMATS", "NAMED", "Source", "resolve"]
 FORMATS = [
     hugging_face,  # a folder with config.json + weights + task.json
     pickled_module,  # torch.save(model) of an nn.Module: refused, saying what to save
+    catformer,  # Nichani et al.'s CatFormer pytree: .npz of its leaves or a pickle of NumPy arrays
     nanogpt,  # ckpt.pt with model + model_args
     transformer_lens,  # a state dict whose config is a TransformerLens cfg.to_dict()
     state_dict,  # any other weight file: our parameterisation, with a key map
