@@ -177,7 +177,8 @@ class StandardSubject(Subject):
 
     def __init__(self, model, task, layout: Layout, name: str, digest: str):
         super().__init__(model, task, layout, name, digest)
-        self.n_heads = [model.cfg.n_heads] * model.cfg.n_layers
+        per_layer = getattr(model, "n_heads", None)  # a family whose layers differ (Edelman et al.'s)
+        self.n_heads = list(per_layer) if isinstance(per_layer, list) else [model.cfg.n_heads] * model.cfg.n_layers
         caps = {MARKOV_TASK} if isinstance(task, MarkovTreeTask) else set()
         self.capabilities = frozenset(caps | ({BAYES_TASK} if isinstance(task, MarkovTreeTask | GraphTask) else set()))
 

@@ -25,6 +25,7 @@ from models import checkpoint
 from models.dtypes import DTYPES, RUN_DTYPES
 from models.sources import (
     catformer,
+    edelman,
     folder,
     hugging_face,
     nanogpt,
@@ -43,6 +44,7 @@ FORMATS = [
     pickled_module,  # torch.save(model) of an nn.Module: refused, saying what to save
     catformer,  # Nichani et al.'s CatFormer pytree: .npz of its leaves or a pickle of NumPy arrays
     nanogpt,  # ckpt.pt with model + model_args
+    edelman,  # Edelman et al.'s Relative_Transformer state dict (layers.{i}.wpe), their config.json beside
     transformer_lens,  # a state dict whose config is a TransformerLens cfg.to_dict()
     state_dict,  # any other weight file: our parameterisation, with a key map
     folder,  # what is left: one of our checkpoint folders
