@@ -81,8 +81,12 @@ def add_flags(p) -> None:
     p.add_argument("--steps", type=int, default=6000, help="training steps per DAG (default: 6000)")
     p.add_argument("--batch-size", type=int, default=512, help="sequences per step (default: 512)")
     p.add_argument("--n-contexts", type=int, default=256, help="held-out contexts of the attention (default: 256)")
-    p.add_argument("--sweep", default=None, help="re-plot this JSON (what an earlier run wrote), or the "
-                   f"{NAME}_partial.jsonl of a stopped one (with its --steps and --batch-size), instead of training")
+    p.add_argument(
+        "--sweep",
+        default=None,
+        help="re-plot this JSON (what an earlier run wrote), or the "
+        f"{NAME}_partial.jsonl of a stopped one (with its --steps and --batch-size), instead of training",
+    )
     sweep.add_flags(p)
 
 
@@ -99,8 +103,16 @@ def check_flags(p, args) -> None:
 
 def compute(subject, args) -> dict:
     if args.sweep is not None and args.sweep.endswith(".jsonl"):  # the DAGs a stopped sweep finished
-        runs = sorted((json.loads(line) for line in Path(args.sweep).read_text().splitlines()), key=lambda r: r["index"])
-        return {"runs": runs, "steps": args.steps, "batch_size": args.batch_size, **aggregate(runs), "sweep": args.sweep}
+        runs = sorted(
+            (json.loads(line) for line in Path(args.sweep).read_text().splitlines()), key=lambda r: r["index"]
+        )
+        return {
+            "runs": runs,
+            "steps": args.steps,
+            "batch_size": args.batch_size,
+            **aggregate(runs),
+            "sweep": args.sweep,
+        }
     if args.sweep is not None:
         return {**json.loads(Path(args.sweep).read_text())["results"], "sweep": args.sweep}
     out = Path(args.out)

@@ -79,7 +79,9 @@ def build(arrays: dict[str, np.ndarray], where: str, device: str | None = None) 
     W = arrays["W"]
     A = [arrays[f"A.{i}"] for i in range(sum(k.startswith("A.") for k in arrays))]
     if W.ndim != 2 or any(a.ndim != 3 or a.shape[1] != a.shape[2] for a in A):
-        raise ValueError(f"{where}: W must be [d_L, d] and each A.i [heads, d_i, d_i]; got W {W.shape}, A {[a.shape for a in A]}")
+        raise ValueError(
+            f"{where}: W must be [d_L, d] and each A.i [heads, d_i, d_i]; got W {W.shape}, A {[a.shape for a in A]}"
+        )
     d, T = W.shape[1], A[0].shape[1] - W.shape[1]
     cfg = CatFormerConfig(d_vocab=d, n_ctx=T, heads=[a.shape[0] for a in A], device=device or "cpu")
     if T < 1:
@@ -87,7 +89,9 @@ def build(arrays: dict[str, np.ndarray], where: str, device: str | None = None) 
     widths = cfg.widths()
     got, want = [a.shape[1] for a in A] + [W.shape[0]], widths
     if got != want:
-        raise ValueError(f"{where}: widths {got} disagree with d_(i+1) = d_i (1 + heads_i) from d_0 = {widths[0]}: {want}")
+        raise ValueError(
+            f"{where}: widths {got} disagree with d_(i+1) = d_i (1 + heads_i) from d_0 = {widths[0]}: {want}"
+        )
     model = CatFormer(cfg)
     dtype = torch.float64 if W.dtype == np.float64 else torch.float32
     state = {f"blocks.{i}.attn.A": torch.from_numpy(np.asarray(a, dtype=np.float64)) for i, a in enumerate(A)}
@@ -99,7 +103,11 @@ def build(arrays: dict[str, np.ndarray], where: str, device: str | None = None) 
 
 
 def read(found: Found, device: str | None = None, *, weights: bool = True) -> Source:
-    raw, where = (found.json_arg(found.config, "task.json"), str(found.config)) if found.config is not None else found.task_json_beside(NAME)
+    raw, where = (
+        (found.json_arg(found.config, "task.json"), str(found.config))
+        if found.config is not None
+        else found.task_json_beside(NAME)
+    )
     task, layout = read_task(raw, where)
     if not weights:
         return Source(None, task, layout, found.where, "", NAME)

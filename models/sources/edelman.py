@@ -35,14 +35,18 @@ def read(found: Found, device: str | None = None, *, weights: bool = True) -> So
     if missing:
         raise ValueError(f"{found.where}: its config (CfgNode.to_dict() JSON) lacks integer {', '.join(missing)}")
     cfg = EdelmanConfig(
-        **{f: cfg_raw[f] for f in FIELDS}, attention_only=bool(cfg_raw.get("attention_only", True)), device=device or "cpu"
+        **{f: cfg_raw[f] for f in FIELDS},
+        attention_only=bool(cfg_raw.get("attention_only", True)),
+        device=device or "cpu",
     )
     check_fits(layout, cfg.vocab_size, cfg.block_size, found.where)
     model = EdelmanTransformer(cfg)
     state = strip_prefixes(found.state_dict())
     for i in range(cfg.n_layer):  # their buffers: the causal mask and the relative-position index
         mask, pos = state.pop(f"layers.{i}.bias", None), state.pop(f"layers.{i}.pos", None)
-        if mask is not None and not torch.equal(mask.reshape(mask.shape[-2:]).bool(), torch.ones(mask.shape[-2:]).tril().bool()):
+        if mask is not None and not torch.equal(
+            mask.reshape(mask.shape[-2:]).bool(), torch.ones(mask.shape[-2:]).tril().bool()
+        ):
             raise ValueError(f"{found.where}: layers.{i}.bias is not their causal mask")
         if pos is not None and not torch.equal(pos.cpu(), model.blocks[i].attn.pos.cpu()):
             raise ValueError(f"{found.where}: layers.{i}.pos is not their relative-position index")
@@ -53,6 +57,8 @@ def read(found: Found, device: str | None = None, *, weights: bool = True) -> So
     shapes = {k: tuple(v.shape) for k, v in model.state_dict().items()}
     bad = [k for k, v in state.items() if tuple(v.shape) != shapes[ours[k]]]
     if bad:
-        raise ValueError(f"{found.where}: {bad[0]} has shape {tuple(state[bad[0]].shape)}, the config's model {shapes[ours[bad[0]]]}")
+        raise ValueError(
+            f"{found.where}: {bad[0]} has shape {tuple(state[bad[0]].shape)}, the config's model {shapes[ours[bad[0]]]}"
+        )
     model.load_state_dict({ours[k]: v.float() for k, v in state.items()})
     return Source(model.to(cfg.device).eval(), task, layout, found.where, found.digest(), NAME)
