@@ -29,7 +29,7 @@ Where ``transformer_lens.patching`` fits, and where it does not:
   ``cfg.n_heads`` and the ``get_act_patch_*`` helpers (which sweep every layer with ``cfg.n_heads``
   heads) do not apply. Head patches use TL's own ``layer_pos_head_vector_patch_setter`` and
   ``layer_head_vector_patch_setter`` (our ``hook_z`` is ``[batch, pos, head, d_head]`` as in TL).
-- Residual SUBSPACE patching has no TL setter (TL patches whole residual vectors): ``models.patching``'s.
+- Residual SUBSPACE patching has no TL setter (TL patches whole residual vectors): ``models.interp.patching``'s.
 - A metric only sees the model's output, but the attention-mass metric needs the layer-2 pattern: it is
   captured by a hook attached with ``model.hooks(...)`` around the sweep (an outer hook context that
   the per-cell ``run_with_hooks`` leaves in place and that is removed when the sweep ends, also on error).
@@ -55,9 +55,9 @@ from transformer_lens.patching import (
 from transformer_lens.utilities import get_act_name
 
 from analyses import common
-from models.interventions import Intervention, corrupted_contexts, description, hooks, log_intervention
-from models.patching import index_df, subspace_patch_setter
-from models.subject import DisentangledSubject, head_label
+from models.interp.interventions import Intervention, corrupted_contexts, description, hooks, log_intervention
+from models.interp.patching import index_df, subspace_patch_setter
+from models.interp.subject import DisentangledSubject, head_label
 from probes import head_assignment
 
 NAME = "activation_patching"
@@ -408,10 +408,4 @@ def figures(r: dict, args) -> dict:
 
 
 REQUIRES = frozenset({common.DISENTANGLED, common.MARKOV_TASK})  # what it needs of its subject
-ANALYSIS = common.Analysis.from_module(globals())
-
-
-main = ANALYSIS.main
-
-if __name__ == "__main__":
-    common.run(main)
+ANALYSIS = common.register(globals())

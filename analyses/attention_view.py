@@ -26,8 +26,8 @@ import circuitsvis
 import torch
 
 from analyses import common
-from models import cli
-from models.io import check_memory, write_json, write_set
+from models.plumbing import cli
+from models.plumbing.io import check_memory, write_json, write_set
 
 NAME = "attention_view"
 MAX_CELLS = 5_000_000  # numbers in the page's views: about 40 MB of HTML

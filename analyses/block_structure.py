@@ -18,7 +18,6 @@ about 5 s unloaded) is trained into a temporary folder (skip with ``--train-step
 
 from __future__ import annotations
 
-import dataclasses
 import tempfile
 from pathlib import Path
 
@@ -27,9 +26,8 @@ from tqdm.auto import tqdm
 
 import models
 from analyses import common
-from models.checkpoint import read_config
-from models.subject import head_label
-from models.train import TrainConfig, train
+from models.interp.subject import head_label
+from models.training.short_run import find_snapshots, train_short_run
 from probes import head_assignment
 from probes.metrics import block_norms, off_diagonal_ratio
 
@@ -73,57 +71,12 @@ def block_structure(model) -> dict:
     }
 
 
-def find_snapshots(folder: str | Path) -> list[tuple[int, Path]]:
-    """``(step, path)`` of every ``step_XXXXXX`` snapshot under ``folder`` or ``folder/snapshots``."""
-    folder = Path(folder)
-    if not folder.is_dir():
-        raise ValueError(
-            f"--snapshots {folder} is not a folder; expected a run folder of models.train --snapshot-every N"
-        )
-    base = folder / "snapshots" if (folder / "snapshots").is_dir() else folder
-    found = []
-    for p in base.iterdir():
-        if p.is_dir() and p.name.startswith("step_") and p.name[5:].isdigit():
-            found.append((int(p.name[5:]), p))
-    if not found:
-        raise ValueError(f"no step_XXXXXX snapshot folders in {base}; write them with models.train --snapshot-every N")
-    return sorted(found)
-
-
 def emergence(snapshots: list[tuple[int, Path]], progress: bool = True) -> list[dict]:
     """``block_structure`` of every snapshot, in step order (plus ``step``)."""
     out = []
     for step, path in tqdm(snapshots, desc="snapshots", disable=not progress):
         out.append({"step": step, **block_structure(models.load(path))})
     return out
-
-
-def training_config(checkpoint: str):
-    """The ``TrainConfig`` a ``--checkpoint`` was trained with (the shipped one's for 'default' and for a
-    Theorem 1 subject, which has no training of its own)."""
-    source = (
-        models.DEFAULT_CHECKPOINT if checkpoint == "default" or checkpoint.startswith("theorem1") else Path(checkpoint)
-    )
-    saved = (read_config(source).get("training") or {}).get("config") or {}
-    known = {f.name for f in dataclasses.fields(TrainConfig)}
-    return TrainConfig(**{k: v for k, v in saved.items() if k in known})
-
-
-def train_short_run(folder: Path, checkpoint: str, steps: int, every: int, seed: int) -> Path:
-    """Train ``steps`` steps of the checkpoint's training config with snapshots every ``every`` steps
-    into ``folder``; returns the run folder."""
-    cfg = dataclasses.replace(
-        training_config(checkpoint),
-        steps=steps,
-        snapshot_every=every,
-        eval_every=every,
-        eval_contexts=256,
-        seed=seed,
-        out=str(folder / "run"),
-        resume=False,
-    )
-    train(cfg, progress=False)
-    return folder / "run"
 
 
 def _grid_axes(ax, K: int, d: int, labels: list[str]):
@@ -228,7 +181,7 @@ def check_flags(parser, args) -> None:
 
 @torch.no_grad()
 def catformer_blocks(model, parents: list[list[int]] | None) -> dict:
-    """Per head of a CatFormer (``models.catformer``), the Frobenius norm of every block of its A over the
+    """Per head of a CatFormer (``models.nets.catformer``), the Frobenius norm of every block of its A over the
     named blocks of its residual (token, position, each earlier head's copy), rows the query's blocks and
     columns the key's (their ``x A x^T``). With a fixed graph, also Nichani et al.'s measure of layer 0: the
     softmax of the causally masked position-position block, its mass on each position's parent, averaged
@@ -339,10 +292,4 @@ def summary(r: dict) -> str:
 
 
 REQUIRES = frozenset({common.BILINEAR})  # what it needs of its subject (the disentangled model or a CatFormer)
-ANALYSIS = common.Analysis.from_module(globals())
-
-
-main = ANALYSIS.main
-
-if __name__ == "__main__":
-    common.run(main)
+ANALYSIS = common.register(globals())

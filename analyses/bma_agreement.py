@@ -24,11 +24,11 @@ from tqdm.auto import tqdm
 
 import models
 from analyses import common
-from analyses.block_structure import training_config
 from analyses.common import sample_contexts
-from models.evaluate import output_and_pattern
-from models.io import check_memory
-from models.train import train
+from models.plumbing.io import check_memory
+from models.training.evaluate import output_and_pattern
+from models.training.short_run import training_config
+from models.training.train import train
 from probes import MarkovTreeTask, bma_posterior, bma_predictive, mean_tv, parent_accuracy, target_nll
 from probes.metrics import parent_mass
 from probes.tasks import MAX_N_EXAMPLES
@@ -238,10 +238,4 @@ def summary(r: dict) -> str:
 
 
 REQUIRES = frozenset({common.DISENTANGLED, common.MARKOV_TASK})  # what it needs of its subject
-ANALYSIS = common.Analysis.from_module(globals())
-
-
-main = ANALYSIS.main
-
-if __name__ == "__main__":
-    common.run(main)
+ANALYSIS = common.register(globals())

@@ -29,7 +29,7 @@ from tqdm.auto import tqdm
 from analyses import common
 from cape.attention import CapeAttention, rotary_scores
 from cape.embedding import depth, embed, generality, hop_distance, initial_points, random_dag, random_tree
-from models.io import check_memory
+from models.plumbing.io import check_memory
 
 NAME = "cape_properties"
 N_CONTEXTS = 40  # default --n-contexts
@@ -310,10 +310,4 @@ def check_flags(parser, args) -> None:
 
 
 REQUIRES = None  # its own synthetic tasks: no --checkpoint
-ANALYSIS = common.Analysis.from_module(globals())
-
-
-main = ANALYSIS.main
-
-if __name__ == "__main__":
-    common.run(main)
+ANALYSIS = common.register(globals())

@@ -44,8 +44,8 @@ from cape.structure import (
     nonlinear_tree_data,
     structure_metrics,
 )
-from models.io import check_memory
-from models.subject import DisentangledSubject, Subject, head_label
+from models.interp.subject import DisentangledSubject, Subject, head_label
+from models.plumbing.io import check_memory
 from probes import MarkovTreeTask, bma_posterior, parent_accuracy
 from probes.continuous import ContinuousTask, gaussian_bma_posterior
 from probes.metrics import parent_mass
@@ -264,11 +264,5 @@ def check_flags(parser, args) -> None:
 
 
 REQUIRES = frozenset({common.MARKOV_TASK})  # what it needs of its subject
-QUICK_ARGS = ["--n-trees", "1", "--inner-steps", "5"]  # tests/test_every_family.py: runs, on one tree
-ANALYSIS = common.Analysis.from_module(globals())
-
-
-main = ANALYSIS.main
-
-if __name__ == "__main__":
-    common.run(main)
+QUICK_ARGS = ["--n-trees", "1", "--inner-steps", "5"]  # tests/analyses/test_every_family.py: runs, on one tree
+ANALYSIS = common.register(globals())

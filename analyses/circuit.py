@@ -5,7 +5,7 @@ strongest, and measures how much of the model's progress the circuit alone keeps
     python -m analyses.circuit --checkpoint default --method eap-ig  # attribution patching
     python -m analyses.circuit --checkpoint theorem1:beta=50 --corruption mean
 
-The graph, the scores and the run of a circuit are ``models.circuit`` (its docstring says why no circuit
+The graph, the scores and the run of a circuit are ``models.interp.circuit`` (its docstring says why no circuit
 library runs on our subjects). Nodes: embeddings, heads, MLPs, the output; an edge enters one input of a
 receiver (a head's q, k or v; an MLP; the output) at one group of positions (demonstrations, target, other).
 Scores (``--method``): exact edge patching (each edge ablated alone, the rest clean) or EAP / EAP-IG
@@ -32,7 +32,7 @@ import torch
 from tqdm.auto import tqdm
 
 from analyses import common
-from models.circuit import (
+from models.interp.circuit import (
     CORRUPTIONS,
     DIRECTIONS,
     Runner,
@@ -47,8 +47,8 @@ from models.circuit import (
     threshold,
     top_n,
 )
-from models.interventions import description
-from models.subject import Subject
+from models.interp.interventions import description
+from models.interp.subject import Subject
 from probes import bma_predictive
 
 NAME = "circuit"

@@ -2,7 +2,7 @@
 PNG + PDF + JSON as one set, printing a summary, and errors.
 
 An analysis module defines ``NAME``, ``compute``, ``figures`` and ``summary`` and declares
-``REQUIRES`` and ``ANALYSIS = Analysis.from_module(globals())`` (optional names: ``N_CONTEXTS``, ``add_flags``,
+``REQUIRES`` and registers itself in one line, ``ANALYSIS = common.register(globals())`` (optional names: ``N_CONTEXTS``, ``add_flags``,
 ``check_flags``, ``record``):
 ``compute(subject, args) -> result`` (plain data; ``subject`` is a ``models.Subject``, or None for an
 analysis of its own synthetic tasks), ``figures(result, args) -> {stem: matplotlib figure}`` (or one
@@ -12,7 +12,7 @@ figure, filed under ``NAME``), and ``summary(result) -> str``; ``FIGURES`` descr
                               [--device cpu] [--threads 1] [--key-map MAP.json] [--config CONFIG.json]
 
 What an analysis needs of its subject beyond the common interface is its module's ``REQUIRES`` (capabilities
-of ``models.subject``; every analysis is named once more, in order, in ``ANALYSES``); a subject that lacks one is refused with one line naming the need and the analyses
+of ``models.interp.subject``; every analysis is named once more, in order, in ``ANALYSES``); a subject that lacks one is refused with one line naming the need and the analyses
 that do apply to it (exit code 2).
 """
 
@@ -30,17 +30,17 @@ from pathlib import Path
 
 import torch
 
-from models import cli
-from models.io import write_json, write_set
-from models.sources import NAMED
-from models.subject import BAYES_TASK, BILINEAR, CONTENT_FREE_COPYERS, DISENTANGLED, MARKOV_TASK, Subject  # noqa: F401 (analyses declare REQUIRES with them)
+from models.interp.subject import BAYES_TASK, BILINEAR, CONTENT_FREE_COPYERS, DISENTANGLED, MARKOV_TASK, Subject  # noqa: F401 (analyses declare REQUIRES with them)
+from models.loading.sources import NAMED
+from models.plumbing import cli
+from models.plumbing.io import write_json, write_set
 
 FIGURES_DIR = Path(__file__).resolve().parent.parent / "figures"  # the paper's figures: analyses.paper only
 RUNS_DIR = Path("runs") / "figures"  # every other run's, relative to the working folder
 
 # Every analysis, in the order of the paper's argument (mechanism, theory, other models, scale, CAPE). What
 # each needs of its subject is its module's REQUIRES (None: it studies synthetic tasks of its own and takes no
-# --checkpoint); tests/test_registration.py fails if a module of analyses/ is missing here.
+# --checkpoint); tests/analyses/test_registration.py fails if a module of analyses/ is missing here.
 ANALYSES = [
     "head_ablation", "activation_patching", "copyers", "logpi_recovery", "block_structure", "bma_agreement",
     "init_gradient", "information", "continuous", "inspect", "inspect_standard", "linear_probes", "standard_circuit", "circuit",
@@ -217,6 +217,17 @@ def main(analysis: Analysis, argv: list[str] | None = None) -> dict:
     return result
 
 
+def register(ns: dict, analysis: Analysis | None = None) -> Analysis:
+    """The one registration line at the foot of an analysis module, ``ANALYSIS = common.register(globals())``:
+    its ``Analysis`` (``analysis``, else ``Analysis.from_module(ns)``), its ``main`` (``ns["main"]``, for
+    ``analyses.<name>.main(argv)``), and the run under ``python -m analyses.<name>``."""
+    analysis = analysis or Analysis.from_module(ns)
+    ns["main"] = analysis.main
+    if ns["__name__"] == "__main__":
+        run(analysis.main)
+    return analysis
+
+
 def run(main_fn, argv: list[str] | None = None):
     """``python -m analyses.<name>``: a ValueError becomes one line and exit code 2."""
     return cli.run_cli(main_fn, argv)
@@ -244,7 +255,7 @@ def render_figure(fig, path: Path) -> None:
 
 
 def save_set(out: str | Path, name: str, figures: dict, results, args, subject: Subject | None) -> list[Path]:
-    """Write every figure (PNG + PDF) and ``name.json`` as one set (``models.io.write_set``): after an
+    """Write every figure (PNG + PDF) and ``name.json`` as one set (``models.plumbing.io.write_set``): after an
     error, a kill or a concurrent run, ``out`` holds all of this run's files or all of the old ones."""
     import matplotlib.pyplot as plt  # plotting stays off the import path of the CLIs' --help
 

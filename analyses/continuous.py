@@ -29,8 +29,8 @@ import torch
 from tqdm.auto import tqdm
 
 from analyses import common
-from models.evaluate import output_and_pattern
-from models.train import TrainConfig, train
+from models.training.evaluate import output_and_pattern
+from models.training.train import TrainConfig, train
 from probes import mean_tv, parent_accuracy
 from probes.continuous import (
     ContinuousTask,
@@ -289,10 +289,4 @@ def check_flags(parser, args) -> None:
 
 
 REQUIRES = None  # its own synthetic tasks: no --checkpoint
-ANALYSIS = common.Analysis.from_module(globals())
-
-
-main = ANALYSIS.main
-
-if __name__ == "__main__":
-    common.run(main)
+ANALYSIS = common.register(globals())

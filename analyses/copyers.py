@@ -127,10 +127,4 @@ def summary(res: dict) -> str:
 
 
 REQUIRES = frozenset({common.CONTENT_FREE_COPYERS})  # what it needs of its subject
-ANALYSIS = common.Analysis.from_module(globals())
-
-
-main = ANALYSIS.main
-
-if __name__ == "__main__":
-    common.run(main)
+ANALYSIS = common.register(globals())

@@ -41,9 +41,9 @@ from torch import Tensor
 from tqdm.auto import tqdm
 
 from analyses import common
-from models.evaluate import output_and_pattern
-from models.interventions import ablate, ablate_subspace
-from models.subject import DisentangledSubject, head_label
+from models.interp.interventions import ablate, ablate_subspace
+from models.interp.subject import DisentangledSubject, head_label
+from models.training.evaluate import output_and_pattern
 from probes import bma_posterior, bma_predictive, head_assignment, mean_tv, parent_accuracy, target_nll
 
 NAME = "head_ablation"
@@ -366,10 +366,4 @@ record = _strip
 
 
 REQUIRES = frozenset({common.DISENTANGLED, common.MARKOV_TASK})  # what it needs of its subject
-ANALYSIS = common.Analysis.from_module(globals())
-
-
-main = ANALYSIS.main
-
-if __name__ == "__main__":
-    common.run(main)
+ANALYSIS = common.register(globals())

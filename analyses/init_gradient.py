@@ -36,8 +36,8 @@ import models
 from analyses import common
 from analyses.common import sample_contexts
 from models import theorem1_model
-from models.interventions import Intervention
-from models.io import check_memory
+from models.interp.interventions import Intervention
+from models.plumbing.io import check_memory
 from probes import bma_posterior, mean_tv, parent_accuracy
 from probes.information import chi2_mutual_information, pair_joints
 from probes.metrics import parent_mass
@@ -370,10 +370,4 @@ def record(res) -> dict:
 
 
 REQUIRES = None  # its own synthetic tasks: no --checkpoint
-ANALYSIS = common.Analysis.from_module(globals())
-
-
-main = ANALYSIS.main
-
-if __name__ == "__main__":
-    common.run(main)
+ANALYSIS = common.register(globals())

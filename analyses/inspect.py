@@ -37,7 +37,7 @@ the candidates, BMA with no demonstration: the plateau at initialisation). Verdi
   own token (a fixed graph).
 - THROUGH WHICH INPUT each head of the last layer acts (``input_costs``): the metric's change when every
   edge into its query, key or value input (every sender, every position: per-input path patching of
-  ``models.circuit``) carries the corrupted run's value, and each input's share of their sum, with
+  ``models.interp.circuit``) carries the corrupted run's value, and each input's share of their sum, with
   standard errors. A carrier whose value input takes at least 0.8 of it, its attention nearly content-free,
   is named for the mechanism: EVIDENCE POOLED THROUGH THE VALUES AT FIXED POSITIONS; one whose query and
   key inputs take at least half SELECTS THROUGH ITS KEYS/QUERIES (the paper's parent selector does).
@@ -53,13 +53,13 @@ import torch
 from tqdm.auto import tqdm
 
 from analyses import common
-from models.circuit import INPUTS, Runner, build_graph, mean_se, per_context_nll, ratio_se, sender_writes
-from models.interventions import ablate, corrupted_contexts, head_ablation, head_outputs, hooks, patch_heads
-from models.standard import uniform_parent_predictive
-from models.subject import head_label
-from probes import bma_posterior, bma_predictive, oracles, target_nll, total_variation
-from probes.graph_task import GraphTask, context_order
-from probes.metrics import parent_set_accuracy
+from models.interp.baselines import baselines, head_attention_stats
+from models.interp.circuit import INPUTS, Runner, build_graph, mean_se, per_context_nll, ratio_se, sender_writes
+from models.interp.interventions import ablate, corrupted_contexts, head_ablation, head_outputs, hooks, patch_heads
+from models.interp.subject import head_label
+from models.training.standard import uniform_parent_predictive
+from probes import target_nll
+from probes.graph_task import context_order
 from probes.roles import CATEGORIES, GROUPS, OVERLAPPING, attention_role, role_profile, sequence_scores
 
 NAME = "inspect"
@@ -94,64 +94,6 @@ VALUES_SHARE = 0.8  # a last-layer head whose value input carries this share of 
 # evidence through its values (its attention is nearly content-free)
 SELECT_SHARE = 0.5  # ... whose query and key inputs carry this share: it selects through its keys/queries
 POOLING = "evidence pooled through the values at fixed positions"
-
-
-def head_attention_stats(rows, parents, posterior, n_examples: int, seq_len: int) -> dict:
-    """Candidate mass, TV to BMA and parent accuracy of the renormalised candidate attention, and
-    copy mass on position h of each demonstration. ``rows`` is one layer's
-    ``LayerAttention.target_rows``, ``[batch, head, H, (L+1) H]``."""
-    L, H = n_examples, seq_len
-    cand = rows[..., L * H :].clone()
-    cand = cand.masked_fill(torch.ones(H, H, dtype=torch.bool).triu(), 0)  # keys h' < h only
-    mass = cand.sum(-1)  # [batch, n, H]
-    renorm = cand / mass.clamp_min(1e-30).unsqueeze(-1)
-    n = rows.shape[1]
-    same = rows.view(*rows.shape[:3], L + 1, H).diagonal(dim1=2, dim2=4)[:, :, :L]  # [batch, n, L, H]
-    return {
-        "candidate_mass": [mass[:, j, 1:].mean().item() for j in range(n)],
-        "tv": [total_variation(renorm[:, j], posterior)[:, 1:].mean().item() for j in range(n)],
-        "parent_acc": [parent_set_accuracy(renorm[:, j], parents) for j in range(n)],
-        "copy_mass": same.mean((0, 3)).tolist(),  # [n, L]: mass on x_h^l from the query predicting x_h
-    }
-
-
-def baselines(task, tokens, parents) -> dict:
-    """NLL, TV and parent accuracy of BMA and the uniform-parent mixture on the same contexts (a task of
-    the family: ``family_baselines``)."""
-    if isinstance(task, GraphTask):
-        return family_baselines(task, tokens, parents)
-    L, H = task.n_examples, task.seq_len
-    posterior = bma_posterior(task.pi, tokens, L, H)
-    uniform = bma_posterior(task.pi, tokens, L, H, demonstrations=[])  # uniform over h' < h
-    return {
-        "posterior": posterior,
-        "nll_bma": target_nll(bma_predictive(task.pi, tokens, L, H, task.root, log=True), tokens),
-        "nll_uniform": target_nll(
-            bma_predictive(task.pi, tokens, L, H, task.root, demonstrations=[], log=True), tokens
-        ),
-        "acc_bma": parent_set_accuracy(posterior, parents),
-        "acc_uniform": parent_set_accuracy(uniform, parents),
-        "tv_uniform": total_variation(uniform, posterior)[:, 1:].mean().item(),
-    }
-
-
-def family_baselines(task, tokens, parents) -> dict:
-    """``baselines`` for a task of the family (``probes.graph_task``), against its own Bayes oracle
-    (``probes.oracles.bayes``: the predictive and the posterior over each position's parents; a fixed graph's
-    is the graph) and its plateau (``models.standard.uniform_parent_predictive``: the unigram strategy); the
-    uniform baseline spreads each position's attention evenly over h' < h."""
-    H = task.seq_len
-    predictive, posterior = oracles.bayes(task, tokens)
-    uniform = torch.ones(H, H, dtype=torch.float64).tril(-1)
-    uniform = (uniform / uniform.sum(-1, keepdim=True).clamp_min(1)).expand_as(posterior)
-    return {
-        "posterior": posterior,
-        "nll_bma": target_nll(predictive, tokens),
-        "nll_uniform": target_nll(uniform_parent_predictive(task, tokens), tokens),
-        "acc_bma": parent_set_accuracy(posterior, parents),
-        "acc_uniform": parent_set_accuracy(uniform, parents),
-        "tv_uniform": total_variation(uniform, posterior)[:, 1:].mean().item(),
-    }
 
 
 def carriers(heads: list[dict], gain: float, nll_clean: float, nll_corrupted: float) -> tuple[list[str], bool]:
@@ -251,7 +193,7 @@ def interventions(subject, tokens, corrupted) -> dict:
 @torch.no_grad()
 def input_costs(subject, tokens, corrupted) -> dict | None:
     """Per head of the last layer, ``{q, k, v: cost, se, share, share_se}`` and ``through``: the NLL change
-    when every edge into that input carries its value on ``corrupted`` (``models.circuit``, exact), its share
+    when every edge into that input carries its value on ``corrupted`` (``models.interp.circuit``, exact), its share
     of the three inputs' summed cost (``cost``), with standard errors over the contexts; ``through`` is
     ``values``, ``keys/queries`` or None (no verdict: that sum within two standard errors of zero, or
     neither share reached). None when the model lacks a hook the circuit graph needs."""

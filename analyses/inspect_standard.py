@@ -31,10 +31,7 @@ def add_flags(parser) -> None:
 
 
 REQUIRES = inspect.REQUIRES  # what it needs of its subject
-ANALYSIS = dataclasses.replace(inspect.ANALYSIS, name=NAME, requires=REQUIRES, doc=__doc__, figures=figures, add_flags=add_flags)
-
-
-main = ANALYSIS.main
-
-if __name__ == "__main__":
-    common.run(main)
+ANALYSIS = common.register(
+    globals(),
+    dataclasses.replace(inspect.ANALYSIS, name=NAME, requires=REQUIRES, doc=__doc__, figures=figures, add_flags=add_flags),
+)

@@ -23,9 +23,9 @@ from tqdm.auto import tqdm
 
 import models
 from analyses import common
-from models import cli
-from models.standard import StandardConfig, train_standard
-from models.subject import DISENTANGLED, Subject, load_subject, subject_of
+from models.interp.subject import DISENTANGLED, Subject, load_subject, subject_of
+from models.plumbing import cli
+from models.training.standard import StandardConfig, train_standard
 from probes import bma_posterior
 from probes.linear import linear_probe
 from probes.metrics import parent_hits
@@ -239,10 +239,4 @@ def check_flags(parser, args) -> None:
 
 
 REQUIRES = frozenset({common.MARKOV_TASK})  # what it needs of its subject
-ANALYSIS = common.Analysis.from_module(globals())
-
-
-main = ANALYSIS.main
-
-if __name__ == "__main__":
-    common.run(main)
+ANALYSIS = common.register(globals())

@@ -24,7 +24,7 @@ import numpy as np
 import torch
 
 from analyses import common
-from models.subject import head_label
+from models.interp.subject import head_label
 from probes import head_assignment
 from probes.metrics import column_softmax_error, fit_column_shift
 
@@ -253,10 +253,4 @@ def summary(res: dict) -> str:
 
 
 REQUIRES = frozenset({common.DISENTANGLED, common.MARKOV_TASK})  # what it needs of its subject
-ANALYSIS = common.Analysis.from_module(globals())
-
-
-main = ANALYSIS.main
-
-if __name__ == "__main__":
-    common.run(main)
+ANALYSIS = common.register(globals())

@@ -6,7 +6,7 @@
 Their ``many_graphs.ipynb`` draws 20 DAGs (``probes.jax_random.nichani_dags``, bit for bit), trains a
 CatFormer per DAG on the last token only, and reports the mean over DAGs of the attention that layer 1 puts
 from each position i on its parent p(i), averaged over the DAG's edges: 0.837 +- 0.054 (the standard
-deviation over the 20 DAGs). Here each DAG is a job of ``models.sweep.run_jobs``: ``models.standard``
+deviation over the 20 DAGs). Here each DAG is a job of ``models.training.sweep.run_jobs``: ``models.standard``
 (``--loss-on last``) on ``nichani_dag:index=I:kernel=dirichlet``, vocabulary 3, their T = 20 (a sequence of
 21 here: the test token's child is position 20), Dirichlet(0.1) rows. Theirs reads the softmax of the
 positional block of A alone; a GPT-2 has no such block, so here it is the attention pattern itself (content
@@ -25,8 +25,8 @@ import numpy as np
 import torch
 
 from analyses import common
-from models import sweep
-from models.standard import StandardConfig, train_standard
+from models.training import sweep
+from models.training.standard import StandardConfig, train_standard
 
 NAME = "nichani_dags"
 THEIRS = {"mean": 0.83663917, "std": 0.054017633, "n_dags": 20}  # many_graphs.ipynb's printed output
@@ -166,8 +166,4 @@ def summary(res: dict) -> str:
 
 REQUIRES = None  # its own synthetic tasks: no --checkpoint
 N_CONTEXTS = None  # its own --n-contexts (held-out contexts of the attention)
-ANALYSIS = common.Analysis.from_module(globals())
-main = ANALYSIS.main
-
-if __name__ == "__main__":
-    common.run(main)
+ANALYSIS = common.register(globals())

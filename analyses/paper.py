@@ -5,7 +5,7 @@
 
 The analyses are ``analyses.common.ANALYSES``; each runs as ``python -m analyses.<name> --out OUT --seed
 SEED`` would, on its default subject, plus the module's ``PAPER_ARGS``. A name whose module does not
-exist (yet) is skipped, and said so. Each analysis is a job of ``models.sweep.run_jobs`` (``--cluster``,
+exist (yet) is skipped, and said so. Each analysis is a job of ``models.training.sweep.run_jobs`` (``--cluster``,
 default local; ``--jobs`` at a time, default the number of CPU cores, at most 4), started longest first
 (``SECONDS``) so that the jobs end together; each is seeded and runs on one thread (``--threads`` 1), so
 the figures do not depend on the engine or on ``--jobs``.
@@ -25,8 +25,9 @@ from pathlib import Path
 from types import ModuleType
 
 from analyses import common
-from models import cli, sweep
-from models.io import atomic_write
+from models.plumbing import cli
+from models.plumbing.io import atomic_write
+from models.training import sweep
 
 ANALYSES = common.ANALYSES  # every analysis, in the order of the paper's argument
 # Wall seconds of each analysis in one `python -m analyses.paper --jobs 2` (2026-12-02, 2 cores shared with

@@ -5,7 +5,7 @@
     python -m analyses.phase_diagram --full --jobs 2 # train all 44 cells and the boundary cells' extra seeds
     python -m analyses.phase_diagram --full --cluster slurm:PARTITION --jobs 44   # the same on a Slurm cluster
 
-Training goes through ``models.sweep`` (every run a job: ``--cluster``, ``--jobs``; the numbers do not
+Training goes through ``models.training.sweep`` (every run a job: ``--cluster``, ``--jobs``; the numbers do not
 depend on either). The full sweep takes too long for the paper run, so its JSON is committed
 (``figures/phase_diagram_sweep.json``, the ``phase_diagram.json`` that ``--full`` wrote, verbatim) and the
 paper run re-plots it (``--sweep`` re-plots another one), as ``analyses.scale`` re-plots committed histories.
@@ -18,7 +18,7 @@ sharpness (rows ``(1 - gamma) Dirichlet(alpha) + gamma / d``), the number of dem
 standard models' loss (every next token, or the target tokens only). Every run is evaluated every
 ``eval_every`` steps on held-out contexts (BMA and the uniform-parent plateau on the same contexts):
 
-    progress = (NLL_plateau - NLL) / (NLL_plateau - NLL_BMA)        (models.standard.progress)
+    progress = (NLL_plateau - NLL) / (NLL_plateau - NLL_BMA)        (models.training.standard.progress)
 
 The figure shows the progress after the step budget (colour) and the first evaluated step with
 progress >= 0.5 (in each cell; '-' if never). Cells near the boundary (seed-0 progress within
@@ -38,10 +38,10 @@ import numpy as np
 import torch
 
 from analyses import common
-from models import sweep
-from models.io import read_json
-from models.standard import StandardConfig, progress, reference_nlls, train_standard
-from models.train import TrainConfig, train
+from models.plumbing.io import read_json
+from models.training import sweep
+from models.training.standard import StandardConfig, progress, reference_nlls, train_standard
+from models.training.train import TrainConfig, train
 
 NAME = "phase_diagram"
 PAPER_ARGS = []  # analyses.paper re-plots the committed full sweep (its 54 runs take far longer than the paper run)
@@ -177,7 +177,7 @@ def cells_of(grid: Grid) -> list[dict]:
 
 def compute(grid: Grid, seed: int = 0, device: str = "cpu", log=print, cluster: str = "local", jobs: int = 1) -> dict:
     """Train every cell with ``seed``, then the boundary cells with the extra seeds ``seed + 1, ...``, every
-    run a job of ``models.sweep.run_jobs`` on ``cluster``, ``jobs`` at a time; plain data (``runs[0]`` of
+    run a job of ``models.training.sweep.run_jobs`` on ``cluster``, ``jobs`` at a time; plain data (``runs[0]`` of
     every cell is the ``seed`` run)."""
     start, load = time.perf_counter(), os.getloadavg()[0]
     cells = cells_of(grid)
@@ -433,7 +433,7 @@ def describe_run(res: dict) -> str:
 
 
 REQUIRES = None  # its own synthetic tasks: no --checkpoint
-ANALYSIS = common.Analysis(
+ANALYSIS = common.register(globals(), common.Analysis(
     NAME,
     __doc__,
     compute_from_args,
@@ -443,10 +443,4 @@ ANALYSIS = common.Analysis(
     requires=REQUIRES,
     add_flags=add_flags,
     check_flags=check_flags,
-)
-
-
-main = ANALYSIS.main
-
-if __name__ == "__main__":
-    common.run(main)
+))

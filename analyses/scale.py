@@ -15,9 +15,9 @@ from __future__ import annotations
 from pathlib import Path
 
 from analyses import common
-from models import cli
-from models.checkpoint import read_config
-from models.io import read_json, what_is, write_json
+from models.loading.checkpoint import read_config
+from models.plumbing import cli
+from models.plumbing.io import read_json, what_is, write_json
 
 NAME = "scale"
 N_CONTEXTS = None  # no --n-contexts: it samples no contexts of a checkpoint
@@ -184,10 +184,4 @@ def check_flags(parser, args) -> None:
 
 
 REQUIRES = None  # its own synthetic tasks: no --checkpoint
-ANALYSIS = common.Analysis.from_module(globals())
-
-
-main = ANALYSIS.main
-
-if __name__ == "__main__":
-    common.run(main)
+ANALYSIS = common.register(globals())

@@ -18,9 +18,9 @@ import tempfile
 from pathlib import Path
 
 from analyses import common
-from models.checkpoint import STANDARD_CHECKPOINT
-from models.standard import TRAINING_JSON, StandardConfig, train_standard
-from models.train import TrainConfig, train
+from models.loading.checkpoint import STANDARD_CHECKPOINT
+from models.training.standard import TRAINING_JSON, StandardConfig, train_standard
+from models.training.train import TrainConfig, train
 
 NAME = "standard_vs_disentangled"
 N_CONTEXTS = None  # no --n-contexts: it samples no contexts of a checkpoint
@@ -134,10 +134,4 @@ figures = plot  # one figure, filed under NAME
 
 
 REQUIRES = None  # its own synthetic tasks: no --checkpoint
-ANALYSIS = common.Analysis.from_module(globals())
-
-
-main = ANALYSIS.main
-
-if __name__ == "__main__":
-    common.run(main)
+ANALYSIS = common.register(globals())

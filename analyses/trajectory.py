@@ -14,13 +14,13 @@ Every snapshot is loaded as a ``Subject`` and measured on the same ``--n-context
   the predictive distributions over contexts and positions h >= 1; strategies that agree to 1e-9 on
   these contexts are one (``bigram=bayes``);
 - PROGRESS from the plateau (0: the uniform-parent mixture on our task, the unigram strategy on the
-  family's, ``models.standard.uniform_parent_predictive``) to Bayes (1),
+  family's, ``models.training.standard.uniform_parent_predictive``) to Bayes (1),
   ``(NLL_plateau - NLL) / (NLL_plateau - NLL_Bayes)``;
 - COPYING (layer 0): each head's attention from the query predicting x_h of the target, by
   demonstration (its purity: the largest mass on one demonstration; ``probes.demonstration_mass``) and
   the number of distinct demonstrations the heads attend to most;
 - PARENT SELECTION: the head whose renormalised attention over the candidate parents is closest to the
-  BMA posterior (TV; ``analyses.inspect.head_attention_stats``) and its parent accuracy, beside BMA's
+  BMA posterior (TV; ``models.interp.baselines.head_attention_stats``) and its parent accuracy, beside BMA's
   and the uniform baseline's;
 - per head, from the target queries (``probes.roles``): WITHIN-SEQUENCE mass (earlier positions of the
   target and its own) and CROSS-DEMONSTRATION mass (every position of the other sequences); and from
@@ -48,10 +48,10 @@ from torch import Tensor
 from tqdm.auto import tqdm
 
 from analyses import common
-from analyses.block_structure import find_snapshots, train_short_run
-from analyses.inspect import baselines, head_attention_stats
-from models.standard import uniform_parent_predictive
-from models.subject import load_subject
+from models.interp.baselines import baselines, head_attention_stats
+from models.interp.subject import load_subject
+from models.training.short_run import find_snapshots, train_short_run
+from models.training.standard import uniform_parent_predictive
 from probes import MarkovTreeTask, demonstration_mass, oracles, target_nll
 from probes.graph_task import context_order
 from probes.roles import role_profile, sequence_scores
@@ -111,7 +111,7 @@ def kl_from(strategy: Float[Tensor, "batch H d"], model: Float[Tensor, "batch H 
 @torch.no_grad()
 def measure(subject, tokens, parents, strats: dict[str, Tensor], base: dict) -> dict:
     """Every number of one snapshot (module docstring) on ``tokens`` (parents ``parents``); ``strats``
-    (``merge_identical``) and ``base`` (``analyses.inspect.baselines``) are shared by the snapshots."""
+    (``merge_identical``) and ``base`` (``models.interp.baselines.baselines``) are shared by the snapshots."""
     task = subject.task
     L, H = task.n_examples, task.seq_len
     lp = subject.log_probs(tokens).cpu()
@@ -392,10 +392,4 @@ def figures(r: dict, args) -> dict:
 
 
 REQUIRES = frozenset({common.BAYES_TASK})  # what it needs of its subject
-ANALYSIS = common.Analysis.from_module(globals())
-
-
-main = ANALYSIS.main
-
-if __name__ == "__main__":
-    common.run(main)
+ANALYSIS = common.register(globals())

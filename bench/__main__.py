@@ -10,7 +10,7 @@ matrix per head) at three sizes; ``run_with_cache`` against a plain forward; the
 posterior against a per-context loop; the peak memory of a cached forward at L=K=64, H=32, batch 256;
 training steps per second at the default config; the large preset's time to the training targets against
 the recipe it replaced; the time to regenerate every paper figure; on the shipped standard GPT-2,
-``models.circuit``'s exact edge patching and keep-only runs against the implementation they replaced
+``models.interp.circuit``'s exact edge patching and keep-only runs against the implementation they replaced
 (``bench.circuit_reference``, about 3 minutes), and exact edge patching against EAP and EAP-IG (time, and
 the Spearman rank correlation of their edge scores with the exact ones). Each time is the median of a few
 repeats after a warm-up (the circuit rows: one run). It measures; it asserts nothing about speed.
@@ -37,11 +37,13 @@ import torch
 
 from bench.circuit_reference import exact_values_per_edge, keep_only_values_per_receiver
 from bench.reference import bma_posterior_loop, reference_model
-from models import DEFAULT_CHECKPOINT, STANDARD_CHECKPOINT, CausalTransformer, causal_transformer, cli, load_subject
-from models.circuit import Runner, build_graph, curve_sizes, per_context_nll, ratio_se, source_writes, top_n
-from models.io import write_json
-from models.optim import keep_freed_memory, sample_batch
-from models.train import PRESETS, TrainConfig, init_copyers, step_loss, train
+from models import DEFAULT_CHECKPOINT, STANDARD_CHECKPOINT, CausalTransformer, load_subject
+from models.interp.circuit import Runner, build_graph, curve_sizes, per_context_nll, ratio_se, source_writes, top_n
+from models.nets import causal_transformer
+from models.plumbing import cli
+from models.plumbing.io import write_json
+from models.training.optim import keep_freed_memory, sample_batch
+from models.training.train import PRESETS, TrainConfig, init_copyers, step_loss, train
 from probes import bma_posterior, bma_predictive
 
 ROWS = ("step", "cache", "bma", "memory", "train", "large", "figures", "circuit")
@@ -261,7 +263,7 @@ def memory_row(device: str) -> dict:
 
 
 def train_row(device: str, steps: int) -> dict:
-    """Steps per second of ``models.train.train`` at the default config (its loop, one evaluation
+    """Steps per second of ``models.training.train.train`` at the default config (its loop, one evaluation
     and one checkpoint write at the end included)."""
 
     with tempfile.TemporaryDirectory() as tmp:
@@ -293,10 +295,10 @@ def steps_to_targets(history: list[dict], gap: float = 0.01, tv: float = 0.05) -
 
 
 def _step_seconds(fields: dict, before: bool, keep: bool, steps: int, device: str) -> float:
-    """Seconds a step of ``models.train.train`` at the large preset with ``fields`` over it (one 16-context
+    """Seconds a step of ``models.training.train.train`` at the large preset with ``fields`` over it (one 16-context
     evaluation and a checkpoint write included), in a fresh interpreter as ``python -m models.train`` runs
     it; ``before``: the copies through the full pattern and the batch sampled on every thread, as before;
-    ``keep``: the freed memory kept (``models.optim.keep_freed_memory``, as the command line does), else
+    ``keep``: the freed memory kept (``models.training.optim.keep_freed_memory``, as the command line does), else
     glibc's default."""
     return _run_fresh("_step_seconds_here", fields, before, keep, steps, device, torch.get_num_threads())
 
@@ -308,7 +310,7 @@ def _step_seconds_here(fields: dict, before: bool, keep: bool, steps: int, devic
         keep_freed_memory()
     saved = causal_transformer.FACTOR_ABOVE
     causal_transformer.FACTOR_ABOVE = float("inf") if before else saved
-    every_thread = mock.patch("models.train.sample_batch", lambda task, n, g: task.sample(n, g)[0])
+    every_thread = mock.patch("models.training.train.sample_batch", lambda task, n, g: task.sample(n, g)[0])
     try:
         with tempfile.TemporaryDirectory() as tmp, every_thread if before else contextlib.nullcontext():
             cfg = TrainConfig(**{**PRESETS["large"], **fields, "steps": steps, "eval_every": steps})
@@ -320,7 +322,7 @@ def _step_seconds_here(fields: dict, before: bool, keep: bool, steps: int, devic
 
 
 def sampling_row(repeat: int) -> dict:
-    """A large-preset training batch drawn on one thread (``models.optim.sample_batch``) against on every
+    """A large-preset training batch drawn on one thread (``models.training.optim.sample_batch``) against on every
     thread torch has, alternating, median of ``repeat``; the same draws."""
     task, threads = TrainConfig(**PRESETS["large"]).task(), torch.get_num_threads()
     timed = {"one": [], "every": []}
@@ -368,7 +370,7 @@ def large_rows(device: str, steps: int, repeat: int) -> list[dict]:
             "baseline_s": unkept,
             "baseline": "the same preset with glibc's default for freed memory",
             "ratio": unkept / now,
-            "note": "models.optim.keep_freed_memory alone; the same runs as the row above",
+            "note": "models.training.optim.keep_freed_memory alone; the same runs as the row above",
         },
     ]
     rows.append(sampling_row(repeat * 5))
@@ -440,7 +442,7 @@ def _timed(fn):
 
 @torch.no_grad()
 def circuit_speed_rows(n_contexts: int, seed: int = 0) -> list[dict]:
-    """``models.circuit`` against the implementation it replaced (``bench.circuit_reference``), on the
+    """``models.interp.circuit`` against the implementation it replaced (``bench.circuit_reference``), on the
     shipped standard GPT-2 as ``analyses.circuit`` runs it (its contexts, its corruption): exact patching of
     every edge, and the keep-only runs of its faithfulness curve; time and the largest difference."""
     subject = load_subject("standard")
@@ -466,7 +468,7 @@ def circuit_speed_rows(n_contexts: int, seed: int = 0) -> list[dict]:
 
 @torch.no_grad()
 def circuit_rows(n_contexts: int, seed: int = 0) -> list[dict]:
-    """``models.circuit`` on the shipped standard GPT-2 (``analyses.circuit``'s default corruption: the
+    """``models.interp.circuit`` on the shipped standard GPT-2 (``analyses.circuit``'s default corruption: the
     demonstrations from another tree): exact edge patching against EAP and EAP-IG (8 and 32 steps), time,
     the Spearman correlation of each one's edge scores with the exact ones (signed and of |score|), and the
     share of the progress that each one's top tenth of the edges keeps (faithfulness, as analyses.circuit)."""
@@ -525,7 +527,7 @@ def table(rows: list[dict]) -> str:
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    """The flags, checked before any work (``models.cli``: threads, device, a ``--json`` in an existing
+    """The flags, checked before any work (``models.plumbing.cli``: threads, device, a ``--json`` in an existing
     writable folder that is none of the checkpoints the rows read)."""
     parser = cli.parser("python -m bench", __doc__)
     parser.add_argument("--only", nargs="+", choices=ROWS, help=f"measure only these rows (default: all of {ROWS})")

@@ -1,4 +1,4 @@
-"""The exact edge patching and the keep-only run that ``models.circuit`` replaced (2026-12-02), kept as the
+"""The exact edge patching and the keep-only run that ``models.interp.circuit`` replaced (2026-12-02), kept as the
 baseline ``python -m bench --only circuit`` measures them against. Same estimator, same numbers (the bench
 prints the largest difference); what differs is the work:
 
@@ -8,7 +8,7 @@ prints the largest difference); what differs is the work:
 - ``keep_only_values_per_receiver``: every receiver with an ablated edge gets its own copy in a full
   capture pass, and the senders' writes are re-read by a full pass before each level.
 
-``models.circuit`` shares one edit among every edge of a sender at a site, ends capture passes once the
+``models.interp.circuit`` shares one edit among every edge of a sender at a site, ends capture passes once the
 receivers are recorded, shares copies among receivers with the same ablated edges, and keeps passes near
 512 rows (a larger batch spends its time faulting in fresh memory).
 """
@@ -19,8 +19,8 @@ import torch
 from jaxtyping import Float
 from torch import Tensor
 
-from models.circuit import Runner, sender_writes
-from models.interventions import Intervention
+from models.interp.circuit import Runner, sender_writes
+from models.interp.interventions import Intervention
 
 
 def _captured(runner: Runner, receivers, deltas, injections=()) -> list[Tensor]:

@@ -16,7 +16,7 @@ import torch
 from jaxtyping import Float, Int
 from torch import Tensor, nn
 
-from models.causal_transformer import CausalTransformer
+from models.nets.causal_transformer import CausalTransformer
 
 
 class FullMatrixCopyer(nn.Module):

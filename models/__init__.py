@@ -6,17 +6,17 @@ Public names: ``models.load``, ``models.save``, ``models.load_task``, ``models.l
 checkpoints ``models.DEFAULT_CHECKPOINT`` and ``models.STANDARD_CHECKPOINT``.
 """
 
-from models.fast_help import exit_if_help_asked
-from models.io import drop_bad_thread_variables
+from models.plumbing.fast_help import exit_if_help_asked
+from models.plumbing.io import drop_bad_thread_variables
 
 exit_if_help_asked()  # `python -m ... --help` answers here, before torch is imported
 drop_bad_thread_variables()  # before torch loads: a malformed OMP_NUM_THREADS would make libgomp print
 
-from models.causal_transformer import CausalTransformer, CausalTransformerConfig
-from models.checkpoint import DEFAULT_CHECKPOINT, STANDARD_CHECKPOINT, save
-from models.loading import load, load_layout, load_task
-from models.subject import DisentangledSubject, StandardSubject, Subject, load_subject
-from models.theorem1 import theorem1_model
+from models.interp.subject import DisentangledSubject, StandardSubject, Subject, load_subject
+from models.loading.checkpoint import DEFAULT_CHECKPOINT, STANDARD_CHECKPOINT, save
+from models.loading.loading import load, load_layout, load_task
+from models.nets.causal_transformer import CausalTransformer, CausalTransformerConfig
+from models.nets.theorem1 import theorem1_model
 
 __all__ = [
     "DEFAULT_CHECKPOINT",

@@ -2,7 +2,7 @@
 in NumPy: enough of ``jax.random`` (``PRNGKey``, ``split``, ``randint``, ``bernoulli``) to redraw
 Nichani et al.'s 20 DAGs bit for bit without JAX (``nichani_dags``). Written from JAX's published
 algorithm (Salmon et al. 2011, "Parallel random numbers: as easy as 1, 2, 3"; ``jax._src.prng``) and
-checked against JAX 0.4.30 (tests/test_jax_random.py; its expected values were printed by that JAX).
+checked against JAX 0.4.30 (tests/probes/test_jax_random.py; its expected values were printed by that JAX).
 
 A key is a ``uint32[2]`` array.
 """

@@ -17,7 +17,7 @@ several on a multi-parent graph; every sequence of a context shares one graph). 
 queries (l = L); ``candidates`` averages over queries with h >= 1 only (h = 0 has no candidate), ``parent``
 over those whose token has a parent (every h >= 1 on a tree; a graph's roots have none).
 
-Pure functions of a pattern and its labels: no model code (``models.subject.LayerAttention`` supplies
+Pure functions of a pattern and its labels: no model code (``models.interp.subject.LayerAttention`` supplies
 the labels, ``probes.tasks`` the parents).
 """
 

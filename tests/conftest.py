@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from models.train import TrainConfig
+from models.training.train import TrainConfig
 from probes import MarkovTreeTask
 
 

@@ -1,0 +1,71 @@
+"""What a model's heads are measured against, on the same contexts: BMA and the uniform-parent mixture
+(``baselines``; for a task of the family, its own Bayes oracle and plateau: ``family_baselines``), and a
+layer's attention scored against BMA's posterior (``head_attention_stats``). Used by ``analyses.inspect``
+and ``analyses.trajectory``."""
+
+from __future__ import annotations
+
+import torch
+
+from models.training.standard import uniform_parent_predictive
+from probes import bma_posterior, bma_predictive, oracles, target_nll, total_variation
+from probes.graph_task import GraphTask
+from probes.metrics import parent_set_accuracy
+
+
+def head_attention_stats(rows, parents, posterior, n_examples: int, seq_len: int) -> dict:
+    """Candidate mass, TV to BMA and parent accuracy of the renormalised candidate attention, and
+    copy mass on position h of each demonstration. ``rows`` is one layer's
+    ``LayerAttention.target_rows``, ``[batch, head, H, (L+1) H]``."""
+    L, H = n_examples, seq_len
+    cand = rows[..., L * H :].clone()
+    cand = cand.masked_fill(torch.ones(H, H, dtype=torch.bool).triu(), 0)  # keys h' < h only
+    mass = cand.sum(-1)  # [batch, n, H]
+    renorm = cand / mass.clamp_min(1e-30).unsqueeze(-1)
+    n = rows.shape[1]
+    same = rows.view(*rows.shape[:3], L + 1, H).diagonal(dim1=2, dim2=4)[:, :, :L]  # [batch, n, L, H]
+    return {
+        "candidate_mass": [mass[:, j, 1:].mean().item() for j in range(n)],
+        "tv": [total_variation(renorm[:, j], posterior)[:, 1:].mean().item() for j in range(n)],
+        "parent_acc": [parent_set_accuracy(renorm[:, j], parents) for j in range(n)],
+        "copy_mass": same.mean((0, 3)).tolist(),  # [n, L]: mass on x_h^l from the query predicting x_h
+    }
+
+
+def baselines(task, tokens, parents) -> dict:
+    """NLL, TV and parent accuracy of BMA and the uniform-parent mixture on the same contexts (a task of
+    the family: ``family_baselines``)."""
+    if isinstance(task, GraphTask):
+        return family_baselines(task, tokens, parents)
+    L, H = task.n_examples, task.seq_len
+    posterior = bma_posterior(task.pi, tokens, L, H)
+    uniform = bma_posterior(task.pi, tokens, L, H, demonstrations=[])  # uniform over h' < h
+    return {
+        "posterior": posterior,
+        "nll_bma": target_nll(bma_predictive(task.pi, tokens, L, H, task.root, log=True), tokens),
+        "nll_uniform": target_nll(
+            bma_predictive(task.pi, tokens, L, H, task.root, demonstrations=[], log=True), tokens
+        ),
+        "acc_bma": parent_set_accuracy(posterior, parents),
+        "acc_uniform": parent_set_accuracy(uniform, parents),
+        "tv_uniform": total_variation(uniform, posterior)[:, 1:].mean().item(),
+    }
+
+
+def family_baselines(task, tokens, parents) -> dict:
+    """``baselines`` for a task of the family (``probes.graph_task``), against its own Bayes oracle
+    (``probes.oracles.bayes``: the predictive and the posterior over each position's parents; a fixed graph's
+    is the graph) and its plateau (``models.training.standard.uniform_parent_predictive``: the unigram strategy); the
+    uniform baseline spreads each position's attention evenly over h' < h."""
+    H = task.seq_len
+    predictive, posterior = oracles.bayes(task, tokens)
+    uniform = torch.ones(H, H, dtype=torch.float64).tril(-1)
+    uniform = (uniform / uniform.sum(-1, keepdim=True).clamp_min(1)).expand_as(posterior)
+    return {
+        "posterior": posterior,
+        "nll_bma": target_nll(predictive, tokens),
+        "nll_uniform": target_nll(uniform_parent_predictive(task, tokens), tokens),
+        "acc_bma": parent_set_accuracy(posterior, parents),
+        "acc_uniform": parent_set_accuracy(uniform, parents),
+        "tv_uniform": total_variation(uniform, posterior)[:, 1:].mean().item(),
+    }

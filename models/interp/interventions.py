@@ -1,0 +1,192 @@
+"""Interventions as data, written once: WHAT is intervened on (a TransformerLens hook name, and within its
+activation the heads, the positions and a last-axis slice such as one residual subspace) and HOW (zero,
+mean, patch from another run, or add a change; or record it, changing nothing), as one small frozen
+dataclass that builds its TransformerLens forward hook and describes itself for a result's JSON.
+
+    Intervention("blocks.0.attn.hook_z", "mean", heads=(3,), value=mean_z)      # mean-ablate L0H3
+    Intervention("blocks.1.attn.hook_q", "zero", dims=(0, 5))                   # zero the query's token subspace
+    Intervention("blocks.0.attn.hook_z", "patch", heads=(1,), value=z_clean, source="clean run")
+    Intervention("blocks.1.attn.hook_attn_scores", "record", store=kept)        # kept[hook] = the live tensor
+
+``hooks(interventions, log)`` turns a list into ``fwd_hooks`` for ``Subject.log_probs(tokens, fwd_hooks)`` /
+``model.hooks(...)`` and appends each one's description (``describe``: everything but the tensor) to ``log``
+once, so an analysis's JSON lists the interventions it ran. Axes: ``positions`` index axis 1 of the
+activation (``[batch, pos, ...]``: for the disentangled model's layer-1 hooks, the H target rows),
+``heads`` axis 2 (``[batch, pos, head, ...]`` activations only), ``dims`` the last axis. ``value``: for
+"mean", the activation averaged over contexts (no batch axis; None: the mean over the batch being run);
+for "patch", the source run's activation (``[batch, ...]``); for "add", the change. Only the selected
+entries are replaced (``torch.where`` on a mask), so the rest of the activation is bit for bit as it was.
+"record" puts the activation itself (not a copy: gradients flow through it) into ``store[hook]`` and
+passes it on unchanged; it selects nothing (no heads, positions or dims).
+
+The helpers below (``ablate``, ``patch_heads``, ``ablate_subspace``) build Interventions; ``head_outputs``
+and ``corrupted_contexts`` make the runs they patch from.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+from jaxtyping import Int
+from torch import Tensor
+
+from models.interp.subject import Subject
+
+KINDS = ("zero", "mean", "patch", "add", "record")
+
+
+@dataclass(frozen=True)
+class Intervention:
+    """One intervention; see the module docstring. ``source`` names, in words, where ``value`` came from
+    (``"clean run"``, ``"demonstrations from another tree"``, ``"mean over 2048 held-out contexts"``)."""
+
+    hook: str
+    kind: str = "zero"
+    heads: tuple[int, ...] | None = None
+    positions: tuple[int, ...] | None = None
+    dims: tuple[int, int] | None = None
+    source: str | None = None
+    value: Tensor | None = field(default=None, repr=False, compare=False)
+    store: dict | None = field(default=None, repr=False, compare=False)  # "record": where the activation goes
+
+    def __post_init__(self):
+        if self.kind not in KINDS:
+            raise ValueError(f"intervention kind must be one of {list(KINDS)}, got {self.kind!r}")
+        if (self.kind == "record") != (self.store is not None):
+            raise ValueError(f"{self.hook}: a store is for a 'record' intervention, and a 'record' needs one")
+        if self.kind == "record" and (self.heads, self.positions, self.dims) != (None, None, None):
+            raise ValueError(f"a 'record' intervention on {self.hook} keeps the whole activation: no heads, "
+                             "positions or dims")  # fmt: skip
+        if self.kind in ("patch", "add") and self.value is None:
+            raise ValueError(f"a {self.kind!r} intervention on {self.hook} needs a value (the source activation)")
+        for name in ("heads", "positions"):
+            if getattr(self, name) is not None:
+                object.__setattr__(self, name, tuple(int(i) for i in getattr(self, name)))
+        if self.dims is not None:
+            object.__setattr__(self, "dims", (int(self.dims[0]), int(self.dims[1])))
+
+    def mask(self, act: Tensor) -> Tensor:
+        """Boolean mask over ``act.shape[1:]`` (no batch axis) of the entries intervened on."""
+        shape = act.shape[1:]
+        if self.heads is not None and len(shape) < 3:
+            raise ValueError(f"{self.hook} is {list(act.shape)}: no head axis for heads={list(self.heads)}")
+        keep = torch.ones(shape, dtype=torch.bool, device=act.device)
+        for axis, index in ((0, self.positions), (1, self.heads)):
+            if index is not None:
+                sel = torch.zeros(shape[axis], dtype=torch.bool, device=act.device)
+                sel[list(index)] = True
+                keep &= sel.view(-1, *([1] * (len(shape) - axis - 1)))
+        if self.dims is not None:
+            sel = torch.zeros(shape[-1], dtype=torch.bool, device=act.device)
+            sel[self.dims[0] : self.dims[1]] = True
+            keep &= sel
+        return keep
+
+    def apply(self, act: Tensor) -> Tensor:
+        """The activation with this intervention applied (a new tensor; "record": ``act`` itself, stored)."""
+        if self.kind == "record":
+            self.store[self.hook] = act
+            return act
+        if self.kind == "zero":
+            new = torch.zeros((), dtype=act.dtype, device=act.device)
+        elif self.kind == "mean":
+            new = act.mean(0, keepdim=True) if self.value is None else self.value.to(act.device, act.dtype)
+        elif self.kind == "patch":
+            new = self.value.to(act.device, act.dtype)
+        else:
+            new = act + self.value.to(act.device, act.dtype)
+        return torch.where(self.mask(act), new, act)
+
+    def fwd_hook(self):
+        """``(hook name, fn)`` for ``fwd_hooks``."""
+        return (self.hook, lambda act, hook=None: self.apply(act))
+
+    def describe(self) -> dict:
+        """Everything but the tensor: what the result's JSON records."""
+        return description(self.hook, self.kind, self.source, self.heads, self.positions, self.dims)
+
+
+def description(hook: str, kind: str, source: str | None = None, heads=None, positions=None, dims=None) -> dict:
+    """What the JSON records of an intervention on ``hook``: also for one that another library runs
+    (``transformer_lens.patching``'s sweeps), whose tensors never pass through an ``Intervention``."""
+    as_list = lambda x: None if x is None else [int(i) for i in x]  # noqa: E731
+    return {"hook": hook, "kind": kind, "heads": as_list(heads), "positions": as_list(positions),
+            "dims": as_list(dims), "source": source}  # fmt: skip
+
+
+def hooks(interventions, log: list | None = None) -> list:
+    """``fwd_hooks`` for ``interventions``; each one's ``describe()`` is appended to ``log`` (once)."""
+    interventions = list(interventions)
+    if log is not None:
+        for iv in interventions:
+            log_intervention(log, iv)
+    return [iv.fwd_hook() for iv in interventions]
+
+
+def log_intervention(log: list, iv: Intervention | dict) -> None:
+    """Append ``iv``'s description to ``log`` unless it is there already."""
+    d = iv.describe() if isinstance(iv, Intervention) else iv
+    if d not in log:
+        log.append(d)
+
+
+def corrupted_contexts(task, tokens: Int[Tensor, "batch n_tokens"], generator: torch.Generator):
+    """The same target sequences with demonstrations from fresh trees G'; returns (tokens, parents G')."""
+    corrupted, parents = task.sample(len(tokens), generator)
+    corrupted[:, -task.seq_len :] = tokens[:, -task.seq_len :]
+    return corrupted, parents
+
+
+def head_ablation(subject: Subject, layer: int, heads, kind: str = "zero", mean: Tensor | None = None) -> Intervention:
+    """Zero-ablate (``kind="zero"``) or mean-ablate (``"mean"``) ``heads`` of ``layer``'s ``hook_z``. Mean
+    ablation uses ``mean`` (``hook_z`` averaged over contexts, ``[pos, head, d_head]``) when given, else
+    the mean over the batch being run."""
+    if kind not in ("zero", "mean"):
+        raise ValueError(f"ablation kind must be 'zero' or 'mean', got {kind!r}")
+    source = None if kind == "zero" else ("mean over the batch" if mean is None else "mean over contexts")
+    return Intervention(subject.head_output(layer), kind, heads=tuple(heads), source=source, value=mean)
+
+
+def ablate(subject: Subject, layer: int, heads: list[int], kind: str = "zero", mean: Tensor | None = None, log=None):
+    """Hooks of ``head_ablation(subject, layer, heads, kind, mean)``."""
+    return hooks([head_ablation(subject, layer, heads, kind, mean)], log)
+
+
+@torch.no_grad()
+def head_outputs(subject: Subject, tokens: Int[Tensor, "batch n_tokens"], layers=None) -> dict[int, Tensor]:
+    """Every layer's per-head outputs (``hook_z``) on ``tokens``, for patching into another run."""
+    layers = range(subject.n_layers) if layers is None else layers
+    store: dict[int, Tensor] = {}
+
+    def grab(z, hook, layer):  # hook.name may be an alias's canonical name (TransformerBridge)
+        store[layer] = z.detach().clone()
+
+    subject.log_probs(tokens, [(subject.head_output(i), lambda z, hook, i=i: grab(z, hook, i)) for i in layers])
+    return store
+
+
+def head_patch(subject: Subject, layer: int, heads, source: dict[int, Tensor], name: str = "clean run") -> Intervention:
+    """Replace ``heads`` of ``layer`` by their outputs in ``source`` (``head_outputs`` of the run ``name``)."""
+    return Intervention(subject.head_output(layer), "patch", heads=tuple(heads), source=name, value=source[layer])
+
+
+def patch_heads(subject: Subject, layer: int, heads: list[int], source: dict[int, Tensor], log=None, name="clean run"):
+    """Hooks of ``head_patch``."""
+    return hooks([head_patch(subject, layer, heads, source, name)], log)
+
+
+def subspace_ablation(name: str, dims: slice, kind: str = "zero", mean: Tensor | None = None) -> Intervention:
+    """Zero-ablate (``kind="zero"``) or mean-ablate (``"mean"``) the last-axis slice ``dims`` of
+    activation ``name`` at every position and head (one residual subspace of ``blocks.1.attn.hook_q``, say).
+    Mean ablation uses ``mean`` (the activation averaged over contexts, without the batch axis) when given,
+    else the mean over the batch being run."""
+    if kind not in ("zero", "mean"):
+        raise ValueError(f"ablation kind must be 'zero' or 'mean', got {kind!r}")
+    source = None if kind == "zero" else ("mean over the batch" if mean is None else "mean over contexts")
+    return Intervention(name, kind, dims=(dims.start or 0, dims.stop), source=source, value=mean)
+
+
+def ablate_subspace(name: str, dims: slice, kind: str = "zero", mean: Tensor | None = None, log=None):
+    """Hooks of ``subspace_ablation``."""
+    return hooks([subspace_ablation(name, dims, kind, mean)], log)

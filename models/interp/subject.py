@@ -1,0 +1,256 @@
+"""The model under study, as every analysis sees it.
+
+A ``Subject`` holds a hooked model, the task it was trained on and the ``Layout`` of its input ids, and
+answers the questions analyses ask of any model family:
+
+- ``log_probs(tokens, fwd_hooks)``: the target's log-probabilities ``[batch, H, d]`` (row 0: the root),
+  the quantity BMA predicts, under optional TransformerLens forward hooks;
+- ``attention(tokens)``: per layer, every head's pattern with each query labelled by the task token it
+  predicts and each key by the task token it reads (``LayerAttention``);
+- ``n_heads``, ``head_labels()``, ``head_output(layer)``: its heads by layer, with the hook name of each
+  layer's per-head outputs (``hook_z``), for ablation and patching (``models.interp.interventions``);
+- ``capabilities``: what this family has beyond that (the bilinear ``W_KQ``, a content-free copyer
+  layer, ...). Analyses that need one declare it and refuse other families with one line.
+
+Which heads copy which demonstration, or select parents, is measured from ``attention`` (``probes.roles``),
+never assumed from the family. Families: ``DisentangledSubject`` (``CausalTransformer``, the Theorem 1
+construction included) and ``StandardSubject`` (any decoder-only LM with TransformerLens hook names that
+maps input ids to logits: a ``TransformerBridge`` over Hugging Face weights, ``models.nets.hooked_transformer``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from jaxtyping import Float, Int
+from torch import Tensor
+
+from models.loading.sources import resolve, theorem1
+from models.nets.catformer import CatFormer
+from models.nets.causal_transformer import CausalTransformer
+from probes import MarkovTreeTask
+from probes.graph_task import GraphTask
+from probes.layout import Layout
+
+# Capabilities a family may have beyond the common interface.
+DISENTANGLED = "disentangled residual"  # [x_h, u_h^1..u_h^K] subspaces, blocks.1 bilinear W_KQ / W_OV
+CONTENT_FREE_COPYERS = "content-free copyer layer"  # blocks.0 pattern is the same for every context
+MARKOV_TASK = "Markov-tree task"  # discrete tokens with a kernel pi (BMA over parents applies)
+BAYES_TASK = "task with a Bayes oracle"  # discrete tokens of the family, ours included (probes.oracles)
+BILINEAR = "bilinear attention blocks"  # one W_KQ / A matrix per head over named residual blocks
+
+
+def check_finite(out: Tensor, what: str) -> Tensor:
+    """``out``, the output of a forward pass of the model ``what``, if it holds no NaN and no +Inf (a
+    log-probability of -Inf is a probability of 0, which a model may give); else one ``ValueError``:
+    a NaN would become a NaN metric reported with exit code 0."""
+    bad = torch.isnan(out) | torch.isposinf(out)
+    if bad.any():
+        rows = bad.flatten(1).any(1) if bad.ndim > 1 else bad
+        raise ValueError(
+            f"{what}: the forward pass gave NaN or Inf on {int(rows.sum())} of {len(rows)} contexts "
+            f"({int(bad.sum())} of {bad.numel()} values): its weights or config overflow (e.g. an attn_scale "
+            f"near 0, a huge beta or weights); no metric is computed from it"
+        )
+    return out
+
+
+def head_label(layer: int, head: int) -> str:
+    """TransformerLens-style head name, ``L0H3``."""
+    return f"L{layer}H{head}"
+
+
+@dataclass
+class LayerAttention:
+    """One layer's attention: ``pattern[b, head, q, k]``, with ``query_predicts[q] = (l, h)``, the task
+    token whose prediction query row q feeds ((-1, -1): none), and ``key_token[k] = (l, h)``, the task
+    token at key k ((-1, -1): BOS or a separator)."""
+
+    pattern: Float[Tensor, "batch head Q K"]
+    query_predicts: Int[Tensor, "Q 2"]
+    key_token: Int[Tensor, "K 2"]
+
+    def target_rows(self, n_examples: int, seq_len: int) -> Float[Tensor, "batch head H LplusOneH"]:
+        """Attention from the query that predicts target token x_h, over the task's flat keys
+        ``l * H + h'`` (keys that hold no task token dropped; keys a layer cannot see are 0)."""
+        L, H = n_examples, seq_len
+        rows = torch.full((H,), -1, dtype=torch.long)
+        is_target = self.query_predicts[:, 0] == L
+        rows[self.query_predicts[is_target, 1]] = torch.nonzero(is_target).flatten()
+        if (rows[1:] < 0).any():  # x_0 may have none (a lone target without BOS): it has no parent to attend to
+            raise ValueError(
+                f"this layer has no query predicting target positions {torch.nonzero(rows < 0).flatten().tolist()}"
+            )
+        picked = self.pattern[:, :, rows.clamp_min(0).to(self.pattern.device)].double()
+        picked[:, :, rows < 0] = 0
+        keep = self.key_token[:, 0] >= 0
+        flat = self.key_token[keep, 0] * H + self.key_token[keep, 1]
+        out = picked.new_zeros(*picked.shape[:3], (L + 1) * H)
+        out[..., flat.to(out.device)] = picked[..., keep.to(picked.device)]
+        return out
+
+
+class Subject:
+    """Common interface; see the module docstring. Subclasses set ``family``, ``n_heads``, ``capabilities``."""
+
+    family: str = "?"
+    capabilities: frozenset[str] = frozenset()
+
+    def __init__(self, model, task, layout: Layout, name: str, digest: str):
+        self.model, self.task, self.layout, self.name, self.hash = model, task, layout, name, digest
+        self.n_heads: list[int] = []
+
+    @property
+    def n_layers(self) -> int:
+        return len(self.n_heads)
+
+    def head_labels(self) -> list[str]:
+        return [head_label(i, j) for i, n in enumerate(self.n_heads) for j in range(n)]
+
+    def head_output(self, layer: int) -> str:
+        """Hook name of layer ``layer``'s per-head outputs, ``[batch, pos, head, d_head]``."""
+        return f"blocks.{layer}.attn.hook_z"
+
+    def pattern_hook(self, layer: int) -> str:
+        return f"blocks.{layer}.attn.hook_pattern"
+
+    def describe(self) -> str:
+        heads = " + ".join(str(n) for n in self.n_heads)
+        return f"{self.family} model ({self.n_layers} layers, {heads} heads)"
+
+    def log_probs(self, tokens: Int[Tensor, "batch n_tokens"], fwd_hooks=()) -> Float[Tensor, "batch H d"]:
+        """The forward pass every analysis reads, checked: a NaN or +Inf is one ``ValueError``, never a metric."""
+        return check_finite(self._log_probs(tokens, fwd_hooks), f"--checkpoint {self.name}")
+
+    def _log_probs(self, tokens, fwd_hooks) -> Float[Tensor, "batch H d"]:
+        raise NotImplementedError
+
+    def attention(self, tokens: Int[Tensor, "batch n_tokens"], fwd_hooks=()) -> list[LayerAttention]:
+        raise NotImplementedError
+
+    def _run_capturing(self, tokens, fwd_hooks, layers) -> tuple[Tensor, dict[int, Tensor]]:
+        """``log_probs`` with each listed layer's pattern captured (float64)."""
+        store: dict[int, Tensor] = {}
+
+        def grab(pattern, hook, layer):
+            store[layer] = pattern.detach().double()
+
+        hooks = [*fwd_hooks, *((self.pattern_hook(i), lambda p, hook, i=i: grab(p, hook, i)) for i in layers)]
+        return self.log_probs(tokens, hooks), store
+
+
+class DisentangledSubject(Subject):
+    """The disentangled two-layer model (``CausalTransformer``): queries at the H target rows."""
+
+    family = "disentangled"
+
+    def __init__(self, model: CausalTransformer, task, name: str, digest: str):
+        super().__init__(model, task, Layout(task.n_examples, task.seq_len, task.d_vocab), name, digest)
+        self.n_heads = [model.cfg.n_copy_heads, 1]
+        caps = {DISENTANGLED, CONTENT_FREE_COPYERS, BILINEAR}
+        if isinstance(task, MarkovTreeTask):
+            caps.add(MARKOV_TASK)
+        if isinstance(task, MarkovTreeTask | GraphTask):
+            caps.add(BAYES_TASK)
+        self.capabilities = frozenset(caps)
+
+    def _log_probs(self, tokens, fwd_hooks):
+        with self.model.hooks(fwd_hooks=list(fwd_hooks)):
+            return self.model(tokens).double()
+
+    def attention(self, tokens, fwd_hooks=()):
+        L, H = self.task.n_examples, self.task.seq_len
+        _, store = self._run_capturing(tokens, fwd_hooks, range(2))
+        queries = torch.stack([torch.full((H,), L), torch.arange(H)], 1)
+        all_keys = torch.stack([torch.arange(L + 1).repeat_interleave(H), torch.arange(H).repeat(L + 1)], 1)
+        target_keys = queries.clone()
+        return [LayerAttention(store[0], queries, all_keys), LayerAttention(store[1], queries, target_keys)]
+
+
+class StandardSubject(Subject):
+    """A decoder-only LM (TransformerLens hook names, ``model(ids) -> logits``) read with the ordinary
+    next-token shift through its ``Layout``: the logits at position p predict the id at p + 1."""
+
+    family = "standard"
+
+    def __init__(self, model, task, layout: Layout, name: str, digest: str):
+        super().__init__(model, task, layout, name, digest)
+        per_layer = getattr(model, "n_heads", None)  # a family whose layers differ (Edelman et al.'s)
+        self.n_heads = list(per_layer) if isinstance(per_layer, list) else [model.cfg.n_heads] * model.cfg.n_layers
+        caps = {MARKOV_TASK} if isinstance(task, MarkovTreeTask) else set()
+        self.capabilities = frozenset(caps | ({BAYES_TASK} if isinstance(task, MarkovTreeTask | GraphTask) else set()))
+
+    def _log_probs(self, tokens, fwd_hooks):
+        ids = self.layout.encode(tokens).to(self.model.cfg.device)
+        with self.model.hooks(fwd_hooks=list(fwd_hooks)):
+            logits = self.model(ids)
+        logits = logits if isinstance(logits, Tensor) else logits.logits
+        first = self.layout.token_offset
+        picked = logits[:, self.layout.prediction_positions().to(logits.device), first : first + self.task.d_vocab]
+        return picked.double().log_softmax(-1)
+
+    def attention(self, tokens, fwd_hooks=()):
+        _, store = self._run_capturing(tokens, fwd_hooks, range(self.n_layers))
+        keys = self.layout.key_tokens()
+        predicts = torch.cat([keys[1:], torch.full((1, 2), -1, dtype=torch.long)])  # position p predicts p + 1
+        return [LayerAttention(store[i], predicts, keys) for i in range(self.n_layers)]
+
+
+class CatFormerSubject(Subject):
+    """Nichani et al.'s CatFormer (``models.nets.catformer``): it reads the first T = n_ctx tokens of a context
+    (every one but the last, which it only predicts); position p's read-out predicts token p + 1, and the
+    first token, which nothing predicts, gets the uniform distribution."""
+
+    family = "CatFormer"
+
+    def __init__(self, model, task, layout: Layout, name: str, digest: str):
+        super().__init__(model, task, layout, name, digest)
+        self.n_heads = model.n_heads
+        caps = {BILINEAR} | ({MARKOV_TASK} if isinstance(task, MarkovTreeTask) else set())
+        self.capabilities = frozenset(caps | ({BAYES_TASK} if isinstance(task, MarkovTreeTask | GraphTask) else set()))
+
+    def _log_probs(self, tokens, fwd_hooks):
+        T, d = self.model.cfg.n_ctx, self.task.d_vocab
+        ids = self.layout.encode(tokens).to(self.model.cfg.device)[:, :T]
+        with self.model.hooks(fwd_hooks=list(fwd_hooks)):
+            logits = self.model(ids)
+        first = self.layout.token_offset
+        pos = self.layout.prediction_positions().to(logits.device)
+        out = logits[:, pos.clamp_min(0), first : first + d].double().log_softmax(-1)
+        out[:, pos < 0] = -torch.log(torch.tensor(float(d), dtype=out.dtype))
+        return out
+
+    def attention(self, tokens, fwd_hooks=()):
+        _, store = self._run_capturing(tokens, fwd_hooks, range(self.n_layers))
+        keys = self.layout.key_tokens()
+        T = self.model.cfg.n_ctx
+        return [LayerAttention(store[i], keys[1 : T + 1], keys[:T]) for i in range(self.n_layers)]
+
+
+# Resolving --checkpoint ---------------------------------------------------------------------------------
+THEOREM1_USAGE = theorem1.USAGE
+
+
+def subject_of(model, task, layout: Layout | None, name: str, digest: str) -> Subject:
+    """Wrap a loaded model in the Subject of its family."""
+    if isinstance(model, CausalTransformer):
+        return DisentangledSubject(model, task, name, digest)
+    if layout is None:
+        layout = Layout(task.n_examples, task.seq_len, task.d_vocab)
+    if isinstance(model, CatFormer):
+        return CatFormerSubject(model, task, layout, name, digest)
+    if layout is None:
+        layout = Layout(task.n_examples, task.seq_len, task.d_vocab)
+    return StandardSubject(model, task, layout, name, digest)
+
+
+def load_subject(
+    spec: str | Path, device: str = "cpu", *, key_map=None, config=None, dtype: str | None = None
+) -> Subject:
+    """Resolve ``--checkpoint`` (``models.loading.sources.resolve``): a named checkpoint (``default``,
+    ``standard``), a path in any of its formats, or ``theorem1:beta=B[,from=FOLDER]`` (the construction
+    on a folder's task)."""
+    source = resolve(spec, device, dtype=dtype, key_map=key_map, config=config)
+    return subject_of(source.model, source.task, source.layout, source.name, source.digest)

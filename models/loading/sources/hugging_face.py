@@ -1,0 +1,151 @@
+"""A Hugging Face causal-LM folder (``save_pretrained``: ``config.json`` + weights) with a ``task.json``
+in it, loaded offline through ``transformer_lens.TransformerBridge`` (see ``models.standard``); a GPT-2 with
+``scale_attn_weights: false``, which the bridge would scale anyway, as ``HookedTransformer``
+(``models.loading.converters.from_hf_gpt2``)."""
+
+from __future__ import annotations
+
+import os
+
+import torch
+
+from models.loading import converters
+from models.loading.checkpoint import CONFIG, FORMAT
+from models.loading.sources.files import (
+    HF_WEIGHTS,
+    TASK_JSON,
+    Found,
+    Source,
+    as_state_dict,
+    check_fits,
+    no_file_options,
+    read_archive,
+)
+from models.loading.sources.task_json import read_task
+from models.plumbing import io
+from models.plumbing.io import listing, one_line
+
+NAME = "Hugging Face"
+
+
+def detect(found: Found) -> bool:
+    return found.path.is_dir() and (found.path / TASK_JSON).is_file()
+
+
+def read(found: Found, device: str | None = None, *, weights: bool = True) -> Source:
+    path = found.path
+    no_file_options(found, "a Hugging Face folder: its config.json and task.json define it")
+    task, layout = read_task(found.json(path / TASK_JSON, "task.json"), str(path / TASK_JSON))
+    if not weights:
+        return Source(None, task, layout, found.where, "", NAME)
+    hf_config = found.json(path / CONFIG, "Hugging Face config")
+    if isinstance(hf_config, dict) and hf_config.get("format") == FORMAT:
+        raise ValueError(
+            f"{str(path)!r} is one of our checkpoint folders with a stray {TASK_JSON} (its task is in {CONFIG}); "
+            f"remove the {TASK_JSON}"
+        )
+    if not isinstance(hf_config, dict) or "model_type" not in hf_config:
+        raise ValueError(f"{path / CONFIG} is not a Hugging Face config (no model_type)")
+    vocab = hf_config.get("vocab_size")
+    if not _is_int(vocab):
+        raise ValueError(f"{path / CONFIG}: vocab_size={vocab!r}; expected an integer")
+    n_pos = hf_config.get("n_positions", hf_config.get("max_position_embeddings"))
+    check_fits(layout, vocab, n_pos if _is_int(n_pos) else None, str(path))
+    if converters.needs_hooked_gpt2(hf_config):  # the bridge would scale the scores anyway
+        converters.hf_gpt2_config(hf_config, str(path), device)  # sized before the weights are read
+        model = converters.from_hf_gpt2(hf_config, _hf_weights(path), str(path), device)
+        return Source(model, task, layout, found.where, found.digest(), NAME)
+    check_size(hf_config, str(path / CONFIG), device)
+    bridge = _boot(path, device or "cpu")
+    bad = [n for n, p in bridge.original_model.named_parameters() if not torch.isfinite(p).all()]
+    if bad:
+        raise ValueError(f"{path} has NaN or Inf values in {', '.join(bad)}; expected finite weights")
+    return Source(bridge.eval(), task, layout, found.where, found.digest(), NAME)
+
+
+LAYER_FIELDS = ("n_layer", "num_hidden_layers", "n_layers", "num_layers")
+WIDTH_FIELDS = ("n_embd", "hidden_size", "d_model")
+
+
+def check_size(hf_config: dict, where: str, device: str | None) -> None:
+    """The memory of the model a Hugging Face ``config.json`` (``where``) describes, before it is built: a
+    floor from its numbers first (every layer has at least a query and an output projection, width x width; the
+    embedding is vocab x width), so that no absurd config is even built on the meta device; then its
+    parameters and buffers counted on the meta device (``from_config``, nothing allocated)."""
+    layers, width = _field(hf_config, LAYER_FIELDS, where), _field(hf_config, WIDTH_FIELDS, where)
+    vocab = hf_config["vocab_size"]
+    what = f"{where} (a {hf_config['model_type']!r} model of {layers} layers, width {width}, vocab {vocab})"
+    io.check_tensors(4 * layers, what)  # every layer: at least the weights and biases of two projections
+    io.check_memory((2 * layers * width * width + vocab * width) * 2, what, device)  # 2 bytes: float16 or more
+    import transformers
+
+    try:
+        config = transformers.CONFIG_MAPPING[hf_config["model_type"]].from_dict(hf_config)
+        with torch.device("meta"):
+            meta = transformers.AutoModelForCausalLM.from_config(config)
+    except Exception as e:  # an architecture transformers does not know, a config it refuses
+        raise ValueError(f"{where} is not a Hugging Face config transformers can build ({one_line(e)[:200]})") from None
+    io.check_memory(sum(t.numel() * t.element_size() for t in [*meta.parameters(), *meta.buffers()]), what, device)
+
+
+def _field(hf_config: dict, names: tuple[str, ...], where: str) -> int:
+    """The first of the config fields ``names`` present (a non-negative integer), else 0."""
+    value = next((hf_config[n] for n in names if n in hf_config), 0)
+    if not _is_int(value) or value < 0:
+        raise ValueError(f"{where}: {next(n for n in names if n in hf_config)}={value!r}; expected an integer >= 0")
+    return value
+
+
+def _hf_weights(path) -> dict:
+    """The state dict of a Hugging Face folder's single weight file."""
+    for name in HF_WEIGHTS:
+        if (path / name).is_file():
+            return as_state_dict(read_archive(path / name), path / name)
+    raise ValueError(f"{path} has no model.safetensors or pytorch_model.bin (a sharded checkpoint is not covered here)")
+
+
+def _is_int(x) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool)
+
+
+def _mismatched(path) -> str:
+    """The tensors of the folder's model.safetensors whose shapes differ from those its config.json
+    builds (on the meta device: nothing allocated), as ``name (file) vs (config)``, cut with a count."""
+    import transformers
+    from safetensors import safe_open
+
+    try:
+        with torch.device("meta"):
+            model = transformers.AutoModelForCausalLM.from_config(transformers.AutoConfig.from_pretrained(str(path)))
+        expected = {k: tuple(v.shape) for k, v in model.state_dict().items()}
+        with safe_open(str(path / "model.safetensors"), "pt") as f:
+            found = {k: tuple(f.get_slice(k).get_shape()) for k in f.keys()}
+    except Exception:  # another weight file, or a config transformers cannot build
+        return "see the shapes of its weights against its config.json"
+    bad = [f"{k} {list(found[k])} vs {list(expected[k])}" for k in found if found[k] != expected.get(k, found[k])]
+    return listing(bad, 3) if bad else "see the shapes of its weights against its config.json"
+
+
+def _boot(path, device: str):
+    import transformers
+    from transformer_lens import TransformerBridge
+
+    previous = {k: os.environ.get(k) for k in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE")}
+    os.environ.update(HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")  # a local folder: never download
+    verbosity = transformers.logging.get_verbosity()
+    transformers.logging.set_verbosity_error()
+    transformers.logging.disable_progress_bar()
+    try:
+        return TransformerBridge.boot_transformers(str(path), device=device)
+    except Exception as e:  # missing/corrupt weights, unsupported architecture, ...
+        if "ignore_mismatched_sizes" in str(e):  # transformers names the tensors in a report it does not show
+            raise ValueError(f"{path}: weights of other shapes than its config.json says: {_mismatched(path)}") from None
+        raise ValueError(f"{path} could not be loaded as a Hugging Face model ({one_line(e)[:200]})") from None
+    finally:
+        transformers.logging.set_verbosity(verbosity)
+        transformers.logging.enable_progress_bar()
+        for k, v in previous.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v

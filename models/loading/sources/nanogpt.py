@@ -1,0 +1,34 @@
+"""nanoGPT: ``ckpt.pt`` as karpathy/nanoGPT's ``train.py`` writes it (``model``, ``model_args``,
+``iter_num``, ``best_val_loss``, ``config``, ``optimizer``), task.json beside it (or ``--config`` naming
+one). Loads as ``models.nets.hooked_transformer.HookedTransformer`` (``models.loading.converters``: exact GELU,
+LayerNorm eps 1e-5)."""
+
+from __future__ import annotations
+
+from models.loading import converters
+from models.loading.sources.files import Found, Source, check_fits, is_torch_file, strip_prefixes
+from models.loading.sources.key_map import apply_key_map
+from models.loading.sources.task_json import read_task
+
+NAME = "nanoGPT"
+
+
+def detect(found: Found) -> bool:
+    obj = found.archive if is_torch_file(found.path) else None
+    return isinstance(obj, dict) and isinstance(obj.get("model"), dict) and "model_args" in obj
+
+
+def read(found: Found, device: str | None = None, *, weights: bool = True) -> Source:
+    if found.config is not None:
+        raw, where = found.json_arg(found.config, "task.json"), str(found.config)
+    else:
+        raw, where = found.task_json_beside(NAME)
+    task, layout = read_task(raw, where)
+    if not weights:
+        return Source(None, task, layout, found.where, "", NAME)
+    obj = found.archive
+    cfg = converters.nanogpt_config(obj["model_args"], found.where, device)
+    check_fits(layout, cfg.d_vocab, cfg.n_ctx, found.where)
+    state = apply_key_map(strip_prefixes(found.state_dict(obj["model"])), found.key_map_spec())
+    model = converters.from_nanogpt(obj["model_args"], state, found.where, device)
+    return Source(model, task, layout, found.where, found.digest(), NAME)

@@ -1,0 +1,313 @@
+"""One command-line convention for every entry point: the same flag names, defaults and checks.
+
+``--checkpoint`` (a named checkpoint, a path in any loadable format, or ``theorem1:beta=B``), ``--key-map``
+and ``--config`` (for weight files), ``--device``, ``--dtype``, ``--seed`` (default 0), ``--n-contexts``,
+``--threads`` (default 1: float reductions depend on the thread count), ``--out``. Bad values exit 2 with
+one line (``Parser.error``: no usage line); ``run_cli`` turns any exception from deeper down into the same.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import os
+import re
+import sys
+import tempfile
+import warnings
+from pathlib import Path
+
+import torch
+
+from models.interp.subject import THEOREM1_USAGE, Subject, load_subject
+from models.loading.checkpoint import check_device
+from models.loading.dtypes import RUN_DTYPES
+from models.loading.sources import NAMED
+from models.plumbing.io import check_memory, name_too_long, one_line, read_json, run_cli, size, what_is
+from probes.tasks import MAX_SEED, check_int
+
+__all__ = [
+    "run_cli",
+    "parser",
+    "add_subject_flags",
+    "add_run_flags",
+    "check_run_flags",
+    "check_out_folder",
+    "check_out_file",
+    "check_own_output",
+    "add_json_flags",
+    "subject_or_exit",
+    "check_contexts_fit",
+    "MAX_SEED",
+]
+
+PATH_FLAGS = ("checkpoint", "config", "key_map")  # flags naming files to read (unless a named checkpoint)
+
+
+class OneLineParser(argparse.ArgumentParser):
+    """argparse, except that an error is one line on stderr (``prog: error: message``; ``--help`` shows
+    the usage) and exit code 2."""
+
+    def error(self, message: str):
+        self.exit(2, f"{self.prog}: error: {one_line(' '.join(str(message).split()))}\n")
+
+
+def parser(prog: str, doc: str | None) -> argparse.ArgumentParser:
+    """A ``OneLineParser`` whose description is the first paragraph of ``doc``; ``--debug`` is documented."""
+    p = OneLineParser(prog=prog, description=(doc or "").strip().split("\n\n")[0])
+    p.add_argument("--debug", action="store_true", help="show the traceback of an error")
+    return p
+
+
+FLAG_HELP = {  # --help of the config fields that models.train and models.standard share
+    "d_vocab": "vocabulary size d of the task",
+    "n_examples": "number of demonstrations L in each context",
+    "seq_len": "length H of each sequence (demonstrations and target)",
+    "alpha": "Dirichlet concentration of the kernel's rows (drawn once, or per context for kernel=dirichlet): smaller is sharper",
+    "steps": "number of optimisation steps, each on a fresh batch of contexts",
+    "batch_size": "contexts per step",
+    "device": "torch device to train on, e.g. cpu or cuda",
+    "eval_contexts": "held-out contexts for each evaluation",
+}
+
+
+FLAG_TYPES = {"int": int, "float": float, "str": str, "int | None": int}
+
+
+def add_dataclass_flags(p: argparse.ArgumentParser, cls, helps: dict[str, str], choices: dict | None = None) -> None:
+    """A ``--field-name`` flag for every field of the dataclass ``cls`` (booleans are switches), explained
+    by ``helps[field]`` with the field's default and, for the fields named in ``choices``, the values
+    argparse accepts and lists."""
+    missing = [f.name for f in dataclasses.fields(cls) if f.name not in helps]
+    if missing:
+        raise ValueError(f"{cls.__name__} fields without a --help sentence: {', '.join(missing)}")
+    for f in dataclasses.fields(cls):
+        flag = "--" + f.name.replace("_", "-")
+        if f.type == "bool":
+            p.add_argument(flag, action="store_true", help=helps[f.name])
+            continue
+        allowed = (choices or {}).get(f.name)
+        p.add_argument(
+            flag,
+            type=FLAG_TYPES[f.type],
+            default=f.default,
+            choices=allowed,
+            help=f"{helps[f.name]} (default: {f.default})",
+        )
+
+
+def as_flags(message: str, cls) -> str:
+    """An error about a field of the dataclass ``cls`` for the command line: a leading field name becomes
+    its flag (``lr must be ...`` -> ``--lr must be ...``)."""
+    fields = {f.name for f in dataclasses.fields(cls)}
+    return re.sub(r"^ ?(\w+)", lambda m: "--" + m[1].replace("_", "-") if m[1] in fields else m[0], message)
+
+
+def dataclass_from_args(cls, args: argparse.Namespace):
+    """``cls`` built from the flags ``add_dataclass_flags`` added."""
+    return cls(**{f.name: getattr(args, f.name) for f in dataclasses.fields(cls)})
+
+
+def check_path(path: str, flag: str) -> None:
+    """A path flag: no NUL byte, no component over 255 bytes (``ValueError`` naming the flag)."""
+    if "\x00" in path:
+        raise ValueError(f"{flag} {path!r} contains a NUL byte")
+    try:
+        path.encode()
+    except UnicodeEncodeError:  # bytes undecodable as UTF-8 (surrogate-escaped): safetensors cannot open it
+        raise ValueError(f"{flag} {path!r} is not valid UTF-8; rename it (the weight readers need UTF-8 names)") from None
+    long = name_too_long(path)
+    if long is not None:
+        raise ValueError(f"{flag}: the name {long[:40]!r}... is {len(os.fsencode(long))} bytes; the limit is 255")
+
+
+def check_out_folder(out: str, flag: str = "--out", make_parents: bool = False) -> None:
+    """An output folder, checked before any work: not a file, not a dangling symlink, inside a writable
+    folder (its parent must exist unless ``make_parents``). One ``ValueError`` naming ``flag``."""
+    check_path(out, flag)
+    path = Path(out)
+    if path.is_symlink() and not path.exists():
+        raise ValueError(f"{flag} {out!r} is a symlink to {os.readlink(path)!r}, which does not exist")
+    if path.exists() and not path.is_dir():
+        raise ValueError(f"{flag} {out!r} is a file; expected a folder")
+    probe = path if path.exists() else path.parent
+    if not make_parents and not probe.is_dir():
+        raise ValueError(f"{flag} {out!r}: parent folder {str(probe)!r} does not exist")
+    while not probe.exists() and probe != probe.parent:
+        probe = probe.parent
+    if not probe.is_dir():
+        raise ValueError(f"{flag} {out!r}: {str(probe)!r} is not a folder")
+    try:
+        with tempfile.TemporaryFile(dir=probe):
+            pass
+    except OSError as e:
+        raise ValueError(f"{flag} {out!r} is not writable ({e.strerror or e})") from None
+
+
+def check_out_file(out: str, flag: str) -> None:
+    """An output file, checked before any work: not a folder, in an existing writable folder."""
+    check_path(out, flag)
+    path = Path(out)
+    if path.is_dir():
+        raise ValueError(f"{flag} {out!r} is a folder; expected a file name")
+    if not path.parent.is_dir():
+        raise ValueError(f"{flag} {out!r}: folder {str(path.parent)!r} {what_is(path.parent)}")
+    check_out_folder(str(path.parent), flag=f"{flag} {out!r}: folder")
+
+
+def add_subject_flags(p: argparse.ArgumentParser, default: str = "default") -> None:
+    """``--checkpoint``, ``--key-map``, ``--config``, ``--device``, ``--dtype``."""
+    p.add_argument(
+        "--checkpoint",
+        default=default,
+        help=f"'default' (the shipped disentangled model), 'standard' (the shipped GPT-2), a checkpoint folder, "
+        f"a weight file, a Hugging Face folder with task.json, or '{THEOREM1_USAGE}' (default: {default})",
+    )
+    p.add_argument("--key-map", metavar="MAP.json", help="for a weight-file --checkpoint: file key -> our key")
+    p.add_argument("--config", metavar="CONFIG.json", help="for a weight-file --checkpoint: its config or task.json")
+    p.add_argument(
+        "--device", default="cpu", help="torch device to run on, e.g. cpu or cuda (default: cpu)"
+    )
+    p.add_argument(
+        "--dtype", choices=RUN_DTYPES, default=None, help="convert the weights (default: as saved)"
+    )
+
+
+def add_run_flags(p: argparse.ArgumentParser, seed: int = 0, n_contexts: int | None = None) -> None:
+    """``--seed``, ``--threads`` and (when ``n_contexts`` is given) ``--n-contexts``."""
+    p.add_argument("--seed", type=int, default=seed, help=f"seed of everything random (default: {seed})")
+    if n_contexts is not None:
+        p.add_argument("--n-contexts", type=int, default=n_contexts, help=f"contexts to sample (default: {n_contexts})")
+    p.add_argument(
+        "--threads", type=int, default=1, help="torch CPU threads (default: 1, so numbers do not depend on the machine)"
+    )
+
+
+def check_run_flags(
+    p: argparse.ArgumentParser,
+    args: argparse.Namespace,
+    argv: list[str] | None = None,
+    make_parents: bool = False,
+    reads: tuple = (),
+) -> None:
+    """Validate, before any work, the flags every entry point shares (those it has of ``--seed``,
+    ``--n-contexts``, ``--batch-size``, ``--threads``, ``--device``, the path flags, ``--out``,
+    ``--json``), apply ``--threads``, and record the command that reproduces the run in ``args.command``.
+    ``make_parents``: ``--out``'s missing parent folders will be made. ``reads``: files or folders the
+    command reads beyond its flags (no output may be, or lie in, one: ``check_not_an_input``)."""
+    args.reads = [Path(r) for r in reads]
+    try:
+        for name in ("seed", "task_seed"):
+            if getattr(args, name, None) is not None:
+                check_int(getattr(args, name), "--" + name.replace("_", "-"), 0, MAX_SEED)
+        for name in ("n_contexts", "batch_size"):
+            if getattr(args, name, None) is not None:
+                check_int(getattr(args, name), "--" + name.replace("_", "-"), 1)
+        if getattr(args, "threads", None) is not None:
+            check_int(args.threads, "--threads", 1, 1024)
+        check_device(getattr(args, "device", "cpu"))
+        for name in PATH_FLAGS:
+            value = getattr(args, name, None)
+            if isinstance(value, str) and value not in NAMED and not value.startswith("theorem1"):
+                check_path(value, "--" + name.replace("_", "-"))
+        if isinstance(getattr(args, "out", None), str):
+            check_out_folder(args.out, make_parents=make_parents)
+            check_not_an_input(args.out, args, "--out")
+        if isinstance(getattr(args, "json", None), str):
+            check_out_file(args.json, "--json")
+            check_not_an_input(args.json, args, "--json")
+            if not getattr(args, "overwrite", False):
+                check_own_output(args.json, "--json", p.prog)
+    except ValueError as e:
+        p.error(str(e) if not str(e).startswith("device") else f"--{e}")
+    if getattr(args, "threads", None) is not None:
+        torch.set_num_threads(args.threads)
+    given = sys.argv[1:] if argv is None else argv
+    args.command = " ".join([p.prog, *(a for a in given if a != "--debug")])
+
+
+def check_own_output(out: str, flag: str, prog: str) -> None:
+    """An existing output file is replaced only if it is this command's own earlier output: a JSON object
+    whose ``command`` begins with ``prog`` (what ``check_run_flags`` records). Anything else there is a
+    ``ValueError`` (the entry point's ``--overwrite`` replaces it)."""
+    path = Path(out)
+    if not path.exists():
+        return
+    try:
+        earlier = read_json(path, flag)
+    except ValueError:
+        earlier = None
+    command = earlier.get("command") if isinstance(earlier, dict) else None
+    if not (isinstance(command, str) and (command == prog or command.startswith(prog + " "))):
+        raise ValueError(
+            f"{flag} {out!r} exists and is not an earlier output of {prog}; refusing to replace it "
+            "(pass --overwrite to replace it, or pick another name)"
+        )
+
+
+def add_json_flags(p: argparse.ArgumentParser, what: str) -> None:
+    """``--json FILE`` (``what`` it holds) and the ``--overwrite`` that lets it replace a file this command did
+    not write (``check_own_output``)."""
+    p.add_argument("--json", metavar="FILE", help=f"also write {what} to this JSON file")
+    p.add_argument(
+        "--overwrite", action="store_true", help="let --json replace an existing file that this command did not write"
+    )
+
+
+def inputs_of(args: argparse.Namespace) -> list[Path]:
+    """The files and folders a command reads: ``--checkpoint`` (a named one: its folder), ``--config``,
+    ``--key-map``, and what ``check_run_flags`` was told it ``reads``, resolved."""
+    paths = [Path(r).expanduser().resolve() for r in getattr(args, "reads", ())]
+    for name in PATH_FLAGS:
+        value = getattr(args, name, None)
+        if isinstance(value, str) and not value.startswith("theorem1"):
+            paths.append(Path(NAMED.get(value, value)).expanduser().resolve())
+    return paths
+
+
+def check_not_an_input(out: str, args: argparse.Namespace, flag: str) -> None:
+    """``ValueError`` if the output ``out`` is, or lies inside, anything the command reads."""
+    target = Path(out).expanduser().resolve()
+    for source in inputs_of(args):
+        if target == source or source in target.parents:
+            raise ValueError(f"{flag} {out!r} would write into {str(source)!r}, which this command reads; pick another path")
+
+
+def subject_or_exit(p: argparse.ArgumentParser, args: argparse.Namespace) -> Subject:
+    """``load_subject`` with the common flags; a bad checkpoint is ``parser.error`` (exit 2, one line)."""
+    try:
+        subject = load_subject(args.checkpoint, args.device, key_map=args.key_map, config=args.config, dtype=args.dtype)
+        if hasattr(args, "n_contexts"):
+            check_contexts_fit(subject, min(args.n_contexts, getattr(args, "batch_size", args.n_contexts)))
+    except ValueError as e:
+        if args.debug:
+            raise
+        p.error(str(e))
+    return subject
+
+
+def forward_bytes(forward, task, n_contexts: int) -> int:
+    """Memory ``forward(tokens, fwd_hooks)`` (e.g. ``Subject.log_probs``) takes on ``n_contexts`` contexts of
+    ``task``: every activation a hook sees (each storage counted once: the disentangled copyer pattern
+    is shared by the batch), plus the contexts and their sampling buffers."""
+    tokens, _ = task.sample(n_contexts, torch.Generator().manual_seed(0))
+    seen: dict[int, tuple[int, torch.Tensor]] = {}
+
+    def grab(t, hook):
+        if isinstance(t, torch.Tensor):  # kept alive, so that no two activations share an address
+            storage = t.untyped_storage()
+            seen[storage.data_ptr()] = (storage.nbytes(), t)
+
+    with torch.no_grad(), warnings.catch_warnings():  # hooking every name: the bridge warns of gated ones
+        warnings.simplefilter("ignore")
+        forward(tokens, [(lambda name: True, grab)])
+    return sum(n for n, _ in seen.values()) + 3 * tokens.numel() * 8
+
+
+def check_contexts_fit(subject: Subject, n_contexts: int, flag: str = "--n-contexts") -> None:
+    """One-line ``ValueError`` if a forward pass on ``n_contexts`` contexts of ``subject`` would not fit
+    in memory: the cost of one more context (measured on 1 and 2) times ``n_contexts``, plus what every
+    batch shares. A floor for what an analysis holds."""
+    one, two = forward_bytes(subject.log_probs, subject.task, 1), forward_bytes(subject.log_probs, subject.task, 2)
+    per = max(two - one, 1)
+    check_memory(one - per + per * n_contexts, f"{flag} {n_contexts} ({size(per)} a context)")

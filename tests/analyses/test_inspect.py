@@ -1,0 +1,196 @@
+"""analyses.inspect: credits the paper's circuit where it is, names the heads of another circuit with
+their roles, and reports plateau models as such with no head credited."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import torch
+from conftest import build_task
+from constructed import transposed_subject
+from test_formats import file_config, hf_folder
+
+import models
+from analyses import common, inspect
+from analyses.inspect import inspect_subject
+from models.interp.subject import load_subject, subject_of
+from probes import bma_posterior, bma_predictive
+
+
+def _subject(model, task):
+    return subject_of(model, task, None, "test", "0")
+
+
+def test_the_transposed_circuit_stub_is_bma():
+    task = build_task(n_examples=4, seq_len=6, alpha=0.3)
+    subject = transposed_subject(task)
+    tokens, _ = task.sample(32, torch.Generator().manual_seed(5))
+    want = bma_predictive(task.pi, tokens, 4, 6, task.root, log=True)
+    assert torch.allclose(subject.log_probs(tokens)[:, 1:], want[:, 1:].double(), atol=1e-9)
+
+
+def test_theorem1_model_is_credited_with_its_parent_head_and_copyers():
+    task = build_task(n_examples=4, seq_len=6)
+    model = models.theorem1_model(task.pi, 4, 6, beta=50)
+    r = inspect_subject(_subject(model, task), n_contexts=256, seed=0)
+    assert r["progress"] > 0.99 and not r["on_plateau"]
+    assert r["parent_selecting"] == ["L1H0"]
+    assert r["copyers"] == {f"L0H{k}": k for k in range(4)}  # Theorem 1: head k copies demonstration k
+    head = r["heads"][-1]
+    assert head["tv"] < 1e-6 and abs(head["parent_acc"] - r["acc_bma"]) < 1e-12
+    assert r["paper_circuit"] and r["carriers"][0] == "L1H0"
+    assert r["roles"] == {"L1H0": "parent selector", **{f"L0H{k}": f"copyer of demonstration {k}" for k in range(4)}}
+    # The parent selector acts through its keys and queries: its values read the target's own tokens,
+    # which the corruption (demonstrations from another tree) keeps, so they carry nothing.
+    assert r["inputs"]["L1H0"]["through"] == "keys/queries" and r["inputs"]["L1H0"]["v"]["cost"] == 0
+    assert r["inputs"]["L1H0"]["k"]["cost"] > 0 and r["inputs"]["L1H0"]["q"]["cost"] > 0
+    # The profile of the parent head, by brute force on the BMA posterior it equals: mass on the true parent.
+    tokens, parents = task.sample(256, torch.Generator().manual_seed(0))
+    post = bma_posterior(task.pi, tokens, 4, 6)
+    want = post[:, 1:].gather(-1, parents[:, 1:].unsqueeze(-1)).mean().item()
+    assert abs(head["role_profile"]["parent"][1] - want) < 1e-6
+    assert np.isnan(head["role_profile"]["parent"][0])  # the disentangled model has no demonstration query
+
+
+def test_a_non_paper_circuit_gets_its_heads_named_with_their_roles():
+    task = build_task(n_examples=4, seq_len=6, alpha=0.3)
+    r = inspect_subject(transposed_subject(task), n_contexts=256, seed=0)
+    assert r["progress"] > 0.999 and not r["on_plateau"]
+    assert not r["paper_circuit"] and r["parent_selecting"] == [] and r["copyers"] == {}
+    assert sorted(r["carriers"]) == ["L0H0", "L0H1", "L1H0"] and not r["carriers_distributed"]
+    assert r["roles"]["L0H0"].startswith("within-sequence (prefix) head")
+    assert r["roles"]["L0H1"].startswith("within-sequence (prefix) head")
+    # Measured, not read off its attention: L1H0's effect goes through its value input alone (its queries
+    # and keys read positions only), so it is named for the mechanism, beside its attention role.
+    assert r["roles"]["L1H0"].startswith(f"{inspect.POOLING} (cross-demonstration same-position reader [")
+    assert r["inputs"]["L1H0"]["through"] == "values" and r["inputs"]["L1H1"]["through"] is None
+    assert r["inputs"]["L1H0"]["q"]["cost"] == 0 and r["inputs"]["L1H0"]["k"]["cost"] == 0
+    # Its value cost by a hand-written hook: layer 1's input subspace S (MLP0's write, which only L1H0's
+    # value reads) set to its value on the corrupted contexts.
+    n = r["intervention_contexts"]
+    tokens, _ = task.sample(256, torch.Generator().manual_seed(0))
+    tokens = tokens[:n]
+    bad = inspect.corrupt(task, tokens, 0)
+    subject = transposed_subject(task)
+    S = subject.model.sub["S"]
+    store = {}
+    subject.log_probs(bad, [("blocks.1.hook_resid_pre", lambda x, hook: store.update(S=x[..., S].clone()))])
+
+    def swap(x, hook):
+        x = x.clone()
+        x[..., S] = store["S"]
+        return x
+
+    from probes import target_nll as nll
+
+    want = nll(subject.log_probs(tokens, [("blocks.1.hook_resid_pre", swap)]), tokens) - nll(subject.log_probs(tokens), tokens)
+    assert want > 0.05 and abs(r["inputs"]["L1H0"]["v"]["cost"] - want) < 1e-9
+    heads = {h["label"]: h for h in r["heads"]}
+    assert heads["L1H1"]["ablation_dnll"] == 0  # it writes nothing
+    # L0H1 feeds the read-out the target's own prefix: its mean ablation costs, but corrupting the
+    # demonstrations (the target kept) leaves its output unchanged, so patching it restores nothing.
+    assert heads["L0H1"]["ablation_dnll"] > 0.01 and heads["L0H1"]["patching_restored"] == 0
+    assert heads["L1H0"]["patching_restored"] > 0.999  # its clean output carries everything the demos give
+    # L1H0 from the target queries predicting x_1..x_5: all on position h of the demonstrations, 1/L on
+    # each (no single copy); the query predicting the root x_0 attends to itself.
+    assert abs(heads["L1H0"]["role_profile"]["same_position"][1] - 5 / 6) < 1e-12
+    assert abs(heads["L1H0"]["role_profile"]["self"][1] - 1 / 6) < 1e-12
+    assert np.allclose(heads["L1H0"]["copy_mass"], 5 / 6 / 4)
+    text = inspect.summary(r)
+    assert "paper's circuit is absent" in text and f"L1H0 ({inspect.POOLING} (cross-demonstration" in text
+    assert "L1H0: v 1.00 +- 0.00, k 0.00 +- 0.00, q 0.00 +- 0.00" in text
+
+
+def _plateau_model(task, w_kq_from_theorem1: bool, noise: float = 0.0):
+    """Copyers of Theorem 1; W_OV = log pi; W_KQ zero (+ noise), or Theorem 1's with W_OV zeroed."""
+    model = models.theorem1_model(task.pi, task.n_examples, task.seq_len, beta=50)
+    with torch.no_grad():
+        if w_kq_from_theorem1:
+            model.blocks[1].attn.W_OV.zero_()  # attention selects parents, the output ignores it
+        else:
+            model.blocks[1].attn.W_KQ.copy_(noise * torch.randn_like(model.W_KQ))
+    return model
+
+
+def test_uniform_attention_model_sits_exactly_on_the_plateau():
+    task = build_task(n_examples=4, seq_len=6)
+    r = inspect_subject(_subject(_plateau_model(task, False), task), n_contexts=128, seed=1)
+    # Independent computation of the plateau NLL: mean over h' < h of pi(. | x_h'), in NumPy.
+    tokens, _ = task.sample(128, torch.Generator().manual_seed(1))
+    pi, t = task.pi.numpy(), tokens[:, -6:].numpy()
+    nll = -np.mean([np.log(pi[t[b, :h], t[b, h]].mean()) for b in range(128) for h in range(1, 6)])
+    assert abs(r["nll"] - nll) < 1e-9 and abs(r["nll_uniform"] - nll) < 1e-9
+    assert r["on_plateau"] and r["parent_selecting"] == [] and r["carriers"] == [] and not r["paper_circuit"]
+    assert not r["worse_than_plateau"] and "ON THE UNIFORM-PARENT PLATEAU: no head credited" in inspect.summary(r)
+
+
+def test_plateau_models_get_no_credit_even_when_a_head_scores_best_among_bad_ones():
+    task = build_task(n_examples=4, seq_len=6)
+    noisy = inspect_subject(_subject(_plateau_model(task, False, noise=0.3), task), n_contexts=128, seed=2)
+    assert noisy["on_plateau"] and noisy["parent_selecting"] == [] and noisy["best_head"] and noisy["carriers"] == []
+    # A head whose attention is exactly BMA's, in a model whose output ignores it: still no credit.
+    deaf = inspect_subject(_subject(_plateau_model(task, True), task), n_contexts=128, seed=2)
+    assert deaf["heads"][-1]["tv"] < 1e-6
+    assert deaf["progress"] < 0 and deaf["on_plateau"] and deaf["parent_selecting"] == [] and deaf["carriers"] == []
+    # Its NLL is above the plateau's: the verdict says so, with the margin, and not "on the plateau".
+    margin = deaf["nll"] - deaf["nll_uniform"]
+    text = inspect.summary(deaf)
+    assert deaf["worse_than_plateau"] and margin > 0.01
+    assert f"WORSE THAN THE UNIFORM-PARENT PLATEAU (its NLL is {margin:.4f} nats above" in text
+    assert "ON THE UNIFORM-PARENT PLATEAU" not in text.replace("WORSE THAN THE UNIFORM-PARENT PLATEAU", "")
+
+
+def test_standard_model_candidate_attention_matches_hugging_face(tmp_path):
+    from transformers import GPT2LMHeadModel
+
+    folder, _, task = hf_folder(tmp_path, build_task(n_examples=4, seq_len=6, alpha=0.3))
+    subject = load_subject(folder)
+    hf = GPT2LMHeadModel.from_pretrained(folder, attn_implementation="eager").eval()
+    tokens, _ = task.sample(4, torch.Generator().manual_seed(3))
+    att = hf(tokens, output_attentions=True).attentions  # [batch, head, query, key] per layer
+    L, H = task.n_examples, task.seq_len
+    for layer, mine in enumerate(subject.attention(tokens)):
+        rows = mine.target_rows(L, H)
+        for h in range(H):
+            want = att[layer][:, :, L * H + h - 1]
+            assert torch.allclose(rows[:, :, h].float(), want, atol=1e-5)
+    r = inspect_subject(subject, n_contexts=128, seed=0)  # untrained
+    assert r["nll_uniform"] - r["nll_bma"] > 0.02  # demonstrations matter on this task
+    assert r["kind"] == "standard" and len(r["heads"]) == 4 and r["on_plateau"] and not r["parent_selecting"]
+    assert r["carriers"] == []
+
+
+def test_cli_on_a_pt_file_writes_the_report(tmp_path, capsys):
+    task = build_task(n_examples=4, seq_len=6, alpha=0.3)
+    model = models.theorem1_model(task.pi, 4, 6, beta=50)
+    torch.save(model.state_dict(), tmp_path / "w.pt")
+    (tmp_path / "cfg.json").write_text(json.dumps(file_config(model, task)))
+    r = inspect.main(
+        [
+            "--checkpoint",
+            str(tmp_path / "w.pt"),
+            "--config",
+            str(tmp_path / "cfg.json"),
+            "--n-contexts",
+            "128",
+            "--out",
+            str(tmp_path / "out"),
+        ]
+    )
+    assert r["parent_selecting"] == ["L1H0"]
+    saved = json.loads((tmp_path / "out" / "inspect.json").read_text())
+    assert saved["results"]["progress"] == r["progress"] and saved["checkpoint_hash"]
+    for stem in inspect.FIGURES:
+        assert (tmp_path / "out" / stem).is_file()
+    out = capsys.readouterr().out
+    assert "parent-selecting heads: L1H0" in out and "THE PAPER'S CIRCUIT" in out
+    # The heads it names link to the discovered circuit: where analyses.circuit writes it for this checkpoint.
+    want = str(common.default_out(str(tmp_path / "w.pt")) / "circuit.json")
+    assert saved["results"]["circuit_link"]["json"] == want and f"the discovered circuit (the edges between these heads): {want}" in out
+
+
+def test_the_standard_gpt2_links_to_its_committed_circuit():
+    committed = json.loads((common.FIGURES_DIR / "circuit.json").read_text())
+    assert inspect.circuit_link("standard", committed["checkpoint_hash"])["json"] == "figures/circuit.json"
+    assert inspect.circuit_link("standard", "another")["json"] == str(common.default_out("standard") / "circuit.json")

@@ -1,0 +1,98 @@
+"""``python -m MODULE ARGV`` in a new process without paying the imports each time.
+
+The robustness catalogues run each command in a process of its own under an address-space limit: a
+refusal must come before anything is allocated, and a bug that builds the model must be stopped by the
+limit, not by this machine's memory. Started as ``python -m``, every such process spends about 3 s of CPU
+importing torch, transformers and the suite before the one line it is tested for. Here the processes are
+forked from a server (multiprocessing's ``forkserver``) that has imported those once and run nothing else
+(no torch thread pool exists to be inherited by a fork): each case gets a process of its own, its own
+address space under ``RLIMIT_AS`` (counting what the imports mapped, as a fresh process's does), its own
+working folder, environment and stdio, in about 0.1 s. The command runs as ``python -m`` runs it
+(``runpy.run_module`` as ``__main__``, ``sys.argv`` set); its exit code is that of ``SystemExit``, 1 for
+an uncaught exception (its traceback on stderr), as in Python.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import multiprocessing
+import os
+import resource
+import runpy
+import sys
+import tempfile
+import traceback
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+PRELOAD = ["torch", "transformers", "transformer_lens", "matplotlib.pyplot", "models", "analyses.common"]
+
+
+@dataclasses.dataclass
+class Completed:
+    """What ``subprocess.run(capture_output=True, text=True)`` returns, as far as the tests read it."""
+
+    args: list[str]
+    returncode: int
+    stdout: str
+    stderr: str
+
+
+def _context():
+    ctx = multiprocessing.get_context("forkserver")
+    ctx.set_forkserver_preload(PRELOAD)
+    return ctx
+
+
+CONTEXT = _context()
+
+
+def _child(module: str, argv: list[str], cwd: str, env: dict, limit: int | None, out: str, err: str) -> None:
+    """In the forked process: stdio to files, the limit, the folder, the environment; then the module."""
+    for fd, path in ((1, out), (2, err)):
+        f = os.open(path, os.O_WRONLY | os.O_TRUNC)
+        os.dup2(f, fd)
+        os.close(f)
+    sys.stdout = open(1, "w", closefd=False)  # noqa: SIM115 (the process ends with os._exit)
+    sys.stderr = open(2, "w", closefd=False)  # noqa: SIM115
+    os.chdir(cwd)
+    os.environ.clear()
+    os.environ.update(env)
+    if limit is not None:
+        resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
+    sys.argv = [module, *argv]
+    sys.path.insert(0, cwd)  # as python -m puts the working folder first
+    sys.modules.pop(module, None)  # run afresh as __main__, as python -m does (no warning that it was imported)
+    code = 0
+    try:
+        runpy.run_module(module, run_name="__main__", alter_sys=True)
+    except SystemExit as e:
+        code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+        if not isinstance(e.code, (int, type(None))):
+            print(e.code, file=sys.stderr)
+    except BaseException:  # noqa: BLE001 (as the interpreter reports an uncaught exception)
+        traceback.print_exc()
+        code = 1
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
+def run(module: str, *argv: str, cwd: Path, env: dict | None = None, limit: int | None = None,
+        timeout: float = 60) -> Completed:  # fmt: skip
+    """``python -m module argv`` in a forked process with working folder ``cwd``, the environment ``env``
+    (default: this one's, with the repository on ``PYTHONPATH``), address space ``limit`` bytes, and
+    ``timeout`` seconds (then killed; ``TimeoutError``)."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT)} if env is None else env
+    with tempfile.TemporaryDirectory() as tmp:
+        out, err = Path(tmp) / "stdout", Path(tmp) / "stderr"
+        out.touch()
+        err.touch()
+        p = CONTEXT.Process(target=_child, args=(module, list(argv), str(cwd), env, limit, str(out), str(err)))
+        p.start()
+        p.join(timeout)
+        if p.exitcode is None:
+            p.kill()
+            p.join()
+            raise TimeoutError(f"python -m {module} {' '.join(argv)} ran past {timeout} s")
+        return Completed([module, *argv], p.exitcode, out.read_text(), err.read_text())

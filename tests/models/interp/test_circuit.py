@@ -1,0 +1,574 @@
+"""models.interp.circuit: hooks that mean what they say (per family), exact edge patching and EAP-IG recover the
+circuits known in advance (ROC AUC), EAP equals exact patching where the metric is linear in the patched
+input, and single-edge scores add up where they must."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from conftest import build_task
+from constructed import transposed_subject, transposed_truth
+from test_formats import hf_folder
+from test_formats_pipelines import SPECIAL, write_nanogpt
+
+import models
+from models.interp.circuit import (
+    Runner,
+    build_graph,
+    denoising_runner,
+    other_contexts,
+    per_context_nll,
+    ratio_se,
+    roc_auc,
+    sender_writes,
+    source_writes,
+)
+from models.interp.interventions import Intervention
+from models.interp.subject import StandardSubject, load_subject, subject_of
+from models.nets.hooked_transformer import HookedTransformer, HookedTransformerConfig
+from probes import Layout, bma_predictive
+
+
+def _grab_all(subject, tokens, names, extra=()):
+    store = {}
+
+    def grab(a, hook, n):
+        store[n] = a.detach().clone()
+
+    lp = subject.log_probs(tokens, [*extra, *((n, lambda a, hook, n=n: grab(a, hook, n)) for n in names)])
+    return lp, store
+
+
+def _subjects(tmp_path):
+    task = build_task(n_examples=3, seq_len=4)
+    theorem1 = subject_of(models.theorem1_model(task.pi, 3, 4, 5.0), task, None, "theorem1", "0")
+    hf, _, _ = hf_folder(tmp_path, task)
+    nano, _, _ = write_nanogpt(tmp_path / "nano", task, SPECIAL)
+    return {"theorem1": theorem1, "default": load_subject("default"), "bridge": load_subject(hf),
+            "nanogpt": load_subject(nano)}  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def subjects(tmp_path_factory):
+    return _subjects(tmp_path_factory.mktemp("circuit"))
+
+
+@pytest.mark.parametrize("family", ["theorem1", "default", "bridge", "nanogpt"])
+def test_every_receiver_edit_moves_only_its_own_input_at_its_positions(subjects, family):
+    """Adding a change at a receiver's site at one position moves its captured activation (its head's
+    q / k / v, the MLP's output, the copyer's copy) and, for a position-wise input, only at that position."""
+    subject = subjects[family]
+    subject.model.eval()
+    graph = build_graph(subject)
+    tokens, _ = subject.task.sample(3, torch.Generator().manual_seed(0))
+    captures = sorted({r.capture for r in graph.receivers if r.capture})
+    _, clean = _grab_all(subject, tokens, captures + sorted({r.site for r in graph.receivers}))
+    g = torch.Generator().manual_seed(1)
+    H = subject.task.seq_len
+    lp_clean = subject.log_probs(tokens)
+    for r in graph.receivers:
+        site = clean[r.site]
+        p = graph.groups[r.site][next(iter(graph.groups[r.site]))][-1]
+        if r.capture is None:  # the output: the position that predicts the last target token
+            p = H - 1 if family in ("theorem1", "default") else int(subject.layout.prediction_positions()[H - 1])
+        delta = torch.zeros_like(site)
+        delta[:, p] = torch.randn(site.shape[-1], generator=g, dtype=site.dtype)
+        if r.capture is None and family in ("theorem1", "default"):  # the site is a mixture: keep it positive
+            delta = 0.1 * delta.abs()
+        lp, moved = _grab_all(subject, tokens, captures, [Intervention(r.site, "add", value=delta).fwd_hook()])
+        if r.capture is None:  # only that prediction moves
+            change = (lp - lp_clean).abs()
+            assert change[:, H - 1].max() > 1e-6 and change[:, : H - 1].max() <= 1e-9
+            continue
+        change = (moved[r.capture] - clean[r.capture]).abs()
+        assert change.max() > 1e-6, f"{r.node}.{r.input}: editing {r.site} does not reach {r.capture}"
+        assert r.positionwise == (r.capture != "blocks.0.attn.hook_z")  # the copyers read every position
+        if r.positionwise:
+            others = torch.ones(change.shape[1], dtype=torch.bool)
+            others[p] = False
+            assert change[:, others].max() <= 1e-6, f"{r.capture} moved at positions other than {p}"
+
+
+def test_bridge_resid_mid_reaches_only_ln2_and_attn_out_reaches_the_residual(subjects):
+    """On a TransformerBridge an edit of blocks.0.hook_resid_mid changes the MLP's output but does not
+    itself enter the residual stream; an edit of blocks.0.hook_attn_out does (the site standard_circuit's
+    through-the-MLP path patch now uses); a head's write is hook_z through W_O, as Sender.write reads it."""
+    subject = subjects["bridge"]
+    tokens, _ = subject.task.sample(3, torch.Generator().manual_seed(0))
+    names = ["blocks.0.hook_mlp_out", "blocks.0.hook_resid_post", "blocks.0.hook_resid_mid", "blocks.0.attn.hook_z"]
+    _, clean = _grab_all(subject, tokens, names)
+    delta = torch.zeros_like(clean["blocks.0.hook_resid_mid"])
+    delta[:, 2] = torch.randn(delta.shape[-1], generator=torch.Generator().manual_seed(2))
+    for site, carried in (("blocks.0.hook_resid_mid", 0.0), ("blocks.0.hook_attn_out", 1.0)):
+        _, moved = _grab_all(subject, tokens, names, [Intervention(site, "add", value=delta).fwd_hook()])
+        mlp = moved["blocks.0.hook_mlp_out"] - clean["blocks.0.hook_mlp_out"]
+        resid = moved["blocks.0.hook_resid_post"] - clean["blocks.0.hook_resid_post"]
+        assert mlp.abs().max() > 1e-4
+        assert torch.allclose(resid, mlp + carried * delta, atol=1e-5)
+    z = clean["blocks.0.attn.hook_z"].clone()
+    z[:, :, 1] += 0.5
+    _, moved = _grab_all(subject, tokens, names, [Intervention("blocks.0.attn.hook_z", "patch", value=z).fwd_hook()])
+    W_O = subject.model.blocks[0].attn.W_O[1].detach()
+    want = clean["blocks.0.hook_resid_mid"] + 0.5 * W_O.sum(0)
+    assert torch.allclose(moved["blocks.0.hook_resid_mid"], want, atol=1e-5)
+
+
+def _paper_truth(subject, graph) -> list[bool]:
+    """The true edges of the paper's circuit on the disentangled model, read from the Theorem 1
+    construction of the subject's task: a copyer reads its demonstration; a layer-1 input reads subspace s
+    where the construction's W_KQ (query columns / key rows) or W_OV has a non-zero block; the head writes
+    the output."""
+    task = subject.task
+    exact = models.theorem1_model(task.pi, task.n_examples, task.seq_len, 50.0, task.root)
+    d, K = task.d_vocab, exact.cfg.n_copy_heads
+    W_KQ, W_OV = exact.blocks[1].attn.W_KQ.detach(), exact.blocks[1].attn.W_OV.detach()
+    block = lambda s: slice(s * d, (s + 1) * d)  # noqa: E731
+    sub = {"embed": 0, **{f"L0H{k}": k + 1 for k in range(K)}}
+    truth = []
+    for e in graph.edges:
+        if e.receiver == "output":
+            truth.append(True)
+        elif e.receiver.startswith("L0"):
+            truth.append(e.group == "demonstrations")
+        else:
+            s = sub[e.sender]
+            w = {"q": W_KQ[d:, block(s)], "k": W_KQ[block(s), d:], "v": W_OV[block(s)]}[e.input]
+            truth.append(bool(w.abs().max() > 1e-9) and not (e.input == "q" and s == 0))
+    return truth
+
+
+@pytest.mark.parametrize("spec", ["theorem1:beta=50", "default"])
+def test_exact_patching_and_eap_ig_recover_the_paper_circuit(spec):
+    subject = load_subject(spec)
+    subject.model.eval()
+    graph = build_graph(subject)
+    task = subject.task
+    tokens, _ = task.sample(48, torch.Generator().manual_seed(0))
+    resampled, _ = task.sample(48, torch.Generator().manual_seed(1))
+    runner = Runner(subject, graph, tokens, sender_writes(subject, graph, resampled)[0])
+    truth = _paper_truth(subject, graph)
+    assert 0 < sum(truth) < len(truth)
+    # Ranked by |score|: ablating a true edge may help on a finite sample (the resampled contexts differ).
+    assert roc_auc([abs(x) for x in runner.exact_scores()], truth) == 1.0
+    assert roc_auc([abs(x) for x in runner.eap_ig_scores()], truth) >= 0.95
+    # The known circuit alone keeps the model's progress over the uniform-parent plateau.
+    kept = [e for e, t in zip(graph.edges, truth) if t]
+    plateau = bma_predictive(task.pi, tokens, task.n_examples, task.seq_len, task.root, demonstrations=[], log=True)
+    plateau_nll = per_context_nll(plateau, tokens)
+    share, se = ratio_se(plateau_nll - runner.keep_only_values(kept), plateau_nll - runner.clean_values)
+    print(f"known circuit keeps {share:.4f} +- {se:.4f} of the progress")
+    assert share >= 0.95
+
+
+def _linear_subject():
+    """A one-layer attention-only transformer with no normalisation: its logits are linear in every
+    head's value input and in the final residual."""
+    task = build_task(n_examples=2, seq_len=3)
+    layout = Layout(task.n_examples, task.seq_len, task.d_vocab)
+    cfg = HookedTransformerConfig(n_layers=2, d_model=6, n_ctx=layout.n_positions, d_head=3, n_heads=2,
+                                  d_vocab=task.d_vocab, attn_only=True, normalization_type=None, dtype="float64")  # fmt: skip
+    model = HookedTransformer(cfg)
+    g = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.copy_(torch.randn(p.shape, generator=g, dtype=p.dtype))
+    return StandardSubject(model.eval(), task, layout, "linear", "0"), task
+
+
+def _logit_difference(log_probs, tokens):
+    return (log_probs[..., 0] - log_probs[..., 1]).mean(-1)  # each context's logits' difference: linear in them
+
+
+def test_eap_equals_exact_patching_where_the_metric_is_linear_in_the_input_and_scores_add_up():
+    subject, task = _linear_subject()
+    graph = build_graph(subject)
+    tokens, _ = task.sample(16, torch.Generator().manual_seed(0))
+    resampled, _ = task.sample(16, torch.Generator().manual_seed(1))
+    runner = Runner(subject, graph, tokens, sender_writes(subject, graph, resampled)[0], _logit_difference)
+    linear = [e for e in graph.edges if e.receiver == "output" or (e.receiver.startswith("L1") and e.input == "v")]
+    exact, eap = runner.exact_scores(linear), runner.eap_scores(linear)
+    assert max(abs(a) for a in exact) > 1e-3
+    assert torch.allclose(torch.tensor(exact), torch.tensor(eap), atol=1e-9, rtol=1e-7)
+    into_output = [e for e in graph.edges if e.receiver == "output"]
+    total = runner.run(into_output) - runner.clean_metric
+    assert abs(sum(runner.exact_scores(into_output)) - total) < 1e-9
+    # Where the metric is not linear (layer-0 queries feed a softmax), EAP is only an approximation.
+    q0 = [e for e in graph.edges if e.receiver.startswith("L0") and e.input == "q"]
+    assert max(abs(a - b) for a, b in zip(runner.exact_scores(q0), runner.eap_scores(q0))) > 1e-6
+
+
+def test_a_model_without_the_hooks_is_refused_in_one_line():
+    subject = transposed_subject(build_task(n_examples=2, seq_len=3))
+    del subject.model.hook_dict["blocks.1.attn.hook_k"]  # a model whose attention has no key hook
+    with pytest.raises(ValueError, match="circuit discovery needs the hooks blocks.1.attn.hook_k,"):
+        build_graph(subject)
+
+
+def _one_edge_by_hand(subject, graph, tokens, source, clean, edge):
+    """Per context, the NLL change when ``edge`` alone is ablated, with hand-written hooks: one pass adds the
+    sender's change (ablated minus clean write) at the receiver's site at the edge's positions and keeps the
+    receiver's activation; a second patches it in (the receiver's head, every position). For the output,
+    one pass with the change added at its site."""
+    r = graph.receiver(edge.receiver, edge.input)
+    key, positions = (edge.sender, r.site), graph.groups[r.site][edge.group]
+    delta = torch.zeros_like(clean[key])
+    delta[:, positions] = (source[key] - clean[key]).expand_as(delta)[:, positions]
+    hooks = [(r.site, lambda x, hook: x + delta)]
+    if r.capture is not None:
+        kept = {}
+        subject.log_probs(tokens, hooks + [(r.capture, lambda x, hook: kept.update(a=x.clone()))])
+
+        def patch(x, hook):
+            x = x.clone()
+            x[:, :, r.head] = kept["a"][:, :, r.head]
+            return x
+
+        hooks = [(r.capture, (lambda x, hook: kept["a"]) if r.head is None else patch)]
+    return per_context_nll(subject.log_probs(tokens, hooks), tokens) - per_context_nll(subject.log_probs(tokens), tokens)
+
+
+@pytest.mark.parametrize("family", ["bridge", "default", "nanogpt"])
+def test_batched_exact_patching_equals_edge_by_edge_runs_per_context(subjects, family):
+    """exact_values shares one edited pass among every edge of a sender at a site (and every receiver
+    reading it) and runs several edges' copies of the contexts per pass; per context it equals each edge
+    ablated alone by hand-written hooks, and run_values([edge]) (the circuit runner's own path)."""
+    subject = subjects[family]
+    graph = build_graph(subject)
+    tokens, _ = subject.task.sample(6, torch.Generator().manual_seed(0))
+    resampled, _ = subject.task.sample(6, torch.Generator().manual_seed(1))
+    source = sender_writes(subject, graph, resampled)[0]
+    runner = Runner(subject, graph, tokens, source, rows=5 * len(tokens))
+    senders = {"embed", "L0H1", "MLP0"} if family != "default" else {"embed", "L0H1", "L0H7", "L1H0"}
+    edges = [e for e in graph.edges if e.sender in senders]
+    batched = runner.exact_values(edges)
+    assert runner.copies == 5 and batched.shape == (len(edges), 6)
+    by_hand = torch.stack([_one_edge_by_hand(subject, graph, tokens, source, runner.clean, e) for e in edges])
+    assert batched.abs().max() > 1e-3 and (batched.abs().amax(1) > 1e-6).sum() > len(edges) // 3
+    assert torch.allclose(batched, by_hand, atol=1e-6)
+    one_by_one = torch.stack([runner.run_values([e]) - runner.clean_values for e in edges[::5]])
+    assert torch.allclose(batched[::5], one_by_one, atol=1e-6)
+
+
+def test_cli_writes_the_set_and_refuses_an_unknown_node_in_one_line(tmp_path, capsys):
+    import json
+
+    from analyses import circuit, common
+
+    argv = ["--checkpoint", "theorem1:beta=50", "--out", str(tmp_path), "--n-contexts", "8", "--curve-points", "2"]
+    r = circuit.main(argv + ["--nodes", ",".join([f"L0H{k}" for k in range(10)] + ["L1H0"])])
+    assert r["faithfulness"] == pytest.approx(1.0, abs=1e-9)  # every edge between every node: the full model
+    saved = json.loads((tmp_path / "circuit.json").read_text())["results"]
+    assert {"nodes", "edges", "n_edges_total", "ablation", "corruption", "metric", "checkpoint_hash", "curve"} <= set(
+        saved
+    )
+    assert (
+        saved["interventions"]
+        and (tmp_path / "circuit_graph.pdf").exists()
+        and (tmp_path / "circuit_curve.png").exists()
+    )
+    assert "denoising_faithfulness" not in saved and all(e["se"] >= 0 for e in saved["all_edges"])
+    for row in saved["by_input"]:  # each input's summed score: the sum of its edges' scores
+        into = [e for e in saved["all_edges"] if (e["input"], e["group"]) == (row["input"], row["group"])
+                and (e["receiver"] == row["receivers"] or e["receiver"].startswith(row["receivers"] + "H"))]
+        assert row["n_edges"] == len(into) and row["sum"] == pytest.approx(sum(e["score"] for e in into), abs=1e-12)
+    assert sum(row["n_edges"] for row in saved["by_input"]) == saved["n_edges_total"]
+    assert max(row["se"] for row in saved["by_input"]) > 0
+    nodes = ",".join([f"L0H{k}" for k in range(10)] + ["L1H0"])
+    denoised = [a if a != str(tmp_path) else str(tmp_path / "denoised") for a in argv]
+    r = circuit.main(denoised + ["--direction", "denoising", "--method", "eap", "--nodes", nodes])
+    assert r["faithfulness"] == pytest.approx(1.0, abs=1e-9) and r["denoising_faithfulness"] == pytest.approx(1.0, abs=1e-5)
+    assert [c["n_edges"] for c in r["denoising_curve"]] == [c["n_edges"] for c in r["curve"]]
+    assert r["denoising_curve"][0]["faithfulness"] == pytest.approx(0.0, abs=1e-12)
+    assert r["denoising_curve"][-1]["faithfulness"] == pytest.approx(1.0, abs=1e-5)
+    assert all(e["se"] > 0 for e in r["edges"] if e["score"] != 0)  # EAP scores carry their standard error
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as e:
+        common.run(circuit.main, argv + ["--nodes", "L7H3"])
+    assert e.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "no node L7H3" in err[0]
+    with pytest.raises(SystemExit) as e:
+        common.run(circuit.main, argv + ["--direction", "denoising", "--corruption", "mean"])
+    assert e.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "--direction denoising needs a corruption that is a run on other contexts" in err[0]
+
+
+def test_inspect_sufficiency_is_the_share_kept_with_every_other_head_mean_ablated():
+    """Against a hand-written hook: the copyers' hook_z replaced by its mean over the contexts."""
+    from analyses.inspect import sufficiency
+    from probes import bma_predictive
+    from probes import target_nll as nll
+
+    task = build_task(n_examples=3, seq_len=4)
+    subject = subject_of(models.theorem1_model(task.pi, 3, 4, 5.0), task, None, "theorem1", "0")
+    tokens, _ = task.sample(40, torch.Generator().manual_seed(3))
+    log: list = []
+    got = sufficiency(subject, tokens, ["L0H0", "L1H0"], log)
+
+    def mean_rest(z, hook):
+        z = z.clone()
+        z[:, :, 1:] = z[:, :, 1:].mean(0, keepdim=True)
+        return z
+
+    plateau = bma_predictive(task.pi, tokens, 3, 4, task.root, demonstrations=[], log=True)
+    ablated = subject.log_probs(tokens, [("blocks.0.attn.hook_z", mean_rest)])
+    one = lambda lp, i: nll(lp[i : i + 1], tokens[i : i + 1])  # noqa: E731
+    a = torch.tensor([one(plateau, i) - one(ablated, i) for i in range(40)], dtype=torch.float64)
+    b = torch.tensor([one(plateau, i) - one(subject.log_probs(tokens), i) for i in range(40)], dtype=torch.float64)
+    assert got["share"] == pytest.approx((a.mean() / b.mean()).item(), abs=1e-9)
+    assert 0 < got["se"] < 1 and got["share"] < 0.99  # ablating two of three copyers costs progress
+    assert log and log[0]["hook"] == "blocks.0.attn.hook_z" and log[0]["heads"] == [1, 2]
+
+
+def test_greedy_pruning_keeps_exactly_the_paper_circuit_on_theorem1():
+    from models.interp.circuit import greedy
+
+    subject = load_subject("theorem1:beta=50")
+    graph = build_graph(subject)
+    tokens, _ = subject.task.sample(24, torch.Generator().manual_seed(0))
+    resampled, _ = subject.task.sample(24, torch.Generator().manual_seed(1))
+    runner = Runner(subject, graph, tokens, sender_writes(subject, graph, resampled)[0])
+    kept = set(greedy(runner, 1e-9))
+    assert kept == {e for e, t in zip(graph.edges, _paper_truth(subject, graph)) if t}
+
+
+def _progress_kept(runner, task, tokens, kept) -> float:
+    plateau = bma_predictive(task.pi, tokens, task.n_examples, task.seq_len, task.root, demonstrations=[], log=True)
+    plateau_nll = per_context_nll(plateau, tokens)
+    share, se = ratio_se(plateau_nll - runner.keep_only_values(kept), plateau_nll - runner.clean_values)
+    print(f"known circuit keeps {share:.4f} +- {se:.4f} of the progress")
+    return share
+
+
+@pytest.mark.parametrize("corruption", ["demonstrations", "target"])
+def test_exact_patching_and_eap_ig_recover_the_transposed_circuit(corruption):
+    """The constructed transposed circuit (tests/helpers/constructed.py): the edges each corruption can see, read
+    from the construction, are the ones exact patching and EAP-IG rank first, and they alone keep the
+    model's progress."""
+    task = build_task(n_examples=3, seq_len=4, alpha=0.3)
+    subject = transposed_subject(task)
+    graph = build_graph(subject)
+    tokens, _ = task.sample(48, torch.Generator().manual_seed(0))
+    runner = Runner(subject, graph, tokens, source_writes(subject, graph, tokens, corruption, 0))
+    truth = transposed_truth(graph, corruption)
+    assert 0 < sum(truth) < len(truth)
+    exact = runner.exact_scores()
+    assert roc_auc([abs(x) for x in exact], truth) == 1.0
+    assert roc_auc([abs(x) for x in runner.eap_ig_scores()], truth) >= 0.95
+    assert max(abs(x) for x, t in zip(exact, truth) if not t) < 1e-12  # the rest do exactly nothing
+    assert _progress_kept(runner, task, tokens, [e for e, t in zip(graph.edges, truth) if t]) >= 0.95
+
+
+def test_a_head_that_matters_only_on_the_target_side_is_found_by_the_target_corruption():
+    """L0H1 of the transposed circuit hands the read-out the target's own prefix. Corrupting the
+    demonstrations cannot see it (every edge into or out of it scores exactly 0); re-drawing the target's
+    tokens finds it among the strongest edges."""
+    task = build_task(n_examples=3, seq_len=4, alpha=0.3)
+    subject = transposed_subject(task)
+    graph = build_graph(subject)
+    tokens, _ = task.sample(32, torch.Generator().manual_seed(1))
+    l0h1 = [e for e in graph.edges if "L0H1" in (e.sender, e.receiver)]
+    scores = {}
+    for corruption in ("demonstrations", "target"):
+        runner = Runner(subject, graph, tokens, source_writes(subject, graph, tokens, corruption, 0))
+        scores[corruption] = dict(zip(graph.edges, runner.exact_scores()))
+    assert max(abs(scores["demonstrations"][e]) for e in l0h1) == 0
+    strongest = sorted(graph.edges, key=lambda e: -abs(scores["target"][e]))[:3]
+    assert {(e.sender, e.receiver) for e in strongest if "L0H1" in (e.sender, e.receiver)} == {
+        ("embed", "L0H1"), ("L0H1", "output")}  # fmt: skip
+    assert all(scores["target"][e] > 0.05 for e in strongest)
+
+
+def _final_resid_patch(subject, tokens, sub: slice, positions, value):
+    """NLL of the targets with the final residual's subspace ``sub`` at ``positions`` set to ``value``
+    (``[batch or 1, len(positions), width]``): a hand-written hook, no models.interp.circuit."""
+
+    def hook(x, hook):
+        x = x.clone()
+        x[:, positions, sub] = value
+        return x
+
+    lp = subject.log_probs(tokens, [("blocks.1.hook_resid_post", hook)])
+    return per_context_nll(lp, tokens).mean().item()
+
+
+def _final_resid(subject, tokens):
+    store = {}
+    subject.log_probs(tokens, [("blocks.1.hook_resid_post", lambda x, hook: store.update(r=x.clone()))])
+    return store["r"]
+
+
+def test_target_corruption_and_mean_ablation_do_what_they_say():
+    """Against hand-written hooks on the transposed circuit, whose heads write into their own subspaces.
+    target: the demonstrations kept, the target's tokens re-drawn uniformly; the edge L0H1 -> output at
+    the target scores what setting the final residual's L0H1 subspace there to its value on those contexts
+    costs. mean: the edge L1H0 -> output scores what setting L1H0's subspace to its mean over fresh
+    contexts (held out, none of them a clean one) costs, which differs from the mean over the batch."""
+    task = build_task(n_examples=3, seq_len=4, alpha=0.3)
+    subject = transposed_subject(task)
+    model, graph, H = subject.model, build_graph(subject), task.seq_len
+    tokens, _ = task.sample(64, torch.Generator().manual_seed(2))
+    target = list(range(task.n_examples * H, (task.n_examples + 1) * H))
+    clean_nll = per_context_nll(subject.log_probs(tokens), tokens).mean().item()
+
+    other = other_contexts(task, tokens, "target", 0)
+    assert torch.equal(other[:, :-H], tokens[:, :-H])
+    assert (other[:, -H:] != tokens[:, -H:]).any(1).float().mean() > 0.9
+    counts = torch.bincount(other[:, -H:].flatten(), minlength=task.d_vocab).double()
+    assert counts.min() > 0  # every token drawn, as a uniform draw of 256 tokens over d_vocab does
+    runner = Runner(subject, graph, tokens, source_writes(subject, graph, tokens, "target", 0))
+    B = model.sub["B"]
+    want = _final_resid_patch(subject, tokens, B, target, _final_resid(subject, other)[:, target, B]) - clean_nll
+    got = runner.exact_scores([graph.find("L0H1->output.out@target")])[0]
+    assert want > 0.05 and got == pytest.approx(want, abs=1e-9)
+
+    held_out = task.sample(64, torch.Generator().manual_seed(0 + 7919))[0]  # the seed's held-out contexts
+    assert not (held_out.unsqueeze(1) == tokens.unsqueeze(0)).all(-1).any()
+    Z = model.sub["Z"]
+    mean = _final_resid(subject, held_out)[:, target, Z].mean(0, keepdim=True)
+    want = _final_resid_patch(subject, tokens, Z, target, mean) - clean_nll
+    runner = Runner(subject, graph, tokens, source_writes(subject, graph, tokens, "mean", 0))
+    got = runner.exact_scores([graph.find("L1H0->output.out@target")])[0]
+    assert want > 0.05 and got == pytest.approx(want, abs=1e-9)
+    batch_mean = _final_resid(subject, tokens)[:, target, Z].mean(0, keepdim=True)
+    assert abs(_final_resid_patch(subject, tokens, Z, target, batch_mean) - clean_nll - got) > 1e-4
+
+
+def test_denoising_is_minus_noising_where_the_metric_is_linear_and_restores_the_clean_run_in_sum():
+    """Where the metric is linear in the final residual (the linear model, a logit difference), an edge
+    into the output scores g . (corrupted - clean write) noising and g . (clean - corrupted) denoising: the
+    same number with the other sign; restoring every edge into the output restores the clean metric, so
+    the denoising scores sum to clean - corrupted."""
+    subject, task = _linear_subject()
+    graph = build_graph(subject)
+    tokens, _ = task.sample(16, torch.Generator().manual_seed(0))
+    into_output = [e for e in graph.edges if e.receiver == "output"]
+    noising = Runner(subject, graph, tokens, source_writes(subject, graph, tokens, "resample", 3), _logit_difference)
+    denoising = denoising_runner(subject, graph, tokens, "resample", 3, _logit_difference)
+    noise, denoise = noising.exact_scores(into_output), denoising.exact_scores(into_output)
+    assert max(abs(x) for x in noise) > 1e-3
+    assert torch.allclose(torch.tensor(denoise), -torch.tensor(noise), atol=1e-9)
+    other = other_contexts(task, tokens, "resample", 3)
+    corrupted = _logit_difference(subject.log_probs(other), tokens).mean().item()
+    clean = _logit_difference(subject.log_probs(tokens), tokens).mean().item()
+    assert sum(denoise) == pytest.approx(clean - corrupted, abs=1e-9)
+    assert denoising.clean_metric == pytest.approx(corrupted, abs=1e-12)
+    with pytest.raises(ValueError, match="denoising needs a corruption that is a run on other contexts"):
+        denoising_runner(subject, graph, tokens, "mean", 3)
+
+
+@pytest.mark.parametrize("method", ["eap", "eap-ig"])
+def test_eap_and_eap_ig_per_context_values_equal_brute_force_derivatives(method):
+    """EAP and EAP-IG per context against derivatives computed by brute force: at the clean run (EAP) or at
+    each midpoint alpha of the embeddings' path from clean to corrupted (EAP-IG), the derivative of each
+    context's metric along the edge's change is a central finite difference of forward passes that add
+    eps * (sender's change @ W_Q / W_K) to the receiving head's hook_q / hook_k at the edge's positions
+    (the model has no normalisation, so a head's query is affine in its residual); its mean over the
+    midpoints is that context's value, and the score is the mean over the contexts."""
+    subject, task = _linear_subject()
+    model = subject.model
+    graph = build_graph(subject)
+    tokens, _ = task.sample(8, torch.Generator().manual_seed(0))
+    other, _ = task.sample(8, torch.Generator().manual_seed(1))
+    runner = Runner(subject, graph, tokens, sender_writes(subject, graph, other)[0], _logit_difference)
+    edges = [e for e in graph.edges if e.input in ("q", "k")]
+    steps = 4
+    if method == "eap":
+        got, alphas = runner.eap_values(edges), [0.0]
+    else:
+        got, alphas = runner.eap_ig_values(edges, steps=steps), [(i + 0.5) / steps for i in range(steps)]
+
+    def cache(toks):
+        store = {}
+        names = ["hook_embed", "blocks.0.attn.hook_z"]
+        subject.log_probs(toks, [(n, lambda x, hook, n=n: store.update({n: x.clone()})) for n in names])
+        return store
+
+    clean, corrupt = cache(tokens), cache(other)
+
+    def write(c, sender):
+        if sender == "embed":
+            return c["hook_embed"]
+        layer, head = int(sender[1]), int(sender[3:])
+        assert layer == 0
+        return c["blocks.0.attn.hook_z"][:, :, head] @ model.blocks[0].attn.W_O[head].detach()
+
+    positions = {g: graph.groups["blocks.0.hook_resid_pre"][g] for g in graph.groups["blocks.0.hook_resid_pre"]}
+    eps = 1e-6
+    want = []
+    for e in edges:
+        if e.sender == "pos_embed":
+            want.append(torch.zeros(len(tokens), dtype=torch.float64))
+            continue
+        layer, head = int(e.receiver[1]), int(e.receiver[3:])
+        change = torch.zeros_like(clean["hook_embed"])
+        change[:, positions[e.group]] = (write(corrupt, e.sender) - write(clean, e.sender))[:, positions[e.group]]
+        W = getattr(model.blocks[layer].attn, "W_Q" if e.input == "q" else "W_K")[head].detach()
+        total = 0.0
+        for alpha in alphas:
+            move = alpha * (corrupt["hook_embed"] - clean["hook_embed"])
+
+            def metric(sign):
+                def nudge(x, hook):
+                    x = x.clone()
+                    x[:, :, head] += sign * eps * (change @ W)
+                    return x
+
+                hooks = [("hook_embed", lambda x, hook: x + move), (f"blocks.{layer}.attn.hook_{e.input}", nudge)]
+                return _logit_difference(subject.log_probs(tokens, hooks), tokens).detach()
+
+            total = total + (metric(1) - metric(-1)) / (2 * eps)
+        want.append(total / len(alphas))
+    want = torch.stack(want)
+    assert got.shape == want.shape == (len(edges), len(tokens))
+    assert want.abs().max() > 1e-3 and (want.std(1) > 1e-4).any()  # the contexts differ
+    assert torch.allclose(got, want, atol=1e-6, rtol=1e-5)
+
+
+@pytest.mark.parametrize("spec", ["theorem1:beta=50", "default", "transposed"])
+def test_denoising_faithfulness_restores_with_the_known_circuit_nothing_without_and_all_with_every_edge(spec):
+    """The corrupted run (another tree's demonstrations) with only the known circuit's edges restored to
+    their clean values recovers at least 0.95 of the clean-minus-corrupted NLL; with no edge restored it
+    is the corrupted run (0), with every edge restored the clean run (1)."""
+    from analyses.circuit import restored
+
+    if spec == "transposed":
+        subject = transposed_subject(build_task(n_examples=3, seq_len=4, alpha=0.3))
+        graph = build_graph(subject)
+        truth = transposed_truth(graph, "demonstrations")
+    else:
+        subject = load_subject(spec)
+        graph = build_graph(subject)
+        truth = _paper_truth(subject, graph)
+    tokens, _ = subject.task.sample(48, torch.Generator().manual_seed(0))
+    denoiser = denoising_runner(subject, graph, tokens, "demonstrations", 0)
+    clean = per_context_nll(subject.log_probs(tokens), tokens)
+    assert (denoiser.clean_values - clean).mean() > 0.05  # the corruption costs something to recover
+    known = [e for e, t in zip(graph.edges, truth) if t]
+    nothing, everything, circuit = (restored(denoiser, kept, clean) for kept in ([], graph.edges, known))
+    print(f"{spec}: the known circuit recovers {circuit['faithfulness']:.4f} +- {circuit['se']:.4f}")
+    assert abs(nothing["faithfulness"]) < 1e-12 and abs(everything["faithfulness"] - 1) < 1e-5
+    assert circuit["faithfulness"] >= 0.95 and circuit["n_edges"] < len(graph.edges)
+
+
+def test_a_record_intervention_changes_nothing_and_keeps_the_tensor_gradients_flow_through():
+    """``Intervention(hook, "record", store=...)``: the run is bit for bit the plain one, the store holds the
+    activation itself, and the metric's gradient there equals its gradient at a zero change added to it (a
+    leaf tensor); a selection or a missing store is refused."""
+    task = build_task(n_examples=3, seq_len=4)
+    subject = subject_of(models.theorem1_model(task.pi, 3, 4, 5.0), task, None, "theorem1", "0")
+    tokens, _ = task.sample(5, torch.Generator().manual_seed(0))
+    name = "blocks.1.attn.hook_attn_scores"
+    kept: dict = {}
+    lp = subject.log_probs(tokens, [Intervention(name, "record", store=kept).fwd_hook()])
+    assert torch.equal(lp, subject.log_probs(tokens)) and kept[name].shape[0] == 5
+    (g_record,) = torch.autograd.grad(per_context_nll(lp, tokens).sum(), kept[name])
+    zero = torch.zeros_like(kept[name]).requires_grad_(True)
+    lp = subject.log_probs(tokens, [(name, lambda x, hook: x + zero)])
+    (g_leaf,) = torch.autograd.grad(per_context_nll(lp, tokens).sum(), zero)
+    assert g_leaf.abs().max() > 1e-6 and torch.equal(g_record, g_leaf)
+    with pytest.raises(ValueError, match="keeps the whole activation"):
+        Intervention(name, "record", heads=(0,), store={})
+    with pytest.raises(ValueError, match="a 'record' needs one"):
+        Intervention(name, "record")
