@@ -179,9 +179,36 @@ def check_flags(parser, args) -> None:
         )
 
 
+@torch.no_grad()
+def catformer_blocks(model, parents: list[list[int]] | None) -> dict:
+    """Per head of a CatFormer (``models.nets.catformer``), the Frobenius norm of every block of its A over the
+    named blocks of its residual (token, position, each earlier head's copy), rows the query's blocks and
+    columns the key's (their ``x A x^T``). With a fixed graph, also Nichani et al.'s measure of layer 0: the
+    softmax of the causally masked position-position block, its mass on each position's parent, averaged
+    over the positions that have one (their ``many_graphs.ipynb``)."""
+    heads = []
+    for layer, block in enumerate(model.blocks):
+        names = model.residual_blocks(layer)
+        for h, A in enumerate(block.attn.A.detach().double().cpu()):
+            norms = [[A[a0:a1, b0:b1].norm().item() for _, b0, b1 in names] for _, a0, a1 in names]
+            heads.append({"head": head_label(layer, h), "blocks": [n for n, _, _ in names], "norms": norms})
+    out = {"family": "CatFormer", "heads": heads, "parent_attention": None}
+    if parents is not None:
+        d, T = model.cfg.d_vocab, model.cfg.n_ctx
+        P = model.blocks[0].attn.A[0, d:, d:].detach().double().cpu()
+        soft = P.masked_fill(~torch.ones(T, T, dtype=torch.bool).tril(), float("-inf")).softmax(-1)
+        edges = [(i, ps[0]) for i, ps in enumerate(parents[:T]) if len(ps) == 1]
+        if edges:
+            out["parent_attention"] = sum(soft[i, p].item() for i, p in edges) / len(edges)
+            out["parent_edges"] = len(edges)
+    return out
+
+
 def compute(subject, args) -> dict:
     """The block structure of the subject (with ``w_kq_abs``, |W_KQ|, for the figure) and, from
     ``--snapshots`` or a short training run, its emergence."""
+    if subject.family == "CatFormer":
+        return catformer_blocks(subject.model, getattr(subject.task, "parents", None))
     res = block_structure(subject.model)
     series, source = None, None
     with tempfile.TemporaryDirectory() as tmp:
@@ -202,6 +229,8 @@ def compute(subject, args) -> dict:
 
 def record(r: dict) -> dict:
     """The JSON: every number but the tick labels and the |W_KQ| image."""
+    if r.get("family") == "CatFormer":
+        return r
     series = r["emergence"]
     return {
         **{k: v for k, v in r.items() if k not in ("labels", "w_kq_abs")},
@@ -209,7 +238,26 @@ def record(r: dict) -> dict:
     }
 
 
+def _plot_catformer(r: dict, name: str):
+    import matplotlib.pyplot as plt
+
+    heads = r["heads"]
+    fig, axes = plt.subplots(1, len(heads), figsize=(3.6 * len(heads), 3.6), squeeze=False)
+    for ax, h in zip(axes[0], heads):
+        im = ax.imshow(h["norms"], cmap="viridis")
+        ticks = range(len(h["blocks"]))
+        ax.set_xticks(ticks, h["blocks"], rotation=45, ha="right", fontsize=7)
+        ax.set_yticks(ticks, h["blocks"], fontsize=7)
+        ax.set(xlabel="key block", ylabel="query block", title=f"{h['head']}: |A| by block")
+        fig.colorbar(im, ax=ax, fraction=0.046)
+    fig.suptitle(f"{name}: CatFormer A, Frobenius norm of each residual block pair", fontsize=10)
+    fig.tight_layout()
+    return fig
+
+
 def figures(r: dict, args) -> dict:
+    if r.get("family") == "CatFormer":
+        return {NAME: _plot_catformer(r, args.subject_name)}
     figs = {NAME: _plot_structure(r, args.subject_name)}
     if r["emergence"] is not None:
         figs[f"{NAME}_emergence"] = _plot_emergence(r["emergence"], r["emergence_source"])
@@ -217,6 +265,15 @@ def figures(r: dict, args) -> dict:
 
 
 def summary(r: dict) -> str:
+    if r.get("family") == "CatFormer":
+        lines = [f"{NAME} (CatFormer A, query block x key block norms):"]
+        for h in r["heads"]:
+            top = max(((q, k, v) for q, row in enumerate(h["norms"]) for k, v in enumerate(row)), key=lambda t: t[2])
+            lines.append(f"  {h['head']}: largest block {h['blocks'][top[0]]} x {h['blocks'][top[1]]} ({top[2]:.3f})")
+        if r["parent_attention"] is not None:
+            lines.append(f"  layer 0's positional-block softmax on the parent (Nichani et al.'s measure): "
+                         f"{r['parent_attention']:.3f} over {r['parent_edges']} edges")  # fmt: skip
+        return "\n".join(lines)
     lines = [
         f"{NAME}: copy-subspace off/diag block-norm ratio {r['ratio']:.4f} (claim <= {CLAIM_RATIO}); "
         f"diag mean {r['diag_mean']:.3f}, off mean {r['off_mean']:.4f}, off max {r['off_max']:.4f}",
@@ -234,5 +291,5 @@ def summary(r: dict) -> str:
     return "\n".join(lines)
 
 
-REQUIRES = frozenset({common.DISENTANGLED})  # what it needs of its subject
+REQUIRES = frozenset({common.BILINEAR})  # what it needs of its subject (the disentangled model or a CatFormer)
 ANALYSIS = common.register(globals())

@@ -30,7 +30,7 @@ from pathlib import Path
 
 import torch
 
-from models.interp.subject import BAYES_TASK, CONTENT_FREE_COPYERS, DISENTANGLED, MARKOV_TASK, Subject  # noqa: F401 (analyses declare REQUIRES with them)
+from models.interp.subject import BAYES_TASK, BILINEAR, CONTENT_FREE_COPYERS, DISENTANGLED, MARKOV_TASK, Subject  # noqa: F401 (analyses declare REQUIRES with them)
 from models.loading.sources import NAMED
 from models.plumbing import cli
 from models.plumbing.io import write_json, write_set
@@ -44,7 +44,7 @@ RUNS_DIR = Path("runs") / "figures"  # every other run's, relative to the workin
 ANALYSES = [
     "head_ablation", "activation_patching", "copyers", "logpi_recovery", "block_structure", "bma_agreement",
     "init_gradient", "information", "continuous", "inspect", "inspect_standard", "linear_probes", "standard_circuit", "circuit",
-    "standard_vs_disentangled", "trajectory", "phase_diagram", "attention_view", "scale", "cape_structure", "cape_properties",
+    "standard_vs_disentangled", "trajectory", "phase_diagram", "nichani_dags", "attention_view", "scale", "cape_structure", "cape_properties",
     "cape_downstream",
 ]  # fmt: skip
 # The names Analysis.from_module reads; a module-level name within a typo of one (add_flag) is refused.

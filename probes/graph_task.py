@@ -31,6 +31,7 @@ import torch
 from jaxtyping import Float, Int
 from torch import Tensor
 
+from probes.jax_random import nichani_dags
 from probes.tasks import (
     MAX_D_VOCAB,
     MAX_N_EXAMPLES,
@@ -48,12 +49,14 @@ from probes.tasks import (
     task_header,
 )
 
-GRAPHS = ("random_tree", "chain", "ngram", "random_dag", "given")
+GRAPHS = ("random_tree", "chain", "ngram", "random_dag", "given", "nichani_dag")
 KERNELS = ("fixed", "dirichlet")
-SPEC_KEYS = {"kernel", "n", "parents", "seed"}
+SPEC_KEYS = {"kernel", "n", "parents", "seed", "index", "root"}
+ROOTS = ("uniform", "stationary")
 SPEC_HELP = (
-    "GRAPH[:key=value...] with GRAPH one of random_tree, chain, ngram, random_dag, given and keys "
-    "kernel=fixed|dirichlet, n=N (ngram), parents=K (random_dag) or parents=[[],[0],...] (given), seed=S (random_dag)"
+    "GRAPH[:key=value...] with GRAPH one of random_tree, chain, ngram, random_dag, given, nichani_dag and keys "
+    "kernel=fixed|dirichlet, n=N (ngram), parents=K (random_dag) or parents=[[],[0],...] (given), seed=S (random_dag, "
+    "nichani_dag), index=I (nichani_dag: their I-th of 20 DAGs, 0-19), root=uniform|stationary (parentless tokens)"
 )
 MAX_TABLE_ROWS = 2**16  # d^k rows of the table of parent count k
 MAX_KERNEL_ENTRIES = 2**27  # per-context kernels of one batch (float64: 1 GiB)
@@ -95,11 +98,22 @@ def _on_cycle(parents, start: int) -> bool:
     return False
 
 
+N_NICHANI_DAGS = 20  # their many_graphs.ipynb draws 20 DAGs at once (the keys depend on the count)
+
+
 def fixed_graph(
-    kind: str, seq_len: int, n: int = 2, n_parents: int = 1, seed: int = 0, parents=None
+    kind: str, seq_len: int, n: int = 2, n_parents: int = 1, seed: int = 0, parents=None, index: int = 0
 ) -> list[list[int]]:
-    """The parents lists of a fixed graph: ``chain``, ``ngram`` (n), ``random_dag`` (n_parents, seed), ``given``."""
+    """The parents lists of a fixed graph: ``chain``, ``ngram`` (n), ``random_dag`` (n_parents, seed), ``given``,
+    ``nichani_dag`` (index, seed: ``probes.jax_random.nichani_dags(20, seed, seq_len - 1)[index]`` on positions
+    0..H-3, their DAG at their T = H - 1; then their test token H - 2, a root, and its child H - 1)."""
     H = seq_len
+    if kind == "nichani_dag":
+        i = check_int(index, "nichani_dag index", 0, N_NICHANI_DAGS - 1)
+        if H < 4:
+            raise ValueError(f"nichani_dag needs seq_len >= 4 (their T = seq_len - 1), got {H}")
+        dag = nichani_dags(N_NICHANI_DAGS, check_int(seed, "nichani_dag seed", 0, 2**32 - 1), H - 1)[i]
+        return [[] if p < 0 else [p] for p in dag] + [[], [H - 2]]
     if kind == "chain":
         return [[] if h == 0 else [h - 1] for h in range(H)]
     if kind == "ngram":
@@ -131,6 +145,7 @@ class GraphTask:
     alpha: float = 1.0  # Dirichlet concentration of the per-context kernel
     root: Float[Tensor, " d"] | None = None  # distribution of parentless tokens; uniform if None
     spec: str = ""  # the --task-kind value that built it (for the record)
+    stationary_root: bool = False  # dirichlet kernel: roots from each context's own stationary distribution
     _counts: list[int] = field(default_factory=list, repr=False)  # parent count of each position
 
     def __post_init__(self):
@@ -166,6 +181,11 @@ class GraphTask:
             self.tables = {k: _check_table(t, d, k) for k, t in self.tables.items()}
         elif self.tables is not None:
             raise ValueError("a dirichlet kernel is drawn per context; it takes no tables")
+        if self.stationary_root and (self.kernel != "dirichlet" or 1 not in self.parent_counts):
+            raise ValueError(
+                "root=stationary draws roots from each context's single-parent table: it needs kernel=dirichlet and "
+                "a position with one parent (a fixed kernel's stationary root is a fixed root, set by make_task)"
+            )
         if self.root is None:
             self.root = torch.full((d,), 1 / d, dtype=torch.float64)
         self.root = check_distribution(self.root, d)
@@ -236,12 +256,14 @@ class GraphTask:
         x = torch.empty(batch, L1, H, dtype=torch.long)
         u = torch.rand(batch, L1, H, dtype=torch.float64, generator=generator)
         cdfs = {k: t.cumsum(-1) for k, t in tables.items()}
-        root_cdf = self.root.cumsum(0)
+        root_cdf = self.root.cumsum(0).expand(batch, L1, -1)
+        if self.stationary_root:  # Edelman's and Nichani's roots: the context's own chain, at equilibrium
+            root_cdf = stationary_batch(tables[1]).cumsum(-1).unsqueeze(1).expand(-1, L1, -1)
         for h in range(H):
             ps = parents[:, h]  # [batch, P]
             k = self._counts[h]
             if k == 0:
-                x[:, :, h] = _inverse_cdf(root_cdf.expand(batch, L1, -1), u[:, :, h])
+                x[:, :, h] = _inverse_cdf(root_cdf, u[:, :, h])
                 continue
             row = parent_rows(x, ps[:, :k], d)  # [batch, L1]
             cdf = cdfs[k].gather(1, row.unsqueeze(-1).expand(-1, -1, d))  # [batch, L1, d]
@@ -257,6 +279,7 @@ class GraphTask:
             "parents": self.parents,
             "alpha": self.alpha,
             "root": self.root.tolist(),
+            "stationary_root": self.stationary_root,
             "layout": "example-major: flat index l*H + h, l = n_examples is the target",
         }
         if self.kernel == "fixed":
@@ -276,8 +299,17 @@ class GraphTask:
         root = None if d.get("root") is None else torch.tensor(d["root"], dtype=torch.float64)
         return cls(
             d["d_vocab"], d["n_examples"], d["seq_len"], d["graph"], d["kernel"], d.get("parents"), tables,
-            d.get("alpha", 1.0), root, d.get("spec", ""),
+            d.get("alpha", 1.0), root, d.get("spec", ""), bool(d.get("stationary_root", False)),
         )  # fmt: skip
+
+
+def stationary_batch(pi: Float[Tensor, "... d d"]) -> Float[Tensor, "... d"]:
+    """The stationary distribution of each row-stochastic kernel (the left eigenvector for eigenvalue 1)."""
+    evals, evecs = torch.linalg.eig(pi.double().transpose(-1, -2))
+    idx = (evals - 1).abs().argmin(-1)  # [...]
+    v = evecs.gather(-1, idx[..., None, None].expand(*evecs.shape[:-1], 1))[..., 0].real
+    v = (v / v.sum(-1, keepdim=True)).clamp_min(0)
+    return v / v.sum(-1, keepdim=True)
 
 
 def relative_offsets(parents: list[list[int]] | None) -> list[int] | None:
@@ -334,7 +366,11 @@ def parse_spec(spec: str) -> dict:
         key, eq, value = opt.partition("=")
         if not eq or key not in SPEC_KEYS:
             raise ValueError(f"option {opt!r} is not key=value with key in {sorted(SPEC_KEYS)}")
-        if key == "kernel":
+        if key == "root":
+            if value not in ROOTS:
+                raise ValueError(f"root={value!r}; expected uniform or stationary")
+            out["root"] = value
+        elif key == "kernel":
             if value not in KERNELS:
                 raise ValueError(f"kernel={value!r}; expected fixed or dirichlet")
             out["kernel"] = value
@@ -354,8 +390,9 @@ def parse_spec(spec: str) -> dict:
         "ngram": {"n"},
         "random_dag": {"parents", "seed"},
         "given": {"parents"},
+        "nichani_dag": {"index", "seed"},
     }
-    extra = set(out) - {"graph", "kernel"} - allowed[graph]
+    extra = set(out) - {"graph", "kernel", "root"} - allowed[graph]
     if extra:
         raise ValueError(f"{graph} takes no option {sorted(extra)[0]!r}")
     if graph == "ngram" and "n" not in out:
@@ -380,16 +417,21 @@ def make_task(
         parents = None
         if graph != "random_tree":
             parents = fixed_graph(
-                graph, seq_len, parts.get("n", 2), parts.get("parents", 1), parts.get("seed", 0), parts.get("parents")
+                graph, seq_len, parts.get("n", 2), parts.get("parents", 1), parts.get("seed", 0), parts.get("parents"),
+                parts.get("index", 0),
             )
     except ValueError as e:
         raise ValueError(f"task_kind {spec!r}: {e}") from None
     if graph == "random_tree" and kernel == "fixed":
         return MarkovTreeTask.random(d_vocab, n_examples, seq_len, alpha, gamma, task_seed)
-    tables = None
+    tables, root, stationary_root = None, None, parts.get("root") == "stationary"
     if kernel == "fixed":
         d = check_int(d_vocab, "d_vocab", 2, MAX_D_VOCAB)
         g = torch.Generator().manual_seed(check_int(task_seed, "task seed", 0, MAX_SEED))
         counts = sorted({len(p) for p in parents} - {0})
         tables = {k: dirichlet_rows(d**k, d, alpha, gamma, g) for k in counts}
-    return GraphTask(d_vocab, n_examples, seq_len, graph, kernel, parents, tables, alpha, spec=spec)
+        if stationary_root:  # one kernel for the run: its stationary distribution is a fixed root
+            if 1 not in tables:
+                raise ValueError(f"task_kind {spec!r}: root=stationary needs a position with one parent")
+            root, stationary_root = stationary_batch(tables[1]), False
+    return GraphTask(d_vocab, n_examples, seq_len, graph, kernel, parents, tables, alpha, root, spec, stationary_root)

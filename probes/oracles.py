@@ -30,7 +30,7 @@ from jaxtyping import Float, Int
 from torch import Tensor
 
 from probes.bma import bma_posterior, bma_predictive, check_tokens
-from probes.graph_task import GraphTask, context_order, parent_rows
+from probes.graph_task import GraphTask, context_order, parent_rows, stationary_batch
 from probes.tasks import MarkovTreeTask
 
 MAX_TREES = 720  # (H-1)! trees: H <= 7 for a random tree with a Dirichlet kernel
@@ -109,6 +109,12 @@ def _dirichlet_log_marginal(counts: Float[Tensor, "... rows d"], alpha: float) -
 
 def check_bayes(task) -> None:
     """One ValueError if ``bayes`` cannot compute this task's predictive exactly (trainers call it first)."""
+    if getattr(task, "stationary_root", False):
+        raise ValueError(
+            "roots drawn from each context's own stationary distribution (root=stationary with kernel=dirichlet) have "
+            "no exact Bayes predictive here: the root's likelihood is not conjugate to the Dirichlet rows; use "
+            "root=uniform, or kernel=fixed (whose stationary root is exact)"
+        )
     if isinstance(task, GraphTask) and task.graph == "random_tree":
         n_trees = math.factorial(task.seq_len - 1)
         if n_trees > MAX_TREES:
@@ -163,6 +169,7 @@ def bayes(task, tokens: Int[Tensor, "batch T"]) -> tuple[Float[Tensor, "batch H 
     position's parents ``[b, h, h']`` (a fixed graph: 1/k on its k parents), for any task of the family."""
     L, H, d = task.n_examples, task.seq_len, task.d_vocab
     tokens = check_tokens(tokens, d, L, H)
+    check_bayes(task)
     if isinstance(task, MarkovTreeTask):
         return bma_predictive(task.pi, tokens, L, H, task.root, log=True), bma_posterior(task.pi, tokens, L, H)
     if not isinstance(task, GraphTask):
@@ -184,9 +191,7 @@ def bayes(task, tokens: Int[Tensor, "batch T"]) -> tuple[Float[Tensor, "batch H 
 
 def stationary(pi: Float[Tensor, "d d"]) -> Float[Tensor, " d"]:
     """The stationary distribution of a row-stochastic kernel (the left eigenvector for eigenvalue 1)."""
-    evals, evecs = torch.linalg.eig(pi.double().T)
-    v = evecs[:, (evals - 1).abs().argmin()].real
-    return (v / v.sum()).clamp_min(0) / (v / v.sum()).clamp_min(0).sum()
+    return stationary_batch(pi)
 
 
 def strategies(task, tokens: Int[Tensor, "batch T"]) -> dict[str, Float[Tensor, "batch H d"]]:

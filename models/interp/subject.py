@@ -28,6 +28,7 @@ from jaxtyping import Float, Int
 from torch import Tensor
 
 from models.loading.sources import resolve, theorem1
+from models.nets.catformer import CatFormer
 from models.nets.causal_transformer import CausalTransformer
 from probes import MarkovTreeTask
 from probes.graph_task import GraphTask
@@ -38,6 +39,7 @@ DISENTANGLED = "disentangled residual"  # [x_h, u_h^1..u_h^K] subspaces, blocks.
 CONTENT_FREE_COPYERS = "content-free copyer layer"  # blocks.0 pattern is the same for every context
 MARKOV_TASK = "Markov-tree task"  # discrete tokens with a kernel pi (BMA over parents applies)
 BAYES_TASK = "task with a Bayes oracle"  # discrete tokens of the family, ours included (probes.oracles)
+BILINEAR = "bilinear attention blocks"  # one W_KQ / A matrix per head over named residual blocks
 
 
 def check_finite(out: Tensor, what: str) -> Tensor:
@@ -147,7 +149,7 @@ class DisentangledSubject(Subject):
     def __init__(self, model: CausalTransformer, task, name: str, digest: str):
         super().__init__(model, task, Layout(task.n_examples, task.seq_len, task.d_vocab), name, digest)
         self.n_heads = [model.cfg.n_copy_heads, 1]
-        caps = {DISENTANGLED, CONTENT_FREE_COPYERS}
+        caps = {DISENTANGLED, CONTENT_FREE_COPYERS, BILINEAR}
         if isinstance(task, MarkovTreeTask):
             caps.add(MARKOV_TASK)
         if isinstance(task, MarkovTreeTask | GraphTask):
@@ -175,7 +177,8 @@ class StandardSubject(Subject):
 
     def __init__(self, model, task, layout: Layout, name: str, digest: str):
         super().__init__(model, task, layout, name, digest)
-        self.n_heads = [model.cfg.n_heads] * model.cfg.n_layers
+        per_layer = getattr(model, "n_heads", None)  # a family whose layers differ (Edelman et al.'s)
+        self.n_heads = list(per_layer) if isinstance(per_layer, list) else [model.cfg.n_heads] * model.cfg.n_layers
         caps = {MARKOV_TASK} if isinstance(task, MarkovTreeTask) else set()
         self.capabilities = frozenset(caps | ({BAYES_TASK} if isinstance(task, MarkovTreeTask | GraphTask) else set()))
 
@@ -195,6 +198,37 @@ class StandardSubject(Subject):
         return [LayerAttention(store[i], predicts, keys) for i in range(self.n_layers)]
 
 
+class CatFormerSubject(Subject):
+    """Nichani et al.'s CatFormer (``models.nets.catformer``): it reads the first T = n_ctx tokens of a context
+    (every one but the last, which it only predicts); position p's read-out predicts token p + 1, and the
+    first token, which nothing predicts, gets the uniform distribution."""
+
+    family = "CatFormer"
+
+    def __init__(self, model, task, layout: Layout, name: str, digest: str):
+        super().__init__(model, task, layout, name, digest)
+        self.n_heads = model.n_heads
+        caps = {BILINEAR} | ({MARKOV_TASK} if isinstance(task, MarkovTreeTask) else set())
+        self.capabilities = frozenset(caps | ({BAYES_TASK} if isinstance(task, MarkovTreeTask | GraphTask) else set()))
+
+    def _log_probs(self, tokens, fwd_hooks):
+        T, d = self.model.cfg.n_ctx, self.task.d_vocab
+        ids = self.layout.encode(tokens).to(self.model.cfg.device)[:, :T]
+        with self.model.hooks(fwd_hooks=list(fwd_hooks)):
+            logits = self.model(ids)
+        first = self.layout.token_offset
+        pos = self.layout.prediction_positions().to(logits.device)
+        out = logits[:, pos.clamp_min(0), first : first + d].double().log_softmax(-1)
+        out[:, pos < 0] = -torch.log(torch.tensor(float(d), dtype=out.dtype))
+        return out
+
+    def attention(self, tokens, fwd_hooks=()):
+        _, store = self._run_capturing(tokens, fwd_hooks, range(self.n_layers))
+        keys = self.layout.key_tokens()
+        T = self.model.cfg.n_ctx
+        return [LayerAttention(store[i], keys[1 : T + 1], keys[:T]) for i in range(self.n_layers)]
+
+
 # Resolving --checkpoint ---------------------------------------------------------------------------------
 THEOREM1_USAGE = theorem1.USAGE
 
@@ -203,6 +237,10 @@ def subject_of(model, task, layout: Layout | None, name: str, digest: str) -> Su
     """Wrap a loaded model in the Subject of its family."""
     if isinstance(model, CausalTransformer):
         return DisentangledSubject(model, task, name, digest)
+    if layout is None:
+        layout = Layout(task.n_examples, task.seq_len, task.d_vocab)
+    if isinstance(model, CatFormer):
+        return CatFormerSubject(model, task, layout, name, digest)
     if layout is None:
         layout = Layout(task.n_examples, task.seq_len, task.d_vocab)
     return StandardSubject(model, task, layout, name, digest)

@@ -210,6 +210,8 @@ def _gap(d):
 
 
 TRAJECTORY_CLAIMS = [
+    ("layer 0's attention on the parent {:.3f} +- {:.3f} over those {} DAGs", REPRO + "nichani_dags.json",
+     lambda d: (d["results"]["mean"], d["results"]["std"], d["results"]["n_dags"])),
     ("closest to the stationary distribution (steps {}-{}), then to the uniform-parent plateau ({}), then to Bayes "
      "({}-{}), the switches at steps {:.0f} and {:.0f} (KL crossings), each with the loss falling {:.1f}x faster "
      "than the median rate; at step 200 the progress is {:.2f}", TJ,

@@ -24,6 +24,8 @@ import torch
 from models.loading import checkpoint
 from models.loading.dtypes import DTYPES, RUN_DTYPES
 from models.loading.sources import (
+    catformer,
+    edelman,
     folder,
     hugging_face,
     nanogpt,
@@ -41,7 +43,9 @@ __all__ = ["FORMATS", "NAMED", "Source", "resolve"]
 FORMATS = [
     hugging_face,  # a folder with config.json + weights + task.json
     pickled_module,  # torch.save(model) of an nn.Module: refused, saying what to save
+    catformer,  # Nichani et al.'s CatFormer pytree: .npz of its leaves or a pickle of NumPy arrays
     nanogpt,  # ckpt.pt with model + model_args
+    edelman,  # Edelman et al.'s Relative_Transformer state dict (layers.{i}.wpe), their config.json beside
     transformer_lens,  # a state dict whose config is a TransformerLens cfg.to_dict()
     state_dict,  # any other weight file: our parameterisation, with a key map
     folder,  # what is left: one of our checkpoint folders

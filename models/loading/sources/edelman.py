@@ -1,0 +1,64 @@
+"""Edelman et al.'s ``Relative_Transformer`` (``models.nets.edelman``) as their code leaves it: the model's
+``state_dict()`` in a ``.pt`` (keys ``wte.weight``, ``layers.{i}.Q.weight``, ..., ``layers.{i}.wpe.weight``,
+``ln_f.*``, ``lm_head.weight``; the buffers ``layers.{i}.bias`` and ``layers.{i}.pos`` are rebuilt, and
+checked), its config as mingpt writes it (``CfgNode.to_dict()``: ``n_layer``, ``n_head``, ``n_embd``,
+``vocab_size``, ``block_size``, ``attention_only``; ``--config``, else ``<stem>.json`` or ``config.json``
+beside the file), and task.json beside it."""
+
+from __future__ import annotations
+
+import torch
+
+from models.loading.sources.files import Found, Source, check_fits, is_torch_file, strip_prefixes
+from models.loading.sources.task_json import read_task
+from models.nets.edelman import EdelmanConfig, EdelmanTransformer, their_key
+
+NAME = "Edelman et al. Relative_Transformer"
+FIELDS = ("n_layer", "n_head", "n_embd", "vocab_size", "block_size")
+
+
+def detect(found: Found) -> bool:
+    if not is_torch_file(found.path):
+        return False
+    obj = found.archive
+    obj = obj.get("state_dict", obj.get("model", obj)) if isinstance(obj, dict) else obj
+    return isinstance(obj, dict) and "wte.weight" in obj and "layers.0.wpe.weight" in obj
+
+
+def read(found: Found, device: str | None = None, *, weights: bool = True) -> Source:
+    raw, where = found.task_json_beside(NAME)
+    task, layout = read_task(raw, where)
+    if not weights:
+        return Source(None, task, layout, found.where, "", NAME)
+    cfg_raw = found.model_config()
+    missing = [f for f in FIELDS if not isinstance(cfg_raw, dict) or not isinstance(cfg_raw.get(f), int)]
+    if missing:
+        raise ValueError(f"{found.where}: its config (CfgNode.to_dict() JSON) lacks integer {', '.join(missing)}")
+    cfg = EdelmanConfig(
+        **{f: cfg_raw[f] for f in FIELDS},
+        attention_only=bool(cfg_raw.get("attention_only", True)),
+        device=device or "cpu",
+    )
+    check_fits(layout, cfg.vocab_size, cfg.block_size, found.where)
+    model = EdelmanTransformer(cfg)
+    state = strip_prefixes(found.state_dict())
+    for i in range(cfg.n_layer):  # their buffers: the causal mask and the relative-position index
+        mask, pos = state.pop(f"layers.{i}.bias", None), state.pop(f"layers.{i}.pos", None)
+        if mask is not None and not torch.equal(
+            mask.reshape(mask.shape[-2:]).bool(), torch.ones(mask.shape[-2:]).tril().bool()
+        ):
+            raise ValueError(f"{found.where}: layers.{i}.bias is not their causal mask")
+        if pos is not None and not torch.equal(pos.cpu(), model.blocks[i].attn.pos.cpu()):
+            raise ValueError(f"{found.where}: layers.{i}.pos is not their relative-position index")
+    ours = {their_key(k): k for k in model.state_dict()}
+    unknown, absent = sorted(set(state) - set(ours)), sorted(set(ours) - set(state))
+    if unknown or absent:
+        raise ValueError(f"{found.where}: keys {unknown[:3]} are not the config's model; missing {absent[:3]}")
+    shapes = {k: tuple(v.shape) for k, v in model.state_dict().items()}
+    bad = [k for k, v in state.items() if tuple(v.shape) != shapes[ours[k]]]
+    if bad:
+        raise ValueError(
+            f"{found.where}: {bad[0]} has shape {tuple(state[bad[0]].shape)}, the config's model {shapes[ours[bad[0]]]}"
+        )
+    model.load_state_dict({ours[k]: v.float() for k, v in state.items()})
+    return Source(model.to(cfg.device).eval(), task, layout, found.where, found.digest(), NAME)
