@@ -192,58 +192,39 @@ def _ck(t: Path, name: str) -> str:
     )
 
 
+def _bomb(name: str, checkpoint: str, expected: str):
+    """A CASES row: ``models.evaluate --checkpoint`` on the model built as ``checkpoint`` is refused."""
+    return "bomb", name, lambda t: _evaluate("--checkpoint", _ck(t, checkpoint)), expected
+
+
 NEEDS = "would need about"
 TENSORS = "tensors, more than the bound of"
 NAN = "the forward pass gave NaN or Inf"
+ULIMIT = "what the address-space limit (ulimit -v) leaves"
 
 # (kind, id, (t) -> (module, argv), expected text in the one line)
 CASES = [
     # --- hangs and memory: every model sized from its config before a tensor exists --------------------
-    (
-        "bomb",
-        "TransformerLens n_layers 1e9",
-        lambda t: _evaluate("--checkpoint", _ck(t, "tl_layers")),
-        "n_layers=1000000000",
-    ),
-    (
-        "bomb",
-        "TransformerLens 2000 layers of width 2",
-        lambda t: _evaluate("--checkpoint", _ck(t, "tl_many_layers")),
-        TENSORS,
-    ),
-    ("bomb", "TransformerLens n_ctx 1e12", lambda t: _evaluate("--checkpoint", _ck(t, "tl_ctx")), NEEDS),
-    ("bomb", "TransformerLens d_model 1e7", lambda t: _evaluate("--checkpoint", _ck(t, "tl_d_model")), NEEDS),
-    ("bomb", "TransformerLens d_vocab 1e12", lambda t: _evaluate("--checkpoint", _ck(t, "tl_vocab")), NEEDS),
-    ("bomb", "TransformerLens d_mlp 1e12", lambda t: _evaluate("--checkpoint", _ck(t, "tl_d_mlp")), NEEDS),
-    ("bomb", "TransformerLens n_heads 1e7", lambda t: _evaluate("--checkpoint", _ck(t, "tl_heads")), NEEDS),
-    (
-        "bomb",
-        "TransformerLens over ulimit -v, under RAM",
-        lambda t: _evaluate("--checkpoint", _ck(t, "tl_over_limit")),
-        "what the address-space limit (ulimit -v) leaves",
-    ),
-    ("bomb", "nanoGPT n_layer 1e9", lambda t: _evaluate("--checkpoint", _ck(t, "nano_layers")), "n_layers=1000000000"),
-    ("bomb", "nanoGPT 20 000 layers", lambda t: _evaluate("--checkpoint", _ck(t, "nano_many_layers")), TENSORS),
-    ("bomb", "nanoGPT block_size 1e12", lambda t: _evaluate("--checkpoint", _ck(t, "nano_block")), NEEDS),
-    ("bomb", "nanoGPT n_embd 1e7", lambda t: _evaluate("--checkpoint", _ck(t, "nano_embd")), NEEDS),
-    ("bomb", "nanoGPT vocab_size 1e12", lambda t: _evaluate("--checkpoint", _ck(t, "nano_vocab")), NEEDS),
-    ("bomb", "Hugging Face n_layer 1e9", lambda t: _evaluate("--checkpoint", _ck(t, "hf_layers")), TENSORS),
-    ("bomb", "Hugging Face 20 000 layers", lambda t: _evaluate("--checkpoint", _ck(t, "hf_many_layers")), TENSORS),
-    ("bomb", "Hugging Face n_positions 1e12", lambda t: _evaluate("--checkpoint", _ck(t, "hf_positions")), NEEDS),
-    ("bomb", "Hugging Face n_embd 1e7", lambda t: _evaluate("--checkpoint", _ck(t, "hf_embd")), NEEDS),
-    ("bomb", "Hugging Face vocab_size 1e12", lambda t: _evaluate("--checkpoint", _ck(t, "hf_vocab")), NEEDS),
-    (
-        "bomb",
-        "Hugging Face unscaled GPT-2 n_layer 1e9",
-        lambda t: _evaluate("--checkpoint", _ck(t, "hf_unscaled_layers")),
-        TENSORS,
-    ),
-    (
-        "bomb",
-        "Hugging Face unscaled GPT-2 vocab 1e12",
-        lambda t: _evaluate("--checkpoint", _ck(t, "hf_unscaled_vocab")),
-        NEEDS,
-    ),
+    _bomb("TransformerLens n_layers 1e9", "tl_layers", "n_layers=1000000000"),
+    _bomb("TransformerLens 2000 layers of width 2", "tl_many_layers", TENSORS),
+    _bomb("TransformerLens n_ctx 1e12", "tl_ctx", NEEDS),
+    _bomb("TransformerLens d_model 1e7", "tl_d_model", NEEDS),
+    _bomb("TransformerLens d_vocab 1e12", "tl_vocab", NEEDS),
+    _bomb("TransformerLens d_mlp 1e12", "tl_d_mlp", NEEDS),
+    _bomb("TransformerLens n_heads 1e7", "tl_heads", NEEDS),
+    _bomb("TransformerLens over ulimit -v, under RAM", "tl_over_limit", ULIMIT),
+    _bomb("nanoGPT n_layer 1e9", "nano_layers", "n_layers=1000000000"),
+    _bomb("nanoGPT 20 000 layers", "nano_many_layers", TENSORS),
+    _bomb("nanoGPT block_size 1e12", "nano_block", NEEDS),
+    _bomb("nanoGPT n_embd 1e7", "nano_embd", NEEDS),
+    _bomb("nanoGPT vocab_size 1e12", "nano_vocab", NEEDS),
+    _bomb("Hugging Face n_layer 1e9", "hf_layers", TENSORS),
+    _bomb("Hugging Face 20 000 layers", "hf_many_layers", TENSORS),
+    _bomb("Hugging Face n_positions 1e12", "hf_positions", NEEDS),
+    _bomb("Hugging Face n_embd 1e7", "hf_embd", NEEDS),
+    _bomb("Hugging Face vocab_size 1e12", "hf_vocab", NEEDS),
+    _bomb("Hugging Face unscaled GPT-2 n_layer 1e9", "hf_unscaled_layers", TENSORS),
+    _bomb("Hugging Face unscaled GPT-2 vocab 1e12", "hf_unscaled_vocab", NEEDS),
     (
         "bomb",
         "key map pad 1e12",

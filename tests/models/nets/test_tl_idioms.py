@@ -11,11 +11,11 @@ import io
 import pytest
 import torch
 import torch.nn.functional as F
+from test_formats import hf_folder
 from transformer_lens import ActivationCache, patching
 
 import models
 from models.nets.causal_transformer import RESULT_HOOK
-from models.training.standard import StandardConfig, build_gpt2, save_standard
 from tests.conftest import build_task
 
 OURS = ("checkpoint", "theorem1")
@@ -27,11 +27,7 @@ def families(tmp_path_factory):
     task = models.load_task(models.DEFAULT_CHECKPOINT)
     tokens, _ = task.sample(8, torch.Generator().manual_seed(0))
     exact = models.theorem1_model(task.pi, task.n_examples, task.seq_len, beta=50.0)
-    small = build_task(d_vocab=4, n_examples=3, seq_len=5)
-    cfg = StandardConfig(d_vocab=4, n_examples=3, seq_len=5, n_layers=2, n_heads=2, d_model=8, init_std=0.3)
-    torch.manual_seed(0)
-    folder = tmp_path_factory.mktemp("hf") / "gpt2"
-    save_standard(build_gpt2(cfg, small.n_tokens).eval(), folder, small, {"config": {}, "history": []})
+    folder, _, small = hf_folder(tmp_path_factory.mktemp("hf"), build_task(d_vocab=4, n_examples=3, seq_len=5), "gpt2")
     bridge_tokens, _ = small.sample(4, torch.Generator().manual_seed(0))
     return {
         "checkpoint": (models.load(models.DEFAULT_CHECKPOINT), tokens),
