@@ -29,8 +29,8 @@ from torch import Tensor
 
 from models.loading.sources import resolve, theorem1
 from models.nets.catformer import CatFormer
-from models.nets.chen import ChenTransformer
 from models.nets.causal_transformer import CausalTransformer
+from models.nets.chen import ChenTransformer
 from probes import MarkovTreeTask
 from probes.graph_task import GraphTask
 from probes.layout import Layout

@@ -9,7 +9,14 @@ from __future__ import annotations
 
 import torch
 
-from models.loading.sources.files import Found, Source, check_fits, is_torch_file, strip_prefixes
+from models.loading.sources.files import (
+    Found,
+    Source,
+    check_fits,
+    is_torch_file,
+    load_their_names,
+    strip_prefixes,
+)
 from models.loading.sources.task_json import read_task
 from models.nets.chen import ChenConfig, ChenTransformer, all_degrees, kept, their_key
 
@@ -55,13 +62,5 @@ def read(found: Found, device: str | None = None, *, weights: bool = True) -> So
     degree = state.pop("layer2.mydegree", None)
     if degree is not None and not torch.equal(degree.float().cpu(), all_degrees(cfg.n_heads)):
         raise ValueError(f"{found.where}: layer2.mydegree is not their itertools.product degree table")
-    ours = {their_key(k): k for k in model.state_dict() if not k.endswith("mydegree")}
-    unknown, absent = sorted(set(state) - set(ours)), sorted(set(ours) - set(state))
-    if unknown or absent:
-        raise ValueError(f"{found.where}: keys {unknown[:3]} are not their model's; missing {absent[:3]}")
-    shapes = {k: tuple(v.shape) for k, v in model.state_dict().items()}
-    bad = [k for k, v in state.items() if tuple(v.shape) != shapes[ours[k]]]
-    if bad:
-        raise ValueError(f"{found.where}: {bad[0]} has shape {tuple(state[bad[0]].shape)}, expected {shapes[ours[bad[0]]]}")
-    model.load_state_dict({ours[k]: v.float() for k, v in state.items()}, strict=False)
+    load_their_names(model, state, their_key, found.where, skip={"blocks.1.attn.mydegree"})
     return Source(model.to(cfg.device).eval(), task, layout, found.where, found.digest(), NAME)
