@@ -30,6 +30,7 @@ from torch import Tensor
 from models.loading.sources import resolve, theorem1
 from models.nets.catformer import CatFormer
 from models.nets.causal_transformer import CausalTransformer
+from models.nets.chen import ChenTransformer
 from probes import MarkovTreeTask
 from probes.graph_task import GraphTask
 from probes.layout import Layout
@@ -229,6 +230,18 @@ class CatFormerSubject(Subject):
         return [LayerAttention(store[i], keys[1 : T + 1], keys[:T]) for i in range(self.n_layers)]
 
 
+class ChenSubject(CatFormerSubject):
+    """Chen et al.'s two-layer transformer (``models.nets.chen``), read as the CatFormer is: the first T = n_ctx
+    tokens, position p predicting token p + 1 (its last row is their model's output). Its first layer's
+    ``hook_pattern`` is the pattern of the zero row that predicts; its attention is not bilinear."""
+
+    family = "Chen"
+
+    def __init__(self, model, task, layout: Layout, name: str, digest: str):
+        super().__init__(model, task, layout, name, digest)
+        self.capabilities = self.capabilities - {BILINEAR}
+
+
 # Resolving --checkpoint ---------------------------------------------------------------------------------
 THEOREM1_USAGE = theorem1.USAGE
 
@@ -241,6 +254,8 @@ def subject_of(model, task, layout: Layout | None, name: str, digest: str) -> Su
         layout = Layout(task.n_examples, task.seq_len, task.d_vocab)
     if isinstance(model, CatFormer):
         return CatFormerSubject(model, task, layout, name, digest)
+    if isinstance(model, ChenTransformer):
+        return ChenSubject(model, task, layout, name, digest)
     if layout is None:
         layout = Layout(task.n_examples, task.seq_len, task.d_vocab)
     return StandardSubject(model, task, layout, name, digest)

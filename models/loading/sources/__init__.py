@@ -25,6 +25,7 @@ from models.loading import checkpoint
 from models.loading.dtypes import DTYPES, RUN_DTYPES
 from models.loading.sources import (
     catformer,
+    chen,
     edelman,
     folder,
     hugging_face,
@@ -45,6 +46,7 @@ FORMATS = [
     pickled_module,  # torch.save(model) of an nn.Module: refused, saying what to save
     catformer,  # Nichani et al.'s CatFormer pytree: .npz of its leaves or a pickle of NumPy arrays
     nanogpt,  # ckpt.pt with model + model_args
+    chen,  # Chen et al.'s TwoLayerTransformer state dict (layer1.W, layer2.C_alpha_list)
     edelman,  # Edelman et al.'s Relative_Transformer state dict (layers.{i}.wpe), their config.json beside
     transformer_lens,  # a state dict whose config is a TransformerLens cfg.to_dict()
     state_dict,  # any other weight file: our parameterisation, with a key map

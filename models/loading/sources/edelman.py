@@ -9,7 +9,14 @@ from __future__ import annotations
 
 import torch
 
-from models.loading.sources.files import Found, Source, check_fits, is_torch_file, strip_prefixes
+from models.loading.sources.files import (
+    Found,
+    Source,
+    check_fits,
+    is_torch_file,
+    load_their_names,
+    strip_prefixes,
+)
 from models.loading.sources.task_json import read_task
 from models.nets.edelman import EdelmanConfig, EdelmanTransformer, their_key
 
@@ -50,15 +57,5 @@ def read(found: Found, device: str | None = None, *, weights: bool = True) -> So
             raise ValueError(f"{found.where}: layers.{i}.bias is not their causal mask")
         if pos is not None and not torch.equal(pos.cpu(), model.blocks[i].attn.pos.cpu()):
             raise ValueError(f"{found.where}: layers.{i}.pos is not their relative-position index")
-    ours = {their_key(k): k for k in model.state_dict()}
-    unknown, absent = sorted(set(state) - set(ours)), sorted(set(ours) - set(state))
-    if unknown or absent:
-        raise ValueError(f"{found.where}: keys {unknown[:3]} are not the config's model; missing {absent[:3]}")
-    shapes = {k: tuple(v.shape) for k, v in model.state_dict().items()}
-    bad = [k for k, v in state.items() if tuple(v.shape) != shapes[ours[k]]]
-    if bad:
-        raise ValueError(
-            f"{found.where}: {bad[0]} has shape {tuple(state[bad[0]].shape)}, the config's model {shapes[ours[bad[0]]]}"
-        )
-    model.load_state_dict({ours[k]: v.float() for k, v in state.items()})
+    load_their_names(model, state, their_key, found.where)
     return Source(model.to(cfg.device).eval(), task, layout, found.where, found.digest(), NAME)

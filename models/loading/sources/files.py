@@ -253,6 +253,22 @@ def as_state_dict(obj, path: Path) -> dict[str, Tensor]:
     return dict(obj)
 
 
+def load_their_names(model, state: dict[str, Tensor], their_key, where: str, *, skip=()) -> None:
+    """Load ``state``, keyed by a peer's names (``their_key(ours) -> theirs``), into ``model``: one line
+    naming the unknown or missing keys or the first misshapen one; ``skip``: our keys checked elsewhere."""
+    ours = {their_key(k): k for k in model.state_dict() if k not in skip}
+    unknown, absent = sorted(set(state) - set(ours)), sorted(set(ours) - set(state))
+    if unknown or absent:
+        raise ValueError(f"{where}: keys {unknown[:3]} are not the model's; missing {absent[:3]}")
+    shapes = {k: tuple(v.shape) for k, v in model.state_dict().items()}
+    bad = [k for k, v in state.items() if tuple(v.shape) != shapes[ours[k]]]
+    if bad:
+        raise ValueError(
+            f"{where}: {bad[0]} has shape {tuple(state[bad[0]].shape)}, the model's {shapes[ours[bad[0]]]}"
+        )
+    model.load_state_dict({ours[k]: v.float() for k, v in state.items()}, strict=not skip)
+
+
 def strip_prefixes(state: dict[str, Tensor]) -> dict[str, Tensor]:
     """Remove leading ``_orig_mod.`` / ``module.`` (in any order, repeated) from every key."""
     out = {}
