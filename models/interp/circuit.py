@@ -680,7 +680,9 @@ def roc_auc(scores, truth) -> float:
 
 
 def ratio_se(a: Float[Tensor, " n"], b: Float[Tensor, " n"]) -> tuple[float, float]:
-    """``mean(a) / mean(b)`` and its standard error over the n contexts (delta method)."""
+    """``mean(a) / mean(b)`` and its standard error over the n contexts: the delta method on the pairs
+    ``(a_i, b_i)`` of one context each, so the denominator's variance and its covariance with the numerator
+    count (it equals a bootstrap over contexts; a test checks it)."""
     a, b = a.double(), b.double()
     r = a.mean() / b.mean()
     se = ((a - r * b).std() / (len(a) ** 0.5) / b.mean().abs()).item() if len(a) > 1 else float("nan")

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from functools import partial
 
+import numpy as np
 import pytest
 import torch
 from conftest import build_task
@@ -726,3 +727,29 @@ def test_faithfulness_and_sufficiency_agree_with_huggingface_modules_and_torch_h
         assert torch.allclose(got, want, atol=1e-4), ablation
         share, se = ratio_se(-got, -clean)  # the same ratio from either pass: the same answer, within 1e-4
         assert share == pytest.approx(ratio_se(-want, -clean)[0], abs=1e-3)
+
+
+def _paired_heavy_tailed(rng, n):
+    """Per-context (kept, progress) pairs like a circuit's: correlated, with heavy tails (Student t, 3 dof)."""
+    b = 0.6 + 0.3 * rng.standard_t(3, n)
+    return 0.9 * b - 0.2 * np.abs(rng.standard_t(3, n)) + 0.1 * rng.standard_normal(n), b
+
+
+def test_ratio_se_equals_a_numpy_bootstrap_over_contexts_and_the_spread_of_independent_samples():
+    """Every share the suite reports is ``ratio_se(a, b)``, mean(a) / mean(b) over the same contexts. Its
+    standard error equals a brute-force NumPy bootstrap over contexts (pairs resampled together) to 3%, and
+    the spread of the share over 1,000 independent samples to 10%, on paired, heavy-tailed data where an
+    error that ignored the denominator or the pairing would be off by more than 30%."""
+    rng = np.random.default_rng(0)
+    n = 512
+    a, b = _paired_heavy_tailed(rng, n)
+    share, se = ratio_se(torch.tensor(a), torch.tensor(b))
+    assert share == pytest.approx(a.mean() / b.mean(), rel=1e-12)
+    idx = rng.integers(0, n, (4000, n))
+    boot = (a[idx].mean(1) / b[idx].mean(1)).std()
+    assert se == pytest.approx(boot, rel=0.03)
+    numerator_only = a.std(ddof=1) / n**0.5 / b.mean()
+    unpaired = (a.var(ddof=1) + share**2 * b.var(ddof=1)) ** 0.5 / n**0.5 / b.mean()
+    assert min(abs(numerator_only / boot - 1), abs(unpaired / boot - 1)) > 0.3  # the check can tell them apart
+    shares, ses = zip(*(ratio_se(*map(torch.tensor, _paired_heavy_tailed(rng, n))) for _ in range(1000)))
+    assert np.mean(ses) == pytest.approx(np.std(shares), rel=0.1)
