@@ -666,7 +666,7 @@ def node_costs(subject: Subject, graph: Graph, tokens, reference, metric: Metric
     outputs = node_outputs(subject, graph)
     recorded = record_outputs(subject, reference, sorted({h for h, _ in outputs.values()}), rows)
     return {n: node_ablated_values(subject, graph, tokens, [m for m in outputs if m != n], "mean", reference, metric,
-                                   rows, recorded, positions) - clean for n in (nodes or outputs)}  # fmt: skip
+                                   rows, recorded, positions) - clean for n in (outputs if nodes is None else nodes)}  # fmt: skip
 
 
 def roc_auc(scores, truth) -> float:

@@ -291,6 +291,7 @@ def write_json_output(args: argparse.Namespace, record: dict, prog: str) -> None
     """Write ``--json``: under a lock on it (two runs take turns), the check that it may be replaced
     (``check_own_output``, unless ``--overwrite``) made again, then the atomic write."""
     path = Path(args.json)
+    path.parent.mkdir(parents=True, exist_ok=True)  # a missing folder of --json is made, as --out's (its lock lives there)
     with exclusive_lock(path.parent / f".{path.name}.lock", what=f"--json {args.json!r}"):
         if not getattr(args, "overwrite", False):
             check_own_output(args.json, "--json", prog)

@@ -72,7 +72,7 @@ OUTPUTS = {
     ],
     "your_gpt2": [
         (r"loss ([\d.]+) -> ([\d.]+) after", lambda a, b: float(b) < float(a)),
-        (r"circuit \(top-n\): (\d+) of (\d+) edges", lambda kept, total: 0 < int(kept) <= int(total)),
+        (r"circuit: (\d+) of (\d+) edges", lambda kept, total: 0 < int(kept) <= int(total)),
     ],
     "paper_analyses": [(r"wrote \d+ files to .*: copyers\.png", lambda: True)],
     "nanogpt": [(r"target NLL ([\d.]+) nats", lambda nll: 0 < float(nll) < 1.7)],  # uniform guessing: log 5 = 1.61
@@ -200,7 +200,7 @@ TEMPLATE = "a template: names a file or value the reader supplies"
 # or an environment variable) must match one row; a row that matches nothing is stale and fails.
 COMMANDS = [
     (
-        r"pip install torch==2\.13\.0 --extra-index-url \S+ && pip install -e \"\.\[dev\]\" -c constraints\.txt && python -m (analyses\.head_ablation|pytest)",
+        r"pip install torch==2\.13\.0 --extra-index-url \S+ --retries 0 && pip install -e \"\.\[dev\]\" -c constraints\.txt && python -m (analyses\.head_ablation|pytest)",
         "run by .ci/run in CI, in a fresh virtual environment (the README's first bash block)",
     ),
     (
@@ -208,7 +208,12 @@ COMMANDS = [
         "the set-up's parts, run by .ci/run as above",
     ),
     (r"python -m venv \.venv && \. \.venv/bin/activate", "what .ci/run does before the set-up"),
-    (r"python -m pytest|bash \.ci/run", "CI itself"),
+    (r"(OMP_NUM_THREADS=1 )?python -m pytest( \S+)*|bash \.ci/run", "CI itself (the suite runs every test file)"),
+    (r"python -m", "not a command: the words in a sentence about an analysis's `python -m` run"),
+    (
+        r"python -m venv tl2 && \. tl2/bin/activate && pip install \"transformer-lens<3\" auto-circuit",
+        "a second environment beside TransformerLens 2.x for the peer tools; it cannot sit beside this suite's TransformerLens 4",
+    ),
     (
         r"mkdocs (serve|build)",
         "test_mkdocs_build_strict builds the site (serve is the same build and a local web server)",
@@ -236,7 +241,7 @@ COMMANDS = [
         "needs a Slurm cluster; tests/models/training/test_sweep.py runs the submitit path against a stand-in sbatch",
     ),
     (
-        r"python -m analyses\.\w+ --checkpoint runs/\S+( --out runs/\S+| --n-contexts \d+| --train-steps 0)*",
+        r"python -m analyses\.\w+ --checkpoint runs/\S+( --out runs/\S+| --n-contexts \d+| --train-steps 0| --threads \d+)*",
         "reads the run a training command beside it writes (" + LONG + ": tests/probes/test_task_family.py)",
     ),
     (
@@ -261,6 +266,10 @@ COMMANDS = [
         "a benchmark of minutes, on a quiet machine; tests/robustness/test_entry_point_convention.py runs its flag checks",
     ),
     (r"python -m [\w.]+( --\S+ \S+)* --device cuda( --\S+ \S+)*", "needs a GPU"),
+    (
+        r"python -m analyses\.nichani_dags( --\S+ \S+)*",
+        "trains one GPT-2 per DAG (" + LONG + ": tests/analyses/test_nichani_dags.py, which also re-plots with --sweep)",
+    ),
     (
         r"KILL9_TRIALS=20 python -m pytest tests/(test_robustness_work|robustness/test_work_never_lost)\.py -k kill9 -s",
         "the suite runs 3 trials of it",
