@@ -15,7 +15,9 @@ answers the questions analyses ask of any model family:
 Which heads copy which demonstration, or select parents, is measured from ``attention`` (``probes.roles``),
 never assumed from the family. Families: ``DisentangledSubject`` (``CausalTransformer``, the Theorem 1
 construction included) and ``StandardSubject`` (any decoder-only LM with TransformerLens hook names that
-maps input ids to logits: a ``TransformerBridge`` over Hugging Face weights, ``models.nets.hooked_transformer``).
+maps input ids to logits: a ``TransformerBridge`` over Hugging Face weights, ``models.nets.hooked_transformer``;
+Edelman et al.'s ``models.nets.edelman`` too), ``CatFormerSubject`` (Nichani et al.'s ``models.nets.catformer``,
+whose bilinear ``A`` blocks block_structure reads) and ``ChenSubject`` (Chen et al.'s ``models.nets.chen``).
 """
 
 from __future__ import annotations
