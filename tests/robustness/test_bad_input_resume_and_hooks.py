@@ -63,7 +63,7 @@ def files(tmp_path):
     torch.save({k: v for k, v in sd.items() if k != "b_root"}, tmp_path / "missing.pt")
     torch.save({**sd, "bogus": torch.zeros(1)}, tmp_path / "unexpected.pt")
     torch.save({"module.b_root": sd["b_root"], "b_root": sd["b_root"]}, tmp_path / "collide.pt")
-    (tmp_path / "w.npz").write_bytes(b"x")
+    (tmp_path / "w.xyz").write_bytes(b"x")
     (tmp_path / "lonely").mkdir()
     torch.save(sd, tmp_path / "lonely" / "w.pt")
     (tmp_path / "vocab.json").write_text(json.dumps({**cfg, "model": {**cfg["model"], "d_vocab": 7}}))
@@ -93,7 +93,7 @@ CATALOGUE = [
     ("missing key", lambda t, c, k: models.load(t / "missing.pt", config=c), "missing b_root"),
     ("unexpected key", lambda t, c, k: models.load(t / "unexpected.pt", config=c), "unexpected bogus"),
     ("prefix collision", lambda t, c, k: models.load(t / "collide.pt", config=c), "both become 'b_root'"),
-    ("unknown suffix", lambda t, c, k: models.load(t / "w.npz", config=c), "unknown weight format"),
+    ("unknown suffix", lambda t, c, k: models.load(t / "w.xyz", config=c), "unknown weight format"),
     ("no config", lambda t, c, k: models.load(t / "lonely" / "w.pt"), "needs a config"),
     ("config not JSON", lambda t, c, k: models.load(t / "good.pt", config=t / "notjson.json"), "not valid JSON"),
     (
