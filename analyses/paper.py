@@ -33,7 +33,8 @@ from models.training import sweep
 ANALYSES = common.ANALYSES  # every analysis, in the order of the paper's argument
 # Wall seconds of each analysis in one `python -m analyses.paper --jobs 2` (2026-12-02, 2 cores shared with
 # other jobs, load average 1.5 at the end); only their order matters: the jobs start longest first, so that
-# the last ones to start are short and the jobs end together. An analysis not listed starts first (it may be long).
+# the last ones to start are short and the jobs end together. An analysis not listed starts first (it may be long:
+# circuit's new default took 17.5 min on one loaded core on 2026-12-03, not re-timed in a paper run).
 SECONDS = {
     "cape_structure": 129.6,
     "standard_circuit": 99.8,
@@ -52,7 +53,6 @@ SECONDS = {
     "phase_diagram": 4.6,
     "inspect": 4.3,
     "standard_vs_disentangled": 4.3,
-    "circuit": 2.2,
     "logpi_recovery": 2.1,
     "scale": 1.2,
     "copyers": 1.1,
