@@ -13,9 +13,9 @@ from models.loading.sources.files import (
     Found,
     Source,
     check_fits,
-    is_torch_file,
     load_their_names,
     strip_prefixes,
+    torch_state_dict_with,
 )
 from models.loading.sources.task_json import read_task
 from models.nets.chen import ChenConfig, ChenTransformer, all_degrees, kept, their_key
@@ -25,11 +25,7 @@ NEEDED = ("layer1.W", "layer1.q_proj", "layer1.k_proj", "layer1.o_v_proj", "laye
 
 
 def detect(found: Found) -> bool:
-    if not is_torch_file(found.path):
-        return False
-    obj = found.archive
-    obj = obj.get("state_dict", obj.get("model", obj)) if isinstance(obj, dict) else obj
-    return isinstance(obj, dict) and "layer1.W" in obj and "layer2.C_alpha_list" in obj
+    return torch_state_dict_with(found, "layer1.W", "layer2.C_alpha_list")
 
 
 def config_of(state: dict, where: str) -> ChenConfig:

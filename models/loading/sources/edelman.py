@@ -13,9 +13,9 @@ from models.loading.sources.files import (
     Found,
     Source,
     check_fits,
-    is_torch_file,
     load_their_names,
     strip_prefixes,
+    torch_state_dict_with,
 )
 from models.loading.sources.task_json import read_task
 from models.nets.edelman import EdelmanConfig, EdelmanTransformer, their_key
@@ -25,11 +25,7 @@ FIELDS = ("n_layer", "n_head", "n_embd", "vocab_size", "block_size")
 
 
 def detect(found: Found) -> bool:
-    if not is_torch_file(found.path):
-        return False
-    obj = found.archive
-    obj = obj.get("state_dict", obj.get("model", obj)) if isinstance(obj, dict) else obj
-    return isinstance(obj, dict) and "wte.weight" in obj and "layers.0.wpe.weight" in obj
+    return torch_state_dict_with(found, "wte.weight", "layers.0.wpe.weight")
 
 
 def read(found: Found, device: str | None = None, *, weights: bool = True) -> Source:

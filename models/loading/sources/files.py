@@ -193,6 +193,16 @@ def is_torch_file(path: Path) -> bool:
     return path.is_file() and path.suffix.lower() in TORCH_SUFFIXES
 
 
+def torch_state_dict_with(found: Found, *keys: str) -> bool:
+    """Whether ``found`` is a torch file whose state dict (bare, or under ``state_dict`` / ``model``) holds
+    every one of ``keys``: how a peer's checkpoint, saved with its own parameter names, is recognised."""
+    if not is_torch_file(found.path):
+        return False
+    obj = found.archive
+    obj = obj.get("state_dict", obj.get("model", obj)) if isinstance(obj, dict) else obj
+    return isinstance(obj, dict) and all(k in obj for k in keys)
+
+
 def _torch_load(path: Path, **kw):
     with warnings.catch_warnings():  # torch's notice on its own storage API (quantized tensors) is not for users
         warnings.filterwarnings("ignore", message="TypedStorage is deprecated")
