@@ -237,15 +237,15 @@ def measure(
     task,
     n_trees: int,
     n_samples: int,
+    steps: int,
     Ls=(1, 2, 5, 10, 20),
     n_batch: int = 2048,
     n_eval: int = 1024,
-    steps: int = 300,
     lr: float = 0.01,
     seed: int = 0,
     progress: bool = False,
 ) -> dict:
-    """All four measurements of the module docstring on ``task``."""
+    """All four measurements of the module docstring on ``task``; ``steps``' default is the CLI's (``add_flags``)."""
     return {
         "n_eval": n_eval,
         "by_tree": gradient_by_tree(task, n_trees, n_samples, seed, progress=progress),

@@ -189,6 +189,7 @@ def _bomb(name: str, checkpoint: str, expected: str):
 
 
 NEEDS = "would need about"
+LAYERS = "n_layers=1000000000"  # a billion layers: the one line names the model it refuses by its size
 TENSORS = "tensors, more than the bound of"
 NAN = "the forward pass gave NaN or Inf"
 ULIMIT = "what the address-space limit (ulimit -v) leaves"
@@ -196,7 +197,7 @@ ULIMIT = "what the address-space limit (ulimit -v) leaves"
 # (kind, id, (t) -> (module, argv), expected text in the one line)
 CASES = [
     # --- hangs and memory: every model sized from its config before a tensor exists --------------------
-    _bomb("TransformerLens n_layers 1e9", "tl_layers", "n_layers=1000000000"),
+    _bomb("TransformerLens n_layers 1e9", "tl_layers", LAYERS),
     _bomb("TransformerLens 2000 layers of width 2", "tl_many_layers", TENSORS),
     _bomb("TransformerLens n_ctx 1e12", "tl_ctx", NEEDS),
     _bomb("TransformerLens d_model 1e7", "tl_d_model", NEEDS),
@@ -204,7 +205,7 @@ CASES = [
     _bomb("TransformerLens d_mlp 1e12", "tl_d_mlp", NEEDS),
     _bomb("TransformerLens n_heads 1e7", "tl_heads", NEEDS),
     _bomb("TransformerLens over ulimit -v, under RAM", "tl_over_limit", ULIMIT),
-    _bomb("nanoGPT n_layer 1e9", "nano_layers", "n_layers=1000000000"),
+    _bomb("nanoGPT n_layer 1e9", "nano_layers", LAYERS),
     _bomb("nanoGPT 20 000 layers", "nano_many_layers", TENSORS),
     _bomb("nanoGPT block_size 1e12", "nano_block", NEEDS),
     _bomb("nanoGPT n_embd 1e7", "nano_embd", NEEDS),
