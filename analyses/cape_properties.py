@@ -297,10 +297,7 @@ def check_flags(parser, args) -> None:
         parser.error("need --n-contexts >= 2, --nodes >= 3, --dim >= 1, --n-queries >= 1, --n-perm >= 1")
     M, n = args.nodes, args.dim  # float64: each graph's A, distances and embedding; q and R(phi) q per query
     needed = 8 * (args.n_queries * M * (4 * n + M) + M * M * (n + 4))
-    try:
-        check_memory(needed, f"--nodes {M} --dim {n} --n-queries {args.n_queries}")
-    except ValueError as e:
-        parser.error(str(e))
+    check_memory(needed, f"--nodes {M} --dim {n} --n-queries {args.n_queries}")  # one line (common.parse)
 
 
 REQUIRES = None  # its own synthetic tasks: no --checkpoint

@@ -369,10 +369,8 @@ def check_flags(parser, args) -> None:
             f"sequences, more than the bound of {MAX_SAMPLES} (2**24); use fewer"
         )
     H = models.load_task(models.DEFAULT_CHECKPOINT).seq_len
-    try:  # every tree's parents, int64 [n_trees, H], are drawn at once
-        check_memory(args.n_trees * H * 8, f"--n-trees {args.n_trees} (trees of {H} positions)")
-    except ValueError as e:
-        parser.error(str(e))
+    # every tree's parents, int64 [n_trees, H], are drawn at once (a ValueError is one line: common.parse)
+    check_memory(args.n_trees * H * 8, f"--n-trees {args.n_trees} (trees of {H} positions)")
 
 
 def record(res) -> dict:

@@ -9,6 +9,7 @@ one line (``Parser.error``: no usage line); ``run_cli`` turns any exception from
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import math
 import os
@@ -150,6 +151,16 @@ def as_flags(message: str, cls) -> str:
     its flag (``lr must be ...`` -> ``--lr must be ...``)."""
     fields = {f.name for f in dataclasses.fields(cls)}
     return re.sub(r"^ ?(\w+)", lambda m: "--" + m[1].replace("_", "-") if m[1] in fields else m[0], message)
+
+
+@contextlib.contextmanager
+def flag_errors(p: argparse.ArgumentParser, cls=None):
+    """Flags checked inside: a ``ValueError`` becomes ``p.error`` (one line, exit 2), its leading field of the
+    dataclass ``cls`` named as its flag (``as_flags``)."""
+    try:
+        yield
+    except ValueError as e:
+        p.error(str(e) if cls is None else as_flags(str(e), cls))
 
 
 def dataclass_from_args(cls, args: argparse.Namespace):

@@ -71,7 +71,8 @@ CHOICES = {"arch": ARCHS, "loss_on": LOSSES}  # flags with a fixed set of values
 
 @dataclass
 class StandardConfig:
-    # task (the same sampler as models.train): d=5, L=6, H=6, rows 0.98 Dirichlet(0.1) + 0.02/d
+    # task (the same sampler as models.train): d=5, L=6, H=6, rows 0.98 Dirichlet(0.1) + 0.02/d. The same fields
+    # as TrainConfig's first seven, with other defaults (a shared base would reorder --help): a pair `duplicates` lists
     d_vocab: int = cli.flag(5)
     n_examples: int = cli.flag(6)
     seq_len: int = cli.flag(6)
@@ -391,14 +392,12 @@ def parse_args(argv: list[str] | None = None) -> tuple[StandardConfig, argparse.
     parser.add_argument("--overwrite", action="store_true", help="replace --out if it is a non-empty folder")
     args = parser.parse_args(argv)
     cli.check_run_flags(parser, args, argv)
-    try:
+    with cli.flag_errors(parser, StandardConfig):
         cfg = cli.dataclass_from_args(StandardConfig, args)
         if cfg.arch == "attn_only":
             raise ValueError("--arch attn_only cannot be saved as a Hugging Face folder; use analyses.phase_diagram")
         check_resources(cfg)
         check_out(cfg.out, args.overwrite)
-    except ValueError as e:
-        parser.error(cli.as_flags(str(e), StandardConfig))
     return cfg, args
 
 

@@ -484,12 +484,10 @@ def parse_args(argv: list[str] | None = None) -> TrainConfig:
     preset, _ = parser.parse_known_args(argv)
     parser.set_defaults(**PRESETS[preset.preset])
     args = parser.parse_args(argv)
-    try:
+    with cli.flag_errors(parser, TrainConfig):
         check_int(args.threads, "--threads", 1, 1024)
         torch.set_num_threads(args.threads)
         return cli.dataclass_from_args(TrainConfig, args)
-    except ValueError as e:
-        parser.error(as_flags(str(e)))
 
 
 def _main(argv: list[str]) -> None:
