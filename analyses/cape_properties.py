@@ -69,7 +69,8 @@ def mean_scores(phi: torch.Tensor, n_queries: int, generator: torch.Generator) -
 def measure(
     n_graphs: int, nodes: int, dim: int, n_queries: int, n_perm: int, seed: int = 0, progress: bool = False
 ) -> dict:
-    """The numbers of the three figures (see the module docstring); the sizes' defaults are the CLI's (``add_flags``)."""
+    """The numbers of the three figures (see the module docstring); the sizes' defaults are the CLI's
+    (``add_flags``)."""
     if n_graphs < 2 or nodes < 3 or dim < 1 or n_queries < 1 or n_perm < 0:
         raise ValueError(
             f"need n_graphs >= 2, nodes >= 3, dim >= 1, n_queries >= 1, n_perm >= 0; got {n_graphs}, {nodes}, {dim}, {n_queries}, {n_perm}"

@@ -66,7 +66,9 @@ def fresh_interpreter(module: str, *argv: str, cwd: Path) -> subprocess.Complete
 def _tl_folder(t: Path, name: str, **change) -> Path:
     """A TransformerLens state dict (w.pt) whose config (w.json) is a small real one, changed by ``change``."""
     task = pipelines.small_task()
-    cfg = pipelines.tl_cfg_dict(n_layers=1, d_model=8, d_head=4, n_heads=2, d_vocab=8, d_vocab_out=8, n_ctx=24, d_mlp=16)
+    cfg = pipelines.tl_cfg_dict(
+        n_layers=1, d_model=8, d_head=4, n_heads=2, d_vocab=8, d_vocab_out=8, n_ctx=24, d_mlp=16
+    )
     (t / name).mkdir()
     state = pipelines.tl_state(cfg, True)
     torch.save(state, t / name / "w.pt")
@@ -140,7 +142,8 @@ def lab(tmp_path_factory) -> Path:
     hot = _hf(t, "hf_hot") / "model.safetensors"
     safetensors.torch.save_file(_overflowing(safetensors.torch.load_file(hot), "transformer.wpe.weight"), hot)
     task = pipelines.small_task()
-    pipelines.write_paper_literal(t / "paper", task, pipelines.PaperLiteral(task.d_vocab, task.n_examples, task.seq_len))
+    literal = pipelines.PaperLiteral(task.d_vocab, task.n_examples, task.seq_len)
+    pipelines.write_paper_literal(t / "paper", task, literal)
     pad, place = pipelines.paper_key_map(task.d_vocab), pipelines.paper_key_map(task.d_vocab)
     pad["w_L"]["pad"]["after"] = BIG
     place["W_KQ"]["place"]["shape"] = [10**6, 10**6]
