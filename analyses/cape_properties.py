@@ -67,15 +67,10 @@ def mean_scores(phi: torch.Tensor, n_queries: int, generator: torch.Generator) -
 
 
 def measure(
-    n_graphs: int = 40,
-    nodes: int = 15,
-    dim: int = 4,
-    n_queries: int = 256,
-    n_perm: int = 20,
-    seed: int = 0,
-    progress: bool = False,
+    n_graphs: int, nodes: int, dim: int, n_queries: int, n_perm: int, seed: int = 0, progress: bool = False
 ) -> dict:
-    """The numbers of the three figures (see the module docstring)."""
+    """The numbers of the three figures (see the module docstring); the sizes' defaults are the CLI's
+    (``add_flags``)."""
     if n_graphs < 2 or nodes < 3 or dim < 1 or n_queries < 1 or n_perm < 0:
         raise ValueError(
             f"need n_graphs >= 2, nodes >= 3, dim >= 1, n_queries >= 1, n_perm >= 0; got {n_graphs}, {nodes}, {dim}, {n_queries}, {n_perm}"
@@ -303,10 +298,7 @@ def check_flags(parser, args) -> None:
         parser.error("need --n-contexts >= 2, --nodes >= 3, --dim >= 1, --n-queries >= 1, --n-perm >= 1")
     M, n = args.nodes, args.dim  # float64: each graph's A, distances and embedding; q and R(phi) q per query
     needed = 8 * (args.n_queries * M * (4 * n + M) + M * M * (n + 4))
-    try:
-        check_memory(needed, f"--nodes {M} --dim {n} --n-queries {args.n_queries}")
-    except ValueError as e:
-        parser.error(str(e))
+    check_memory(needed, f"--nodes {M} --dim {n} --n-queries {args.n_queries}")  # one line (common.parse)
 
 
 REQUIRES = None  # its own synthetic tasks: no --checkpoint

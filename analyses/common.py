@@ -85,7 +85,7 @@ class Analysis:
     n_contexts: int | None = 2048  # default --n-contexts (None: no such flag)
     requires: frozenset[str] | None = None  # capabilities it needs of its subject (None: no --checkpoint)
     add_flags: Callable | None = None  # (parser) -> None: flags of its own
-    check_flags: Callable | None = None  # (parser, args) -> None: validate them (parser.error)
+    check_flags: Callable | None = None  # (parser, args) -> None: validate them (parser.error, or a ValueError)
     record: Callable = field(default=lambda result: result)  # result -> what the JSON keeps
 
     @classmethod
@@ -155,7 +155,8 @@ def parse(analysis: Analysis, argv: list[str] | None) -> tuple[argparse.Argument
         args.out = str(default_out(getattr(args, "checkpoint", None)))
     cli.check_run_flags(p, args, argv)  # --out included (its missing parent folders are made)
     if analysis.check_flags is not None:
-        analysis.check_flags(p, args)
+        with cli.flag_errors(p):  # a ValueError it raises is the same one-line error as its p.error
+            analysis.check_flags(p, args)
     return p, args
 
 
@@ -167,10 +168,8 @@ def report_written(paths: list[Path]) -> None:
 
 def check_out(p: argparse.ArgumentParser, out: str) -> None:
     """``--out`` must be a writable folder (or creatable inside an existing one): checked before any work."""
-    try:
+    with cli.flag_errors(p):
         cli.check_out_folder(out)
-    except ValueError as e:
-        p.error(str(e))
 
 
 def check_at_least(p: argparse.ArgumentParser, args: argparse.Namespace, **minimums: int) -> None:
@@ -197,10 +196,8 @@ def main(analysis: Analysis, argv: list[str] | None = None) -> dict:
     subject = None
     if analysis.requires is not None:
         subject = cli.subject_or_exit(p, args)
-        try:
+        with cli.flag_errors(p):
             check_requirements(analysis, subject)
-        except ValueError as e:
-            p.error(str(e))
         if hasattr(subject.model, "eval"):
             subject.model.eval()
     args.subject_name = None if subject is None else subject.name

@@ -237,15 +237,15 @@ def measure(
     task,
     n_trees: int,
     n_samples: int,
+    steps: int,
     Ls=(1, 2, 5, 10, 20),
     n_batch: int = 2048,
     n_eval: int = 1024,
-    steps: int = 300,
     lr: float = 0.01,
     seed: int = 0,
     progress: bool = False,
 ) -> dict:
-    """All four measurements of the module docstring on ``task``."""
+    """All four measurements of the module docstring on ``task``; ``steps``' default is the CLI's (``add_flags``)."""
     return {
         "n_eval": n_eval,
         "by_tree": gradient_by_tree(task, n_trees, n_samples, seed, progress=progress),
@@ -369,10 +369,8 @@ def check_flags(parser, args) -> None:
             f"sequences, more than the bound of {MAX_SAMPLES} (2**24); use fewer"
         )
     H = models.load_task(models.DEFAULT_CHECKPOINT).seq_len
-    try:  # every tree's parents, int64 [n_trees, H], are drawn at once
-        check_memory(args.n_trees * H * 8, f"--n-trees {args.n_trees} (trees of {H} positions)")
-    except ValueError as e:
-        parser.error(str(e))
+    # every tree's parents, int64 [n_trees, H], are drawn at once (a ValueError is one line: common.parse)
+    check_memory(args.n_trees * H * 8, f"--n-trees {args.n_trees} (trees of {H} positions)")
 
 
 def record(res) -> dict:

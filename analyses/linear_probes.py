@@ -229,13 +229,10 @@ def add_flags(parser) -> None:
 
 def check_flags(parser, args) -> None:
     """``--standard`` is a path read like ``--checkpoint``: no output may be, or lie in, it."""
-    if args.standard is not None:
-        try:
-            cli.check_path(args.standard, "--standard")
-            args.reads.append(Path(args.standard))
-            cli.check_not_an_input(args.out, args, "--out")
-        except ValueError as e:
-            parser.error(str(e))
+    if args.standard is not None:  # a ValueError is one line (common.parse)
+        cli.check_path(args.standard, "--standard")
+        args.reads.append(Path(args.standard))
+        cli.check_not_an_input(args.out, args, "--out")
 
 
 REQUIRES = frozenset({common.MARKOV_TASK})  # what it needs of its subject

@@ -101,10 +101,7 @@ def add_flags(p) -> None:
 
 
 def check_flags(p, args) -> None:
-    try:
-        args.dag_list = parse_dags(args.dags)
-    except ValueError as e:
-        p.error(str(e))
+    args.dag_list = parse_dags(args.dags)  # a ValueError is one line (common.parse)
     common.check_at_least(p, args, steps=1, batch_size=1, n_contexts=1)
     sweep.check_flags(p, args)
     if args.sweep is not None and not Path(args.sweep).is_file():

@@ -98,15 +98,15 @@ class Grid:
         self.rows = [(int(L), loss) for L, loss in self.rows]
 
 
-QUICK = Grid(
+QUICK = Grid(  # one extra seed on at most one boundary cell per family; three kernels, one row, shorter runs
+    extra_seeds=1,
+    max_boundary_cells=1,
     kernels=[(1.0, 0.2), (0.3, 0.05), (0.1, 0.02)],
     rows=[(6, "all")],
     steps=600,
     disentangled_steps=200,
     eval_every=100,
     eval_contexts=256,
-    extra_seeds=1,
-    max_boundary_cells=1,
 )
 
 

@@ -182,18 +182,16 @@ def add_flags(parser) -> None:
 
 def check_flags(parser, args) -> None:
     """``--from-runs`` well formed and ``--histories`` an output under the rules of ``--out`` (a file in a
-    writable folder, none of the runs read); without runs to collect, an existing file."""
-    try:
-        if args.from_runs:
-            args.reads = [Path(folder) for _, folder in run_pairs(args.from_runs)]
-            cli.check_out_file(args.histories, "--histories")
-            cli.check_not_an_input(args.histories, args, "--histories")
-        elif not Path(args.histories).is_file():
-            raise ValueError(
-                f"--histories {args.histories!r} {what_is(args.histories)}; collect it with --from-runs LABEL=FOLDER ..."
-            )
-    except ValueError as e:
-        parser.error(str(e))
+    writable folder, none of the runs read); without runs to collect, an existing file. A ``ValueError`` is
+    one line (``common.parse``)."""
+    if args.from_runs:
+        args.reads = [Path(folder) for _, folder in run_pairs(args.from_runs)]
+        cli.check_out_file(args.histories, "--histories")
+        cli.check_not_an_input(args.histories, args, "--histories")
+    elif not Path(args.histories).is_file():
+        raise ValueError(
+            f"--histories {args.histories!r} {what_is(args.histories)}; collect it with --from-runs LABEL=FOLDER ..."
+        )
 
 
 REQUIRES = None  # its own synthetic tasks: no --checkpoint

@@ -274,12 +274,8 @@ def add_flags(parser) -> None:
 
 def check_flags(parser, args) -> None:
     common.check_at_least(parser, args, min_phase=1, train_steps=0, snapshot_every=1)
-    if args.train_steps:
-        return
-    try:
-        run_snapshots(args.checkpoint)
-    except ValueError as e:
-        parser.error(str(e))
+    if not args.train_steps:
+        run_snapshots(args.checkpoint)  # a ValueError is one line (common.parse)
 
 
 def summary(r: dict) -> str:

@@ -35,6 +35,8 @@ def check_tokens(tokens: Tensor, d_vocab: int, n_examples: int, seq_len: int) ->
     return tokens.long()
 
 
+# bma_scores, bma_log_posterior and bma_posterior take the same arguments, each signature written out with its
+# shapes (jaxtyping) rather than hidden behind *args: `duplicates` pairs them.
 def bma_scores(
     pi: Float[Tensor, "d d"],
     tokens: Int[Tensor, "batch T"],

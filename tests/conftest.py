@@ -72,17 +72,8 @@ def build_task(d_vocab: int = 4, n_examples: int = 3, seq_len: int = 5, seed: in
 
 def tiny_train_config(tmp_path, **kw) -> TrainConfig:
     """A training run of a few seconds into ``tmp_path / "run"`` (override any field)."""
-    base = dict(
-        d_vocab=3,
-        n_examples=2,
-        seq_len=4,
-        steps=12,
-        batch_size=16,
-        eval_every=6,
-        eval_contexts=32,
-        out=str(tmp_path / "run"),
-    )
-    return TrainConfig(**{**base, **kw})
+    base = dict(d_vocab=3, n_examples=2, seq_len=4, steps=12, batch_size=16, eval_every=6, eval_contexts=32)
+    return TrainConfig(**{**base, "out": str(tmp_path / "run"), **kw})
 
 
 @pytest.fixture

@@ -9,6 +9,7 @@ one line (``Parser.error``: no usage line); ``run_cli`` turns any exception from
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import math
 import os
@@ -88,7 +89,7 @@ def parser(prog: str, doc: str | None) -> argparse.ArgumentParser:
     return p
 
 
-FLAG_HELP = {  # --help of the config fields that models.train and models.standard share
+FLAG_HELP = {  # --help of the config fields that models.train and models.standard share (``flag`` without a help)
     "d_vocab": "vocabulary size d of the task",
     "n_examples": "number of demonstrations L in each context",
     "seq_len": "length H of each sequence (demonstrations and target)",
@@ -111,11 +112,23 @@ def dataclass_float(text: str) -> float:
 FLAG_TYPES = {"int": int, "float": dataclass_float, "str": str, "int | None": int}
 
 
-def add_dataclass_flags(p: argparse.ArgumentParser, cls, helps: dict[str, str], choices: dict | None = None) -> None:
+def flag(default, help: str | None = None):
+    """A config field that is a flag: its default and its ``--help`` sentence, declared together
+    (``help`` omitted: the field is one both trainers share, explained in ``FLAG_HELP``)."""
+    return dataclasses.field(default=default, metadata={"help": help} if help else {})
+
+
+def flag_helps(cls) -> dict[str, str]:
+    """The ``--help`` sentence of every field of the dataclass ``cls`` (its ``flag``'s, else ``FLAG_HELP``'s)."""
+    return {f.name: f.metadata.get("help", FLAG_HELP.get(f.name)) for f in dataclasses.fields(cls)}
+
+
+def add_dataclass_flags(p: argparse.ArgumentParser, cls, choices: dict | None = None) -> None:
     """A ``--field-name`` flag for every field of the dataclass ``cls`` (booleans are switches), explained
-    by ``helps[field]`` with the field's default and, for the fields named in ``choices``, the values
-    argparse accepts and lists."""
-    missing = [f.name for f in dataclasses.fields(cls) if f.name not in helps]
+    by its ``flag_helps`` sentence with the field's default and, for the fields named in ``choices``, the
+    values argparse accepts and lists."""
+    helps = flag_helps(cls)
+    missing = [name for name, text in helps.items() if text is None]
     if missing:
         raise ValueError(f"{cls.__name__} fields without a --help sentence: {', '.join(missing)}")
     for f in dataclasses.fields(cls):
@@ -138,6 +151,16 @@ def as_flags(message: str, cls) -> str:
     its flag (``lr must be ...`` -> ``--lr must be ...``)."""
     fields = {f.name for f in dataclasses.fields(cls)}
     return re.sub(r"^ ?(\w+)", lambda m: "--" + m[1].replace("_", "-") if m[1] in fields else m[0], message)
+
+
+@contextlib.contextmanager
+def flag_errors(p: argparse.ArgumentParser, cls=None):
+    """Flags checked inside: a ``ValueError`` becomes ``p.error`` (one line, exit 2), its leading field of the
+    dataclass ``cls`` named as its flag (``as_flags``)."""
+    try:
+        yield
+    except ValueError as e:
+        p.error(str(e) if cls is None else as_flags(str(e), cls))
 
 
 def dataclass_from_args(cls, args: argparse.Namespace):

@@ -65,65 +65,52 @@ from probes.tasks import check_float
 TRAINING_JSON = "training.json"
 ARCHS = ("gpt2", "attn_only")
 LOSSES = ("all", "target", "last")
-STANDARD_HELP = {
-    **cli.FLAG_HELP,  # the fields both trainers share
-    "gamma": "floor of the kernel: every pi entry is at least gamma / d",
-    "task_kind": f"the task: markov_tree (the paper's), or one of the family (probes.graph_task): {SPEC_HELP}",
-    "task_seed": "seed that draws pi (the default's demonstrations are worth 0.58 nats over the plateau)",
-    "arch": "gpt2 (pre-norm GPT-2 blocks), or attn_only (no MLP, no LayerNorm; cannot be saved)",
-    "n_layers": "number of transformer blocks",
-    "n_heads": "attention heads per block",
-    "d_model": "width of the residual stream (a multiple of --n-heads)",
-    "d_mlp": "hidden width of each MLP",
-    "init_std": "standard deviation of the initial weights (GPT-2's initializer_range)",
-    "seed": "seed of the initialisation and the training data",
-    "lr": "AdamW learning rate: linear warm-up, then cosine decay to lr * final-lr-fraction",
-    "warmup": "steps of linear learning-rate warm-up",
-    "final_lr_fraction": "learning rate at the last step, as a fraction of --lr (1: constant)",
-    "weight_decay": "AdamW weight decay",
-    "loss_on": (
-        "all: every next token, as a language model; target: only the target sequence's tokens; "
-        "last: only the context's last token (Nichani et al.'s loss)"
-    ),
-    "eval_every": "evaluate on held-out contexts every this many steps",
-    "snapshot_every": "if > 0, also keep the model every this many steps under OUT/snapshots/step_XXXXXX/",
-    "out": "folder to write the trained model to (a Hugging Face folder with task.json)",
-}
 
 CHOICES = {"arch": ARCHS, "loss_on": LOSSES}  # flags with a fixed set of values
 
 
 @dataclass
 class StandardConfig:
-    # task (the same sampler as models.train): d=5, L=6, H=6, rows 0.98 Dirichlet(0.1) + 0.02/d
-    d_vocab: int = 5
-    n_examples: int = 6
-    seq_len: int = 6
-    alpha: float = 0.1
-    gamma: float = 0.02
-    task_seed: int = 37
-    task_kind: str = "markov_tree"
+    # task (the same sampler as models.train): d=5, L=6, H=6, rows 0.98 Dirichlet(0.1) + 0.02/d. The same fields
+    # as TrainConfig's first seven, with other defaults (a shared base would reorder --help): a pair `duplicates` lists
+    d_vocab: int = cli.flag(5)
+    n_examples: int = cli.flag(6)
+    seq_len: int = cli.flag(6)
+    alpha: float = cli.flag(0.1)
+    gamma: float = cli.flag(0.02, "floor of the kernel: every pi entry is at least gamma / d")
+    task_seed: int = cli.flag(
+        37, "seed that draws pi (the default's demonstrations are worth 0.58 nats over the plateau)"
+    )
+    task_kind: str = cli.flag(
+        "markov_tree", f"the task: markov_tree (the paper's), or one of the family (probes.graph_task): {SPEC_HELP}"
+    )
     # model: GPT-2 blocks are pre-norm (ln_1 -> attn, ln_2 -> MLP, final ln_f)
-    arch: str = "gpt2"
-    n_layers: int = 2
-    n_heads: int = 8
-    d_model: int = 64
-    d_mlp: int = 256
-    init_std: float = 0.02
+    arch: str = cli.flag("gpt2", "gpt2 (pre-norm GPT-2 blocks), or attn_only (no MLP, no LayerNorm; cannot be saved)")
+    n_layers: int = cli.flag(2, "number of transformer blocks")
+    n_heads: int = cli.flag(8, "attention heads per block")
+    d_model: int = cli.flag(64, "width of the residual stream (a multiple of --n-heads)")
+    d_mlp: int = cli.flag(256, "hidden width of each MLP")
+    init_std: float = cli.flag(0.02, "standard deviation of the initial weights (GPT-2's initializer_range)")
     # optimisation
-    seed: int = 0
-    steps: int = 8000
-    batch_size: int = 128
-    lr: float = 1e-3
-    warmup: int = 0
-    final_lr_fraction: float = 0.1
-    weight_decay: float = 0.0
-    loss_on: str = "all"
-    device: str = "cpu"
-    eval_every: int = 500
-    eval_contexts: int = 512
-    snapshot_every: int = 0
-    out: str = "runs/standard"
+    seed: int = cli.flag(0, "seed of the initialisation and the training data")
+    steps: int = cli.flag(8000)
+    batch_size: int = cli.flag(128)
+    lr: float = cli.flag(1e-3, "AdamW learning rate: linear warm-up, then cosine decay to lr * final-lr-fraction")
+    warmup: int = cli.flag(0, "steps of linear learning-rate warm-up")
+    final_lr_fraction: float = cli.flag(0.1, "learning rate at the last step, as a fraction of --lr (1: constant)")
+    weight_decay: float = cli.flag(0.0, "AdamW weight decay")
+    loss_on: str = cli.flag(
+        "all",
+        "all: every next token, as a language model; target: only the target sequence's tokens; "
+        "last: only the context's last token (Nichani et al.'s loss)",
+    )
+    device: str = cli.flag("cpu")
+    eval_every: int = cli.flag(500, "evaluate on held-out contexts every this many steps")
+    eval_contexts: int = cli.flag(512)
+    snapshot_every: int = cli.flag(
+        0, "if > 0, also keep the model every this many steps under OUT/snapshots/step_XXXXXX/"
+    )
+    out: str = cli.flag("runs/standard", "folder to write the trained model to (a Hugging Face folder with task.json)")
 
     def __post_init__(self):
         for name in ("steps", "batch_size", "eval_every", "eval_contexts", "n_layers", "n_heads", "d_model", "d_mlp"):
@@ -395,7 +382,7 @@ def parse_args(argv: list[str] | None = None) -> tuple[StandardConfig, argparse.
     """The flags, every one checked before any work (``cli.check_run_flags``: seeds, sizes, threads,
     device, a writable ``--out``); then the config, the memory it needs, and what ``--out`` holds."""
     parser = cli.parser("python -m models.standard", __doc__)
-    cli.add_dataclass_flags(parser, StandardConfig, STANDARD_HELP, CHOICES)
+    cli.add_dataclass_flags(parser, StandardConfig, CHOICES)
     parser.add_argument(
         "--threads",
         type=int,
@@ -405,14 +392,12 @@ def parse_args(argv: list[str] | None = None) -> tuple[StandardConfig, argparse.
     parser.add_argument("--overwrite", action="store_true", help="replace --out if it is a non-empty folder")
     args = parser.parse_args(argv)
     cli.check_run_flags(parser, args, argv)
-    try:
+    with cli.flag_errors(parser, StandardConfig):
         cfg = cli.dataclass_from_args(StandardConfig, args)
         if cfg.arch == "attn_only":
             raise ValueError("--arch attn_only cannot be saved as a Hugging Face folder; use analyses.phase_diagram")
         check_resources(cfg)
         check_out(cfg.out, args.overwrite)
-    except ValueError as e:
-        parser.error(cli.as_flags(str(e), StandardConfig))
     return cfg, args
 
 

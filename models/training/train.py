@@ -50,68 +50,55 @@ from probes.graph_task import SPEC_HELP, GraphTask, make_task, relative_offsets
 from probes.oracles import check_bayes
 from probes.tasks import MAX_N_EXAMPLES, MAX_SEED, check_float, check_int, check_sizes
 
-TRAIN_HELP = {
-    **cli.FLAG_HELP,  # the fields both trainers share
-    "gamma": "floor of the kernel: every pi entry is at least gamma / d (Lemma 3)",
-    "task_seed": "seed that draws pi (and A for the continuous task)",
-    "task_kind": "the task: markov_tree (the paper's), continuous (x_h = rho A^T x_pa(h) + noise), or one of the "
-    f"family (probes.graph_task): {SPEC_HELP}",
-    "rho": "continuous task only: the parent-to-child correlation",
-    "n_copy_heads": "number K of layer-1 copyer heads (default: K = L)",
-    "dtype": "floating-point type of the weights and the computation",
-    "init_offset": "the copyers' w_H starts at +init_offset at offset 0 and -init_offset elsewhere",
-    "init_demo": "the copyers' w_L starts at +init_demo on one demonstration per head (a random permutation)",
-    "seed": "seed of the initialisation, the training data and the evaluation contexts",
-    "lr": "Adam learning rate, cosine-decayed to lr * final-lr-fraction",
-    "copyer_lr_scale": "the copyers' w_H and w_L learn at lr * copyer-lr-scale",
-    "final_lr_fraction": "learning rate at the last step, as a fraction of --lr",
-    "eval_every": "evaluate on held-out contexts and save a resumable checkpoint every this many steps",
-    "snapshot_every": "if > 0, also keep a checkpoint every this many steps under OUT/snapshots/",
-    "out": "checkpoint folder to write",
-    "resume": "continue from the training state in --out (an error if it has none)",
-    "overwrite": "replace a checkpoint already at --out, and its snapshots/ (otherwise refused)",
-    "compile": "torch.compile the training forward: minutes to compile, then faster steps",
-    "autocast": "training forward and backward in bfloat16 (torch.autocast); weights, Adam and evaluation stay in --dtype",
-}
-
 CHOICES = {"dtype": RUN_DTYPES}  # flags with a fixed set of values
 
 
 @dataclass
 class TrainConfig:
-    """What ``python -m models.train`` trains; ``TRAIN_HELP`` says what each field means (its ``--help``)."""
+    """What ``python -m models.train`` trains: each field a flag, with its ``--help`` sentence (``cli.flag``)."""
 
     # task
-    d_vocab: int = 5
-    n_examples: int = 10
-    seq_len: int = 12
-    alpha: float = 1.0
-    gamma: float = 0.2
-    task_seed: int = 0
-    task_kind: str = "markov_tree"
-    rho: float = 0.5
+    d_vocab: int = cli.flag(5)
+    n_examples: int = cli.flag(10)
+    seq_len: int = cli.flag(12)
+    alpha: float = cli.flag(1.0)
+    gamma: float = cli.flag(0.2, "floor of the kernel: every pi entry is at least gamma / d (Lemma 3)")
+    task_seed: int = cli.flag(0, "seed that draws pi (and A for the continuous task)")
+    task_kind: str = cli.flag(
+        "markov_tree",
+        "the task: markov_tree (the paper's), continuous (x_h = rho A^T x_pa(h) + noise), or one of the "
+        f"family (probes.graph_task): {SPEC_HELP}",
+    )
+    rho: float = cli.flag(0.5, "continuous task only: the parent-to-child correlation")
     # model
-    n_copy_heads: int | None = None
-    dtype: str = "float32"
-    device: str = "cpu"
-    init_offset: float = 1.0
-    init_demo: float = 5.0
+    n_copy_heads: int | None = cli.flag(None, "number K of layer-1 copyer heads (default: K = L)")
+    dtype: str = cli.flag("float32", "floating-point type of the weights and the computation")
+    device: str = cli.flag("cpu")
+    init_offset: float = cli.flag(1.0, "the copyers' w_H starts at +init_offset at offset 0 and -init_offset elsewhere")
+    init_demo: float = cli.flag(
+        5.0, "the copyers' w_L starts at +init_demo on one demonstration per head (a random permutation)"
+    )
     # optimisation
-    seed: int = 0
-    steps: int = 3000
-    batch_size: int = 256
-    lr: float = 1e-2
-    copyer_lr_scale: float = 1.0
-    final_lr_fraction: float = 0.05
+    seed: int = cli.flag(0, "seed of the initialisation, the training data and the evaluation contexts")
+    steps: int = cli.flag(3000)
+    batch_size: int = cli.flag(256)
+    lr: float = cli.flag(1e-2, "Adam learning rate, cosine-decayed to lr * final-lr-fraction")
+    copyer_lr_scale: float = cli.flag(1.0, "the copyers' w_H and w_L learn at lr * copyer-lr-scale")
+    final_lr_fraction: float = cli.flag(0.05, "learning rate at the last step, as a fraction of --lr")
     # evaluation and output
-    eval_every: int = 250
-    eval_contexts: int = 2048
-    snapshot_every: int = 0
-    out: str = "runs/train"
-    resume: bool = False
-    overwrite: bool = False
-    compile: bool = False
-    autocast: bool = False
+    eval_every: int = cli.flag(
+        250, "evaluate on held-out contexts and save a resumable checkpoint every this many steps"
+    )
+    eval_contexts: int = cli.flag(2048)
+    snapshot_every: int = cli.flag(0, "if > 0, also keep a checkpoint every this many steps under OUT/snapshots/")
+    out: str = cli.flag("runs/train", "checkpoint folder to write")
+    resume: bool = cli.flag(False, "continue from the training state in --out (an error if it has none)")
+    overwrite: bool = cli.flag(False, "replace a checkpoint already at --out, and its snapshots/ (otherwise refused)")
+    compile: bool = cli.flag(False, "torch.compile the training forward: minutes to compile, then faster steps")
+    autocast: bool = cli.flag(
+        False,
+        "training forward and backward in bfloat16 (torch.autocast); weights, Adam and evaluation stay in --dtype",
+    )
 
     def __post_init__(self):
         """Every field checked (type, finiteness, bound) before anything is built: one ValueError that
@@ -490,19 +477,17 @@ def parse_args(argv: list[str] | None = None) -> TrainConfig:
         default="small",
         help="model size and recipe; other flags override its fields (default: small)",
     )
-    cli.add_dataclass_flags(parser, TrainConfig, TRAIN_HELP, CHOICES)
+    cli.add_dataclass_flags(parser, TrainConfig, CHOICES)
     parser.add_argument(
         "--threads", type=int, default=1, help="torch CPU threads (default: 1; float reductions depend on it)"
     )
     preset, _ = parser.parse_known_args(argv)
     parser.set_defaults(**PRESETS[preset.preset])
     args = parser.parse_args(argv)
-    try:
+    with cli.flag_errors(parser, TrainConfig):
         check_int(args.threads, "--threads", 1, 1024)
         torch.set_num_threads(args.threads)
         return cli.dataclass_from_args(TrainConfig, args)
-    except ValueError as e:
-        parser.error(as_flags(str(e)))
 
 
 def _main(argv: list[str]) -> None:

@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from analyses import phase_diagram
-from analyses.phase_diagram import Grid, compute, plot, plot_curves, steps_to
+from analyses.phase_diagram import QUICK, Grid, compute, plot, plot_curves, steps_to
 from models.training.standard import StandardConfig
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -34,7 +34,8 @@ def _brute_force_nlls(task, tokens) -> tuple[float, float]:
     return float(np.mean(bma)), float(np.mean(flat))
 
 
-TINY = Grid(
+TINY = dataclasses.replace(  # the quick grid (one extra seed, one boundary cell), smaller still
+    QUICK,
     kernels=[(0.3, 0.05)],
     rows=[(2, "target")],
     steps=4,
@@ -43,8 +44,6 @@ TINY = Grid(
     eval_contexts=24,
     seq_len=4,
     boundary=10.0,  # every cell is "near the boundary": the extra seeds run
-    extra_seeds=1,
-    max_boundary_cells=1,
     d_model=8,
     n_heads=2,
     d_mlp=8,

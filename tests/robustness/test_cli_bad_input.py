@@ -135,7 +135,8 @@ def _out(t: Path, name: str = "out") -> list[str]:
     return ["--out", str(t / name)]
 
 
-# (kind, id, (t) -> (main, argv), expected text in the one line)
+# (kind, id, (t) -> (main, argv), expected text in the one line); one case a row, so rows look alike (`duplicates`
+# pairs the table with itself: data, not logic)
 CASES = [
     # --- work lost: nothing replaced unless asked; --resume only of a run that has training state -----
     ("work", "train into a checkpoint", lambda t: _train(*_out(t, "ckpt")), "refusing to replace it"),

@@ -120,7 +120,8 @@ def _interrupted(main, target: str):
 BAD_NAME = os.fsdecode(b"bad\xff.safetensors")
 SHIPPED_STANDARD_CONFIG = str(checkpoint.STANDARD_CHECKPOINT / checkpoint.CONFIG)
 
-# (kind, id, (lab, specials) -> (main, argv), expected text in the one line[, exit code])
+# (kind, id, (lab, specials) -> (main, argv), expected text in the one line[, exit code]); one case a row, so rows
+# look alike (`duplicates` pairs the table with itself: data, not logic)
 CASES = [
     # --- models.standard on the convention: every flag checked before training --------------------
     ("traceback", "standard --device mps", lambda t, s: _standard("--device", "mps", *_out(t)), "--device 'mps' cannot"),

@@ -21,20 +21,11 @@ from pathlib import Path
 import forked
 import pytest
 import safetensors.torch
+import test_formats_pipelines as pipelines
 import torch
 from conftest import build_task
 from test_cli_bad_input import HUGE, _edit_config
 from test_formats import file_config, hf_folder, small_model
-from test_formats_pipelines import (
-    PaperLiteral,
-    paper_key_map,
-    small_task,
-    tl_cfg_dict,
-    tl_state,
-    write_nanogpt,
-    write_paper_literal,
-    write_task,
-)
 from test_work_never_lost import tree
 
 import models
@@ -74,18 +65,20 @@ def fresh_interpreter(module: str, *argv: str, cwd: Path) -> subprocess.Complete
 
 def _tl_folder(t: Path, name: str, **change) -> Path:
     """A TransformerLens state dict (w.pt) whose config (w.json) is a small real one, changed by ``change``."""
-    task = small_task()
-    cfg = tl_cfg_dict(n_layers=1, d_model=8, d_head=4, n_heads=2, d_vocab=8, d_vocab_out=8, n_ctx=24, d_mlp=16)
+    task = pipelines.small_task()
+    cfg = pipelines.tl_cfg_dict(
+        n_layers=1, d_model=8, d_head=4, n_heads=2, d_vocab=8, d_vocab_out=8, n_ctx=24, d_mlp=16
+    )
     (t / name).mkdir()
-    state = tl_state(cfg, True)
+    state = pipelines.tl_state(cfg, True)
     torch.save(state, t / name / "w.pt")
     (t / name / "w.json").write_text(json.dumps({**cfg, **change}))
-    write_task(t / name, task, {})
+    pipelines.write_task(t / name, task, {})
     return t / name / "w.pt"
 
 
 def _nanogpt(t: Path, name: str, **change) -> Path:
-    path, _, _ = write_nanogpt(t / name, small_task(), {})
+    path, _, _ = pipelines.write_nanogpt(t / name, pipelines.small_task(), {})
     ckpt = torch.load(path, weights_only=True)
     ckpt["model_args"].update(change)
     torch.save(ckpt, path)
@@ -93,7 +86,7 @@ def _nanogpt(t: Path, name: str, **change) -> Path:
 
 
 def _hf(t: Path, name: str, **change) -> Path:
-    folder, _, _ = hf_folder(t, small_task(), name)
+    folder, _, _ = hf_folder(t, pipelines.small_task(), name)
     config = json.loads((folder / "config.json").read_text())
     (folder / "config.json").write_text(json.dumps({**config, **change}))
     return folder
@@ -148,9 +141,10 @@ def lab(tmp_path_factory) -> Path:
         _hf(t, name, **change)
     hot = _hf(t, "hf_hot") / "model.safetensors"
     safetensors.torch.save_file(_overflowing(safetensors.torch.load_file(hot), "transformer.wpe.weight"), hot)
-    task = small_task()
-    write_paper_literal(t / "paper", task, PaperLiteral(task.d_vocab, task.n_examples, task.seq_len))
-    pad, place = paper_key_map(task.d_vocab), paper_key_map(task.d_vocab)
+    task = pipelines.small_task()
+    literal = pipelines.PaperLiteral(task.d_vocab, task.n_examples, task.seq_len)
+    pipelines.write_paper_literal(t / "paper", task, literal)
+    pad, place = pipelines.paper_key_map(task.d_vocab), pipelines.paper_key_map(task.d_vocab)
     pad["w_L"]["pad"]["after"] = BIG
     place["W_KQ"]["place"]["shape"] = [10**6, 10**6]
     (t / "pad_map.json").write_text(json.dumps(pad))
@@ -198,6 +192,7 @@ def _bomb(name: str, checkpoint: str, expected: str):
 
 
 NEEDS = "would need about"
+LAYERS = "n_layers=1000000000"  # a billion layers: the one line names the model it refuses by its size
 TENSORS = "tensors, more than the bound of"
 NAN = "the forward pass gave NaN or Inf"
 ULIMIT = "what the address-space limit (ulimit -v) leaves"
@@ -205,7 +200,7 @@ ULIMIT = "what the address-space limit (ulimit -v) leaves"
 # (kind, id, (t) -> (module, argv), expected text in the one line)
 CASES = [
     # --- hangs and memory: every model sized from its config before a tensor exists --------------------
-    _bomb("TransformerLens n_layers 1e9", "tl_layers", "n_layers=1000000000"),
+    _bomb("TransformerLens n_layers 1e9", "tl_layers", LAYERS),
     _bomb("TransformerLens 2000 layers of width 2", "tl_many_layers", TENSORS),
     _bomb("TransformerLens n_ctx 1e12", "tl_ctx", NEEDS),
     _bomb("TransformerLens d_model 1e7", "tl_d_model", NEEDS),
@@ -213,7 +208,7 @@ CASES = [
     _bomb("TransformerLens d_mlp 1e12", "tl_d_mlp", NEEDS),
     _bomb("TransformerLens n_heads 1e7", "tl_heads", NEEDS),
     _bomb("TransformerLens over ulimit -v, under RAM", "tl_over_limit", ULIMIT),
-    _bomb("nanoGPT n_layer 1e9", "nano_layers", "n_layers=1000000000"),
+    _bomb("nanoGPT n_layer 1e9", "nano_layers", LAYERS),
     _bomb("nanoGPT 20 000 layers", "nano_many_layers", TENSORS),
     _bomb("nanoGPT block_size 1e12", "nano_block", NEEDS),
     _bomb("nanoGPT n_embd 1e7", "nano_embd", NEEDS),
@@ -431,7 +426,7 @@ def test_the_hugging_face_estimate_is_within_one_percent_of_what_the_bridge_hold
     from models.loading.sources import hugging_face
     from models.plumbing import io
 
-    folder, _, _ = hf_folder(tmp_path, small_task())
+    folder, _, _ = hf_folder(tmp_path, pipelines.small_task())
     config = json.loads((folder / "config.json").read_text())
     needed = []
     with monkeypatch.context() as m:
@@ -454,7 +449,7 @@ def _sha(*files: Path) -> str:
 def test_a_large_file_beside_the_weights_is_never_read(tmp_path):
     """A 100 GB sparse file beside a Hugging Face folder's weights and beside a weight file: loading takes
     seconds under the 4 GB address-space limit, and the digest is the sha256 of the defining files."""
-    folder, _, _ = hf_folder(tmp_path, small_task())
+    folder, _, _ = hf_folder(tmp_path, pipelines.small_task())
     pt = _tl_folder(tmp_path, "tl")
     for where in (folder, pt.parent):
         with open(where / "optimizer.bin", "wb") as f:
@@ -490,7 +485,7 @@ def test_a_huge_safetensors_file_is_sized_before_it_is_read(tmp_path):
 
 
 def test_the_digest_of_a_sharded_folder_covers_its_index_and_every_shard(tmp_path):
-    folder, _, _ = hf_folder(tmp_path, small_task())
+    folder, _, _ = hf_folder(tmp_path, pipelines.small_task())
     (folder / "model.safetensors").rename(folder / "model-00001-of-00001.safetensors")
     index = {"metadata": {}, "weight_map": {"transformer.wte.weight": "model-00001-of-00001.safetensors"}}
     (folder / "model.safetensors.index.json").write_text(json.dumps(index))

@@ -9,14 +9,8 @@ from __future__ import annotations
 
 import torch
 
-from models.loading.sources.files import (
-    Found,
-    Source,
-    check_fits,
-    load_their_names,
-    strip_prefixes,
-    torch_state_dict_with,
-)
+from models.loading.sources import files
+from models.loading.sources.files import Found, Source
 from models.loading.sources.task_json import read_task
 from models.nets.chen import ChenConfig, ChenTransformer, all_degrees, kept, their_key
 
@@ -25,7 +19,7 @@ NEEDED = ("layer1.W", "layer1.q_proj", "layer1.k_proj", "layer1.o_v_proj", "laye
 
 
 def detect(found: Found) -> bool:
-    return torch_state_dict_with(found, "layer1.W", "layer2.C_alpha_list")
+    return files.torch_state_dict_with(found, "layer1.W", "layer2.C_alpha_list")
 
 
 def config_of(state: dict, where: str) -> ChenConfig:
@@ -50,13 +44,13 @@ def read(found: Found, device: str | None = None, *, weights: bool = True) -> So
     task, layout = read_task(raw, where)
     if not weights:
         return Source(None, task, layout, found.where, "", NAME)
-    state = strip_prefixes(found.state_dict())
+    state = files.strip_prefixes(found.state_dict())
     cfg = config_of(state, found.where)
     cfg.device = device or "cpu"
-    check_fits(layout, cfg.d_vocab, cfg.n_ctx + 1, found.where)  # it reads T tokens and predicts the next
+    files.check_fits(layout, cfg.d_vocab, cfg.n_ctx + 1, found.where)  # it reads T tokens and predicts the next
     model = ChenTransformer(cfg)
     degree = state.pop("layer2.mydegree", None)
     if degree is not None and not torch.equal(degree.float().cpu(), all_degrees(cfg.n_heads)):
         raise ValueError(f"{found.where}: layer2.mydegree is not their itertools.product degree table")
-    load_their_names(model, state, their_key, found.where, skip={"blocks.1.attn.mydegree"})
+    files.load_their_names(model, state, their_key, found.where, skip={"blocks.1.attn.mydegree"})
     return Source(model.to(cfg.device).eval(), task, layout, found.where, found.digest(), NAME)

@@ -9,14 +9,8 @@ from __future__ import annotations
 
 import torch
 
-from models.loading.sources.files import (
-    Found,
-    Source,
-    check_fits,
-    load_their_names,
-    strip_prefixes,
-    torch_state_dict_with,
-)
+from models.loading.sources import files
+from models.loading.sources.files import Found, Source
 from models.loading.sources.task_json import read_task
 from models.nets.edelman import EdelmanConfig, EdelmanTransformer, their_key
 
@@ -25,7 +19,7 @@ FIELDS = ("n_layer", "n_head", "n_embd", "vocab_size", "block_size")
 
 
 def detect(found: Found) -> bool:
-    return torch_state_dict_with(found, "wte.weight", "layers.0.wpe.weight")
+    return files.torch_state_dict_with(found, "wte.weight", "layers.0.wpe.weight")
 
 
 def read(found: Found, device: str | None = None, *, weights: bool = True) -> Source:
@@ -42,9 +36,9 @@ def read(found: Found, device: str | None = None, *, weights: bool = True) -> So
         attention_only=bool(cfg_raw.get("attention_only", True)),
         device=device or "cpu",
     )
-    check_fits(layout, cfg.vocab_size, cfg.block_size, found.where)
+    files.check_fits(layout, cfg.vocab_size, cfg.block_size, found.where)
     model = EdelmanTransformer(cfg)
-    state = strip_prefixes(found.state_dict())
+    state = files.strip_prefixes(found.state_dict())
     for i in range(cfg.n_layer):  # their buffers: the causal mask and the relative-position index
         mask, pos = state.pop(f"layers.{i}.bias", None), state.pop(f"layers.{i}.pos", None)
         if mask is not None and not torch.equal(
@@ -53,5 +47,5 @@ def read(found: Found, device: str | None = None, *, weights: bool = True) -> So
             raise ValueError(f"{found.where}: layers.{i}.bias is not their causal mask")
         if pos is not None and not torch.equal(pos.cpu(), model.blocks[i].attn.pos.cpu()):
             raise ValueError(f"{found.where}: layers.{i}.pos is not their relative-position index")
-    load_their_names(model, state, their_key, found.where)
+    files.load_their_names(model, state, their_key, found.where)
     return Source(model.to(cfg.device).eval(), task, layout, found.where, found.digest(), NAME)

@@ -37,15 +37,8 @@ def file_config(model, task) -> dict:
 def hf_folder(tmp_path, task=None, name: str = "hf"):
     """An untrained GPT-2 saved as a Hugging Face folder with task.json; returns (folder, hf model, task)."""
     task = task or build_task()
-    cfg = StandardConfig(
-        d_vocab=task.d_vocab,
-        n_examples=task.n_examples,
-        seq_len=task.seq_len,
-        n_layers=2,
-        n_heads=2,
-        d_model=8,
-        init_std=0.3,
-    )
+    sizes = dict(d_vocab=task.d_vocab, n_examples=task.n_examples, seq_len=task.seq_len)
+    cfg = StandardConfig(**sizes, n_layers=2, n_heads=2, d_model=8, init_std=0.3)
     torch.manual_seed(0)
     hf = build_gpt2(cfg, task.n_tokens).eval()
     save_standard(hf, tmp_path / name, task, {"config": {}, "history": []})
