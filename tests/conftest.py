@@ -14,9 +14,10 @@ from probes import MarkovTreeTask
 
 # The heaviest tests, by file and function (every parametrisation), marked `slow` here rather than in their
 # files so that one table says what a quick run leaves out (tests/README.md); a new slow test may instead
-# carry @pytest.mark.slow. Each took over 20 s of wall time (the comment: all its parametrisations) with
-# --durations=0 on the loaded 2-core machine of 2026-12-03 (about 3-7x an idle one); together about 360 s of
-# the suite's 500 s of CPU. tests/project/test_slow_marker.py checks every entry names a test.
+# carry @pytest.mark.slow. The first block: each took over 20 s of wall time (the comment: all its
+# parametrisations) with --durations=0 on the loaded 2-core machine of 2026-12-03 (about 3-7x an idle one);
+# together about 360 s of the suite's 500 s of CPU. The second block: see its comment.
+# tests/project/test_slow_marker.py checks every entry names a test.
 SLOW = {
     "test_activation_patching.py::test_cli_writes_heatmaps_and_json",  # 27 s
     "test_bad_input_resume_and_hooks.py::test_bad_input_gives_one_line_error_and_changes_nothing",  # 23 s
@@ -49,6 +50,49 @@ SLOW = {
     "test_task_family.py::test_each_task_runs_through_both_trainers_inspect_and_trajectory",  # 413 s
     "test_trajectory.py::test_snapshots_of_models_standard_are_read_end_to_end",  # 24 s
     "test_work_never_lost.py::test_kill9_at_random_instants_then_resume_gives_the_uninterrupted_weights",  # 63 s
+    # Over about 8 s of wall time (about 2 s of CPU) in the quick tier's own --durations=80 run of 2026-12-03 at
+    # load 1.7-8 on 2 cores (its 1574 s wall, 410 s CPU): marked so that `-m "not slow"` fits in 3 minutes.
+    "test_bma_agreement.py::test_cli_trains_per_L_and_tracks_bma",  # 9 s
+    "test_cape_embedding.py::test_cape_properties_hold_on_small_random_graphs",  # 18 s
+    "test_cape_structure.py::test_deterministic_for_a_seed",  # 8 s
+    "test_catformer.py::test_analyses_run_or_refuse_in_one_line",  # 118 s
+    "test_checkpoint_and_train.py::test_train_cli_help_and_bad_values",  # 22 s
+    "test_chen.py::test_inspect_runs",  # 42 s
+    "test_chen.py::test_the_others_refuse_in_one_line",  # 84 s
+    "test_circuit.py::test_the_default_finds_the_target_side_head_and_reports_node_level_sufficiency",  # 36 s
+    "test_each_rule_everywhere.py::test_a_checkpoint_at_a_path_that_is_not_utf8_reads_as_at_any_other",  # 35 s
+    "test_each_rule_everywhere.py::test_a_corrupt_training_state_names_the_command_that_starts_afresh",  # 56 s
+    "test_each_rule_everywhere.py::test_a_json_output_is_checked_again_under_its_lock_before_it_is_replaced",  # 9 s
+    "test_each_rule_everywhere.py::test_a_key_map_constant_beyond_the_tensors_dtype_names_the_key_and_the_dtype",  # 18 s
+    "test_each_rule_everywhere.py::test_a_kill_between_a_checkpoint_and_its_snapshot_is_mended_by_resume",  # 18 s
+    "test_each_rule_everywhere.py::test_a_kill_inside_a_snapshot_write_leaves_nothing_after_resume",  # 20 s
+    "test_each_rule_everywhere.py::test_a_standard_training_into_an_out_another_trains_into_is_refused_at_once",  # 11 s
+    "test_each_rule_everywhere.py::test_a_symlinked_out_is_written_through_and_the_link_stays",  # 56 s
+    "test_each_rule_everywhere.py::test_an_evaluation_with_a_chunk_of_one_context_writes_no_nan",  # 20 s
+    "test_each_rule_everywhere.py::test_every_path_flag_names_every_path_kind",  # 42 s
+    "test_each_rule_everywhere.py::test_from_runs_takes_a_folder_whose_name_holds_an_equals_sign",  # 12 s
+    "test_each_rule_everywhere.py::test_hugging_face_weights_that_do_not_cover_their_config_are_refused_by_name",  # 56 s
+    "test_each_rule_everywhere.py::test_overwrite_keeps_the_old_snapshots_until_the_new_run_has_saved",  # 27 s
+    "test_each_rule_everywhere.py::test_resume_with_other_steps_is_refused_and_changes_nothing",  # 8 s
+    "test_each_rule_everywhere.py::test_training_on_one_evaluation_context_writes_no_nan",  # 10 s
+    "test_each_rule_everywhere.py::test_two_collections_into_one_histories_file_keep_every_run",  # 25 s
+    "test_each_rule_everywhere.py::test_two_standard_trainings_into_one_out_cannot_both_write_it",  # 23 s
+    "test_edelman.py::test_analyses_run_or_refuse_in_one_line",  # 133 s
+    "test_figure_layout.py::test_no_text_is_clipped_overlapped_or_over_another_panel",  # 21 s
+    "test_formats_pipelines.py::test_inspect_credits_a_paper_literal_reimplementation_trained_to_bma",  # 24 s
+    "test_head_ablation.py::test_cli_writes_figures_and_json_with_the_claim",  # 13 s
+    "test_inspect.py::test_cli_on_a_pt_file_writes_the_report",  # 10 s
+    "test_inspect_standard.py::test_same_numbers_as_inspect_under_its_own_file_names",  # 22 s
+    "test_logpi_recovery.py::test_cli_theorem1_writes_numbers",  # 12 s
+    "test_messages.py::test_every_entry_point_makes_the_missing_parents_of_out_and_json",  # 10 s
+    "test_messages.py::test_the_summary_is_alone_on_stdout_and_no_bar_reaches_a_log",  # 61 s
+    "test_nichani_dags.py::test_bad_dags_are_one_line_and_exit_2",  # 68 s
+    "test_paper.py::test_analyses_fix_the_thread_count_and_reject_a_bad_one",  # 10 s
+    "test_phase_diagram.py::test_a_replot_reads_a_trained_sweep_back_unchanged",  # 11 s
+    "test_phase_diagram.py::test_the_committed_figure_replots_the_committed_full_sweep",  # 25 s
+    "test_standard_circuit.py::test_cli_writes_the_set_and_calls_an_untrained_model_a_plateau",  # 22 s
+    "test_trajectory.py::test_the_cli_writes_the_set_with_every_snapshot_and_its_phases",  # 18 s
+    "test_trajectory.py::test_train_steps_trains_and_reads_a_short_run_of_the_shipped_config",  # 17 s
 }
 
 
