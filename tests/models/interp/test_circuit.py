@@ -766,3 +766,58 @@ def test_ratio_se_equals_a_numpy_bootstrap_over_contexts_and_the_spread_of_indep
     assert min(abs(numerator_only / boot - 1), abs(unpaired / boot - 1)) > 0.3  # the check can tell them apart
     shares, ses = zip(*(ratio_se(*map(torch.tensor, _paired_heavy_tailed(rng, n))) for _ in range(1000)))
     assert np.mean(ses) == pytest.approx(np.std(shares), rel=0.1)
+
+
+def test_edge_scores_are_keyed_by_edge_and_the_searches_and_roc_auc_read_them_by_edge():
+    """EdgeScores keeps each edge's row of per-context scores with the edge itself: read back by edge, its
+    means and standard errors are NumPy's of that row; top_n and threshold on ``{edge: score}`` equal a
+    NumPy sort and mask of the same numbers in any key order; roc_auc equals the Mann-Whitney U statistic
+    from NumPy's average ranks; rows that do not match the edges are refused."""
+    from models.interp.circuit import Edge, EdgeScores, top_n
+    from models.interp.circuit import threshold as above
+
+    rng = np.random.default_rng(0)
+    edges = [Edge(f"L0H{i}", "output", "out", g) for i in range(6) for g in ("demonstrations", "target")]
+    values = rng.normal(size=(len(edges), 9)) * rng.uniform(0.01, 1, size=(len(edges), 1))
+    values[3] = values[3] * 0  # a tie at zero
+    scores = EdgeScores(edges, torch.tensor(values))
+    for i, e in enumerate(edges):
+        assert torch.equal(scores[e], torch.tensor(values[i]))
+    means, with_se = scores.means(), scores.with_se()
+    want_mean, want_se = values.mean(1), values.std(1, ddof=1) / np.sqrt(values.shape[1])
+    assert list(means) == list(with_se) == edges == list(scores)
+    assert np.allclose([means[e] for e in edges], want_mean, atol=1e-15)
+    assert np.allclose([with_se[e][1] for e in edges], want_se, atol=1e-15)
+    shuffled = {e: means[e] for e in reversed(edges)}  # the searches read scores by edge, not by position
+    for n in (0, 1, 5, len(edges)):
+        want = {edges[i] for i in np.argsort(-np.abs(want_mean), kind="stable")[:n]}
+        assert set(top_n(means, n)) == set(top_n(shuffled, n)) == want
+    tau = float(np.median(np.abs(want_mean)))
+    assert set(above(shuffled, tau)) == {e for e, m in zip(edges, want_mean) if abs(m) >= tau}
+    truth = set(edges[::3])
+    x, t = np.abs(want_mean), np.array([e in truth for e in edges])
+    order = np.argsort(x, kind="stable")
+    ranks = np.empty(len(x))
+    ranks[order] = np.arange(1, len(x) + 1)
+    for v in np.unique(x):  # average ranks for ties
+        ranks[x == v] = ranks[x == v].mean()
+    u = ranks[t].sum() - t.sum() * (t.sum() + 1) / 2
+    assert roc_auc({e: abs(m) for e, m in shuffled.items()}, truth) == pytest.approx(u / (t.sum() * (~t).sum()))
+    with pytest.raises(ValueError, match="2 rows of values for 12 edges"):
+        EdgeScores(edges, torch.zeros(2, 9))
+
+
+def test_the_threshold_search_keeps_exactly_the_edges_among_the_nodes_whose_score_reaches_it():
+    """``--search threshold`` on the transposed circuit: the circuit under each corruption is every edge
+    between its nodes whose |score| (as the JSON reports it for every edge) is at least --threshold."""
+    from analyses import circuit
+
+    subject = transposed_subject(build_task(n_examples=3, seq_len=4, alpha=0.3))
+    tau = 1e-3
+    r = circuit.discover(subject, _defaults(n_contexts=32, n_held_out=64, search="threshold", threshold=tau))
+    nodes = set(r["nodes"]) | {"embed", "pos_embed", "output"}
+    key = lambda e: (e["sender"], e["receiver"], e["input"], e["group"])  # noqa: E731
+    for c, block in r["searches"].items():
+        want = {key(e) for e in block["all_edges"] if e["sender"] in nodes and e["receiver"] in nodes
+                and abs(e["score"]) >= tau}  # fmt: skip
+        assert want and {key(e) for e in block["edges"]} == want, c
