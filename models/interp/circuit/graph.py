@@ -133,7 +133,7 @@ def check_hooks(subject: Subject, names) -> None:
 
 
 def build_graph(subject: Subject) -> Graph:
-    """The graph of ``subject`` (see the module docstring); ValueError if it lacks a hook the graph uses."""
+    """The graph of ``subject`` (see the package docstring); ValueError if it lacks a hook the graph uses."""
     if DISENTANGLED in subject.capabilities:
         return _disentangled_graph(subject)
     return _standard_graph(subject)
