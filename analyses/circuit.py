@@ -45,10 +45,14 @@ from models.interp.circuit import (
     CORRUPTIONS,
     DIRECTIONS,
     NODE_ABLATIONS,
+    EdgeScores,
     Runner,
     build_graph,
     curve_sizes,
     denoising_runner,
+    eap_ig_scores,
+    eap_scores,
+    exact_scores,
     greedy,
     mean_se,
     node_ablated_values,
@@ -74,13 +78,13 @@ METHODS = ("exact", "eap", "eap-ig")
 SEARCHES = ("top-n", "threshold", "greedy")
 
 
-def values_of(runner: Runner, method: str, ig_steps: int) -> torch.Tensor:
-    """Each edge's score on each context, ``[edge, context]``."""
+def values_of(runner: Runner, method: str, ig_steps: int) -> EdgeScores:
+    """Each edge's score on each context, ``[edge, context]``, by ``method`` (``METHODS``)."""
     if method == "exact":
-        return runner.exact_values(progress=lambda e: tqdm(e, desc="exact edge patching", leave=False, disable=None))
+        return exact_scores(runner, progress=lambda e: tqdm(e, desc="exact edge patching", leave=False, disable=None))
     if method == "eap":
-        return runner.eap_values()
-    return runner.eap_ig_values(steps=ig_steps)
+        return eap_scores(runner)
+    return eap_ig_scores(runner, steps=ig_steps)
 
 
 MAX_CURVE_POINTS = 1000  # circuit sizes on the curve; each is one ablated run over every context
@@ -118,12 +122,12 @@ def restored(denoiser: Runner, kept, clean) -> dict:
     return {"n_edges": len(kept), "faithfulness": share, "se": se, "nll": values.mean().item()}
 
 
-def input_sums(graph, values: torch.Tensor) -> list[dict]:
+def input_sums(values: EdgeScores) -> list[dict]:
     """Per layer's heads (``L1``) or other receiver (``MLP0``, ``output``), input and position group: the
     summed score of every edge into it, with its standard error over the contexts (a sum of single-edge
     effects, not the effect of ablating them together)."""
     rows: dict = {}
-    for e, v in zip(graph.edges, values):
+    for e, v in values.items():
         node = e.receiver[: e.receiver.index("H")] if e.receiver.startswith("L") else e.receiver
         rows.setdefault((node, e.input, e.group), []).append(v)
     out = []
@@ -172,10 +176,10 @@ def corruptions_of(spec: str) -> list[str]:
     return names
 
 
-def ranked(edges, scores, ses, min_z: float) -> list:
-    """Edges whose |score| exceeds ``min_z`` standard errors first, each part by |score| descending."""
-    order = sorted(range(len(edges)), key=lambda i: (not abs(scores[i]) > min_z * ses[i], -abs(scores[i])))
-    return [edges[i] for i in order]
+def ranked(stats: dict, min_z: float) -> list:
+    """The edges of ``stats`` (``{edge: (score, se)}``), those whose |score| exceeds ``min_z`` standard errors
+    first, each part by |score| descending."""
+    return sorted(stats, key=lambda e: (not abs(stats[e][0]) > min_z * stats[e][1], -abs(stats[e][0])))
 
 
 def baselines_of(task, tokens) -> tuple[torch.Tensor, torch.Tensor]:
@@ -223,13 +227,14 @@ def measure(subject, graph, tokens, edges, nodes, corruptions, seed: int) -> dic
     return out
 
 
-def search(runner, scorer, edges, scores, order, args, plateau, full) -> list:
-    """The circuit chosen from one corruption's scores (``--search``; default: the smallest prefix of
-    ``order`` that keeps ``--target`` of the progress, by bisection)."""
+def search(runner, scores: dict, order, args, plateau, full) -> list:
+    """The circuit chosen from one corruption's scores (``{edge: score}``, the edges it may keep;
+    ``--search``; default: the smallest prefix of ``order`` that keeps ``--target`` of the progress, by
+    bisection)."""
     if args.search == "greedy":
         return greedy(runner, args.threshold if args.threshold is not None else 1e-3)
     if args.search == "threshold":
-        return threshold(edges, scores, args.threshold if args.threshold is not None else 1e-3)
+        return threshold(scores, args.threshold if args.threshold is not None else 1e-3)
     if args.n_edges is not None:
         return order[: args.n_edges]
     lo, hi = 0, len(order)
@@ -273,14 +278,14 @@ def discover(subject: Subject, args) -> dict:
     plateau, bma = baselines_of(task, tokens)
     edges = graph.edges
     sizes = curve_sizes(len(edges), args.curve_points)
-    scored = {}  # corruption -> (runner, scorer, values, scores, ses, order)
+    scored = {}  # corruption -> (runner, scorer, values, {edge: (score, se)}, order)
     for c in corruptions:
         runner = Runner(subject, graph, tokens, source_writes(subject, graph, tokens, c, args.seed))
         full = runner.clean_values
         scorer = denoising_runner(subject, graph, tokens, c, args.seed) if args.direction == "denoising" else runner
         values = values_of(scorer, args.method, args.ig_steps)
-        scores, ses = zip(*(mean_se(v) for v in values)) if len(values) else ((), ())
-        scored[c] = (runner, scorer, values, scores, ses, ranked(edges, scores, ses, args.min_z))
+        stats = values.with_se()
+        scored[c] = (runner, scorer, values, stats, ranked(stats, args.min_z))
     # The nodes: every head or MLP whose mean ablation alone costs > COST_Z standard errors, then the costliest
     # others until the nodes alone (the rest mean-ablated) keep --target of the progress, then, for each
     # corruption whose edges among them do not keep --target, the nodes its edges' scores weigh most.
@@ -306,8 +311,8 @@ def discover(subject: Subject, args) -> dict:
                 break
             added[n] = f"the nodes before it alone kept {share:.3f} < {args.target:g} of the progress, rest mean-ablated"
         for c in corruptions:
-            runner, _, _, scores, _, _ = scored[c]
-            weight = {n: sum(abs(x) for e, x in zip(edges, scores) if n in (e.sender, e.receiver)) for n in costs}
+            runner, _, _, stats, _ = scored[c]
+            weight = {n: sum(abs(x) for e, (x, _) in stats.items() if n in (e.sender, e.receiver)) for n in costs}
             for n in sorted(costs, key=lambda n: -weight[n]):
                 if n in added:
                     continue
@@ -319,22 +324,23 @@ def discover(subject: Subject, args) -> dict:
     within = set(named) if named is not None else set(among(graph, nodes))
     blocks, kept_by, passes, runs = {}, {}, 0, 0
     for c in corruptions:
-        runner, scorer, values, scores, ses, order = scored[c]
+        runner, scorer, values, stats, order = scored[c]
         curve = [faithfulness(runner, order[:n], plateau, full) for n in
                  tqdm(sizes, desc=f"faithfulness curve ({c})", leave=False, disable=None)]  # fmt: skip
         inner = [e for e in order if e in within]  # the search keeps edges among the nodes only
-        kept = named if named is not None else search(runner, scorer, inner, scores, inner, args, plateau, full)
+        scores = {e: stats[e][0] for e in inner}
+        kept = named if named is not None else search(runner, scores, inner, args, plateau, full)
         found = faithfulness(runner, kept, plateau, full)
-        by_edge, se = dict(zip(edges, scores)), dict(zip(edges, ses))
+        row = lambda e: {**e.to_dict(), "score": stats[e][0], "se": stats[e][1]}  # noqa: E731
         block = {
             "corruption": CORRUPTIONS[c], "means": MEANS[c],
-            "edges": [{**e.to_dict(), "score": by_edge[e], "se": se[e]} for e in sorted(kept, key=lambda e: -abs(by_edge[e]))],
-            "n_within_2se": sum(abs(by_edge[e]) <= 2 * se[e] for e in kept),
-            "n_beyond_min_z": sum(abs(by_edge[e]) > args.min_z * se[e] for e in edges),
+            "edges": [row(e) for e in sorted(kept, key=lambda e: -abs(stats[e][0]))],
+            "n_within_2se": sum(abs(stats[e][0]) <= 2 * stats[e][1] for e in kept),
+            "n_beyond_min_z": sum(abs(s) > args.min_z * se for s, se in stats.values()),
             "faithfulness": found["faithfulness"], "faithfulness_se": found["se"],
             "curve": curve, "curve_area": area(curve, len(edges)),
-            "all_edges": [{**e.to_dict(), "score": by_edge[e], "se": se[e]} for e in edges],
-            "by_input": input_sums(graph, values),
+            "all_edges": [row(e) for e in edges],
+            "by_input": input_sums(values),
         }  # fmt: skip
         if scorer is not runner:
             back = [restored(scorer, order[:n], full) for n in

@@ -38,7 +38,18 @@ import torch
 from bench.circuit_reference import exact_values_per_edge, keep_only_values_per_receiver
 from bench.reference import bma_posterior_loop, reference_model
 from models import DEFAULT_CHECKPOINT, STANDARD_CHECKPOINT, CausalTransformer, load_subject
-from models.interp.circuit import Runner, build_graph, curve_sizes, per_context_nll, ratio_se, source_writes, top_n
+from models.interp.circuit import (
+    Runner,
+    build_graph,
+    curve_sizes,
+    eap_ig_scores,
+    eap_scores,
+    exact_scores,
+    per_context_nll,
+    ratio_se,
+    source_writes,
+    top_n,
+)
 from models.nets import causal_transformer
 from models.plumbing import cli
 from models.training.optim import keep_freed_memory, sample_batch
@@ -449,16 +460,15 @@ def circuit_speed_rows(n_contexts: int, seed: int = 0) -> list[dict]:
     tokens, _ = subject.task.sample(n_contexts, torch.Generator().manual_seed(seed))  # as analyses.circuit
     runner = Runner(subject, graph, tokens, source_writes(subject, graph, tokens, "demonstrations", seed))
     where = f"standard GPT-2, {len(graph.edges)} edges, {n_contexts} contexts"
-    new, new_s = _timed(runner.exact_values)
+    new, new_s = _timed(lambda: exact_scores(runner))
     old, old_s = _timed(lambda: exact_values_per_edge(runner, graph.edges))
-    scores = new.mean(1).tolist()
-    circuits = [top_n(graph.edges, scores, n) for n in curve_sizes(len(graph.edges), CIRCUIT_CURVE_POINTS)]
+    circuits = [top_n(new.means(), n) for n in curve_sizes(len(graph.edges), CIRCUIT_CURVE_POINTS)]
     kept, kept_s = _timed(lambda: torch.stack([runner.keep_only_values(c) for c in circuits]))
     kept_old, kept_old_s = _timed(lambda: torch.stack([keep_only_values_per_receiver(runner, c) for c in circuits]))
     return [
         {"row": f"circuit, exact edge patching of every edge ({where})", "ours_s": new_s, "baseline_s": old_s,
          "baseline": f"one capture and one patch copy per edge, 16 edges ({16 * n_contexts} contexts) a pass", "ratio": old_s / new_s,
-         "note": f"largest difference {(new - old).abs().max().item():.1e} nats (per context)"},
+         "note": f"largest difference {(new.values - old).abs().max().item():.1e} nats (per context)"},
         {"row": f"circuit, {len(circuits)} keep-only runs of the faithfulness curve ({where})", "ours_s": kept_s,
          "baseline_s": kept_old_s, "baseline": "a full pass per level and one copy per receiver",
          "ratio": kept_old_s / kept_s, "note": f"largest difference {(kept - kept_old).abs().max().item():.1e} nats"},
@@ -481,17 +491,21 @@ def circuit_rows(n_contexts: int, seed: int = 0) -> list[dict]:
     n_kept = len(graph.edges) // 10
     timed = {}
     for name, score in (
-        ("exact", runner.exact_scores),
-        ("EAP", runner.eap_scores),
-        ("EAP-IG (8 steps)", lambda: runner.eap_ig_scores(steps=8)),
-        ("EAP-IG (32 steps)", lambda: runner.eap_ig_scores(steps=32)),
+        ("exact", lambda: exact_scores(runner).means()),
+        ("EAP", lambda: eap_scores(runner).means()),
+        ("EAP-IG (8 steps)", lambda: eap_ig_scores(runner, steps=8).means()),
+        ("EAP-IG (32 steps)", lambda: eap_ig_scores(runner, steps=32).means()),
     ):
         timed[name] = _timed(score)
 
     def kept(scores) -> str:
-        values = runner.keep_only_values(top_n(graph.edges, scores, n_kept))
+        values = runner.keep_only_values(top_n(scores, n_kept))
         share, se = ratio_se(plateau - values, plateau - runner.clean_values)
         return f"{share:.2f} +- {se:.2f}"
+
+    def pair(a: dict, b: dict, f=float) -> tuple[list, list]:
+        """``f`` of the scores of every edge, in the graph's order: by ``a`` and by ``b``."""
+        return [f(a[e]) for e in graph.edges], [f(b[e]) for e in graph.edges]
 
     exact, exact_s = timed["exact"]
     return [
@@ -502,8 +516,8 @@ def circuit_rows(n_contexts: int, seed: int = 0) -> list[dict]:
             "baseline_s": exact_s,
             "baseline": "exact path patching",
             "ratio": exact_s / seconds,
-            "note": f"Spearman {spearman(scores, exact):.3f} with the exact scores, "
-            f"{spearman([abs(x) for x in scores], [abs(x) for x in exact]):.3f} of abs(score) (the order the search uses); "
+            "note": f"Spearman {spearman(*pair(scores, exact)):.3f} with the exact scores, "
+            f"{spearman(*pair(scores, exact, abs)):.3f} of abs(score) (the order the search uses); "
             f"its top {n_kept} edges keep {kept(scores)} of the progress (exact's: {kept(exact)})",
         }
         for name, (scores, seconds) in timed.items()

@@ -39,7 +39,7 @@ def _captured(runner: Runner, receivers, deltas, injections=()) -> list[Tensor]:
 
 
 def exact_values_per_edge(runner: Runner, edges, chunk: int = 16) -> Float[Tensor, "edge batch"]:
-    """``runner.exact_values(edges)`` as it was computed: one capture copy and one patch copy per edge."""
+    """``exact_scores(runner, edges).values`` as it was computed: one capture copy and one patch copy per edge."""
     out = []
     for part in [edges[i : i + chunk] for i in range(0, len(edges), chunk)]:
         rs = [runner.graph.receiver_of(e) for e in part]

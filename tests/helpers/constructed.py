@@ -144,12 +144,12 @@ def transposed_subject(task) -> StandardSubject:
     return StandardSubject(model, task, model.layout, "transposed", "0")
 
 
-def transposed_truth(graph, corruption: str) -> list[bool]:
+def transposed_truth(graph, corruption: str) -> set:
     """The edges of ``TransposedCircuit``'s computation (read from its construction, above) that a
     corruption can see: the edge is read on the way to a target prediction (``USED``) and the corruption
     changes its sender's value at the edge's positions (``CHANGED``)."""
-    return [e.sender in CHANGED[corruption].get(e.group, ()) and (e.sender, e.receiver, e.input) in USED[e.group]
-            for e in graph.edges]  # fmt: skip
+    return {e for e in graph.edges
+            if e.sender in CHANGED[corruption].get(e.group, ()) and (e.sender, e.receiver, e.input) in USED[e.group]}  # fmt: skip
 
 
 # At the demonstration positions what counts is what L1H0 reads there (MLP0 and its inputs; the read-out's

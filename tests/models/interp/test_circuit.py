@@ -19,6 +19,9 @@ from models.interp.circuit import (
     Runner,
     build_graph,
     denoising_runner,
+    eap_ig_scores,
+    eap_scores,
+    exact_scores,
     other_contexts,
     per_context_nll,
     ratio_se,
@@ -116,7 +119,7 @@ def test_bridge_resid_mid_reaches_only_ln2_and_attn_out_reaches_the_residual(sub
     assert torch.allclose(moved["blocks.0.hook_resid_mid"], want, atol=1e-5)
 
 
-def _paper_truth(subject, graph) -> list[bool]:
+def _paper_truth(subject, graph) -> set:
     """The true edges of the paper's circuit on the disentangled model, read from the Theorem 1
     construction of the subject's task: a copyer reads its demonstration; a layer-1 input reads subspace s
     where the construction's W_KQ (query columns / key rows) or W_OV has a non-zero block; the head writes
@@ -127,17 +130,22 @@ def _paper_truth(subject, graph) -> list[bool]:
     W_KQ, W_OV = exact.blocks[1].attn.W_KQ.detach(), exact.blocks[1].attn.W_OV.detach()
     block = lambda s: slice(s * d, (s + 1) * d)  # noqa: E731
     sub = {"embed": 0, **{f"L0H{k}": k + 1 for k in range(K)}}
-    truth = []
-    for e in graph.edges:
+
+    def true(e) -> bool:
         if e.receiver == "output":
-            truth.append(True)
-        elif e.receiver.startswith("L0"):
-            truth.append(e.group == "demonstrations")
-        else:
-            s = sub[e.sender]
-            w = {"q": W_KQ[d:, block(s)], "k": W_KQ[block(s), d:], "v": W_OV[block(s)]}[e.input]
-            truth.append(bool(w.abs().max() > 1e-9) and not (e.input == "q" and s == 0))
-    return truth
+            return True
+        if e.receiver.startswith("L0"):
+            return e.group == "demonstrations"
+        s = sub[e.sender]
+        w = {"q": W_KQ[d:, block(s)], "k": W_KQ[block(s), d:], "v": W_OV[block(s)]}[e.input]
+        return bool(w.abs().max() > 1e-9) and not (e.input == "q" and s == 0)
+
+    return {e for e in graph.edges if true(e)}
+
+
+def _abs(scores) -> dict:
+    """|mean score| per edge, of an EdgeScores."""
+    return {e: abs(x) for e, x in scores.means().items()}
 
 
 @pytest.mark.parametrize("spec", ["theorem1:beta=50", "default"])
@@ -150,12 +158,12 @@ def test_exact_patching_and_eap_ig_recover_the_paper_circuit(spec):
     resampled, _ = task.sample(48, torch.Generator().manual_seed(1))
     runner = Runner(subject, graph, tokens, sender_writes(subject, graph, resampled)[0])
     truth = _paper_truth(subject, graph)
-    assert 0 < sum(truth) < len(truth)
+    assert 0 < len(truth) < len(graph.edges)
     # Ranked by |score|: ablating a true edge may help on a finite sample (the resampled contexts differ).
-    assert roc_auc([abs(x) for x in runner.exact_scores()], truth) == 1.0
-    assert roc_auc([abs(x) for x in runner.eap_ig_scores()], truth) >= 0.95
+    assert roc_auc(_abs(exact_scores(runner)), truth) == 1.0
+    assert roc_auc(_abs(eap_ig_scores(runner)), truth) >= 0.95
     # The known circuit alone keeps the model's progress over the uniform-parent plateau.
-    kept = [e for e, t in zip(graph.edges, truth) if t]
+    kept = [e for e in graph.edges if e in truth]
     plateau = bma_predictive(task.pi, tokens, task.n_examples, task.seq_len, task.root, demonstrations=[], log=True)
     plateau_nll = per_context_nll(plateau, tokens)
     share, se = ratio_se(plateau_nll - runner.keep_only_values(kept), plateau_nll - runner.clean_values)
@@ -189,15 +197,17 @@ def test_eap_equals_exact_patching_where_the_metric_is_linear_in_the_input_and_s
     resampled, _ = task.sample(16, torch.Generator().manual_seed(1))
     runner = Runner(subject, graph, tokens, sender_writes(subject, graph, resampled)[0], _logit_difference)
     linear = [e for e in graph.edges if e.receiver == "output" or (e.receiver.startswith("L1") and e.input == "v")]
-    exact, eap = runner.exact_scores(linear), runner.eap_scores(linear)
-    assert max(abs(a) for a in exact) > 1e-3
-    assert torch.allclose(torch.tensor(exact), torch.tensor(eap), atol=1e-9, rtol=1e-7)
+    exact, eap = exact_scores(runner, linear).means(), eap_scores(runner, linear).means()
+    assert max(abs(a) for a in exact.values()) > 1e-3
+    assert torch.allclose(torch.tensor([exact[e] for e in linear]), torch.tensor([eap[e] for e in linear]), atol=1e-9,
+                          rtol=1e-7)  # fmt: skip
     into_output = [e for e in graph.edges if e.receiver == "output"]
     total = runner.run(into_output) - runner.clean_metric
-    assert abs(sum(runner.exact_scores(into_output)) - total) < 1e-9
+    assert abs(sum(exact_scores(runner, into_output).means().values()) - total) < 1e-9
     # Where the metric is not linear (layer-0 queries feed a softmax), EAP is only an approximation.
     q0 = [e for e in graph.edges if e.receiver.startswith("L0") and e.input == "q"]
-    assert max(abs(a - b) for a, b in zip(runner.exact_scores(q0), runner.eap_scores(q0))) > 1e-6
+    exact, eap = exact_scores(runner, q0).means(), eap_scores(runner, q0).means()
+    assert max(abs(exact[e] - eap[e]) for e in q0) > 1e-6
 
 
 def test_a_model_without_the_hooks_is_refused_in_one_line():
@@ -232,7 +242,7 @@ def _one_edge_by_hand(subject, graph, tokens, source, clean, edge):
 
 @pytest.mark.parametrize("family", ["bridge", "default", "nanogpt"])
 def test_batched_exact_patching_equals_edge_by_edge_runs_per_context(subjects, family):
-    """exact_values shares one edited pass among every edge of a sender at a site (and every receiver
+    """exact_scores shares one edited pass among every edge of a sender at a site (and every receiver
     reading it) and runs several edges' copies of the contexts per pass; per context it equals each edge
     ablated alone by hand-written hooks, and run_values([edge]) (the circuit runner's own path)."""
     subject = subjects[family]
@@ -243,7 +253,7 @@ def test_batched_exact_patching_equals_edge_by_edge_runs_per_context(subjects, f
     runner = Runner(subject, graph, tokens, source, rows=5 * len(tokens))
     senders = {"embed", "L0H1", "MLP0"} if family != "default" else {"embed", "L0H1", "L0H7", "L1H0"}
     edges = [e for e in graph.edges if e.sender in senders]
-    batched = runner.exact_values(edges)
+    batched = exact_scores(runner, edges).values
     assert runner.copies == 5 and batched.shape == (len(edges), 6)
     by_hand = torch.stack([_one_edge_by_hand(subject, graph, tokens, source, runner.clean, e) for e in edges])
     assert batched.abs().max() > 1e-3 and (batched.abs().amax(1) > 1e-6).sum() > len(edges) // 3
@@ -335,7 +345,7 @@ def test_greedy_pruning_keeps_exactly_the_paper_circuit_on_theorem1():
     resampled, _ = subject.task.sample(24, torch.Generator().manual_seed(1))
     runner = Runner(subject, graph, tokens, sender_writes(subject, graph, resampled)[0])
     kept = set(greedy(runner, 1e-9))
-    assert kept == {e for e, t in zip(graph.edges, _paper_truth(subject, graph)) if t}
+    assert kept == _paper_truth(subject, graph)
 
 
 def _progress_kept(runner, task, tokens, kept) -> float:
@@ -357,12 +367,12 @@ def test_exact_patching_and_eap_ig_recover_the_transposed_circuit(corruption):
     tokens, _ = task.sample(48, torch.Generator().manual_seed(0))
     runner = Runner(subject, graph, tokens, source_writes(subject, graph, tokens, corruption, 0))
     truth = transposed_truth(graph, corruption)
-    assert 0 < sum(truth) < len(truth)
-    exact = runner.exact_scores()
-    assert roc_auc([abs(x) for x in exact], truth) == 1.0
-    assert roc_auc([abs(x) for x in runner.eap_ig_scores()], truth) >= 0.95
-    assert max(abs(x) for x, t in zip(exact, truth) if not t) < 1e-12  # the rest do exactly nothing
-    assert _progress_kept(runner, task, tokens, [e for e, t in zip(graph.edges, truth) if t]) >= 0.95
+    assert 0 < len(truth) < len(graph.edges)
+    exact = exact_scores(runner)
+    assert roc_auc(_abs(exact), truth) == 1.0
+    assert roc_auc(_abs(eap_ig_scores(runner)), truth) >= 0.95
+    assert max(x for e, x in _abs(exact).items() if e not in truth) < 1e-12  # the rest do exactly nothing
+    assert _progress_kept(runner, task, tokens, [e for e in graph.edges if e in truth]) >= 0.95
 
 
 def test_a_head_that_matters_only_on_the_target_side_is_found_by_the_target_corruption():
@@ -377,7 +387,7 @@ def test_a_head_that_matters_only_on_the_target_side_is_found_by_the_target_corr
     scores = {}
     for corruption in ("demonstrations", "target"):
         runner = Runner(subject, graph, tokens, source_writes(subject, graph, tokens, corruption, 0))
-        scores[corruption] = dict(zip(graph.edges, runner.exact_scores()))
+        scores[corruption] = exact_scores(runner).means()
     assert max(abs(scores["demonstrations"][e]) for e in l0h1) == 0
     strongest = sorted(graph.edges, key=lambda e: -abs(scores["target"][e]))[:3]
     assert {(e.sender, e.receiver) for e in strongest if "L0H1" in (e.sender, e.receiver)} == {
@@ -425,7 +435,8 @@ def test_target_corruption_and_mean_ablation_do_what_they_say():
     runner = Runner(subject, graph, tokens, source_writes(subject, graph, tokens, "target", 0))
     B = model.sub["B"]
     want = _final_resid_patch(subject, tokens, B, target, _final_resid(subject, other)[:, target, B]) - clean_nll
-    got = runner.exact_scores([graph.find("L0H1->output.out@target")])[0]
+    edge = graph.find("L0H1->output.out@target")
+    got = exact_scores(runner, [edge]).means()[edge]
     assert want > 0.05 and got == pytest.approx(want, abs=1e-9)
 
     held_out = task.sample(64, torch.Generator().manual_seed(0 + 7919))[0]  # the seed's held-out contexts
@@ -434,7 +445,8 @@ def test_target_corruption_and_mean_ablation_do_what_they_say():
     mean = _final_resid(subject, held_out)[:, target, Z].mean(0, keepdim=True)
     want = _final_resid_patch(subject, tokens, Z, target, mean) - clean_nll
     runner = Runner(subject, graph, tokens, source_writes(subject, graph, tokens, "mean", 0))
-    got = runner.exact_scores([graph.find("L1H0->output.out@target")])[0]
+    edge = graph.find("L1H0->output.out@target")
+    got = exact_scores(runner, [edge]).means()[edge]
     assert want > 0.05 and got == pytest.approx(want, abs=1e-9)
     batch_mean = _final_resid(subject, tokens)[:, target, Z].mean(0, keepdim=True)
     assert abs(_final_resid_patch(subject, tokens, Z, target, batch_mean) - clean_nll - got) > 1e-4
@@ -451,13 +463,14 @@ def test_denoising_is_minus_noising_where_the_metric_is_linear_and_restores_the_
     into_output = [e for e in graph.edges if e.receiver == "output"]
     noising = Runner(subject, graph, tokens, source_writes(subject, graph, tokens, "resample", 3), _logit_difference)
     denoising = denoising_runner(subject, graph, tokens, "resample", 3, _logit_difference)
-    noise, denoise = noising.exact_scores(into_output), denoising.exact_scores(into_output)
-    assert max(abs(x) for x in noise) > 1e-3
-    assert torch.allclose(torch.tensor(denoise), -torch.tensor(noise), atol=1e-9)
+    noise, denoise = exact_scores(noising, into_output).means(), exact_scores(denoising, into_output).means()
+    assert max(abs(x) for x in noise.values()) > 1e-3
+    assert torch.allclose(torch.tensor([denoise[e] for e in into_output]), -torch.tensor([noise[e] for e in into_output]),
+                          atol=1e-9)  # fmt: skip
     other = other_contexts(task, tokens, "resample", 3)
     corrupted = _logit_difference(subject.log_probs(other), tokens).mean().item()
     clean = _logit_difference(subject.log_probs(tokens), tokens).mean().item()
-    assert sum(denoise) == pytest.approx(clean - corrupted, abs=1e-9)
+    assert sum(denoise.values()) == pytest.approx(clean - corrupted, abs=1e-9)
     assert denoising.clean_metric == pytest.approx(corrupted, abs=1e-12)
     with pytest.raises(ValueError, match="denoising needs a corruption that is a run on other contexts"):
         denoising_runner(subject, graph, tokens, "mean", 3)
@@ -480,9 +493,9 @@ def test_eap_and_eap_ig_per_context_values_equal_brute_force_derivatives(method)
     edges = [e for e in graph.edges if e.input in ("q", "k")]
     steps = 4
     if method == "eap":
-        got, alphas = runner.eap_values(edges), [0.0]
+        got, alphas = eap_scores(runner, edges).values, [0.0]
     else:
-        got, alphas = runner.eap_ig_values(edges, steps=steps), [(i + 0.5) / steps for i in range(steps)]
+        got, alphas = eap_ig_scores(runner, edges, steps=steps).values, [(i + 0.5) / steps for i in range(steps)]
 
     def cache(toks):
         store = {}
@@ -550,7 +563,7 @@ def test_denoising_faithfulness_restores_with_the_known_circuit_nothing_without_
     denoiser = denoising_runner(subject, graph, tokens, "demonstrations", 0)
     clean = per_context_nll(subject.log_probs(tokens), tokens)
     assert (denoiser.clean_values - clean).mean() > 0.05  # the corruption costs something to recover
-    known = [e for e, t in zip(graph.edges, truth) if t]
+    known = [e for e in graph.edges if e in truth]
     nothing, everything, circuit = (restored(denoiser, kept, clean) for kept in ([], graph.edges, known))
     print(f"{spec}: the known circuit recovers {circuit['faithfulness']:.4f} +- {circuit['se']:.4f}")
     assert abs(nothing["faithfulness"]) < 1e-12 and abs(everything["faithfulness"] - 1) < 1e-5
@@ -753,3 +766,58 @@ def test_ratio_se_equals_a_numpy_bootstrap_over_contexts_and_the_spread_of_indep
     assert min(abs(numerator_only / boot - 1), abs(unpaired / boot - 1)) > 0.3  # the check can tell them apart
     shares, ses = zip(*(ratio_se(*map(torch.tensor, _paired_heavy_tailed(rng, n))) for _ in range(1000)))
     assert np.mean(ses) == pytest.approx(np.std(shares), rel=0.1)
+
+
+def test_edge_scores_are_keyed_by_edge_and_the_searches_and_roc_auc_read_them_by_edge():
+    """EdgeScores keeps each edge's row of per-context scores with the edge itself: read back by edge, its
+    means and standard errors are NumPy's of that row; top_n and threshold on ``{edge: score}`` equal a
+    NumPy sort and mask of the same numbers in any key order; roc_auc equals the Mann-Whitney U statistic
+    from NumPy's average ranks; rows that do not match the edges are refused."""
+    from models.interp.circuit import Edge, EdgeScores, top_n
+    from models.interp.circuit import threshold as above
+
+    rng = np.random.default_rng(0)
+    edges = [Edge(f"L0H{i}", "output", "out", g) for i in range(6) for g in ("demonstrations", "target")]
+    values = rng.normal(size=(len(edges), 9)) * rng.uniform(0.01, 1, size=(len(edges), 1))
+    values[3] = values[3] * 0  # a tie at zero
+    scores = EdgeScores(edges, torch.tensor(values))
+    for i, e in enumerate(edges):
+        assert torch.equal(scores[e], torch.tensor(values[i]))
+    means, with_se = scores.means(), scores.with_se()
+    want_mean, want_se = values.mean(1), values.std(1, ddof=1) / np.sqrt(values.shape[1])
+    assert list(means) == list(with_se) == edges == list(scores)
+    assert np.allclose([means[e] for e in edges], want_mean, atol=1e-15)
+    assert np.allclose([with_se[e][1] for e in edges], want_se, atol=1e-15)
+    shuffled = {e: means[e] for e in reversed(edges)}  # the searches read scores by edge, not by position
+    for n in (0, 1, 5, len(edges)):
+        want = {edges[i] for i in np.argsort(-np.abs(want_mean), kind="stable")[:n]}
+        assert set(top_n(means, n)) == set(top_n(shuffled, n)) == want
+    tau = float(np.median(np.abs(want_mean)))
+    assert set(above(shuffled, tau)) == {e for e, m in zip(edges, want_mean) if abs(m) >= tau}
+    truth = set(edges[::3])
+    x, t = np.abs(want_mean), np.array([e in truth for e in edges])
+    order = np.argsort(x, kind="stable")
+    ranks = np.empty(len(x))
+    ranks[order] = np.arange(1, len(x) + 1)
+    for v in np.unique(x):  # average ranks for ties
+        ranks[x == v] = ranks[x == v].mean()
+    u = ranks[t].sum() - t.sum() * (t.sum() + 1) / 2
+    assert roc_auc({e: abs(m) for e, m in shuffled.items()}, truth) == pytest.approx(u / (t.sum() * (~t).sum()))
+    with pytest.raises(ValueError, match="2 rows of values for 12 edges"):
+        EdgeScores(edges, torch.zeros(2, 9))
+
+
+def test_the_threshold_search_keeps_exactly_the_edges_among_the_nodes_whose_score_reaches_it():
+    """``--search threshold`` on the transposed circuit: the circuit under each corruption is every edge
+    between its nodes whose |score| (as the JSON reports it for every edge) is at least --threshold."""
+    from analyses import circuit
+
+    subject = transposed_subject(build_task(n_examples=3, seq_len=4, alpha=0.3))
+    tau = 1e-3
+    r = circuit.discover(subject, _defaults(n_contexts=32, n_held_out=64, search="threshold", threshold=tau))
+    nodes = set(r["nodes"]) | {"embed", "pos_embed", "output"}
+    key = lambda e: (e["sender"], e["receiver"], e["input"], e["group"])  # noqa: E731
+    for c, block in r["searches"].items():
+        want = {key(e) for e in block["all_edges"] if e["sender"] in nodes and e["receiver"] in nodes
+                and abs(e["score"]) >= tau}  # fmt: skip
+        assert want and {key(e) for e in block["edges"]} == want, c

@@ -1,0 +1,94 @@
+"""Node ablation: a circuit of nodes, every head and MLP outside it set to its mean over held-out contexts
+(``mean``) or its value on a fresh context of the task (``resample``), at every position (or at given
+positions): the circuit's sufficiency, which does not depend on a corruption that keeps part of the
+context. Runs the subject itself, not a ``Runner`` (no edge is ablated)."""
+
+from __future__ import annotations
+
+import torch
+from jaxtyping import Float
+from torch import Tensor
+
+from models.interp.circuit.graph import Graph, check_hooks
+from models.interp.circuit.runner import ROWS, Metric
+from models.interp.interventions import Intervention
+from models.interp.subject import Subject
+from probes.metrics import per_context_nll
+
+NODE_ABLATIONS = {
+    "mean": "its mean over held-out contexts, position by position",
+    "resample": "its value on a fresh context of the task, context by context",
+}
+
+
+def node_outputs(subject: Subject, graph: Graph) -> dict[str, tuple[str, int | None]]:
+    """Each head and MLP of ``graph`` -> (the hook of its output, its head index or None): ``hook_z`` of
+    its layer for a head, ``hook_mlp_out`` for an MLP."""
+    out = {}
+    for n in graph.nodes(graph.edges):
+        if n.startswith("MLP"):
+            out[n] = (f"blocks.{n[3:]}.hook_mlp_out", None)
+        else:
+            layer, head = n[1:].split("H")
+            out[n] = (subject.head_output(int(layer)), int(head))
+    check_hooks(subject, sorted({h for h, _ in out.values()}))
+    return out
+
+
+def record_outputs(subject: Subject, tokens, hooks_: list[str], rows: int = ROWS) -> dict:
+    """The activations at ``hooks_`` on ``tokens``, ``{hook: [batch, ...]}``, ``rows`` contexts a pass."""
+    parts: list[dict] = []
+    for i in range(0, len(tokens), rows):
+        store: dict = {}
+        with torch.no_grad():
+            subject.log_probs(tokens[i : i + rows], [Intervention(h, "record", store=store).fwd_hook() for h in hooks_])
+        parts.append({h: store[h].detach() for h in hooks_})
+    return {h: torch.cat([p[h] for p in parts]) for h in hooks_}
+
+
+def node_ablated_values(subject: Subject, graph: Graph, tokens, kept, ablation: str, reference,
+                        metric: Metric = per_context_nll, rows: int = ROWS, recorded: dict | None = None,
+                        positions=None) -> Float[Tensor, " batch"]:  # fmt: skip
+    """Per context, the metric with every head and MLP NOT in ``kept`` ablated at every position: set to
+    its mean over the ``reference`` contexts (``mean``) or, context by context, to its value on
+    ``reference[i]`` (``resample``: as many as ``tokens``). The embeddings and the output are never
+    ablated. ``kept`` may name nodes outside the graph's heads and MLPs (ignored). ``recorded``: the
+    outputs on ``reference`` recorded already (``record_outputs``), to spare that pass. ``positions``: ablate
+    there only (default: every position)."""
+    if ablation not in NODE_ABLATIONS:
+        raise ValueError(f"unknown node ablation {ablation!r}; expected one of {', '.join(NODE_ABLATIONS)}")
+    if ablation == "resample" and len(reference) != len(tokens):
+        raise ValueError(f"resample ablation pairs contexts: {len(reference)} reference contexts for {len(tokens)}")
+    outputs, kept = node_outputs(subject, graph), set(kept)
+    by_hook: dict = {}
+    for n, (hook, head) in outputs.items():
+        if n not in kept:
+            by_hook.setdefault(hook, []).append(head)
+    ref = recorded if recorded is not None else record_outputs(subject, reference, sorted(by_hook), rows)
+    values = []
+    for i in range(0, len(tokens), rows):
+        part = slice(i, i + rows)
+        ivs = []
+        for hook, heads in by_hook.items():
+            index = None if heads == [None] else tuple(heads)
+            if ablation == "mean":
+                ivs.append(Intervention(hook, "mean", heads=index, positions=positions, value=ref[hook].mean(0)))
+            else:
+                ivs.append(Intervention(hook, "patch", heads=index, positions=positions, value=ref[hook][part]))
+        with torch.no_grad():
+            lp = subject.log_probs(tokens[part], [iv.fwd_hook() for iv in ivs])
+        values.append(metric(lp, tokens[part]))
+    return torch.cat(values)
+
+
+def node_costs(subject: Subject, graph: Graph, tokens, reference, metric: Metric = per_context_nll,
+               rows: int = ROWS, nodes=None, positions=None) -> dict[str, Float[Tensor, " batch"]]:  # fmt: skip
+    """Per head and MLP (or those of ``nodes``), per context: the metric's change when that node alone is
+    mean-ablated (its mean over ``reference``; at ``positions`` only, if given), the rest clean."""
+    with torch.no_grad():
+        clean = torch.cat([metric(subject.log_probs(tokens[i : i + rows]), tokens[i : i + rows])
+                           for i in range(0, len(tokens), rows)])  # fmt: skip
+    outputs = node_outputs(subject, graph)
+    recorded = record_outputs(subject, reference, sorted({h for h, _ in outputs.values()}), rows)
+    return {n: node_ablated_values(subject, graph, tokens, [m for m in outputs if m != n], "mean", reference, metric,
+                                   rows, recorded, positions) - clean for n in (outputs if nodes is None else nodes)}  # fmt: skip
