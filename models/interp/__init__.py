@@ -2,6 +2,7 @@
 analysis sees it), ``interventions`` (interventions as data, corrupted contexts), ``patching`` (ready
 TransformerLens patching sweeps), ``circuit`` (circuit discovery: the graph, exact edge patching, EAP /
 EAP-IG, search), ``path_patching`` (sender -> receiver path patching and dropping a demonstration from what
-heads read) and ``baselines`` (BMA and the uniform-parent mixture on the same contexts, and a head's
-attention scored against BMA's posterior). Measurement that needs no model goes in ``probes``; an
+heads read), ``baselines`` (BMA and the uniform-parent mixture on the same contexts, and a head's
+attention scored against BMA's posterior) and ``inspection`` (``analyses.inspect``'s measurement: every number its
+report prints, as one dict, with the thresholds behind its verdict). Measurement that needs no model goes in ``probes``; an
 analysis's question, figures and summary in ``analyses``."""

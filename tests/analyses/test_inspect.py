@@ -14,7 +14,7 @@ from test_formats import file_config, hf_folder
 
 import models
 from analyses import common, inspect
-from analyses.inspect import inspect_subject
+from models.interp.inspection import corrupt, inspect_subject
 from models.interp.subject import load_subject, subject_of
 from probes import bma_posterior, bma_predictive
 
@@ -72,7 +72,7 @@ def test_a_non_paper_circuit_gets_its_heads_named_with_their_roles():
     n = r["intervention_contexts"]
     tokens, _ = task.sample(256, torch.Generator().manual_seed(0))
     tokens = tokens[:n]
-    bad = inspect.corrupt(task, tokens, 0)
+    bad = corrupt(task, tokens, 0)
     subject = transposed_subject(task)
     S = subject.model.sub["S"]
     store = {}
