@@ -342,6 +342,8 @@ def test_cli_on_a_pt_file_writes_the_report(tmp_path, capsys):
         assert (tmp_path / "out" / stem).is_file()
     out = capsys.readouterr().out
     assert "parent-selecting heads: L1H0" in out and "THE PAPER'S CIRCUIT" in out
+    # The report only formats the measurement: the saved JSON alone, with no model, prints the same report.
+    assert inspect.summary(saved["results"]) in out
     # The heads it names link to the discovered circuit: where analyses.circuit writes it for this checkpoint.
     want = str(common.default_out(str(tmp_path / "w.pt")) / "circuit.json")
     assert saved["results"]["circuit_link"]["json"] == want and f"the discovered circuit (the edges between these heads): {want}" in out
