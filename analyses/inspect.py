@@ -407,6 +407,7 @@ def _roles_figure(r: dict, n: int):
 
 
 def compute(subject, args) -> dict:
+    """The measurement (``models.interp.inspection.inspect_subject``) and where this model's circuit is."""
     r = inspect_subject(subject, args.n_contexts, args.seed)
     r["circuit_link"] = circuit_link(getattr(args, "checkpoint", None), subject.hash)
     return r

@@ -279,7 +279,9 @@ def test_one_copyer_for_three_demonstrations_is_not_called_the_papers_circuit(tm
     copyers = {f"L0H{j}": int(copy[j].argmax()) for j in range(args["n_head"]) if copy[j].max() >= bar}
     assert copyers == {"L0H0": 0} == r["copyers"]
     assert "paper's circuit, copyers: L0H0->demo 0\n" in text
-    # Only one layer-0 head that writes anything is a copyer: the other costly one reads position h - 1.
+    # The copyer printed is the one layer-0 head that both copies and costs > 3 SE; the other costly layer-0
+    # head reads position h - 1 (a copyer's query and the candidates' keys need tokens one position apart).
+    assert len(r["copyers"]) == len(costly & set(copyers)) == 1
     assert sorted(x for x in costly if x.startswith("L0")) == ["L0H0", "L0H1"] and copy[1].max() < 0.05
 
     # Its attention looks like the paper's circuit (a copyer and a parent selector), so only sufficiency
