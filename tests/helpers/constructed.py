@@ -5,7 +5,10 @@ writer) and every hook TransformerLens names and ``models.interp.circuit.build_g
 ``hook_pos_embed``, ``blocks.i.hook_resid_pre``, each head's ``hook_q`` / ``hook_k`` / ``hook_v`` computed
 position by position from that residual, ``hook_pattern``, ``hook_z`` and ``W_O``, ``hook_resid_mid``,
 MLP0's ``hook_mlp_out``, the final ``hook_resid_post``), computing BMA exactly by a route that is not
-the paper's (the transpose of it), so that every edge is known to be used or not."""
+the paper's (the transpose of it), so that every edge is known to be used or not.
+
+``one_copyer_nanogpt_state``: nanoGPT weights whose attention looks like the paper's circuit with one copyer
+for several demonstrations, and whose copyer and selector alone are known not to suffice."""
 
 from __future__ import annotations
 
