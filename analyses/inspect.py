@@ -49,23 +49,12 @@ from __future__ import annotations
 
 import json
 
-import torch
-from tqdm.auto import tqdm
-
 from analyses import common
-from models.interp.baselines import baselines, head_attention_stats
-from models.interp.circuit import INPUTS, Runner, build_graph, mean_se, per_context_nll, ratio_se, sender_writes
-from models.interp.interventions import ablate, corrupted_contexts, head_ablation, head_outputs, hooks, patch_heads
-from models.interp.subject import head_label
-from models.training.standard import uniform_parent_predictive
-from probes import bma_predictive, oracles, target_nll
-from probes.graph_task import GraphTask, context_order
-from probes.roles import CATEGORIES, GROUPS, OVERLAPPING, attention_role, role_profile, sequence_scores
+from models.interp.inspection import POOLING, inspect_subject  # the measurement; the thresholds: its THRESHOLDS
+from probes.roles import CATEGORIES, GROUPS, OVERLAPPING
 
 NAME = "inspect"
 N_CONTEXTS = 512  # default --n-contexts: the attention statistics and the progress
-INTERVENTION_CONTEXTS = 128  # ablation, patching and sufficiency: the first of the contexts, as many as
-# analyses.circuit searches on (another sample: both report their standard errors, and agree within them)
 FIGURES = {
     "inspect_heads.png": (
         "per head of every layer of the inspected model: parent accuracy, TV to the BMA posterior and mass on the candidate parents from the query that predicts x_h, against BMA and the uniform-parent baseline, with the verdict in the title."
@@ -82,196 +71,7 @@ FIGURES = {
 }
 
 
-THRESHOLDS = {  # name: (value, what it decides). Every verdict prints the ones behind it.
-    "plateau_progress": (0.1, "ON THE UNIFORM-PARENT PLATEAU: progress below this by more than 2 SE"),
-    "off_plateau_progress": (0.5, "off the plateau: progress at least this (between the two: leaving it)"),
-    "min_plateau_gap": (0.005, "nats between the plateau's and BMA's NLL below which no verdict is possible"),
-    "worse_margin": (1e-6, "nats above the plateau's NLL (beyond float rounding): worse than the plateau"),
-    "select_fraction": (0.5, "a parent-selecting head closes this share of the uniform -> BMA parent-accuracy gap"),
-    "min_candidate_mass": (0.5, "a parent-selecting head puts this attention mass on the candidate parents"),
-    "copy_mass": (0.5, "a copyer of demonstration l puts this attention on position h of it"),
-    "min_patch_effect": (0.005, "nats between the clean and corrupted runs for patching to be defined"),
-    "carry_fraction": (0.1, "a carrier's ablation costs this share of the gain over the plateau, or its patching "
-                            "restores this share of the clean-vs-corrupted difference"),
-    "cost_z": (3.0, "a head whose mean ablation costs more than this many standard errors is always named"),
-    "sufficient": (0.8, "THE PAPER'S CIRCUIT: its heads alone, every other head mean-ablated, keep this share of the "
-                        "progress"),
-    "n_distributed": (3, "heads named when no single head reaches the carrying bar"),
-    "values_share": (0.8, "a last-layer head whose value input carries this share of its inputs' cost pools evidence "
-                          "through its values"),
-    "select_share": (0.5, "... whose query and key inputs carry this share selects through its keys/queries"),
-    "sequence_mass": (0.5, "a previous-token, induction or own-parent head puts this mass on its keys"),
-    "induction_over_chance": (2.0, "an induction head puts this many times what uniform attention would"),
-}
-
-
-def th(name: str) -> float:
-    """The value of threshold ``name`` (``THRESHOLDS``)."""
-    return THRESHOLDS[name][0]
-
-
-def thresholds_words(*names: str) -> str:
-    """``(thresholds: plateau_progress 0.1, ...)`` for a verdict line."""
-    return "(thresholds: " + ", ".join(f"{n} {th(n):g}" for n in names) + ")"
-
-
-POOLING = "evidence pooled through the values at fixed positions"
-
-
-def costly(heads: list[dict]) -> list[str]:
-    """The heads whose mean ablation costs more than ``cost_z`` standard errors, largest first."""
-    order = sorted(heads, key=lambda h: -h["ablation_dnll"])
-    return [h["label"] for h in order if h.get("ablation_se") is not None
-            and h["ablation_dnll"] > th("cost_z") * h["ablation_se"]]  # fmt: skip
-
-
-def carriers(heads: list[dict], gain: float, nll_clean: float, nll_corrupted: float) -> tuple[list[str], bool]:
-    """The heads that carry the computation (module docstring), largest ablation first, and whether it
-    is distributed (no single head reached the bar). Every head whose mean ablation costs more than
-    ``cost_z`` standard errors is among them."""
-    order = sorted(heads, key=lambda h: -h["ablation_dnll"])
-    patch_bar = abs(nll_corrupted - nll_clean) >= th("min_patch_effect")
-    chosen = [
-        h["label"]
-        for h in order
-        if h["ablation_dnll"] >= th("carry_fraction") * gain
-        or (patch_bar and h["patching_restored"] is not None and h["patching_restored"] >= th("carry_fraction"))
-    ]
-    if chosen:
-        return chosen + [c for c in costly(heads) if c not in chosen], False
-    top = [h["label"] for h in order[: int(th("n_distributed"))]]
-    return top + [c for c in costly(heads) if c not in top], True
-
-
-def verdict(nll: float, base: dict, heads: list[dict], inter: dict | None = None, progress_se: float = 0.0) -> dict:
-    """Apply the module docstring's rules; ``heads`` hold candidate_mass, tv, parent_acc, copy_mass,
-    role_profile, and (with ``inter``, the clean and corrupted NLLs) ablation_dnll, ablation_se,
-    patching_restored. ``paper_circuit`` here is the attention's verdict; ``inspect_subject`` also asks
-    that its heads be sufficient."""
-    gap = base["nll_uniform"] - base["nll_bma"]
-    if gap < th("min_plateau_gap"):  # the demonstrations barely help even BMA here: nothing to credit
-        progress, on_plateau, regime = None, None, None
-    else:
-        progress = (base["nll_uniform"] - nll) / gap
-        on_plateau = progress + 2 * progress_se < th("plateau_progress") or progress < 0
-        regime = "plateau" if on_plateau else "leaving" if progress < th("off_plateau_progress") else "off"
-    bar = base["acc_uniform"] + th("select_fraction") * (base["acc_bma"] - base["acc_uniform"])
-    selecting = [
-        h["label"]
-        for h in heads
-        if on_plateau is False
-        and h["candidate_mass"] >= th("min_candidate_mass")
-        and h["parent_acc"] >= bar
-        and h["tv"] < base["tv_uniform"]
-    ]
-    copyers = {
-        h["label"]: int(torch.tensor(h["copy_mass"]).argmax())
-        for h in heads
-        if max(h["copy_mass"], default=0) >= th("copy_mass")
-    }
-    best = max(heads, key=lambda h: h["parent_acc"])["label"]
-    roles = {h["label"]: head_role(h, selecting, copyers) for h in heads}
-    carrying, distributed = [], False
-    if on_plateau is False and inter is not None:
-        carrying, distributed = carriers(heads, base["nll_uniform"] - nll, inter["nll_clean"], inter["nll_corrupted"])
-    return {
-        "progress": progress,
-        "progress_se": progress_se,
-        "on_plateau": on_plateau,
-        "regime": regime,
-        "worse_than_plateau": progress is not None and nll - base["nll_uniform"] > th("worse_margin"),
-        "parent_acc_bar": bar,
-        "parent_selecting": selecting,
-        "copyers": copyers,
-        "best_head": best,
-        "paper_circuit_attention": on_plateau is False and bool(selecting) and bool(copyers),
-        "paper_circuit": on_plateau is False and bool(selecting) and bool(copyers),
-        "roles": roles,
-        "carriers": carrying,
-        "carriers_distributed": distributed,
-        "costly_heads": costly(heads) if inter is not None else [],
-        "thresholds": {k: v for k, (v, _) in THRESHOLDS.items()},
-    }
-
-
-def head_role(head: dict, selecting: list[str], copyers: dict[str, int]) -> str:
-    """Parent selector, copyer of demonstration l, or the role its attention profile shows."""
-    if head["label"] in selecting:
-        return "parent selector"
-    if head["label"] in copyers:
-        return f"copyer of demonstration {copyers[head['label']]}"
-    return attention_role({k: torch.tensor(v) for k, v in head["role_profile"].items()})
-
-
-@torch.no_grad()
-def interventions(subject, tokens, corrupted) -> dict:
-    """Per head: NLL change under mean ablation of its ``hook_z`` (mean over the contexts, with its standard
-    error), and the fraction of the clean-vs-
-    corrupted NLL difference restored by patching its clean ``hook_z`` into the corrupted run."""
-    clean_z = head_outputs(subject, tokens)
-    nll_clean = target_nll(subject.log_probs(tokens), tokens)
-    nll_corrupt = target_nll(subject.log_probs(corrupted), corrupted)
-    clean_values = per_context_nll(subject.log_probs(tokens), tokens)
-    ablation, ablation_se, patching, log = [], [], [], []
-    jobs = [(i, j) for i, n in enumerate(subject.n_heads) for j in range(n)]
-    # Undefined when the demonstrations make no difference (a model on the plateau): None.
-    usable = abs(nll_corrupt - nll_clean) >= th("min_patch_effect")
-    for i, j in tqdm(jobs, desc="ablate/patch heads", leave=False, disable=len(jobs) < 8 or None):
-        cost, se = mean_se(per_context_nll(subject.log_probs(tokens, ablate(subject, i, [j], "mean", log=log)), tokens)
-                           - clean_values)  # fmt: skip
-        ablation.append(cost)
-        ablation_se.append(se)
-        patched = target_nll(subject.log_probs(corrupted, patch_heads(subject, i, [j], clean_z, log)), corrupted)
-        patching.append((nll_corrupt - patched) / (nll_corrupt - nll_clean) if usable else None)
-    return {
-        "nll_clean": nll_clean,
-        "nll_corrupted": nll_corrupt,
-        "ablation_dnll": ablation,
-        "ablation_se": ablation_se,
-        "patching_restored": patching,
-        "interventions": log,
-    }
-
-
-@torch.no_grad()
-def input_costs(subject, tokens, corrupted) -> dict | None:
-    """Per head of the last layer, ``{q, k, v: cost, se, share, share_se}`` and ``through``: the NLL change
-    when every edge into that input carries its value on ``corrupted`` (``models.interp.circuit``, exact), its share
-    of the three inputs' summed cost (``cost``), with standard errors over the contexts; ``through`` is
-    ``values``, ``keys/queries`` or None (no verdict: that sum within two standard errors of zero, or
-    neither share reached). None when the model lacks a hook the circuit graph needs."""
-    try:
-        graph = build_graph(subject)
-    except ValueError:
-        return None
-    runner = Runner(subject, graph, tokens, sender_writes(subject, graph, corrupted)[0])
-    last = subject.n_layers - 1
-    out = {}
-    for j in range(subject.n_heads[last]):
-        label = head_label(last, j)
-        costs = {x: runner.run_values([e for e in graph.edges if (e.receiver, e.input) == (label, x)])
-                 - runner.clean_values for x in INPUTS}  # fmt: skip
-        total = sum(costs.values())
-        if not total.abs().max() > 0:  # nothing the corruption changes reaches it
-            out[label] = {**{x: {"cost": 0.0, "se": 0.0, "share": None, "share_se": None} for x in INPUTS},
-                          "through": None}  # fmt: skip
-            continue
-        head = {}
-        for x, c in costs.items():
-            cost, se = mean_se(c)
-            share, share_se = ratio_se(c, total)
-            head[x] = {"cost": cost, "se": se, "share": share, "share_se": share_se}
-        selecting = head["q"]["share"] + head["k"]["share"]
-        cost, se = mean_se(total)
-        head["cost"], head["se"] = cost, se
-        head["through"] = (  # no verdict for a cost within two standard errors of zero
-            None if cost <= 2 * se
-            else "values" if head["v"]["share"] >= th("values_share")
-            else "keys/queries" if selecting >= th("select_share")
-            else None
-        )  # fmt: skip
-        out[label] = head
-    return out
+# The report: words, tables and figures made from inspect_subject's result, and nothing measured here ----
 
 
 def through_words(label: str, inputs: dict) -> str:
@@ -281,135 +81,6 @@ def through_words(label: str, inputs: dict) -> str:
         return f"{label}: no cost (nothing the corruption changes reaches its inputs)"
     shares = ", ".join(f"{x} {h[x]['share']:.2f} +- {h[x]['share_se']:.2f}" for x in ("v", "k", "q"))
     return f"{label}: {shares} of its inputs' cost ({h['cost']:.3f} +- {h['se']:.3f} nats)"
-
-
-def corrupt(task, tokens, seed: int):
-    """Same target sequence, demonstrations from a fresh tree (the corrupted run of issue 3)."""
-    return corrupted_contexts(task, tokens, torch.Generator().manual_seed(seed + 7919))[0]
-
-
-@torch.no_grad()
-def inspect_subject(subject, n_contexts: int = 512, seed: int = 0, batch: int = 256) -> dict:
-    """Every number of the report (see the module docstring)."""
-    task = subject.task
-    L, H = task.n_examples, task.seq_len
-    tokens, parents = common.sample_contexts(task, n_contexts, seed)
-    order = context_order(task)  # 2 on a 3-gram: the generalized induction head matches two tokens
-    base = baselines(task, tokens, parents)
-    lp = torch.cat([subject.log_probs(tokens[i : i + batch]) for i in range(0, n_contexts, batch)])
-    nll = target_nll(lp, tokens)
-    stats = None
-    for i in range(0, n_contexts, batch):
-        part_tokens, part_parents = tokens[i : i + batch], parents[i : i + batch]
-        part = []
-        for att in subject.attention(part_tokens):
-            layer = head_attention_stats(
-                att.target_rows(L, H).cpu(), part_parents, base["posterior"][i : i + batch], L, H
-            )
-            prof = role_profile(att.pattern, att.query_predicts, att.key_token, part_parents, L)
-            layer.update({f"role:{k}": v.tolist() for k, v in prof.items()})
-            seq = sequence_scores(att.pattern, att.query_predicts, att.key_token, part_tokens, part_parents, H, order)
-            layer.update({f"seq:{k}": v.tolist() for k, v in seq.items()})
-            part.append(layer)
-        w = len(part_tokens) / n_contexts
-        part = [{k: torch.tensor(v, dtype=torch.float64) * w for k, v in layer.items()} for layer in part]
-        stats = part if stats is None else [{k: a[k] + b[k] for k in a} for a, b in zip(stats, part)]
-    per_head = []
-    for i, layer in enumerate(stats):
-        for j in range(subject.n_heads[i]):
-            head = {"label": subject.head_labels()[len(per_head)]}
-            head.update({k: v[j].tolist() for k, v in layer.items() if not k.startswith(("role:", "seq:"))})
-            head["role_profile"] = {k[5:]: v[j].tolist() for k, v in layer.items() if k.startswith("role:")}
-            head["sequence"] = {k[4:]: v[j].item() for k, v in layer.items() if k.startswith("seq:")}
-            per_head.append(head)
-    n_int = min(n_contexts, INTERVENTION_CONTEXTS)
-    inter_tokens = tokens[:n_int]
-    inter = interventions(subject, inter_tokens, corrupt(task, inter_tokens, seed))
-    for h, a, se, p in zip(per_head, inter["ablation_dnll"], inter["ablation_se"], inter["patching_restored"]):
-        h.update(ablation_dnll=a, ablation_se=se, patching_restored=p)
-    out = {
-        "kind": subject.family,
-        "nll": nll,
-        **{k: v for k, v in base.items() if k != "posterior"},
-        "heads": per_head,
-        "n_contexts": n_contexts,
-        "seed": seed,
-        "intervention_contexts": n_int,
-        "nll_clean": inter["nll_clean"],
-        "nll_corrupted": inter["nll_corrupted"],
-        "interventions": inter["interventions"],
-        **verdict(nll, base, per_head, inter, progress_error(task, tokens, lp)),
-    }
-    out["inputs"] = input_costs(subject, inter_tokens, corrupt(task, inter_tokens, seed))
-    for c in out["carriers"] if out["inputs"] else []:
-        if out["inputs"].get(c, {}).get("through") == "values" and c not in out["parent_selecting"]:
-            out["roles"][c] = f"{POOLING} ({out['roles'][c]})"
-    for h in per_head:
-        h["role"] = out["roles"][h["label"]]
-    out["sequence_heads"] = sequence_heads(per_head)
-    named = {"paper_circuit": sorted(set(out["parent_selecting"]) | set(out["copyers"])), "carriers": out["carriers"]}
-    out["sufficiency"] = {
-        name: sufficiency(subject, inter_tokens, heads, out["interventions"])
-        for name, heads in named.items()
-        if heads
-    }
-    # The paper's circuit is named only if its heads alone, every other head mean-ablated, keep the progress.
-    kept = out["sufficiency"].get("paper_circuit", {}).get("share")
-    out["paper_circuit"] = out["paper_circuit_attention"] and kept is not None and kept >= th("sufficient")
-    return out
-
-
-def progress_error(task, tokens, log_probs) -> float:
-    """The standard error of the progress over the contexts (delta method on per-context NLLs)."""
-    L, H = task.n_examples, task.seq_len
-    plateau = per_context_nll(uniform_parent_predictive(task, tokens), tokens)
-    bayes = oracles.bayes(task, tokens)[0] if isinstance(task, GraphTask) else bma_predictive(
-        task.pi, tokens, L, H, task.root, log=True)  # fmt: skip
-    return ratio_se(plateau - per_context_nll(log_probs, tokens), plateau - per_context_nll(bayes, tokens))[1]
-
-
-@torch.no_grad()
-def sufficiency(subject, tokens, heads: list[str], log: list) -> dict:
-    """The share of the model's progress over the uniform-parent plateau kept with every head NOT in
-    ``heads`` mean-ablated (its ``hook_z`` at the mean over ``tokens``), and its standard error over
-    the contexts: ``(plateau - ablated) / (plateau - model)`` per-context means, delta method."""
-    task = subject.task
-    keep = set(heads)
-    ivs = [head_ablation(subject, i, [j for j in range(n) if head_label(i, j) not in keep], "mean")
-           for i, n in enumerate(subject.n_heads) if any(head_label(i, j) not in keep for j in range(n))]  # fmt: skip
-    plateau = uniform_parent_predictive(task, tokens)
-    nll = lambda lp: per_context_nll(lp, tokens)  # noqa: E731
-    share, se = ratio_se(nll(plateau) - nll(subject.log_probs(tokens, hooks(ivs, log))),
-                         nll(plateau) - nll(subject.log_probs(tokens)))  # fmt: skip
-    return {"heads": sorted(keep), "share": share, "se": se, "contexts": len(tokens)}
-
-
-# Heads named by what they read in the sequence (in-context Markov chains, fixed graphs) -------------------
-
-
-def sequence_heads(heads: list[dict]) -> dict[str, list[str]]:
-    """The heads named by ``probes.roles.sequence_scores``: PREVIOUS-TOKEN heads (mass on the token
-    before the query's own >= ``sequence_mass`` (``THRESHOLDS``)), on an n-gram task K-BACK heads (``previous_k``: mass on the
-    token k before it), INDUCTION heads (mass on the tokens that followed earlier occurrences of the query's
-    current token, on an n-gram task of its n - 1 last tokens, >= ``sequence_mass`` (``THRESHOLDS``) and >=
-    ``induction_over_chance`` x chance), and OWN-PARENT heads (mass on the parents of the query's own token
-    >= ``sequence_mass`` (``THRESHOLDS``); a fixed graph's first layer). A previous-token head whose parents are all the
-    previous token (a chain) is both."""
-
-    def at_least(h: dict, key: str) -> bool:
-        v = h["sequence"][key]
-        return v == v and v >= th("sequence_mass")
-
-    backs = sorted((k for k in heads[0]["sequence"] if k.startswith("previous_") and k != "previous_token"),
-                   key=lambda k: int(k.split("_")[1])) if heads else []  # fmt: skip
-    return {
-        **{k: [h["label"] for h in heads if at_least(h, k)] for k in ("previous_token", *backs)},
-        "induction": [
-            h["label"] for h in heads
-            if at_least(h, "induction") and h["sequence"]["induction"] >= th("induction_over_chance") * h["sequence"]["induction_chance"]
-        ],
-        "own_parent": [h["label"] for h in heads if at_least(h, "own_parent")],
-    }  # fmt: skip
 
 
 def sequence_text(r: dict) -> list[str]:
@@ -442,9 +113,10 @@ def _cost(h: dict) -> str:
 def circuit_text(r: dict) -> str:
     """The verdict in words, with the measurements and thresholds behind it: plateau, the paper's circuit,
     or the heads that carry the computation."""
+    t = r["thresholds"]
     if r["on_plateau"] is None:
         return (
-            f"BMA is within {th('min_plateau_gap')} nats of the uniform-parent plateau on these contexts, so no head "
+            f"BMA is within {t['min_plateau_gap']} nats of the uniform-parent plateau on these contexts, so no head "
             f"can be credited (use more contexts or demonstrations)"
         )
     by_label = {h["label"]: h for h in r["heads"]}
@@ -454,32 +126,32 @@ def circuit_text(r: dict) -> str:
             f"WORSE THAN THE UNIFORM-PARENT PLATEAU (its NLL is {r['nll'] - r['nll_uniform']:.4f} nats above the "
             f"uniform-parent mixture's; {progress})"
             if r["worse_than_plateau"]
-            else f"ON THE UNIFORM-PARENT PLATEAU ({progress}, below {th('plateau_progress'):g} by more than 2 SE)"
+            else f"ON THE UNIFORM-PARENT PLATEAU ({progress}, below {t['plateau_progress']:g} by more than 2 SE)"
         )
         named = "; ".join(f"{c} ({_cost(by_label[c])})" for c in r.get("costly_heads", []))
         return (f"{where}: no head is credited with the demonstrations' evidence (best head {r['best_head']} is not "
-                f"evidence of a mechanism); " + (f"heads whose mean ablation costs > {th('cost_z'):g} SE (they compute "
+                f"evidence of a mechanism); " + (f"heads whose mean ablation costs > {t['cost_z']:g} SE (they compute "
                 f"the plateau's own prediction): {named}" if named else
-                f"no head's mean ablation costs > {th('cost_z'):g} SE"))  # fmt: skip
+                f"no head's mean ablation costs > {t['cost_z']:g} SE"))  # fmt: skip
     named = "; ".join(
         f"{c} ({r['roles'][c]}: ablation {_cost(by_label[c])}, patching {_fmt(by_label[c]['patching_restored'])})"
         for c in r["carriers"]
     )
     carried = ("no single head carries it; the largest causal weights: " if r["carriers_distributed"] else "") + named
-    stage = (f"LEAVING THE PLATEAU ({progress}, between {th('plateau_progress'):g} and "
-             f"{th('off_plateau_progress'):g})" if r.get("regime") == "leaving" else f"off the plateau ({progress})")  # fmt: skip
+    stage = (f"LEAVING THE PLATEAU ({progress}, between {t['plateau_progress']:g} and "
+             f"{t['off_plateau_progress']:g})" if r.get("regime") == "leaving" else f"off the plateau ({progress})")  # fmt: skip
     copy = ", ".join(f"{k}->demo {v}" for k, v in r["copyers"].items())
     suff = r.get("sufficiency", {}).get("paper_circuit")
     kept = "" if suff is None else f"its heads alone keep {suff['share']:.3f} +- {suff['se']:.3f} of the progress"
     if r["paper_circuit"]:
         return (
             f"{stage}. THE PAPER'S CIRCUIT: copyers {copy}, then parent selection by "
-            f"{', '.join(r['parent_selecting'])}; {kept} (>= {th('sufficient'):g}). Carrying the computation: {carried}"
+            f"{', '.join(r['parent_selecting'])}; {kept} (>= {t['sufficient']:g}). Carrying the computation: {carried}"
         )
     if r.get("paper_circuit_attention"):
         return (
             f"{stage}. The attention looks like the paper's circuit (copyers {copy}; parent selection by "
-            f"{', '.join(r['parent_selecting'])}), but {kept}, below {th('sufficient'):g}: not the paper's circuit. "
+            f"{', '.join(r['parent_selecting'])}), but {kept}, below {t['sufficient']:g}: not the paper's circuit. "
             f"Carrying the computation: {carried}"
         )
     missing = [
@@ -535,9 +207,8 @@ def summary(r: dict) -> str:
             f"(bar: parent acc >= {r['parent_acc_bar']:.3f})"
         )
     copyers = ", ".join(f"{k}->demo {v}" for k, v in r["copyers"].items())
-    lines.append(
-        "paper's circuit, copyers: " + (copyers or "not found (no head puts >= 0.5 on position h of one demonstration)")
-    )
+    none = f"not found (no head puts >= {r['thresholds']['copy_mass']:g} on position h of one demonstration)"
+    lines.append("paper's circuit, copyers: " + (copyers or none))
     for name, suff in r.get("sufficiency", {}).items():
         lines.append(
             f"sufficiency of the {name.replace('_', ' ')} ({', '.join(suff['heads'])}): every other head mean-ablated "
@@ -736,6 +407,7 @@ def _roles_figure(r: dict, n: int):
 
 
 def compute(subject, args) -> dict:
+    """The measurement (``models.interp.inspection.inspect_subject``) and where this model's circuit is."""
     r = inspect_subject(subject, args.n_contexts, args.seed)
     r["circuit_link"] = circuit_link(getattr(args, "checkpoint", None), subject.hash)
     return r

@@ -9,12 +9,12 @@ import numpy as np
 import pytest
 import torch
 from conftest import build_task
-from constructed import transposed_subject
+from constructed import one_copyer_nanogpt_state, transposed_subject
 from test_formats import file_config, hf_folder
 
 import models
 from analyses import common, inspect
-from analyses.inspect import inspect_subject
+from models.interp.inspection import corrupt, inspect_subject
 from models.interp.subject import load_subject, subject_of
 from probes import bma_posterior, bma_predictive
 
@@ -72,7 +72,7 @@ def test_a_non_paper_circuit_gets_its_heads_named_with_their_roles():
     n = r["intervention_contexts"]
     tokens, _ = task.sample(256, torch.Generator().manual_seed(0))
     tokens = tokens[:n]
-    bad = inspect.corrupt(task, tokens, 0)
+    bad = corrupt(task, tokens, 0)
     subject = transposed_subject(task)
     S = subject.model.sub["S"]
     store = {}
@@ -203,7 +203,7 @@ def test_a_model_leaving_the_plateau_credits_the_heads_its_measurements_find():
 def test_verdicts_on_a_nanogpt_checkpoint_follow_from_its_measurements(tmp_path):
     """An untrained nanoGPT checkpoint (written as nanoGPT's train.py writes it): the report's labels follow
     from its measurements (no plateau label without the progress below its bar, no paper's circuit without
-    sufficiency, every costly head named). Not yet the issue's trained nanoGPT with one copyer."""
+    sufficiency, every costly head named). A nanoGPT model with one copyer: the next test."""
     from test_formats_pipelines import SPECIAL, write_nanogpt
 
     task = build_task(n_examples=3, seq_len=4)
@@ -212,6 +212,92 @@ def test_verdicts_on_a_nanogpt_checkpoint_follow_from_its_measurements(tmp_path)
     r = inspect_subject(subject, n_contexts=128, seed=0)
     _assert_verdict_follows_from_measurements(r)
     assert not r["paper_circuit"] or r["sufficiency"]["paper_circuit"]["share"] >= r["thresholds"]["sufficient"]
+
+
+def test_one_copyer_for_three_demonstrations_is_not_called_the_papers_circuit(tmp_path):
+    """A nanoGPT checkpoint (ckpt.pt in nanoGPT's format) whose circuit looks like the paper's but has ONE
+    copyer for its three demonstrations (``constructed.one_copyer_nanogpt_state``): L0H0 copies x_h of
+    demonstration 0, L0H1 (not a copyer) brings that demonstration's x_h' to the candidates, L1H0 selects the
+    parent from that one demonstration. The issue's failure: THE PAPER'S CIRCUIT printed for 1 copyer while its
+    own sufficiency line said the circuit keeps -0.028 +- 0.094. Every number the verdict rests on is
+    recomputed here with nanoGPT's own equations (``nanogpt_logits``, plain torch on the checkpoint's tensors)
+    and the plateau in NumPy, not through the suite's code."""
+    from test_formats_pipelines import expected_log_probs, nanogpt_logits, write_task
+
+    task = build_task(d_vocab=4, n_examples=3, seq_len=5, alpha=0.1)
+    L, H = task.n_examples, task.seq_len
+    state, args = one_copyer_nanogpt_state(task, demo=0)
+    (tmp_path / "nano").mkdir()
+    ckpt = {"model": state, "model_args": args, "iter_num": 0, "best_val_loss": torch.tensor(0.0), "config": {}}
+    torch.save(ckpt, tmp_path / "nano" / "ckpt.pt")
+    write_task(tmp_path / "nano", task, {})
+    r = inspect_subject(load_subject(tmp_path / "nano" / "ckpt.pt"), n_contexts=256, seed=0)
+    text = inspect.summary(r)
+
+    n = r["intervention_contexts"]
+    tokens = task.sample(256, torch.Generator().manual_seed(0))[0][:n]  # the contexts inspect intervenes on
+    target = tokens[:, -H:, None]
+
+    def nll(heads=None):  # per context, mean over x_1..x_{H-1}, by nanoGPT's equations
+        lp = expected_log_probs(lambda ids: nanogpt_logits(state, args, ids, torch.float64, heads), tokens, task, {})
+        return -lp.gather(-1, target)[:, 1:, 0].mean(1)
+
+    def mean_ablated(keep):  # every head not in keep: its output at its mean over the contexts, per position
+        def edit(layer, att, y):
+            y = y.clone()
+            for j in range(args["n_head"]):
+                if f"L{layer}H{j}" not in keep:
+                    y[:, j] = y[:, j].mean(0, keepdim=True)
+            return y
+
+        return edit
+
+    labels = [f"L{i}H{j}" for i in range(2) for j in range(args["n_head"])]
+    clean = nll()
+    cost = {x: nll(mean_ablated(set(labels) - {x})) - clean for x in labels}
+    se = {x: (c.std() / n**0.5).item() for x, c in cost.items()}
+    costly = {x for x, c in cost.items() if c.mean() > r["thresholds"]["cost_z"] * se[x]}
+    heads = {h["label"]: h for h in r["heads"]}
+    for x in labels:  # the report's costs are these
+        assert heads[x]["ablation_dnll"] == pytest.approx(cost[x].mean().item(), abs=1e-5)
+    assert costly == {"L0H0", "L0H1", "L1H0"}  # the copyer, the demonstration reader and the selector
+    for x in costly:  # each named in the report: every head costing > 3 SE
+        assert x in r["carriers"] and f"{x} (" in text
+
+    # The copyers: by nanoGPT's attention, heads putting >= copy_mass on x_h of one demonstration from the
+    # query predicting the target's x_h. Exactly one, and the report prints that one and no other.
+    seen = {}
+
+    def keep_attention(layer, att, y):
+        seen[layer] = att  # [B, head, query, key]
+        return y
+
+    nanogpt_logits(state, args, tokens, torch.float64, keep_attention)
+    rows = torch.tensor([L * H + h - 1 for h in range(H)])
+    copy = torch.stack([seen[0][:, :, rows, torch.arange(H) + l * H].mean((0, 2)) for l in range(L)], -1)  # [head, l]
+    bar = r["thresholds"]["copy_mass"]
+    copyers = {f"L0H{j}": int(copy[j].argmax()) for j in range(args["n_head"]) if copy[j].max() >= bar}
+    assert copyers == {"L0H0": 0} == r["copyers"]
+    assert "paper's circuit, copyers: L0H0->demo 0\n" in text
+    # The copyer printed is the one layer-0 head that both copies and costs > 3 SE; the other costly layer-0
+    # head reads position h - 1 (a copyer's query and the candidates' keys need tokens one position apart).
+    assert len(r["copyers"]) == len(costly & set(copyers)) == 1
+    assert sorted(x for x in costly if x.startswith("L0")) == ["L0H0", "L0H1"] and copy[1].max() < 0.05
+
+    # Its attention looks like the paper's circuit (a copyer and a parent selector), so only sufficiency
+    # can refuse the label. Sufficiency by hand: the copyer and the selector alone, every other head
+    # mean-ablated, against the uniform-parent plateau computed in NumPy.
+    assert r["paper_circuit_attention"] and r["parent_selecting"] == ["L1H0"] and r["regime"] == "leaving"
+    pi, t = task.pi.numpy(), tokens[:, -H:].numpy()
+    plateau = torch.tensor([-np.mean([np.log(pi[t[b, :h], t[b, h]].mean()) for h in range(1, H)]) for b in range(n)])
+    kept = nll(mean_ablated({"L0H0", "L1H0"}))
+    share = ((plateau - kept).mean() / (plateau - clean).mean()).item()
+    suff = r["sufficiency"]["paper_circuit"]
+    assert suff["heads"] == ["L0H0", "L1H0"] and suff["share"] == pytest.approx(share, abs=1e-4)
+    assert share < 0 < r["thresholds"]["sufficient"]  # the selector reads nothing without L0H1: below the plateau
+    assert not r["paper_circuit"] and "THE PAPER'S CIRCUIT" not in text
+    assert f"but its heads alone keep {suff['share']:.3f} +- {suff['se']:.3f} of the progress, below 0.8" in text
+    _assert_verdict_follows_from_measurements(r)
 
 
 def test_standard_model_candidate_attention_matches_hugging_face(tmp_path):
@@ -258,6 +344,8 @@ def test_cli_on_a_pt_file_writes_the_report(tmp_path, capsys):
         assert (tmp_path / "out" / stem).is_file()
     out = capsys.readouterr().out
     assert "parent-selecting heads: L1H0" in out and "THE PAPER'S CIRCUIT" in out
+    # The report only formats the measurement: the saved JSON alone, with no model, prints the same report.
+    assert inspect.summary(saved["results"]) in out
     # The heads it names link to the discovered circuit: where analyses.circuit writes it for this checkpoint.
     want = str(common.default_out(str(tmp_path / "w.pt")) / "circuit.json")
     assert saved["results"]["circuit_link"]["json"] == want and f"the discovered circuit (the edges between these heads): {want}" in out

@@ -9,7 +9,7 @@ import math
 import pytest
 import torch
 
-from analyses.inspect import sequence_heads
+from models.interp.inspection import sequence_heads
 from probes import Layout
 from probes.roles import sequence_scores
 

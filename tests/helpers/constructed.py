@@ -5,7 +5,10 @@ writer) and every hook TransformerLens names and ``models.interp.circuit.build_g
 ``hook_pos_embed``, ``blocks.i.hook_resid_pre``, each head's ``hook_q`` / ``hook_k`` / ``hook_v`` computed
 position by position from that residual, ``hook_pattern``, ``hook_z`` and ``W_O``, ``hook_resid_mid``,
 MLP0's ``hook_mlp_out``, the final ``hook_resid_post``), computing BMA exactly by a route that is not
-the paper's (the transpose of it), so that every edge is known to be used or not."""
+the paper's (the transpose of it), so that every edge is known to be used or not.
+
+``one_copyer_nanogpt_state``: nanoGPT weights whose attention looks like the paper's circuit with one copyer
+for several demonstrations, and whose copyer and selector alone are known not to suffice."""
 
 from __future__ import annotations
 
@@ -168,3 +171,93 @@ CHANGED = {
     "demonstrations": {"demonstrations": {"embed", "L0H0", "L0H1", "MLP0", "L1H0", "L1H1"}, "target": {"L1H0"}},
     "target": {"target": {"embed", "L0H0", "L0H1", "MLP0", "L1H1"}},
 }
+
+
+def one_copyer_nanogpt_state(task, demo: int = 0, beta: float = 30.0) -> tuple[dict, dict]:
+    """nanoGPT weights (model.py's names, ``bias=False``, plain layout: demonstration l's x_j at l H + j, the
+    target's at L H + j) for a paper-like circuit with ONE copyer for its L demonstrations; returns
+    (state, model_args). Four heads per layer; residual blocks, each a +/- pair of one-hots so that every
+    LayerNorm before the last is one known scale: T (own token), P (position), Q (L0H0's write), K (L0H1's
+    write), O (L1H0's write, the only block the final LayerNorm passes to the tied unembedding).
+
+    - L0H0, the copyer of demonstration ``demo``: the query predicting the target's x_h (at L H + h - 1)
+      attends to x_h of that demonstration (``beta`` on one key); elsewhere to itself. Writes its token to Q.
+    - L0H1, not a copyer: from the target's x_j it attends to x_j of the same demonstration (position h - 1
+      from the query predicting x_h); elsewhere to itself. Writes its token to K.
+    - L1H0, a parent selector: from the query predicting x_h over the target's x_h', h' < h (the other keys
+      blocked), scores log pi(x_h'^(demo), x_h^(demo)) (query from Q, key from K), the one-demonstration
+      posterior; its value is the target's own x_h', written to O as log pi(x_h', .).
+    - L0H2, L0H3, L1H1-L1H3: zero queries, keys and output; both MLPs zero.
+    So the copyer and the selector alone (L0H1 mean-ablated) keep little of the progress: the attention looks
+    like the paper's circuit, and it is not sufficient."""
+    L, H, V = task.n_examples, task.seq_len, task.d_vocab
+    n, nh = (L + 1) * H, 4
+    hs = n + 1
+    C = nh * hs
+    sizes = {"T": 2 * V, "P": 2 * n, "Q": 2 * V, "K": 2 * V, "O": 2 * V}  # each block [start, end) in order
+    ends = torch.tensor(list(sizes.values())).cumsum(0).tolist()
+    T, P, Q, K, O = ((end - size, end) for size, end in zip(sizes.values(), ends))
+    assert O[1] <= C
+    a, b, kappa = 1.0, 1e-4, 0.01
+    dt = torch.float64
+
+    def pm(block, i):  # the + and - coordinates of one-hot i in a block
+        return block[0] + i, block[0] + (block[1] - block[0]) // 2 + i
+
+    wte, wpe = torch.zeros(V, C, dtype=dt), torch.zeros(n, C, dtype=dt)
+    for v in range(V):
+        (p_, m_), (po, mo) = pm(T, v), pm(O, v)
+        wte[v, p_], wte[v, m_], wte[v, po], wte[v, mo] = a, -a, b, -b
+    for p in range(n):
+        p_, m_ = pm(P, p)
+        wpe[p, p_], wpe[p, m_] = a, -a
+    # every LayerNorm before the last sees T, P (and after layer 0, Q and K) at +-a, O at +-b: one scale each
+    s0 = (C / (2 * 2 * a**2 + 2 * b**2)) ** 0.5
+    s1 = (C / (4 * 2 * a**2 + 2 * b**2)) ** 0.5
+
+    def read(block, i, s):  # a row reading one-hot i of a block, after a LayerNorm of scale s: 1 where set
+        row = torch.zeros(C, dtype=dt)
+        p_, m_ = pm(block, i)
+        row[p_], row[m_] = 1 / (2 * s * a), -1 / (2 * s * a)
+        return row
+
+    target = lambda j: L * H + j  # noqa: E731
+    copy_to = {target(h) - 1: demo * H + h for h in range(H)}
+    same_to = {target(j): demo * H + j for j in range(H)}
+    Wq, Wk, Wv, Wo = (torch.zeros(2, C, C, dtype=dt) for _ in range(4))  # [layer, out, in]; head j: rows j hs..
+    for j, to in ((0, copy_to), (1, same_to)):  # positional heads of layer 0
+        for p in range(n):
+            Wq[0, j * hs + to.get(p, p)] += beta * hs**0.5 * read(P, p, s0)
+            Wk[0, j * hs + p] += read(P, p, s0)
+        for v in range(V):
+            Wv[0, j * hs + v] = read(T, v, s0)
+            block = Q if j == 0 else K
+            Wo[0, pm(block, v)[0], j * hs + v], Wo[0, pm(block, v)[1], j * hs + v] = a, -a
+    logpi = task.pi.double().clamp_min(1e-6).log()
+    for v in range(V):  # the selector: query onehot(x_h^(demo)), key log pi(x_h'^(demo), .), value onehot(x_h')
+        Wq[1, v] = hs**0.5 * read(Q, v, s1)
+        Wk[1] += torch.outer(torch.cat([logpi[v], torch.zeros(C - V, dtype=dt)]), read(K, v, s1))
+        Wv[1, v] = read(T, v, s1)
+        Wo[1, O[0] : O[0] + V, v] = kappa * logpi[v]
+        Wo[1, O[0] + V : O[1], v] = -kappa * logpi[v]
+    blocked = hs - 1  # one query coordinate, 1 at every position; keys outside the target there at -1e4
+    for p in range(n):
+        Wq[1, blocked] += hs**0.5 * read(P, p, s1)
+        if p < L * H:
+            Wk[1, blocked] -= 1e4 * read(P, p, s1)
+    ln_f = torch.zeros(C, dtype=dt)
+    s_f = s1  # the final residual is layer 1's input plus O's small write
+    ln_f[O[0] : O[1]] = 1 / (2 * s_f * b * kappa)
+    state = {"transformer.wte.weight": wte, "transformer.wpe.weight": wpe, "transformer.ln_f.weight": ln_f}
+    for i in range(2):
+        p = f"transformer.h.{i}."
+        state[p + "ln_1.weight"] = torch.ones(C, dtype=dt)
+        state[p + "attn.c_attn.weight"] = torch.cat([Wq[i], Wk[i], Wv[i]])
+        state[p + "attn.c_proj.weight"] = Wo[i]
+        state[p + "ln_2.weight"] = torch.ones(C, dtype=dt)
+        state[p + "mlp.c_fc.weight"] = torch.zeros(4 * C, C, dtype=dt)
+        state[p + "mlp.c_proj.weight"] = torch.zeros(C, 4 * C, dtype=dt)
+    state = {k: v.float() for k, v in state.items()}
+    state["lm_head.weight"] = state["transformer.wte.weight"]  # tied, as GPT.__init__ ties them
+    args = dict(n_layer=2, n_head=nh, n_embd=C, block_size=n, bias=False, vocab_size=V, dropout=0.0)
+    return state, args

@@ -629,6 +629,10 @@ UNCHECKED = [
      "docs/reproductions/circuit_seed2_w96.json)"),
     ("another seed: progress 0.995 at the end of training", "models.standard --seed 1's training.json, not committed "
      "(its circuit's JSON is: docs/reproductions/circuit_seed1.json)"),
+    ("docs/results/standard.md: the one-copyer nanoGPT's report (progress 0.404 +- 0.068, keep -0.469 +- 0.265, "
+     "L0H1 +0.1109 +- 0.0249 nats) and circuit's 0.998 +- 0.006 / 0.992 +- 0.003, BMA 0.4312, plateau "
+     "0.9797 beside inspect's", "inspect.summary of the model tests/analyses/test_inspect.py builds (the test "
+     "recomputes them; no JSON is committed) and figures/circuit.json's search and held-out fields"),
     ("default run ends 4096-context test", "tests/models/training/test_checkpoint_and_train.py thresholds, not results"),
     ("purity 0.68 -> 0.58, TV 0.022 (--init-demo 3, lr 3e-2, 4000 steps); 0.94 -> 0.75 (--init-demo 5)",
      "training runs whose output is not committed; the README gives the command"),

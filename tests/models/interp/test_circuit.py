@@ -311,7 +311,7 @@ def test_cli_writes_the_set_and_refuses_an_unknown_node_in_one_line(tmp_path, ca
 
 def test_inspect_sufficiency_is_the_share_kept_with_every_other_head_mean_ablated():
     """Against a hand-written hook: the copyers' hook_z replaced by its mean over the contexts."""
-    from analyses.inspect import sufficiency
+    from models.interp.inspection import sufficiency
     from probes import bma_predictive
     from probes import target_nll as nll
 

@@ -91,8 +91,10 @@ def nanogpt_state(args: dict, seed: int = 0) -> dict:
     return state
 
 
-def nanogpt_logits(state: dict, args: dict, idx: torch.Tensor, dtype=torch.float32) -> torch.Tensor:
-    """model.py's GPT.forward on every position (eval mode: no dropout)."""
+def nanogpt_logits(state: dict, args: dict, idx: torch.Tensor, dtype=torch.float32, heads=None) -> torch.Tensor:
+    """model.py's GPT.forward on every position (eval mode: no dropout). ``heads(layer, att, y) -> y``, if given,
+    sees each layer's attention ``[B, head, query, key]`` and may replace its per-head outputs ``y``
+    ``[B, head, T, head size]`` before ``c_proj`` (an ablation)."""
     s = {k: v.to(dtype) for k, v in state.items()}
     C, nh = args["n_embd"], args["n_head"]
     hs = C // nh
@@ -111,7 +113,8 @@ def nanogpt_logits(state: dict, args: dict, idx: torch.Tensor, dtype=torch.float
         q, k, v = (t.view(B, T, nh, hs).transpose(1, 2) for t in (q, k, v))
         att = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(hs))
         att = att.masked_fill(torch.ones(T, T, dtype=torch.bool).tril().logical_not(), float("-inf")).softmax(-1)
-        y = (att @ v).transpose(1, 2).contiguous().view(B, T, C)
+        y = att @ v
+        y = (y if heads is None else heads(i, att, y)).transpose(1, 2).contiguous().view(B, T, C)
         x = x + linear(y, p + "attn.c_proj")
         x = x + linear(F.gelu(linear(ln(x, p + "ln_2"), p + "mlp.c_fc")), p + "mlp.c_proj")  # nn.GELU(): exact
     return F.linear(ln(x, "transformer.ln_f"), s["lm_head.weight"])
