@@ -443,7 +443,8 @@ def summary(r: dict) -> str:
         f"{r['target_se']}; means over {r['n_mean_reference']} more)",
         f"model NLL {r['nll']:.4f}, BMA {r['nll_bma']:.4f}, plateau {r['nll_plateau']:.4f}: progress "
         f"{r['progress']:.3f} +- {r['progress_se']:.3f} (search contexts), {h['progress']:.3f} +- "
-        f"{h['progress_se']:.3f} (held out)",
+        f"{h['progress_se']:.3f} (held out; analyses.inspect samples its own contexts from the same seed, so the two "
+        "agree within their standard errors, not to the digit)",
         f"circuit: {len(r['edges'])} of {r['n_edges_total']} edges ({len(r['edges']) / r['n_edges_total']:.2f}), "
         f"nodes {', '.join(r['nodes']) or 'none'}; on {h['n_contexts']} held-out contexts:",
         *answers(r),
