@@ -5,15 +5,18 @@
 
 Writes ``attention_view.html`` (self-contained: circuitsvis's JavaScript is inlined, so it opens offline;
 hover a head to see it, click to lock it, hover a cell for its query, key and weight) and
-``attention_view.json`` (the patterns shown, with their labels). Keys are labelled by the task token they
-hold, ``d3:h5`` (demonstration 3, position 5) or ``tgt:h2`` (the target sequence), ``bos``/``sep`` for a
-standard model's special ids; queries by the token they predict, ``q:tgt:h2``. circuitsvis draws one list
-of labels along both axes, so the page shows what holds data as squares (``square_views``): a square layer
-(a causal LM's, the disentangled model's ``blocks.1``) as it is, labelled ``key | query``; a layer with fewer
-queries than keys (the disentangled model's ``blocks.0``: H target rows over all (L+1)H tokens) as a table
-of each head's attention on each sequence, and per head its queries against the positions of the sequence
-it attends to most (``L0H3 -> d5 (0.94)``). Where those blocks are not square, the layer falls back to
-queries then keys along both axes (a query's weights in its row under the key columns, the rest empty).
+``attention_view.json`` (the patterns shown, with their labels: the token each key holds, the one each
+query predicts). Tokens are named short, ``d3:h5`` (demonstration 3, position 5), ``tgt:h2`` (the target
+sequence), ``bos``/``sep`` for a standard model's special ids. circuitsvis draws one list of labels along
+both axes (appending each position's index), so the page shows what holds data as squares
+(``square_views``), one label per position: a square layer (a causal LM's, the disentangled model's
+``blocks.1``) as it is, each position named by the token it holds (its query predicts the next row's token,
+or its own, said above the view); a layer with fewer queries than keys (the disentangled model's
+``blocks.0``: H target rows over all (L+1)H tokens) as a table of each head's attention on each sequence,
+and per head its queries against the positions of the sequence it attends to most (``L0H3 -> d5 (0.94)``),
+labelled ``h2``. Where those blocks are not square, the layer falls back to queries then keys along both
+axes (a query's weights in its row under the key columns, the rest empty). Each view is wide enough for
+every label (a 49-position model's too): a narrow window scrolls rather than dropping labels.
 """
 
 from __future__ import annotations
@@ -31,30 +34,44 @@ from models.plumbing.io import check_memory, write_json, write_set
 
 NAME = "attention_view"
 MAX_CELLS = 5_000_000  # numbers in the page's views: about 40 MB of HTML
+# Chart.js (circuitsvis's plots) skips tick labels closer than ~17 px: each view is made at least this many
+# pixels per row wide (plus room for the labels), so that every row and column keeps its label at any
+# window width (a narrow window scrolls).
+ROW_PX, LABEL_PX = 20, 150
 FIGURES = {
     "attention_view.html": (
         "interactive circuitsvis view of one context's attention, every layer and head, only what holds data: "
         "blocks.0 (12 target queries over all 132 tokens) as a table of each head's attention per sequence and, per "
         "head, its queries against the positions of the demonstration it copies (L0H3 → d5 (0.94)); blocks.1 as "
-        "its 12 x 12 square. Queries labelled by the target token they predict (q:tgt:h2), keys by the token they hold"
+        "its 12 x 12 square. Every position labelled with the token it holds (tgt:h2, d5:h3)"
     ),
 }
 
 
-def key_label(l: int, h: int, n_examples: int) -> str:
-    """``d3:h5`` for demonstration l, ``tgt:h5`` for the target (l = L); ``''`` for no task token."""
-    if l < 0:
-        return ""
-    return f"tgt:h{h}" if l == n_examples else f"d{l}:h{h}"
-
-
-def labels(pairs: torch.Tensor, n_examples: int, query: bool) -> list[str]:
-    """Labels of a layer's queries (``q:`` + what each predicts) or keys (what each holds), by position."""
+def position_names(pairs: torch.Tensor, n_examples: int, bos: bool = False, none: str | None = None) -> list[str]:
+    """Names of task tokens, ``[n, 2]`` pairs (l, h) -> ``d3:h5`` (demonstration 3, position 5), ``tgt:h5``
+    (l = L, the target). No task token (-1, -1): ``none`` if given (a query that predicts none), else ``bos``
+    at position 0 of a layout with a BOS and ``sep`` elsewhere (a key). Short: circuitsvis shows them with
+    `` (index)`` appended."""
     out = []
     for p, (l, h) in enumerate(pairs.tolist()):
-        name = key_label(l, h, n_examples) or (f"none@{p}" if query else f"special@{p}")
-        out.append(f"q:{name}" if query else name)
+        if l < 0:
+            out.append(none if none is not None else "bos" if bos and p == 0 else "sep")
+        else:
+            out.append(f"tgt:h{h}" if l == n_examples else f"d{l}:h{h}")
     return out
+
+
+def prediction_offset(query_predicts: torch.Tensor, key_token: torch.Tensor) -> int | None:
+    """k when query i predicts the token key i + k holds, for every i with such a key (0: the disentangled
+    model's target layer, each query at the slot of the token it predicts; 1: a causal LM's next-token
+    shift), else None."""
+    Q, K = len(query_predicts), len(key_token)
+    for k in (0, 1):
+        n = min(Q, K - k)
+        if n > 0 and torch.equal(query_predicts[:n], key_token[k : k + n]):
+            return k
+    return None
 
 
 def layer_view(pattern: torch.Tensor, query_labels: list[str], key_labels: list[str]) -> dict:
@@ -83,8 +100,9 @@ def compute(subject, args) -> dict:
             {
                 "layer": i,
                 "heads": heads[start : start + n],
-                "queries": labels(layer.query_predicts, task.n_examples, query=True),
-                "keys": labels(layer.key_token, task.n_examples, query=False),
+                "queries": position_names(layer.query_predicts, task.n_examples, none="none"),
+                "keys": position_names(layer.key_token, task.n_examples, bos=subject.layout.bos is not None),
+                "offset": prediction_offset(layer.query_predicts, layer.key_token),
                 "pattern": layer.pattern[0].cpu().double(),
             }
         )
@@ -129,17 +147,32 @@ def sequence_mass(pattern: torch.Tensor, key_labels: list[str]) -> tuple[list[st
     return seqs, mass
 
 
-def square_views(pattern: torch.Tensor, query_labels: list[str], key_labels: list[str]) -> dict | None:
-    """What holds data, as circuitsvis's square ``attention [head, n, n]`` with one label list for both axes.
+def square_views(
+    pattern: torch.Tensor, query_labels: list[str], key_labels: list[str], offset: int | None = None
+) -> dict | None:
+    """What holds data, as circuitsvis's square ``attention [head, n, n]`` with one short label per position,
+    shared by both axes (``tokens``; ``legend`` says how to read them).
 
-    A square layer (queries at the key positions): as it is, each label ``key | query`` (the token the
-    position holds, the one it predicts). A layer with fewer queries than keys: per head, its queries
-    against the keys of the one sequence it attends to most (the head named ``L0H3 -> d5 (0.98)``, that
-    sequence and the share of the head's attention on it), labels ``query | position``; None when those
-    blocks are not square (then ``layer_view``)."""
+    A square layer (queries at the key positions): as it is, each position labelled with the token it holds
+    when every query predicts the token ``offset`` positions on (``prediction_offset``), else ``key>query``.
+    A layer with fewer queries than keys: per head, its queries against the keys of the one sequence it
+    attends to most (the head named ``L0H3 -> d5 (0.98)``, that sequence and the share of the head's
+    attention on it), each labelled with the position ``h5`` when query i predicts the target's token at
+    column i's position, else ``query>position``; None when those blocks are not square (then
+    ``layer_view``)."""
     n_heads, Q, K = pattern.shape
     if Q == K:
-        return {"tokens": [f"{k} | {q}" for q, k in zip(query_labels, key_labels)], "attention": pattern, "names": None}
+        if offset is None:
+            legend = "each label is <i>the token the position holds&gt;the token its query predicts</i>"
+            return {"tokens": [f"{k}>{q}" for q, k in zip(query_labels, key_labels)], "attention": pattern,
+                    "names": None, "legend": legend}  # fmt: skip
+        special = " (<i>bos</i>, <i>sep</i>: the special ids)" if {"bos", "sep"} & set(key_labels) else ""
+        legend = f"each label is the token the position holds{special}; " + (
+            "each row's query predicts the token of the row below it (the next-token shift)"
+            if offset == 1
+            else "each row's query predicts the token at its own position"
+        )
+        return {"tokens": list(key_labels), "attention": pattern, "names": None, "legend": legend}
     seqs, mass = sequence_mass(pattern, key_labels)
     best = mass.argmax(1)
     blocks, names, positions = [], [], None
@@ -153,8 +186,11 @@ def square_views(pattern: torch.Tensor, query_labels: list[str], key_labels: lis
         positions = pos
         blocks.append(pattern[head][:, cols])
         names.append(f"{seqs[best[head]]} ({mass[head, best[head]].item():.2f})")
-    tokens = [f"{q} | {p}" for q, p in zip(query_labels, positions)]
-    return {"tokens": tokens, "attention": torch.stack(blocks), "names": names}
+    if [f"tgt:{p}" for p in positions] == query_labels:
+        tokens, legend = positions, "row <i>h</i>: the query predicting the target's token at <i>h</i>; column <i>h</i>: position <i>h</i>"
+    else:
+        tokens, legend = [f"{q}>{p}" for q, p in zip(query_labels, positions)], "each label is <i>what the query predicts&gt;the key's position</i>"
+    return {"tokens": tokens, "attention": torch.stack(blocks), "names": names, "legend": legend}
 
 
 def mass_table(layer: dict) -> str:
@@ -178,30 +214,31 @@ def render_html(result: dict, title: str) -> str:
         f"<tr><th>{esc(name)}</th>{''.join(f'<td>{t}</td>' for t in seq)}</tr>"
         for name, seq in result["tokens"].items()
     )
-    sections, calls = [], []
+    sections, calls, widths = [], [], []
     for layer in result["layers"]:
         div = f"attention-layer-{layer['layer']}"
         q, k = len(layer["queries"]), len(layer["keys"])
-        view = square_views(layer["pattern"], layer["queries"], layer["keys"])
+        view = square_views(layer["pattern"], layer["queries"], layer["keys"], layer.get("offset"))
         heading = f"<h2>blocks.{layer['layer']}: {len(layer['heads'])} head(s), {q} queries x {k} keys</h2>\n"
         if view is None:  # fall back: queries then keys along both axes, the rest of the square empty
-            view = {**layer_view(layer["pattern"], layer["queries"], layer["keys"]), "names": None}
+            view = {**layer_view(layer["pattern"], [f"q:{x}" for x in layer["queries"]], layer["keys"]), "names": None}
             caption = (
-                f"<p>Labels run queries first ({esc(layer['queries'][0])} .. {esc(layer['queries'][-1])}), then keys "
+                f"<p>Labels run queries first (q:{esc(layer['queries'][0])} .. q:{esc(layer['queries'][-1])}, named by the "
+                f"token each predicts), then keys "
                 f"({esc(layer['keys'][0])} .. {esc(layer['keys'][-1])}): each query's weights are in its row, under "
                 f"the key columns.</p>\n"
             )
         elif view["names"] is None:
-            caption = "<p>Rows: queries, columns: keys; each label is <i>the token the position holds | what it predicts</i>.</p>\n"
+            caption = f"<p>Rows: queries, columns: keys; {view['legend']}.</p>\n"
         else:
             caption = (
                 f"<p>Each head's attention on each sequence (averaged over its {q} queries; every key counted):</p>\n"
                 f"{mass_table(layer)}\n<p>Below, per head, its {q} queries (rows) against the positions of the "
                 "sequence it attends to most (columns), named with the head with its share of the head's "
-                "attention; each label is <i>what the query predicts | the key's position</i>. The rest of the "
-                "head's attention (the table) is not drawn.</p>\n"
+                f"attention; {view['legend']}. The rest of the head's attention (the table) is not drawn.</p>\n"
             )
         sections.append(f'{heading}{caption}<div id="{div}"></div>')
+        widths.append(f"#{div}>div{{min-width:{ROW_PX * len(view['tokens']) + LABEL_PX}px}}")
         names = (
             layer["heads"] if view["names"] is None else [f"{h} → {n}" for h, n in zip(layer["heads"], view["names"])]
         )
@@ -220,7 +257,7 @@ def render_html(result: dict, title: str) -> str:
         '<!DOCTYPE html>\n<html lang="en">\n<head>\n<meta charset="utf-8">\n'
         f"<title>{esc(title)}</title>\n"
         "<style>body{font-family:sans-serif;margin:16px} table{border-collapse:collapse;font-size:12px}"
-        " td,th{border:1px solid #ccc;padding:1px 5px}</style>\n</head>\n<body>\n"
+        " td,th{border:1px solid #ccc;padding:1px 5px} " + " ".join(widths) + "</style>\n</head>\n<body>\n"
         f"<h1>{esc(title)}</h1>\n<p>{esc(result['model'])}. Target parents: {result['parents']}.</p>\n"
         f"<table>{context}</table>\n" + "\n".join(sections) + "\n"
         '<script crossorigin type="module">\n' + _circuitsvis_js() + "\n" + "\n".join(calls) + "\n</script>\n"

@@ -531,7 +531,7 @@ def figures(r: dict, args) -> dict:
         members = [n for n in nodes if _row(n) == row]
         for i, n in enumerate(members):
             pos[n] = (i - (len(members) - 1) / 2, y)
-    fig, ax = plt.subplots(figsize=(max(6.5, 1.05 * widest + 1), 1.25 * len(rows) + 2.2), layout="constrained")
+    fig, ax = plt.subplots(figsize=(max(7.5, 1.05 * widest + 1), 1.25 * len(rows) + 2.2), layout="constrained")
     top = max((abs(e["score"]) for e in r["edges"]), default=1) or 1
     width = lambda score: 0.5 + 3.5 * abs(score) / top  # noqa: E731  (line width of an edge, points)
     span = max(widest - 1, 1)
@@ -561,7 +561,8 @@ def figures(r: dict, args) -> dict:
     handles += [
         Line2D([], [], color="0.3", lw=width(v), label=f"|score| {v:.2g} (width: the edge's effect)") for v in (top, top / 4)
     ]
-    fig.legend(handles=handles, fontsize=8, loc="outside lower center", ncol=3, frameon=False)
+    if r["edges"]:  # with none, nothing to explain
+        fig.legend(handles=handles, fontsize=8, loc="outside lower center", ncol=3, frameon=False)
     h = r["held_out"]
     ax.set_title(
         f"{short_name(args.subject_name)}: {len(r['edges'])} of {r['n_edges_total']} edges ({r['method']}, "

@@ -34,6 +34,8 @@ ablated demonstrations.
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import torch
 from jaxtyping import Int
@@ -267,7 +269,13 @@ def plot(r: dict, n: int, subject_name: str):
         ylabel="mean TV of blocks.1 attention" + (" (log scale)" if log else ""),
         yscale="log" if log else "linear",
     )
-    ax.set_ylim(top=max(tvs) * (1e4 if log else 1.5))
+    high = max(*tvs, intact["tv"] + CLAIM_MARGIN)
+    if log:  # headroom for the legend above the highest bar or line; ticks only where a TV can be (<= 1)
+        bottom = ax.get_ylim()[0]
+        ax.set_ylim(bottom, high * 10 ** (0.45 * math.log10(high / bottom)))
+        ax.set_yticks([t for t in ax.get_yticks() if bottom <= t <= 1])
+    else:
+        ax.set_ylim(top=high * 1.5)
     ax.tick_params(axis="x", labelsize=7)
     ax.legend(fontsize=7, loc="upper center", ncol=2)
     ax = axes[2]

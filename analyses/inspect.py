@@ -290,11 +290,12 @@ def figures(r: dict, args) -> dict:
     fig, ax = plt.subplots(figsize=(0.45 * copy.shape[1] + 2.5, 0.3 * len(labels) + 1.5), layout="constrained")
     ax.set(title=f"Attention to x_h of demonstration l\nfrom the query predicting x_h ({n} ctx)")
     if copy.shape[1]:
-        im = ax.imshow(copy, cmap="viridis", vmin=0, vmax=1, aspect="auto")
+        top = max(float(np.nanmax(copy)), 0.01)  # the colour bar spans the data, so that faint copying shows
+        im = ax.imshow(copy, cmap="viridis", vmin=0, vmax=top, aspect="auto")
         ax.grid(False)
-        ax.set_yticks(x, labels, fontsize=7)
-        ax.set(xlabel="demonstration l")
-        fig.colorbar(im, ax=ax, label="mass")
+        ax.set_yticks(x, labels, fontsize=8)
+        ax.set(xlabel="demonstration l", ylabel="head")
+        fig.colorbar(im, ax=ax, label="attention mass")
     else:  # one sequence per context (the peers' tasks)
         ax.text(0.5, 0.5, "no demonstrations (L = 0):\nnothing to copy", ha="center", va="center")
         ax.axis("off")
@@ -401,7 +402,8 @@ def _roles_figure(r: dict, n: int):
     else:
         circuit = "the paper's circuit" if r["paper_circuit"] else "the paper's circuit absent"
         title = f"progress {r['progress']:.2f}, {circuit}; carrying it: {', '.join(r['carriers'])}"
-    note = f"\n(no head attends to: {', '.join(left_out)})" if left_out else ""
+    words = "; ".join(" ".join(CATEGORY_NAMES.get(c, c).split()) for c in left_out)
+    note = f"\n(columns left out, as no head attends there: {words})" if left_out else ""
     fig.suptitle(f"{r['kind']} model, {n} contexts: {title}{note}", fontsize=12)
     return fig
 

@@ -34,6 +34,7 @@ queries, on the demonstrations; how much of it on position h is reported). Then,
 from __future__ import annotations
 
 import warnings
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
@@ -517,7 +518,9 @@ def figures(r: dict, args) -> dict:
         "re-drawing one demonstration's tokens moves the prediction\nof x_h at h and before, not after (as BMA's)",
         fontsize=11,
     )
-    ax.legend(fontsize=8, ncol=2)
+    lo, hi = ax.get_ylim()
+    ax.set_ylim(lo, hi + 0.4 * (hi - lo))  # headroom: the legend sits above the curves
+    ax.legend(fontsize=8, ncol=3, loc="upper center")
     # (c) path patching: layer-0 head at the demonstrations -> one layer-1 head's keys and values
     ax = axes[1, 0]
     pp = r["path_patching"]
@@ -554,7 +557,8 @@ def figures(r: dict, args) -> dict:
     ax.set_title("zeroing what layer 1 reads from demonstration l\nmoves the model like BMA without l", fontsize=11)
     ax.legend(fontsize=8, loc="upper left")
     first = r["conclusion"].splitlines()[0]
-    fig.suptitle("\n".join(textwrap.wrap(f"{args.subject_name}: {first}", 110)), fontsize=12)
+    model = Path(str(args.subject_name or "model")).name or str(args.subject_name)  # a user's path by its last part
+    fig.suptitle("\n".join(textwrap.wrap(f"{model}: {first}", 110)), fontsize=12)
 
     fig2, axes2 = plt.subplots(1, 3, figsize=(17, 5), layout="constrained")
     pair = r["pair_probes"]
@@ -571,7 +575,9 @@ def figures(r: dict, args) -> dict:
     axes2[0].set_title(
         "layer 0 gathers the pair (x_h', x_h) at position h\n(dotted: shuffled-label control)", fontsize=11
     )
-    axes2[0].legend(fontsize=9)
+    axes2[0].set_ylim(-0.02, 1.3)  # headroom: the legend sits above the curves (accuracies lie in 0..1)
+    axes2[0].set_yticks(np.linspace(0, 1, 6))
+    axes2[0].legend(fontsize=9, ncol=2, loc="upper center")
     lp = r["logpi"]
     bars = axes2[1].bar(range(len(SITES)), [lp["r2"][s] for s in SITES], color="C0")
     axes2[1].bar_label(bars, fmt="%.2f", fontsize=9)
@@ -599,8 +605,8 @@ def figures(r: dict, args) -> dict:
         f"{lp['additive_implied']['column_softmax_max_error']:.3f})",
         fontsize=11,
     )
-    fig2.colorbar(im, ax=axes2[2], shrink=0.8)
-    fig2.suptitle(f"{args.subject_name}: where the pairs and log π live", fontsize=12)
+    fig2.colorbar(im, ax=axes2[2], shrink=0.8, label="log π(x_h | x_h') read out after layer 0")
+    fig2.suptitle(f"{model}: where the pairs and log π live", fontsize=12)
     return {"standard_circuit": fig, "standard_circuit_logpi": fig2}
 
 

@@ -12,6 +12,8 @@ import torch
 
 import models
 from analyses import attention_view
+from conftest import build_task
+from test_layout import assemble
 
 VOID = {"meta", "br", "img", "input", "link", "hr", "col", "area", "base", "embed", "source", "track", "wbr"}
 
@@ -74,7 +76,7 @@ def test_the_page_is_well_formed_and_labels_every_query_and_key(tmp_path):
     assert copy["attentionHeadNames"] == [
         f"L0H{k} → {names[k]} ({per_sequence[k, best[k]].item():.2f})" for k in range(K)
     ]
-    assert copy["tokens"] == [f"q:tgt:h{h} | h{h}" for h in range(H)]
+    assert copy["tokens"] == [f"h{h}" for h in range(H)]  # row h: the query predicting x_h; column h: position h
     grid = torch.tensor(copy["attention"], dtype=torch.float64)
     want = torch.stack([pattern[k, :, best[k] * H : (best[k] + 1) * H] for k in range(K)])
     torch.testing.assert_close(grid, want, rtol=0, atol=5e-5)  # shown to 4 decimals
@@ -87,11 +89,12 @@ def test_the_page_is_well_formed_and_labels_every_query_and_key(tmp_path):
         torch.testing.assert_close(got, per_sequence[k], rtol=0, atol=0.006)
     # blocks.1 (square: the target queries over the target's keys): as it is, one label per position
     assert select["attentionHeadNames"] == ["L1H0"]
-    assert select["tokens"] == [f"tgt:h{h} | q:tgt:h{h}" for h in range(H)]
+    assert select["tokens"] == [f"tgt:h{h}" for h in range(H)]  # each row predicts its own position's token
+    assert "predicts the token at its own position" in page
     grid = torch.tensor(select["attention"], dtype=torch.float64)
     torch.testing.assert_close(grid, cache["blocks.1.attn.hook_pattern"][0].double(), rtol=0, atol=5e-5)
     # one cell by its labels: head 3's query predicting x_5 on position 5 of the sequence it reads most
-    q, k = copy["tokens"].index("q:tgt:h5 | h5"), 5
+    q, k = copy["tokens"].index("h5"), 5
     assert copy["attention"][3][q][k] == pytest.approx(pattern[3, 5, best[3] * H + 5].item(), abs=5e-5)
     # the context itself is printed, one row per sequence
     assert f"<th>d{L - 1}</th>" in page and "<th>tgt</th>" in page
@@ -119,8 +122,52 @@ def test_a_view_too_big_for_a_browser_is_refused_in_one_line(tmp_path, monkeypat
 def test_blocks_that_are_not_square_fall_back_to_the_full_layout():
     keys = ["d0:h0", "d0:h1", "d0:h2", "tgt:h0", "tgt:h1"]
     on_d0 = torch.tensor([[[0.5, 0.3, 0.2, 0.0, 0.0], [0.4, 0.4, 0.1, 0.05, 0.05]]])  # [head, query, key]
-    assert attention_view.square_views(on_d0, ["q:tgt:h0", "q:tgt:h1"], keys) is None  # d0 has 3 keys, 2 queries
+    assert attention_view.square_views(on_d0, ["tgt:h0", "tgt:h1"], keys) is None  # d0 has 3 keys, 2 queries
     on_tgt = on_d0[:, :, [2, 3, 4, 0, 1]]  # the first two columns moved onto the target's two keys
-    view = attention_view.square_views(on_tgt, ["q:tgt:h0", "q:tgt:h1"], keys)
-    assert view["names"] == ["tgt (0.80)"] and view["tokens"] == ["q:tgt:h0 | h0", "q:tgt:h1 | h1"]
+    view = attention_view.square_views(on_tgt, ["tgt:h0", "tgt:h1"], keys)
+    assert view["names"] == ["tgt (0.80)"] and view["tokens"] == ["h0", "h1"]
     assert torch.equal(view["attention"], on_d0[:, :, :2])
+
+
+def test_a_49_position_model_labels_every_position_shortly_as_its_layout_lists_them(tmp_path):
+    """A GPT-2 with 8 heads reading 49 positions (BOS, 6 demonstrations and the target of 6 tokens, a separator
+    after each demonstration): every position of both layers labelled, in a few characters, with the token an
+    independent listing (the context assembled id by id, tests/probes/test_layout.py) puts there, and each
+    cell the model's own attention (Hugging Face's ``output_attentions``) at the positions its labels name."""
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    L, H, d = 6, 6, 5
+    task = build_task(d_vocab=d, n_examples=L, seq_len=H)
+    special = {"bos": 0, "sep": 1, "token_offset": 2}
+    torch.manual_seed(0)
+    cfg = GPT2Config(vocab_size=d + 2, n_positions=49, n_embd=16, n_layer=2, n_head=8, bos_token_id=0, eos_token_id=0)
+    GPT2LMHeadModel(cfg).save_pretrained(tmp_path / "gpt2")
+    (tmp_path / "gpt2" / "task.json").write_text(json.dumps({**task.to_dict(), "layout": {"order": "example-major", **special}}))
+    attention_view.main(["--checkpoint", str(tmp_path / "gpt2"), "--out", str(tmp_path / "out"), "--context", "1"])
+    page = (tmp_path / "out" / "attention_view.html").read_text(encoding="utf-8")
+
+    tokens, _ = task.sample(2, torch.Generator().manual_seed(0))
+    ids, where, holds = assemble(tokens[1].tolist(), L, H, special["bos"], special["sep"], special["token_offset"])
+    assert len(ids) == 49
+    listing = ["bos" if p == 0 else "sep" if x is None else f"tgt:h{x[1]}" if x[0] == L else f"d{x[0]}:h{x[1]}"
+               for p, x in enumerate(holds)]  # fmt: skip
+    hf = GPT2LMHeadModel.from_pretrained(tmp_path / "gpt2", attn_implementation="eager").eval()
+    with torch.no_grad():
+        attentions = hf(torch.tensor([ids]), output_attentions=True).attentions  # per layer [1, head, 49, 49]
+    shown = views(page)
+    assert set(shown) == {"attention-layer-0", "attention-layer-1"}
+    for layer in range(2):
+        view = shown[f"attention-layer-{layer}"]
+        assert view["tokens"] == listing  # one label per position, the token it holds
+        assert max(len(t) for t in view["tokens"]) <= 6  # circuitsvis shows "tgt:h5 (48)"
+        assert view["attentionHeadNames"] == [f"L{layer}H{k}" for k in range(8)]
+        grid = torch.tensor(view["attention"], dtype=torch.float64)
+        torch.testing.assert_close(grid, attentions[layer][0].double(), rtol=0, atol=5e-5)
+        # one cell by its labels: the query at the token before the target's x_3 (it predicts x_3), on d2's x_1
+        q, k = view["tokens"].index("tgt:h2"), view["tokens"].index("d2:h1")
+        assert (q, k) == (where[L, 2], where[2, 1])
+        # wide enough that Chart.js (which skips tick labels closer than ~17.4 px: 12 px text, 1.2 line
+        # height, 3 px padding) keeps every label: at least 17.4 px per row beside the labels' own width
+        width = int(re.search(rf"#attention-layer-{layer}>div\{{[^}}]*min-width:(\d+)px", page).group(1))
+        assert (width - attention_view.LABEL_PX) / 49 >= 17.4
+    assert "the row below it (the next-token shift)" in page
