@@ -567,8 +567,8 @@ def figures(r: dict, args) -> dict:
     ax.set_title(
         f"{short_name(args.subject_name)}: {len(r['edges'])} of {r['n_edges_total']} edges ({r['method']}, "
         f"{', '.join(r['corruptions'])}); on {h['n_contexts']} held-out contexts\n{r['faithfulness_means']}: "
-        f"{r['faithfulness']:.2f} \u00b1 {r['faithfulness_se']:.2f} of the progress (faithfulness)\n{COMPUTES}: "
-        f"{h['sufficiency_mean']:.2f} \u00b1 {h['sufficiency_mean_se']:.2f} (nodes alone, rest mean-ablated)",
+        f"{r['faithfulness']:.3f} \u00b1 {r['faithfulness_se']:.3f} of the progress (faithfulness)\n{COMPUTES}: "
+        f"{h['sufficiency_mean']:.3f} \u00b1 {h['sufficiency_mean_se']:.3f} (nodes alone, rest mean-ablated)",
         fontsize=9)  # fmt: skip
     fig2, ax2 = plt.subplots(figsize=(5.5, 3.5))
     n = [c["n_edges"] for c in r["curve"]]

@@ -471,27 +471,34 @@ CLAIMS = [
     ("the costliest left out is L1H6 ({:+.4f} +- {:.4f} nats)", SEED2, lambda d: _costs(d, ["L1H6"])),
     ("under the demonstrations corruption {} edges keep {:.3f} +- {:.3f} on the search contexts ({} of them within 2 "
      "standard errors of zero), under mean ablation {} keep {:.3f} +- {:.3f} ({}): more edges", SEED2, _searches),
-    ("The circuit has the same shape ({} value edges and {} key edges into layer 1, no query edge", SEED1,
-     lambda d: (_kept_into(d, "L1", "v"), _kept_into(d, "L1", "k")) if _kept_into(d, "L1", "q") == 0 else ("q", "q")),
-    ("progress {:.3f} +- {:.3f}; {} of {} edges ({:.0%}) keep {:.3f} +- {:.3f} of it (KL {:.3f} +- {:.3f})", SEED1, _circuit),
+    ("`docs/reproductions/circuit_seed1*`): the model's progress on the held-out contexts is {:.3f} +- {:.3f}; the "
+     "circuit has {} of the {} heads and MLPs ({}) and {} of the {} edges", SEED1, _shape),
+    ("On {} held-out contexts it carries the demonstrations' evidence: {:.3f} +- {:.3f} ({:.3f} +- {:.3f} with every "
+     "other edge mean-ablated); it computes the prediction: {:.3f} +- {:.3f} with every other head and MLP "
+     "mean-ablated, {:.3f} +- {:.3f} resampled", SEED1, _answers),
+    ("Re-measured on {} other fresh contexts: {:.3f} +- {:.3f} ({:.3f} +- {:.3f}); {:.3f} +- {:.3f} and {:.3f} +- {:.3f}. "
+     "All four agree", SEED1, lambda d: _answers(d, "replicate")),
+    ("(L0H1 {:+.3f} +- {:.3f}, L0H2 {:+.3f} +- {:.3f}, L0H5 {:+.3f} +- {:.3f}, MLP0 {:+.3f} +- {:.3f}, L1H3 {:+.3f} +- "
+     "{:.3f}, MLP1 {:+.3f} +- {:.3f} nats); the costliest left out is L1H2 ({:+.4f} +- {:.4f} nats)", SEED1,
+     lambda d: _costs(d, ["L0H1", "L0H2", "L0H5", "MLP0", "L1H3", "MLP1", "L1H2"])),
+    ("under the demonstrations corruption {} edges keep {:.3f} +- {:.3f} on the search contexts ({} of them within 2 "
+     "standard errors of zero), under mean ablation {} keep {:.3f} +- {:.3f} ({}).", SEED1, _searches),
     ("layer 1's values at the demonstration positions {:.3f} +- {:.3f} nats (shipped {:.3f} +- {:.3f}), its keys there "
      "{:.3f} +- {:.3f} ({:.3f} +- {:.3f}), its queries at the target {:.4f} +- {:.4f} ({:.4f} +- {:.4f}); MLP0's input at "
-     "the demonstrations {:.3f} +- {:.3f} ({:.3f} +- {:.3f}); the layer-0 heads' values, queries and keys there "
-     "{:.3f} +- {:.3f}, {:.3f} +- {:.3f}, {:.3f} +- {:.3f} ({:.3f} +- {:.3f}, {:.3f} +- {:.3f}, {:.3f} +- {:.3f}); MLP1 to "
-     "the output {:+.2f} +- {:.2f} nats ({:+.2f} +- {:.2f})", SEED1,
+     "the demonstrations {:.3f} +- {:.3f} ({:.3f} +- {:.3f}); MLP1 to the output {:+.2f} +- {:.2f} nats ({:+.2f} +- {:.2f})",
+     SEED1,
      lambda d: tuple(x for ins in (("L1", "v", "demonstrations"), ("L1", "k", "demonstrations"), ("L1", "q", "target"),
                                    ("MLP0", "in", "demonstrations"))
                      for x in (*_into(d, *ins), *_into(_load(CIRCUIT), *ins)))
-     + tuple(x for c in (d, _load(CIRCUIT)) for inp in "vqk" for x in _into(c, "L0", inp, "demonstrations"))
      + (*_edge(d, "MLP1", "output", "out"), *_edge(_load(CIRCUIT), "MLP1", "output", "out"))),
     ("(L1H3 into MLP1 {:+.3f} +- {:.3f} nats, then L1H6 {:+.3f} +- {:.3f}), where the shipped model splits it between two "
      "(L1H4 {:+.3f} +- {:.3f}, L1H2 {:+.3f} +- {:.3f})", SEED1,
      lambda d: (*_edge(d, "L1H3", "MLP1"), *_edge(d, "L1H6", "MLP1"), *_edge(_load(CIRCUIT), "L1H4", "MLP1"),
                 *_edge(_load(CIRCUIT), "L1H2", "MLP1"))),
-    ("are smaller ({:.3f} +- {:.3f} against {:.3f} +- {:.3f}), so more edges were needed for 0.9 under the "
-     "previous default ({})", SEED1,
+    ("are smaller ({:.3f} +- {:.3f} against {:.3f} +- {:.3f}), so more edges are needed for 0.9 ({} against the shipped "
+     "model's {})", SEED1,
      lambda d: (*_into(d, "MLP1", "in", "target"), *_into(_load(CIRCUIT), "MLP1", "in", "target"),
-                len(d["results"]["edges"]))),
+                len(d["results"]["edges"]), len(_load(CIRCUIT)["results"]["edges"]))),
     # Standard transformers: standard_circuit.json (--checkpoint standard).
     ("(512 contexts): progress {:.3f}; the paper's circuit is absent", SC, lambda d: (d["results"]["progress"],)),
     ("({:.2f} to {:.2f} on earlier tokens of it, {:.2f} to {:.2f} on itself;", SC,
@@ -627,7 +634,8 @@ UNCHECKED = [
     ("another seed and width: progress 0.948 at the end of training, 8 minutes; width 48 reached only 0.675",
      "runs/standard_seed2_w96/training.json and the width-48 run's, not committed (the circuit's JSON is "
      "docs/reproductions/circuit_seed2_w96.json)"),
-    ("another seed: progress 0.995 at the end of training", "models.standard --seed 1's training.json, not committed "
+    ("another seed: progress 0.995 at the end of training, 61 minutes; the circuit run's 290 s wall",
+     "models.standard --seed 1's training.json and /usr/bin/time of the circuit run, 2026-12-03, not committed "
      "(its circuit's JSON is: docs/reproductions/circuit_seed1.json)"),
     ("docs/results/standard.md: the one-copyer nanoGPT's report (progress 0.404 +- 0.068, keep -0.469 +- 0.265, "
      "L0H1 +0.1109 +- 0.0249 nats) and circuit's 0.998 +- 0.006 / 0.992 +- 0.003, BMA 0.4312, plateau "
