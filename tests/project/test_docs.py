@@ -229,12 +229,12 @@ COMMANDS = [
     ),
     (
         r"python -m analyses\.\w+( --checkpoint (default|standard|theorem1:beta=50))?( --(method|corruption|search|threshold|direction) \S+)*( --full)?",
-        "an analysis at full size (all of them: python -m analyses.paper, 199 s); tests/analyses/test_<analysis>.py runs each "
+        "an analysis at full size (all of them: python -m analyses.paper, 470 s); tests/analyses/test_<analysis>.py runs each "
         "smaller, tests/analyses/test_every_family.py every one on a tiny GPT-2",
     ),
     (
-        r"python -m analyses\.paper( --jobs 2)?",
-        "the paper run, 199 s on 2 cores; tests/analyses/test_paper.py runs its engine",
+        r"python -m analyses\.paper( --out /tmp/paper_run)?( --jobs 2)?|python -m analyses\.paper --only( \w+)+",
+        "the paper run (470 s on 2 cores; --only runs some analyses); tests/analyses/test_paper.py runs its engine",
     ),
     (
         r"python -m (analyses\.paper|analyses\.phase_diagram --full) --cluster slurm:cpu --jobs \d+",
