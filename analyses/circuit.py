@@ -41,6 +41,7 @@ import torch
 from tqdm.auto import tqdm
 
 from analyses import common
+from models.interp.baselines import per_context_baselines
 from models.interp.circuit import (
     CORRUPTIONS,
     DIRECTIONS,
@@ -65,7 +66,6 @@ from models.interp.circuit import (
 )
 from models.interp.interventions import description
 from models.interp.subject import Subject
-from probes import bma_predictive
 
 NAME = "circuit"
 N_CONTEXTS = 128  # default --n-contexts (each exact edge score is one forward pass on all of them)
@@ -182,13 +182,6 @@ def ranked(stats: dict, min_z: float) -> list:
     return sorted(stats, key=lambda e: (not abs(stats[e][0]) > min_z * stats[e][1], -abs(stats[e][0])))
 
 
-def baselines_of(task, tokens) -> tuple[torch.Tensor, torch.Tensor]:
-    """Per context, the uniform-parent plateau's and BMA's NLL."""
-    L, H = task.n_examples, task.seq_len
-    plateau = per_context_nll(bma_predictive(task.pi, tokens, L, H, task.root, demonstrations=[], log=True), tokens)
-    return plateau, per_context_nll(bma_predictive(task.pi, tokens, L, H, task.root, log=True), tokens)
-
-
 def held_out_contexts(subject, args) -> tuple[torch.Tensor, int]:
     """Fresh contexts for the held-out figures: ``--n-held-out``, or the smallest of 512, 1024, ... (at most
     8192) on which the model's progress has a standard error at most ``--target-se``."""
@@ -196,7 +189,7 @@ def held_out_contexts(subject, args) -> tuple[torch.Tensor, int]:
     n = args.n_held_out or MIN_HELD_OUT
     while True:
         tokens, _ = common.sample_contexts(task, n, args.seed + SEEDS["held_out"])
-        plateau, bma = baselines_of(task, tokens)
+        plateau, bma = per_context_baselines(task, tokens)
         full = torch.cat([per_context_nll(subject.log_probs(tokens[i : i + 512]), tokens[i : i + 512])
                           for i in range(0, n, 512)])  # fmt: skip
         if args.n_held_out or ratio_se(plateau - full, plateau - bma)[1] <= args.target_se or n >= MAX_HELD_OUT:
@@ -209,7 +202,7 @@ def measure(subject, graph, tokens, edges, nodes, corruptions, seed: int) -> dic
     other edge ablated), and the sufficiency of ``nodes`` (every other head and MLP mean- or resample-
     ablated), each with its standard error over the contexts."""
     task = subject.task
-    plateau, bma = baselines_of(task, tokens)
+    plateau, bma = per_context_baselines(task, tokens)
     out = {"n_contexts": len(tokens)}
     full = None
     for c in corruptions:
@@ -275,7 +268,7 @@ def discover(subject: Subject, args) -> dict:
     named = among_nodes(graph, args.nodes) if args.nodes else None  # bad names refused before any work
     corruptions = corruptions_of(args.corruption)
     tokens, _ = common.sample_contexts(task, args.n_contexts, args.seed)
-    plateau, bma = baselines_of(task, tokens)
+    plateau, bma = per_context_baselines(task, tokens)
     edges = graph.edges
     sizes = curve_sizes(len(edges), args.curve_points)
     scored = {}  # corruption -> (runner, scorer, values, {edge: (score, se)}, order)

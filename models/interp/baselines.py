@@ -1,7 +1,7 @@
 """What a model's heads are measured against, on the same contexts: BMA and the uniform-parent mixture
-(``baselines``; for a task of the family, its own Bayes oracle and plateau: ``family_baselines``), and a
-layer's attention scored against BMA's posterior (``head_attention_stats``). Used by ``analyses.inspect``
-and ``analyses.trajectory``."""
+(``baselines``; for a task of the family, its own Bayes oracle and plateau: ``family_baselines``; per context:
+``per_context_baselines``), and a layer's attention scored against BMA's posterior (``head_attention_stats``).
+Used by ``analyses.inspect``, ``analyses.circuit`` and ``analyses.trajectory``."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import torch
 from models.training.standard import uniform_parent_predictive
 from probes import bma_posterior, bma_predictive, oracles, target_nll, total_variation
 from probes.graph_task import GraphTask
-from probes.metrics import parent_set_accuracy
+from probes.metrics import parent_set_accuracy, per_context_nll
 
 
 def head_attention_stats(rows, parents, posterior, n_examples: int, seq_len: int) -> dict:
@@ -30,6 +30,17 @@ def head_attention_stats(rows, parents, posterior, n_examples: int, seq_len: int
         "parent_acc": [parent_set_accuracy(renorm[:, j], parents) for j in range(n)],
         "copy_mass": same.mean((0, 3)).tolist(),  # [n, L]: mass on x_h^l from the query predicting x_h
     }
+
+
+def per_context_baselines(task, tokens) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per context (``[batch]`` each), the uniform-parent plateau's NLL and Bayes' (BMA's; for a task of the
+    family, its own oracle's): the two ends of the progress."""
+    plateau = per_context_nll(uniform_parent_predictive(task, tokens), tokens)
+    if isinstance(task, GraphTask):
+        bayes = oracles.bayes(task, tokens)[0]
+    else:
+        bayes = bma_predictive(task.pi, tokens, task.n_examples, task.seq_len, task.root, log=True)
+    return plateau, per_context_nll(bayes, tokens)
 
 
 def baselines(task, tokens, parents) -> dict:

@@ -11,13 +11,13 @@ from __future__ import annotations
 import torch
 from tqdm.auto import tqdm
 
-from models.interp.baselines import baselines, head_attention_stats
+from models.interp.baselines import baselines, head_attention_stats, per_context_baselines
 from models.interp.circuit import INPUTS, Runner, build_graph, mean_se, per_context_nll, ratio_se, sender_writes
 from models.interp.interventions import ablate, corrupted_contexts, head_ablation, head_outputs, hooks, patch_heads
 from models.interp.subject import head_label
 from models.training.standard import uniform_parent_predictive
-from probes import bma_predictive, oracles, target_nll
-from probes.graph_task import GraphTask, context_order
+from probes import target_nll
+from probes.graph_task import context_order
 from probes.roles import attention_role, role_profile, sequence_scores
 
 INTERVENTION_CONTEXTS = 128  # ablation, patching and sufficiency: the first of the contexts, as many as
@@ -288,11 +288,8 @@ def inspect_subject(subject, n_contexts: int = 512, seed: int = 0, batch: int = 
 
 def progress_error(task, tokens, log_probs) -> float:
     """The standard error of the progress over the contexts (delta method on per-context NLLs)."""
-    L, H = task.n_examples, task.seq_len
-    plateau = per_context_nll(uniform_parent_predictive(task, tokens), tokens)
-    bayes = oracles.bayes(task, tokens)[0] if isinstance(task, GraphTask) else bma_predictive(
-        task.pi, tokens, L, H, task.root, log=True)  # fmt: skip
-    return ratio_se(plateau - per_context_nll(log_probs, tokens), plateau - per_context_nll(bayes, tokens))[1]
+    plateau, bayes = per_context_baselines(task, tokens)
+    return ratio_se(plateau - per_context_nll(log_probs, tokens), plateau - bayes)[1]
 
 
 @torch.no_grad()
