@@ -108,4 +108,5 @@ def greedy(runner: Runner, tau: float, order=None) -> list[Edge]:
         if abs(value - current) < tau:
             removed.append(e)
             current = value
-    return [e for e in runner.graph.edges if e not in set(removed)]
+    gone = set(removed)
+    return [e for e in runner.graph.edges if e not in gone]
