@@ -57,8 +57,19 @@ score restores what the corruption cost.
 """
 
 from models.interp.circuit.attribution import eap_ig_scores, eap_scores, input_grads
+from models.interp.circuit.config import CircuitConfig
+from models.interp.circuit.corruptions import (
+    CORRUPTIONS,
+    Corruption,
+    denoising_runner,
+    other_contexts,
+    register_corruption,
+    source_writes,
+)
+from models.interp.circuit.discovery import check_fits, discover
 from models.interp.circuit.exact import exact_scores
-from models.interp.circuit.graph import INPUTS, Edge, Graph, Receiver, Sender, build_graph
+from models.interp.circuit.graph import INPUTS, Edge, Graph, Node, Receiver, Sender, build_graph
+from models.interp.circuit.methods import METHODS, ScoreMethod, register_method
 from models.interp.circuit.nodes import (
     NODE_ABLATIONS,
     node_ablated_values,
@@ -66,21 +77,12 @@ from models.interp.circuit.nodes import (
     node_outputs,
     record_outputs,
 )
-from models.interp.circuit.runner import (
-    CORRUPTIONS,
-    DIRECTIONS,
-    ROWS,
-    Metric,
-    Runner,
-    denoising_runner,
-    mean_writes,
-    other_contexts,
-    sender_writes,
-    source_writes,
-)
+from models.interp.circuit.result import CircuitResult, Estimate
+from models.interp.circuit.runner import DIRECTIONS, ROWS, Metric, Runner, mean_writes, sender_writes
 from models.interp.circuit.scores import (
     EdgeScores,
     curve_sizes,
+    faithfulness,
     greedy,
     mean_se,
     ratio_se,
@@ -88,12 +90,15 @@ from models.interp.circuit.scores import (
     threshold,
     top_n,
 )
+from models.interp.circuit.search import SEARCHES, Search, among, register_search
 from probes.metrics import per_context_nll
 
 __all__ = [
-    "CORRUPTIONS", "DIRECTIONS", "INPUTS", "NODE_ABLATIONS", "ROWS", "Edge", "EdgeScores", "Graph", "Metric",
-    "Receiver", "Runner", "Sender", "build_graph", "curve_sizes", "denoising_runner", "eap_ig_scores",
-    "eap_scores", "exact_scores", "greedy", "input_grads", "mean_se", "mean_writes", "node_ablated_values",
-    "node_costs", "node_outputs", "other_contexts", "per_context_nll", "ratio_se", "record_outputs", "roc_auc",
+    "CORRUPTIONS", "DIRECTIONS", "INPUTS", "METHODS", "NODE_ABLATIONS", "ROWS", "SEARCHES", "CircuitConfig",
+    "CircuitResult", "Corruption", "Edge", "EdgeScores", "Estimate", "Graph", "Metric", "Node", "Receiver", "Runner",
+    "ScoreMethod", "Search", "Sender", "among", "build_graph", "check_fits", "curve_sizes", "denoising_runner",
+    "discover", "eap_ig_scores", "eap_scores", "exact_scores", "faithfulness", "greedy", "input_grads", "mean_se",
+    "mean_writes", "node_ablated_values", "node_costs", "node_outputs", "other_contexts", "per_context_nll",
+    "ratio_se", "record_outputs", "register_corruption", "register_method", "register_search", "roc_auc",
     "sender_writes", "source_writes", "threshold", "top_n",
 ]  # fmt: skip
