@@ -14,6 +14,8 @@ each corruption (faithfulness), and the share its nodes keep with every other he
 
 from __future__ import annotations
 
+import warnings
+
 import torch
 from tqdm.auto import tqdm
 
@@ -87,7 +89,9 @@ def context_bytes(subject: Subject, graph: Graph) -> tuple[int, int]:
         if isinstance(t, torch.Tensor):
             seen[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
 
-    writes, _ = sender_writes(subject, graph, sample(subject.task, 1, 0), [(lambda name: True, grab)])
+    with warnings.catch_warnings():  # hooking every name: the bridge warns of gated ones
+        warnings.simplefilter("ignore")
+        writes, _ = sender_writes(subject, graph, sample(subject.task, 1, 0), [(lambda name: True, grab)])
     held = {w.untyped_storage().data_ptr(): w.untyped_storage().nbytes() for w in writes.values()}
     return sum(held.values()), sum(seen.values())
 
