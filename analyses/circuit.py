@@ -134,8 +134,11 @@ def summary(r: dict) -> str:
         ])  # fmt: skip
     denoised = "denoising_faithfulness" in r
     h, rep = r["held_out"], r["replicate"]
-    replicated = "; ".join(f"{k.replace('_', ' ')} {rep[k]:.3f} +- {rep[k + '_se']:.3f}" for k in rep
-                           if k.endswith(tuple(r["corruptions"]) + tuple(NODE_ABLATIONS)) and not k.endswith("_se"))
+    replicated = "; ".join(
+        f"{k.replace('_', ' ')} {rep[k]:.3f} +- {rep[k + '_se']:.3f}"
+        for k in rep
+        if k.endswith(tuple(r["corruptions"]) + tuple(NODE_ABLATIONS)) and not k.endswith("_se")
+    )
     if not beyond_2se(rep["progress"], rep["progress_se"]):
         replicated = answers(r, "replicate")[0].strip()
     lines = [
@@ -181,8 +184,11 @@ def summary(r: dict) -> str:
     lines += [
         f"summed over each input under {r['corruptions'][0]}, where beyond two standard errors (receivers.input @ "
         "positions: n edges, the sum of their scores): "
-        + "; ".join(f"{x['receivers']}.{x['input']} @ {x['group']}: {x['n_edges']}, {x['sum']:+.4f} +- {x['se']:.4f}"
-                    for x in r.get("by_input", []) if abs(x["sum"]) > 2 * x["se"]),
+        + "; ".join(
+            f"{x['receivers']}.{x['input']} @ {x['group']}: {x['n_edges']}, {x['sum']:+.4f} +- {x['se']:.4f}"
+            for x in r.get("by_input", [])
+            if abs(x["sum"]) > 2 * x["se"]
+        ),
         "strongest edges (sender -> receiver.input @ positions: score, the metric's change when it alone is "
         + ("restored to its clean value in the corrupted run" if r.get("direction") == "denoising" else "ablated")
         + ("" if r["method"] == "exact" else ", to first order (attribution)")
@@ -311,10 +317,13 @@ def figures(r: dict, args) -> dict:
                for k, c in COLOURS.items() if k in used]  # fmt: skip
     groups = {e["group"] for e in edges} or set(STYLES)
     handles += [
-        Line2D([], [], color="0.3", ls=s, label=f"from {GROUP_WORDS[g]} positions") for g, s in STYLES.items() if g in groups
+        Line2D([], [], color="0.3", ls=s, label=f"from {GROUP_WORDS[g]} positions")
+        for g, s in STYLES.items()
+        if g in groups
     ]
     handles += [
-        Line2D([], [], color="0.3", lw=width(v), label=f"|score| {v:.2g} (width: the edge's effect)") for v in (top, top / 4)
+        Line2D([], [], color="0.3", lw=width(v), label=f"|score| {v:.2g} (width: the edge's effect)")
+        for v in (top, top / 4)
     ]
     if edges:  # with none, nothing to explain
         fig.legend(handles=handles, fontsize=8, loc="outside lower center", ncol=3, frameon=False)
@@ -380,7 +389,13 @@ def add_flags(parser) -> None:
         if name == "corruptions":
             default = ",".join(default)
             text = f"{text} ({corruption_words})"
-        shown = "" if default is None else f" (default: {default:g})" if isinstance(default, float) else f" (default: {default})"
+        shown = (
+            ""
+            if default is None
+            else f" (default: {default:g})"
+            if isinstance(default, float)
+            else f" (default: {default})"
+        )
         parser.add_argument("--" + FLAGS.get(name, name).replace("_", "-"), type=types.get(name, str), default=default,
                             choices=choices.get(name), help=text + shown)  # fmt: skip
 

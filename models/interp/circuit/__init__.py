@@ -30,17 +30,27 @@ graph (senders, receivers with q/k/v apart), the scores (ACDC's edge ablation, E
 change, EAP-IG's integrated gradients over the inputs), the searches and the JSON, and ROC AUC against
 circuits known in advance.
 
-Where each piece lives (one module each; every name is importable from ``models.interp.circuit``):
-- ``graph``: ``Edge``, ``Sender``, ``Receiver``, ``Graph``, ``build_graph``.
+The call (``discovery``): ``discover(subject, CircuitConfig(...)) -> CircuitResult`` scores, chooses and
+answers in one go (``config``: every option, each documented; ``result``: the typed result, whose
+``to_dict()`` is ``analyses.circuit``'s JSON). Where each piece lives (one module each; every name is
+importable from ``models.interp.circuit``):
+- ``graph``: ``Node`` (a typed node: ``str(node)`` is its label, ``Node.parse`` reads one), ``Edge``,
+  ``Sender``, ``Receiver``, ``Graph``, ``build_graph``.
 - ``runner``: the forward pass every method shares. ``Runner`` holds the base contexts, the senders' clean
   writes and ablated values and the metric, and runs the model with any set of edges ablated
-  (``run_values``, ``keep_only_values``); ``CORRUPTIONS`` / ``other_contexts`` / ``source_writes`` give
-  the ablated values, ``denoising_runner`` the mirror image.
+  (``run_values``, ``keep_only_values``).
+- ``registry``: ``Registry``, the one kind of registry of named objects below (an unknown name is a one-line
+  ValueError listing the registered ones).
+- ``corruptions``: ``Corruption`` and ``CORRUPTIONS`` (``register_corruption`` adds one): the senders'
+  ablated values (``source_writes``, ``other_contexts``), and ``denoising_runner``, the mirror image.
+- ``methods``: ``ScoreMethod`` and ``METHODS`` (exact, eap, eap-ig; ``register_method``).
+- ``search``: ``Search`` and ``SEARCHES`` (top-n, threshold, greedy; ``register_search``), ``among``, ``ranked``.
 - ``exact``: exact edge patching, ``exact_scores(runner)``.
 - ``attribution``: EAP and EAP-IG, ``eap_scores(runner)`` and ``eap_ig_scores(runner, steps=...)``.
 - ``scores``: ``EdgeScores``, what every method returns: each edge's score on each context, ``[edge,
-  batch]``, keyed by edge (``scores[edge]``; ``means()`` is ``{Edge: float}``); the searches on a score
-  mapping (``top_n``, ``threshold``) or on the runs (``greedy``); ``mean_se``, ``ratio_se``, ``roc_auc``.
+  batch]``, keyed by edge (``scores[edge]``; ``means()`` is ``{Edge: float}``); what a circuit keeps
+  (``faithfulness``, ``restored``); the searches' primitives on a score mapping (``top_n``, ``threshold``)
+  or on the runs (``greedy``); ``mean_se``, ``ratio_se``, ``roc_auc``.
 - ``nodes``: node ablation, ``node_ablated_values`` and ``node_costs``.
 
 Node ablation (``node_ablated_values``): every head and MLP outside a set of nodes set to its mean over

@@ -15,7 +15,10 @@ from models.interp.circuit.search import SEARCHES
 MAX_CURVE_POINTS = 1000  # circuit sizes on the curve; each is one ablated run over every context
 MAX_IG_STEPS = 1024  # EAP-IG converges by 8 on the standard GPT-2 (README: Circuit discovery)
 MIN_HELD_OUT, MAX_HELD_OUT = 512, 8192  # the held-out sample: doubled from the first until target_se is reached
-DEFAULT_CORRUPTIONS = ("demonstrations", "mean")  # the task's corruption, and mean ablation (which sees the target side)
+DEFAULT_CORRUPTIONS = (
+    "demonstrations",
+    "mean",
+)  # the task's corruption, and mean ablation (which sees the target side)
 
 
 def _doc(default, text: str):

@@ -72,8 +72,11 @@ register_corruption(Corruption(
 register_corruption(Corruption(
     "target", "the target's tokens re-drawn uniformly (the same demonstrations)", "carries the target's own prefix",
     _target_redrawn))  # fmt: skip
-register_corruption(Corruption(
-    "resample", "fresh contexts", "keeps the progress with every other edge resampled from fresh contexts", _fresh))
+register_corruption(
+    Corruption(
+        "resample", "fresh contexts", "keeps the progress with every other edge resampled from fresh contexts", _fresh
+    )
+)
 register_corruption(Corruption(
     "mean", "the sender's mean over held-out contexts", "keeps the progress with every other edge mean-ablated",
     _fresh, averaged=True))  # fmt: skip

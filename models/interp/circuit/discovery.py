@@ -172,8 +172,15 @@ def node_roles(kept_by: dict, nodes: list[Node], added: dict, at: dict) -> dict[
                   for c, kept in kept_by.items()}  # fmt: skip
         needed = [c for c in kept_by if reads[c] or writes[c]]
         groups = costly or {g.split("@")[1] for c in needed for g in reads[c] + writes[c]}
-        side = ("target side" if groups == {"target"} else "demonstration side" if groups == {"demonstrations"}
-                else "both sides" if {"target", "demonstrations"} <= groups else ", ".join(sorted(groups)) or "none")
+        side = (
+            "target side"
+            if groups == {"target"}
+            else "demonstration side"
+            if groups == {"demonstrations"}
+            else "both sides"
+            if {"target", "demonstrations"} <= groups
+            else ", ".join(sorted(groups)) or "none"
+        )
         roles[n] = NodeRole(needed, reads, writes, side, dict(at.get(n, {})), added.get(n))
     return roles
 
@@ -235,7 +242,9 @@ class _Discovery:
                 added[n] = f"its mean ablation alone costs {cost:+.4f} +- {cost_se:.4f} nats (> {COST_Z:g} SE)"
 
         def sufficient(ns) -> float:
-            values = node_ablated_values(self.subject, self.graph, self.tokens, ns, "mean", reference, recorded=recorded)
+            values = node_ablated_values(
+                self.subject, self.graph, self.tokens, ns, "mean", reference, recorded=recorded
+            )
             return ratio_se(plateau - values, plateau - full)[0]
 
         for n in sorted(costs, key=lambda n: -costs[n][0]):
@@ -320,7 +329,9 @@ def discover(subject: Subject, config: CircuitConfig | None = None) -> CircuitRe
     scored = run.scores()
     reference = sample(subject.task, N_MEAN, config.seed + SEEDS["reference"])
     recorded = record_outputs(subject, reference, output_hooks(node_outputs(subject, graph)))  # once per call
-    costs = {n: Estimate(*mean_se(v)) for n, v in node_costs(subject, graph, tokens, reference, recorded=recorded).items()}
+    costs = {
+        n: Estimate(*mean_se(v)) for n, v in node_costs(subject, graph, tokens, reference, recorded=recorded).items()
+    }
     if run.named is not None:
         nodes, added = graph.nodes(run.named), {}
     else:
