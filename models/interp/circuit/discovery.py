@@ -57,7 +57,7 @@ from models.interp.circuit.scores import (
 from models.interp.circuit.search import SEARCHES, among, ranked
 from models.interp.interventions import description
 from models.interp.subject import Subject
-from models.plumbing.io import check_memory, size
+from models.plumbing.io import MEMORY_FRACTION, check_memory, memory_limit, size
 from probes.metrics import per_context_nll
 
 N_MEAN = 2048  # held-out contexts whose mean is each sender's / node's mean-ablated value
@@ -96,25 +96,28 @@ def context_bytes(subject: Subject, graph: Graph) -> tuple[int, int]:
     return sum(held.values()), sum(seen.values())
 
 
-def check_fits(subject: Subject, config: CircuitConfig, graph: Graph | None = None) -> None:
+def check_fits(subject: Subject, config: CircuitConfig, graph: Graph | None = None) -> int:
     """One-line ValueError, before any work, if the search or the held-out answers would not fit in memory:
     each Runner holds the senders' clean and ablated writes on its contexts (the search one per corruption,
     two when denoising), a pass runs on at least ``ROWS`` contexts, and the receivers' patched activations
-    at most double a pass's."""
+    at most double a pass's. The held-out sample is sized at ``n_held_out``, or at its first size when it
+    grows to reach ``target_se``. Returns the most held-out contexts that fit beside the search (where the
+    growing sample stops)."""
     writes, forward = context_bytes(subject, build_graph(subject) if graph is None else graph)
     runners = len(config.corruptions) * (2 if config.direction == "denoising" else 1)
-    n, held = config.n_contexts, config.n_held_out or MAX_HELD_OUT
+    n, held = config.n_contexts, config.n_held_out or MIN_HELD_OUT
     search = 2 * writes * runners * n + 2 * forward * max(n, ROWS)
     check_memory(search, f"n_contexts {n} (the search: {size(2 * writes * runners + 2 * forward)} a context)")
     answers = 2 * writes * held + 2 * forward * max(held, ROWS)
-    grows = "" if config.n_held_out else ", the most the held-out sample grows to"
-    check_memory(search + answers, f"n_held_out {held} ({size(2 * writes + 2 * forward)} a context{grows}; "
-                                   f"the search holds {size(search)} besides)")  # fmt: skip
+    check_memory(search + answers, f"n_held_out {held} ({size(2 * writes + 2 * forward)} a context; the search "
+                                   f"holds {size(search)} besides)")  # fmt: skip
+    return int((MEMORY_FRACTION * memory_limit()[0] - search) // (2 * writes + 2 * forward))
 
 
-def held_out_contexts(subject: Subject, config: CircuitConfig) -> tuple[torch.Tensor, int]:
+def held_out_contexts(subject: Subject, config: CircuitConfig, most: int | None = None) -> tuple[torch.Tensor, int]:
     """Fresh contexts for the held-out answers: ``config.n_held_out``, or the smallest of 512, 1024, ...
-    (at most ``MAX_HELD_OUT``) on which the model's progress has a standard error at most ``target_se``."""
+    (at most ``MAX_HELD_OUT``, and at most ``most``, what fits in memory) on which the model's progress has a
+    standard error at most ``target_se``."""
     task = subject.task
     n = config.n_held_out or MIN_HELD_OUT
     while True:
@@ -123,6 +126,8 @@ def held_out_contexts(subject: Subject, config: CircuitConfig) -> tuple[torch.Te
         full = torch.cat([per_context_nll(subject.log_probs(tokens[i : i + 512]), tokens[i : i + 512])
                           for i in range(0, n, 512)])  # fmt: skip
         if config.n_held_out or ratio_se(plateau - full, plateau - bma)[1] <= config.target_se or n >= MAX_HELD_OUT:
+            return tokens, n
+        if most is not None and 2 * n > most:
             return tokens, n
         n *= 2
 
@@ -202,7 +207,7 @@ class _Discovery:
         self.subject, self.config, self.task = subject, config, subject.task
         self.graph = build_graph(subject)
         self.named = named_edges(self.graph, config.nodes) if config.nodes is not None else None  # before any work
-        check_fits(subject, config, self.graph)
+        self.most_held_out = check_fits(subject, config, self.graph)
         self.tokens = sample(self.task, config.n_contexts, config.seed)
         self.plateau, self.bma = per_context_baselines(self.task, self.tokens)
         self.corruptions = list(config.corruptions)
@@ -351,7 +356,7 @@ def discover(subject: Subject, config: CircuitConfig | None = None) -> CircuitRe
         for n, v in node_costs(subject, graph, tokens, reference, nodes=nodes, positions=positions,
                                recorded=recorded).items():  # fmt: skip
             at[n][g] = Estimate(*mean_se(v))
-    held, n_held = held_out_contexts(subject, config)
+    held, n_held = held_out_contexts(subject, config, run.most_held_out)
     held_out = measure(subject, graph, held, union, nodes, corruptions, config.seed + SEEDS["held_out"])
     fresh = sample(subject.task, n_held, config.seed + SEEDS["replicate"])
     replicate = measure(subject, graph, fresh, union, nodes, corruptions, config.seed + SEEDS["replicate"])

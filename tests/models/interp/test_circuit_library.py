@@ -108,8 +108,9 @@ def test_a_corruption_registered_once_is_what_discover_ablates_with():
         CORRUPTIONS.pop("unchanged")
 
 
-def _run_blocks(page: Path, *, pop: tuple = ()) -> str:
-    """Exec the page's Python blocks at their ``# quick:`` sizes, in order, in one namespace; what they print."""
+def _run_blocks(page: Path, *, pop: tuple = (), calling: str = "") -> str:
+    """Exec the page's Python blocks (those containing ``calling``) at their ``# quick:`` sizes, in order, in
+    one namespace; what they print. ``pop``: corruptions they register, removed afterwards."""
     import contextlib
     import io
 
@@ -117,7 +118,7 @@ def _run_blocks(page: Path, *, pop: tuple = ()) -> str:
     namespace: dict = {"__name__": "__main__"}
     try:
         with contextlib.redirect_stdout(printed):
-            for code in tutorials.blocks(page.read_text()):
+            for code in (c for c in tutorials.blocks(page.read_text()) if calling in c):
                 exec(compile(tutorials.quick(code), str(page), "exec"), namespace)
     finally:
         for name in pop:
@@ -171,7 +172,7 @@ def test_the_notebook_call_on_the_shipped_gpt2_equals_the_command_lines_json(tmp
     finally:
         torch.set_num_threads(previous)
     assert notebook["edges"] and _numbers_equal(notebook, cli) == []
-    out = _run_blocks(ROOT / "docs" / "results" / "circuit.md")
+    out = _run_blocks(ROOT / "docs" / "results" / "circuit.md", calling="discover(")
     assert re.search(r"\d+ of 722 edges; nodes .*\nfaithfulness [\d.-]+ \+- [\d.]+, sufficiency", out)
 
 
