@@ -34,7 +34,9 @@ on as many other fresh contexts:
   fresh contexts of the task): the circuit COMPUTES THE PREDICTION.
 A circuit found by denoising is also judged by its denoising faithfulness, the share of the clean-minus-
 corrupted NLL it recovers when the corrupted run has only its edges restored. The faithfulness curve keeps
-the top-n edges of the whole graph for n along the way, on the search contexts.
+the top-n edges of the whole graph for n along the way, on the search contexts. A share is printed only where
+its denominator is beyond 2 standard errors of zero: a model whose progress on the search contexts is not
+gets one line saying so, and no circuit (exit 0; the JSON's ``refused`` says why).
 """
 
 from __future__ import annotations
