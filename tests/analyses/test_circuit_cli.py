@@ -17,6 +17,7 @@ from analyses import circuit, common
 from models.interp.circuit import CircuitConfig, discover
 
 
+@pytest.mark.slow  # 20 s at load 12 on 2 cores (the figures' set written)
 def test_a_model_without_progress_is_told_in_one_line_with_no_circuit_and_exit_0(tmp_path, capsys):
     """theorem1:beta=1e-9 (progress -0.001 +- 0.001 in issue 41): the run ends normally, the JSON records the
     reason and no circuit, the summary says so in one line after its header, and both figures are drawn."""
