@@ -22,11 +22,11 @@ import tempfile
 from pathlib import Path
 
 import torch
-from tqdm.auto import tqdm
 
 import models
 from analyses import common
 from models.interp.subject import head_label
+from models.plumbing.progress import progress as progress_bar
 from models.training.short_run import find_snapshots, train_short_run
 from probes import head_assignment
 from probes.metrics import block_norms, off_diagonal_ratio
@@ -74,7 +74,7 @@ def block_structure(model) -> dict:
 def emergence(snapshots: list[tuple[int, Path]], progress: bool = True) -> list[dict]:
     """``block_structure`` of every snapshot, in step order (plus ``step``)."""
     out = []
-    for step, path in tqdm(snapshots, desc="snapshots", disable=not progress or None):
+    for step, path in progress_bar(snapshots, "snapshots", enabled=progress):
         out.append({"step": step, **block_structure(models.load(path))})
     return out
 

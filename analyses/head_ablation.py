@@ -40,11 +40,11 @@ import numpy as np
 import torch
 from jaxtyping import Int
 from torch import Tensor
-from tqdm.auto import tqdm
 
 from analyses import common
 from models.interp.interventions import ablate, ablate_subspace
 from models.interp.subject import DisentangledSubject, head_label
+from models.plumbing.progress import progress as progress_bar
 from models.training.evaluate import output_and_pattern
 from probes import bma_posterior, bma_predictive, head_assignment, mean_tv, parent_accuracy, target_nll
 
@@ -148,7 +148,7 @@ def head_ablation(
         out = run_ablated(subject, tokens, ablate(subject, 0, heads, kind, means[HOOK_Z], log))
         return measure(*out, tokens, parents, bma, frozenset(demos[k] for k in heads))
 
-    bar = tqdm(total=2 * K + 2 * (K + 1) + 4, desc="ablations", disable=not progress or None, leave=False)
+    bar = progress_bar(desc="ablations", total=2 * K + 2 * (K + 1) + 4, enabled=progress, leave=False)
     heads = []
     for k in range(K):
         heads.append({"head": head_label(0, k), "demonstration": demos[k], "purity": purity[k]})

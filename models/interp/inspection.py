@@ -9,12 +9,12 @@ wording, the printed summary and the figures live there and only format this res
 from __future__ import annotations
 
 import torch
-from tqdm.auto import tqdm
 
 from models.interp.baselines import baselines, head_attention_stats, per_context_baselines
 from models.interp.circuit import INPUTS, Runner, build_graph, mean_se, per_context_nll, ratio_se, sender_writes
 from models.interp.interventions import ablate, corrupted_contexts, head_ablation, head_outputs, hooks, patch_heads
 from models.interp.subject import head_label
+from models.plumbing.progress import progress as progress_bar
 from models.training.standard import uniform_parent_predictive
 from probes import target_nll
 from probes.graph_task import context_order
@@ -152,7 +152,7 @@ def interventions(subject, tokens, corrupted) -> dict:
     jobs = [(i, j) for i, n in enumerate(subject.n_heads) for j in range(n)]
     # Undefined when the demonstrations make no difference (a model on the plateau): None.
     usable = abs(nll_corrupt - nll_clean) >= th("min_patch_effect")
-    for i, j in tqdm(jobs, desc="ablate/patch heads", leave=False, disable=len(jobs) < 8 or None):
+    for i, j in progress_bar(jobs, "ablate/patch heads", leave=False):
         cost, se = mean_se(per_context_nll(subject.log_probs(tokens, ablate(subject, i, [j], "mean", log=log)), tokens)
                            - clean_values)  # fmt: skip
         ablation.append(cost)
