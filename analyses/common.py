@@ -34,6 +34,7 @@ from models.interp.subject import BAYES_TASK, BILINEAR, CONTENT_FREE_COPYERS, DI
 from models.loading.sources import NAMED
 from models.plumbing import cli
 from models.plumbing.io import write_json, write_set
+from models.plumbing.progress import progress as progress_bar
 
 FIGURES_DIR = Path(__file__).resolve().parent.parent / "figures"  # the paper's figures: analyses.paper only
 RUNS_DIR = Path("runs") / "figures"  # every other run's, relative to the working folder
@@ -191,23 +192,29 @@ def check_at_most(p: argparse.ArgumentParser, args: argparse.Namespace, **maximu
 
 
 def main(analysis: Analysis, argv: list[str] | None = None) -> dict:
-    """Parse, load, compute, save the figures and JSON as one set, print the summary; returns the result."""
+    """Parse, load, compute, save the figures and JSON as one set, print the summary; returns the result.
+    Off a terminal, a line every 30 s says which stage runs (``models.plumbing.progress``)."""
     p, args = parse(analysis, argv)
-    subject = None
-    if analysis.requires is not None:
-        subject = cli.subject_or_exit(p, args)
-        with cli.flag_errors(p):
-            check_requirements(analysis, subject)
-        if hasattr(subject.model, "eval"):
-            subject.model.eval()
-    args.subject_name = None if subject is None else subject.name
-    torch.manual_seed(args.seed)
-    result = analysis.compute(subject, args)
-    style()
-    figs = analysis.figures(result, args)
-    if not isinstance(figs, dict):
-        figs = {analysis.name: figs}
-    written = save_set(args.out, analysis.name, figs, analysis.record(result), args, subject)
+    with progress_bar(desc=f"analyses.{analysis.name}", leave=False) as run:
+        subject = None
+        if analysis.requires is not None:
+            run.set_postfix(stage="load")
+            subject = cli.subject_or_exit(p, args)
+            with cli.flag_errors(p):
+                check_requirements(analysis, subject)
+            if hasattr(subject.model, "eval"):
+                subject.model.eval()
+        args.subject_name = None if subject is None else subject.name
+        torch.manual_seed(args.seed)
+        run.set_postfix(stage="compute")
+        result = analysis.compute(subject, args)
+        run.set_postfix(stage="figures")
+        style()
+        figs = analysis.figures(result, args)
+        if not isinstance(figs, dict):
+            figs = {analysis.name: figs}
+        run.set_postfix(stage="save")
+        written = save_set(args.out, analysis.name, figs, analysis.record(result), args, subject)
     print(analysis.summary(result))
     report_written(written)
     return result

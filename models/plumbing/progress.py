@@ -9,6 +9,7 @@ it comes even while one step of the loop takes longer than ``INTERVAL``."""
 
 from __future__ import annotations
 
+import os
 import sys
 import threading
 import time
@@ -16,15 +17,17 @@ import weakref
 from collections.abc import Iterable
 
 INTERVAL = 30.0  # seconds between two plain lines off a terminal
+INTERVAL_ENV = "CAUSAL_ICL_PROGRESS_S"  # an environment variable that sets another interval (seconds)
 
 
 def progress(iterable: Iterable | None = None, desc: str = "", total: int | None = None, enabled: bool = True,
              interval: float | None = None, **tqdm_kw):  # fmt: skip
     """``iterable`` wrapped to show progress (or, with ``iterable`` None, a counter to ``update()`` by hand up
     to ``total``), as tqdm's API: iterate it, ``update(n)``, ``set_postfix(**kw)``, ``close()``, or use it as
-    a context manager. ``enabled`` False: silent everywhere. On a terminal it is ``tqdm(iterable, desc,
+    a context manager (with neither ``iterable`` nor ``total``, a run of stages that ``set_postfix(stage=...)``
+    names). ``enabled`` False: silent everywhere. On a terminal it is ``tqdm(iterable, desc,
     total, **tqdm_kw)``; off one it prints ``desc``, done/total, the time elapsed and an estimate of the
-    time left every ``interval`` seconds (default ``INTERVAL``) to stderr. ``tqdm_kw`` other than ``initial``
+    time left every ``interval`` seconds (default ``INTERVAL``, or ``$CAUSAL_ICL_PROGRESS_S``) to stderr. ``tqdm_kw`` other than ``initial``
     (the count it starts at) apply to the bar only."""
     from tqdm.auto import tqdm  # the bar: only when one is drawn
 
@@ -32,7 +35,15 @@ def progress(iterable: Iterable | None = None, desc: str = "", total: int | None
         return tqdm(iterable, desc=desc, total=total, disable=True)
     if _on_terminal():
         return tqdm(iterable, desc=desc, total=total, **tqdm_kw)
-    return PlainLines(iterable, desc, total, INTERVAL if interval is None else interval, tqdm_kw.get("initial", 0))
+    return PlainLines(iterable, desc, total, interval or _interval(), tqdm_kw.get("initial", 0))
+
+
+def _interval() -> float:
+    """``INTERVAL``, or the seconds ``$CAUSAL_ICL_PROGRESS_S`` gives (a log read less or more often)."""
+    try:
+        return max(float(os.environ.get(INTERVAL_ENV, INTERVAL)), 0.01)
+    except ValueError:
+        return INTERVAL
 
 
 def _on_terminal() -> bool:
@@ -67,11 +78,11 @@ class PlainLines:
         elapsed = time.monotonic() - self.start
         done = self.n - self.initial
         if self.total:
-            where = f"{self.n}/{self.total} ({100 * self.n / self.total:.0f}%)"
+            where = f"{self.n}/{self.total} ({100 * self.n / self.total:.0f}%), "
             left = f", about {_clock(elapsed * (self.total - self.n) / done)} left" if 0 < done and self.n < self.total else ""
-        else:
-            where, left = f"{self.n} done", ""
-        return f"{self.desc or 'working'}: {where}, {_clock(elapsed)} elapsed{left}{self.postfix}"
+        else:  # stages, not counts: where it is is the postfix
+            where, left = (f"{self.n} done, " if self.n else ""), ""
+        return f"{self.desc or 'working'}: {where}{_clock(elapsed)} elapsed{left}{self.postfix}"
 
     def print_line(self) -> None:
         print(self.line(), file=sys.stderr, flush=True)

@@ -112,3 +112,14 @@ def test_both_trainers_print_progress_lines_to_a_log(monkeypatch, tmp_path):
         lines = [x for x in err.getvalue().splitlines() if x.startswith(f"{name}: ")]
         assert lines and lines[-1].startswith(f"{name}: {steps}/{steps} (100%)"), err.getvalue()[-500:]
         assert all(LINE.match(x) for x in lines)
+
+
+def test_a_run_of_stages_names_its_stage_and_the_interval_can_be_set_from_the_environment(monkeypatch):
+    err = Stream(tty=False)
+    monkeypatch.setattr("sys.stderr", err)
+    monkeypatch.setenv(P.INTERVAL_ENV, "0.02")
+    with P.progress(desc="analyses.x") as run:
+        run.set_postfix(stage="compute")
+        time.sleep(0.1)
+    lines = err.getvalue().splitlines()
+    assert lines and all(re.match(r"^analyses\.x: \d+:\d\d:\d\d elapsed \(stage=compute\)$", x) for x in lines), lines
