@@ -24,6 +24,7 @@ import hashlib
 import importlib
 import os
 import re
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -232,10 +233,20 @@ def register(ns: dict, analysis: Analysis | None = None) -> Analysis:
 
 
 def run(main_fn, argv: list[str] | None = None):
-    """``python -m analyses.<name>``: a ValueError becomes one line and exit code 2."""
+    """``python -m analyses.<name>``: a ValueError becomes one line and exit code 2, begun with the entry
+    point as the user typed it."""
     analysis = getattr(main_fn, "__self__", None)  # Analysis.main, bound; else a module's own main
-    name = analysis.name if isinstance(analysis, Analysis) else main_fn.__module__.removeprefix("analyses.")
-    return cli.run_cli(main_fn, argv, f"python -m analyses.{name}")
+    name = f"analyses.{analysis.name}" if isinstance(analysis, Analysis) else module_of(main_fn)
+    return cli.run_cli(main_fn, argv, f"python -m {name}")
+
+
+def module_of(fn) -> str:
+    """The dotted name of ``fn``'s module, also when it runs as ``__main__`` (``python -m analyses.NAME``:
+    its spec keeps the name the user typed)."""
+    if fn.__module__ != "__main__":
+        return fn.__module__
+    spec = getattr(sys.modules.get("__main__"), "__spec__", None)
+    return spec.name if spec is not None else "__main__"
 
 
 # Saving -----------------------------------------------------------------------------------------------

@@ -36,7 +36,7 @@ from models.loading.sources import (
     transformer_lens,
 )
 from models.loading.sources.files import Found, Source
-from models.plumbing.io import what_is
+from models.plumbing.io import warn_if_models_shadowed, what_is
 
 __all__ = ["FORMATS", "NAMED", "Source", "resolve"]
 
@@ -61,6 +61,7 @@ def resolve(
     """What ``spec`` names (see the module docstring), read once. ``dtype`` ("float32"/"float64")
     converts the weights after loading; ``key_map`` and ``config`` are for weight files;
     ``weights=False`` reads the task and layout only (``model`` is None, ``digest`` empty)."""
+    warn_if_models_shadowed()  # a project's own models/ first on sys.path: say so, once
     spec = str(spec)
     if theorem1.detect(spec):
         options = theorem1.parse(spec)
