@@ -27,6 +27,7 @@ from models.loading.sources import (
     catformer,
     chen,
     edelman,
+    files,
     folder,
     hugging_face,
     nanogpt,
@@ -36,6 +37,7 @@ from models.loading.sources import (
     transformer_lens,
 )
 from models.loading.sources.files import Found, Source
+from models.plumbing import io
 from models.plumbing.io import what_is
 
 __all__ = ["FORMATS", "NAMED", "Source", "resolve"]
@@ -72,10 +74,38 @@ def resolve(
     kind = what_is(path)
     if kind not in ("is a folder", "is a file", "does not exist"):  # a FIFO, a socket, a device, a symlink loop
         raise ValueError(f"--checkpoint {spec!r} {kind}; expected a checkpoint folder or a weight file")
+    if kind == "does not exist" and not checkpoint.interrupted_write(path):
+        raise ValueError(
+            f"--checkpoint {spec!r} does not exist: it is not a path here, nor a shipped name ({', '.join(NAMED)}), "
+            f"nor {theorem1.USAGE}; names on the Hugging Face hub are not fetched (download the model, e.g. "
+            f"huggingface-cli download {spec} --local-dir {Path(spec).name}, add a task.json beside its config.json "
+            "and pass that folder)"
+        )
+    if kind == "is a file":
+        check_weight_file(path)
+    path = files.the_weight_file_in(path) or path  # nanoGPT's out/: its ckpt.pt
     found = Found(path, config=config, key_map=key_map)
     form = next(f for f in FORMATS if f.detect(found))
     source = form.read(found, device, weights=weights)
     return dataclasses.replace(_convert(source, dtype, str(path)), name=spec)
+
+
+WEIGHT_SUFFIXES = (*files.TORCH_SUFFIXES, files.SAFETENSORS_SUFFIX, catformer.NPZ)  # and pickles, refused by name
+WEIGHT_CONTAINERS = (io.ZIP, io.PICKLE, io.SAFETENSORS)  # what a weight file's first bytes may be
+
+
+def check_weight_file(path: Path) -> None:
+    """A file given as ``--checkpoint`` has a weight file's suffix (``WEIGHT_SUFFIXES``) and does not hold
+    something else (a PNG, a PDF, a .npy: ``io.file_kind``); else one line saying what it is."""
+    held = io.file_kind(path)
+    if path.suffix.lower() in catformer.PICKLES:
+        return  # refused by the CatFormer format, with the line that exports its weights
+    if path.suffix.lower() not in WEIGHT_SUFFIXES or (held is not None and held not in WEIGHT_CONTAINERS):
+        what = held or (f"a {path.suffix} file" if path.suffix else "a file without a suffix")
+        raise ValueError(
+            f"--checkpoint {str(path)!r} is {what}, not a weight file; expected {', '.join(WEIGHT_SUFFIXES)} "
+            "(with its config and task.json beside it) or a checkpoint folder"
+        )
 
 
 def _convert(source: Source, dtype: str | None, where: str) -> Source:
