@@ -17,6 +17,7 @@ that is left). Nothing is unpickled beyond tensors, dicts, lists, numbers and st
 from __future__ import annotations
 
 import dataclasses
+import re
 from pathlib import Path
 
 import torch
@@ -55,6 +56,7 @@ FORMATS = [
     folder,  # what is left: one of our checkpoint folders
 ]
 NAMED = {"default": checkpoint.DEFAULT_CHECKPOINT, "standard": checkpoint.STANDARD_CHECKPOINT}
+HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*(/[A-Za-z0-9][\w.-]*)?")  # what --checkpoint names when it means the hub
 
 
 def resolve(
@@ -75,11 +77,15 @@ def resolve(
     if kind not in ("is a folder", "is a file", "does not exist"):  # a FIFO, a socket, a device, a symlink loop
         raise ValueError(f"--checkpoint {spec!r} {kind}; expected a checkpoint folder or a weight file")
     if kind == "does not exist" and not checkpoint.interrupted_write(path):
+        hub = ""
+        if HUB_ID.fullmatch(spec) and Path(spec).suffix.lower() not in (*WEIGHT_SUFFIXES, ".json"):  # gpt2
+            hub = (
+                f"; names on the Hugging Face hub are not fetched: download it (huggingface-cli download {spec} "
+                f"--local-dir {Path(spec).name}), add a task.json beside its config.json and pass that folder"
+            )
         raise ValueError(
-            f"--checkpoint {spec!r} does not exist: it is not a path here, nor a shipped name ({', '.join(NAMED)}), "
-            f"nor {theorem1.USAGE}; names on the Hugging Face hub are not fetched (download the model, e.g. "
-            f"huggingface-cli download {spec} --local-dir {Path(spec).name}, add a task.json beside its config.json "
-            "and pass that folder)"
+            f"--checkpoint {spec!r} does not exist; expected a checkpoint folder, a weight file, a shipped name "
+            f"({', '.join(NAMED)}) or {theorem1.USAGE}{hub}"
         )
     if kind == "is a file":
         check_weight_file(path)
