@@ -183,10 +183,10 @@ def the_weight_file_in(folder: Path) -> Path | None:
     """The one weight file of a folder that does not define itself (no ``config.json`` of ours or of Hugging
     Face, no Hugging Face weights): nanoGPT's ``out/`` holding ``ckpt.pt``, a TransformerLens ``w.pt`` beside
     its config. None for any other folder (one that defines itself, or holds none or several)."""
-    if not folder.is_dir() or folder_kind(folder) != OTHER or hf_weight_files(folder, lambda f, w: {}):
+    if not folder.is_dir() or hf_weight_files(folder, lambda f, w: {}):  # ours and Hugging Face's: model.safetensors
         return None
     found = weight_files_in(folder)
-    return found[0] if len(found) == 1 else None
+    return found[0] if len(found) == 1 and folder_kind(folder) == OTHER else None
 
 
 def check_not_a_weight_file_folder(folder: Path, what: str) -> None:
