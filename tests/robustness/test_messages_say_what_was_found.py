@@ -71,9 +71,13 @@ def test_a_hub_name_says_it_is_not_fetched_and_names_the_shipped_ones(tmp_path, 
         "standard) or theorem1:beta=B[,from=FOLDER]; names on the Hugging Face hub are not fetched: download it "
         "(huggingface-cli download gpt2 --local-dir gpt2), add a task.json beside its config.json and pass that folder"
     )
-    with pytest.raises(ValueError, match="'missing.pt' does not exist; expected a checkpoint folder") as e:
-        models.load("missing.pt")  # a file name: no hub to speak of
-    assert "hub" not in str(e.value)
+    with pytest.raises(ValueError, match="download openai-community/gpt2 --local-dir gpt2"):
+        models.load("openai-community/gpt2")
+    (tmp_path / "runs").mkdir()
+    for local in ("missing.pt", "runs/typo"):  # a file name, a folder in a folder that exists: no hub to speak of
+        with pytest.raises(ValueError, match=f"'{local}' does not exist; expected a checkpoint folder") as e:
+            models.load(local)
+        assert "hub" not in str(e.value)
 
 
 @pytest.mark.parametrize(

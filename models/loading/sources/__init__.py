@@ -77,16 +77,7 @@ def resolve(
     if kind not in ("is a folder", "is a file", "does not exist"):  # a FIFO, a socket, a device, a symlink loop
         raise ValueError(f"--checkpoint {spec!r} {kind}; expected a checkpoint folder or a weight file")
     if kind == "does not exist" and not checkpoint.interrupted_write(path):
-        hub = ""
-        if HUB_ID.fullmatch(spec) and Path(spec).suffix.lower() not in (*WEIGHT_SUFFIXES, ".json"):  # gpt2
-            hub = (
-                f"; names on the Hugging Face hub are not fetched: download it (huggingface-cli download {spec} "
-                f"--local-dir {Path(spec).name}), add a task.json beside its config.json and pass that folder"
-            )
-        raise ValueError(
-            f"--checkpoint {spec!r} does not exist; expected a checkpoint folder, a weight file, a shipped name "
-            f"({', '.join(NAMED)}) or {theorem1.USAGE}{hub}"
-        )
+        raise ValueError(missing(spec, path))
     if kind == "is a file":
         check_weight_file(path)
     path = files.the_weight_file_in(path) or path  # nanoGPT's out/: its ckpt.pt
@@ -96,6 +87,25 @@ def resolve(
     return dataclasses.replace(_convert(source, dtype, str(path)), name=spec)
 
 
+def missing(spec: str, path: Path) -> str:
+    """The line for a ``--checkpoint`` that does not exist: what a spec may be, and for a name that looks like
+    one of the Hugging Face hub's (``gpt2``, ``openai-community/gpt2``; not ``w.pt``, nor ``runs/x`` where
+    ``runs/`` exists) that hub names are not fetched, and how to fetch one."""
+    hub = ""
+    local = Path(spec).suffix.lower() in (*WEIGHT_SUFFIXES, ".json") or (
+        Path(spec).parent.name and path.parent.is_dir()
+    )
+    if HUB_ID.fullmatch(spec) and not local:
+        hub = (
+            f"; names on the Hugging Face hub are not fetched: download it (huggingface-cli download {spec} "
+            f"--local-dir {Path(spec).name}), add a task.json beside its config.json and pass that folder"
+        )
+    return (
+        f"--checkpoint {spec!r} does not exist; expected a checkpoint folder, a weight file, a shipped name "
+        f"({', '.join(NAMED)}) or {theorem1.USAGE}{hub}"
+    )
+
+
 WEIGHT_SUFFIXES = (*files.TORCH_SUFFIXES, files.SAFETENSORS_SUFFIX, catformer.NPZ)  # and pickles, refused by name
 WEIGHT_CONTAINERS = (io.ZIP, io.PICKLE, io.SAFETENSORS)  # what a weight file's first bytes may be
 
@@ -103,9 +113,9 @@ WEIGHT_CONTAINERS = (io.ZIP, io.PICKLE, io.SAFETENSORS)  # what a weight file's 
 def check_weight_file(path: Path) -> None:
     """A file given as ``--checkpoint`` has a weight file's suffix (``WEIGHT_SUFFIXES``) and does not hold
     something else (a PNG, a PDF, a .npy: ``io.file_kind``); else one line saying what it is."""
-    held = io.file_kind(path)
     if path.suffix.lower() in catformer.PICKLES:
         return  # refused by the CatFormer format, with the line that exports its weights
+    held = io.file_kind(path)
     if path.suffix.lower() not in WEIGHT_SUFFIXES or (held is not None and held not in WEIGHT_CONTAINERS):
         what = held or (f"a {path.suffix} file" if path.suffix else "a file without a suffix")
         raise ValueError(
