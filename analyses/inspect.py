@@ -485,7 +485,7 @@ def _roles_figure(r: dict, n: int):
     dnll = [h["ablation_dnll"] for h in heads]
     ax.barh(y, dnll, color=["C3" if h["label"] in carriers else "C7" for h in heads])
     for yi, v, h in zip(y, dnll, heads):
-        patched = "-" if h["patching_restored"] is None else f"{h['patching_restored']:.2f}"
+        patched = "-" if h["patching_restored"] is None else f"{round(h['patching_restored'], 2) + 0.0:.2f}"
         ax.text(max(v, 0), yi, f" {v:+.3f} | {patched}", va="center", fontsize=10,
                 fontweight="bold" if h["label"] in carriers else "normal")  # fmt: skip
     ax.set_xlim(0, max(dnll) * 1.9 if max(dnll) > 0 else 1)  # room for the notes beside the longest bar
