@@ -9,6 +9,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 import models
 
 ROOT = Path(models.__file__).resolve().parents[1]
@@ -21,6 +23,7 @@ def _python(*argv: str, cwd: Path) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, *argv], cwd=cwd, env=env, capture_output=True, text=True, timeout=600)
 
 
+@pytest.mark.slow  # three fresh processes that import torch: about 30 s at load 9
 def test_a_projects_own_models_package_is_named_in_one_line_with_what_to_do(tmp_path):
     (tmp_path / "models").mkdir()
     (tmp_path / "models" / "__init__.py").write_text("MINE = True\n")
@@ -35,6 +38,7 @@ def test_a_projects_own_models_package_is_named_in_one_line_with_what_to_do(tmp_
     assert fixed.stdout.strip() == str(ROOT / "models" / "__init__.py") and fixed.stderr == ""
 
 
+@pytest.mark.slow  # a fresh process that imports torch: about 15 s at load 9
 def test_no_warning_where_models_is_the_suites(tmp_path):
     run = _python("-c", LOAD_TWICE, cwd=tmp_path)
     assert run.returncode == 0 and run.stderr == ""
