@@ -154,8 +154,8 @@ class Subject:
         Args:
             tokens: task tokens ``[batch, (L+1)*H]``, example-major (``subject.task.sample``); the subject maps
                 them to its own input ids through its layout.
-            fwd_hooks (Sequence[tuple[str, Callable]]): TransformerLens forward hooks, ``(hook_name, function)`` pairs, attached for this pass
-                only (an intervention: ``models.interp.interventions``).
+            fwd_hooks (Sequence[tuple[str, Callable]]): TransformerLens forward hooks, ``(hook_name, function)``
+                pairs, attached for this pass only (an intervention: ``models.interp.interventions``).
 
         Returns:
             ``[batch, H, d]`` (float64): the log-probabilities of every target token x_h given the
@@ -324,7 +324,8 @@ def load_subject(
         spec: a named checkpoint (``"default"``, ``"standard"``), a path in any of the formats ``models.load``
             reads, or ``theorem1:beta=B[,from=FOLDER]`` (the construction on a folder's task).
         device: where to put the weights.
-        key_map (dict | str | Path | None): for a weight file in our parameterisation with other key names (``models.load``).
+        key_map (dict | str | Path | None): for a weight file in our parameterisation with other key names
+            (``models.load``).
         config (dict | str | Path | None): for a bare weight file: our ``config.json`` or a ``task.json``.
         dtype: ``"float32"`` or ``"float64"``: convert the weights after loading.
 

@@ -23,12 +23,15 @@ def load(path: str | Path, device: str | None = None, *, dtype: str | None = Non
             ``docs/howto/load.md``).
         device: where to put the weights (``"cpu"``, ``"cuda"``; default: the CPU).
         dtype: ``"float32"`` or ``"float64"``: convert the weights after loading (default: as stored).
-        key_map (dict | str | Path | None): for a weight file in our parameterisation with other key names: the file's names -> ours,
-            each optionally transposed, reshaped, padded or placed (``models.loading.sources.key_map``).
-        config (dict | str | Path | None): for a bare weight file: our ``config.json`` or a ``task.json`` (a path or a dict).
+        key_map (dict | str | Path | None): for a weight file in our parameterisation with other key names:
+            the file's names -> ours, each optionally transposed, reshaped, padded or placed
+            (``models.loading.sources.key_map``).
+        config (dict | str | Path | None): for a bare weight file: our ``config.json`` or a ``task.json`` (a path
+            or a dict).
 
     Returns:
-        The model, in eval mode, with TransformerLens hook names (``run_with_cache``, ``hooks``).
+        model (torch.nn.Module): the model, in eval mode, with TransformerLens hook names (``run_with_cache``,
+            ``hooks``).
 
     Raises:
         ValueError: a path that does not exist or is no known format, missing or wrongly shaped weights, a
@@ -45,7 +48,8 @@ def load_task(path: str | Path, config=None) -> MarkovTreeTask | ContinuousTask:
             ``models.DEFAULT_CHECKPOINT``), a checkpoint folder, a Hugging Face folder with a ``task.json``, a
             nanoGPT ``ckpt.pt``, a TransformerLens or plain state dict, or ``theorem1:beta=B`` (the formats:
             ``docs/howto/load.md``).
-        config (dict | str | Path | None): for a bare weight file: the ``config.json`` or ``task.json`` that holds its task.
+        config (dict | str | Path | None): for a bare weight file: the ``config.json`` or ``task.json`` that holds
+            its task.
 
     Returns:
         The task (``probes.MarkovTreeTask``, a ``probes.GraphTask`` of the family, or the continuous task):

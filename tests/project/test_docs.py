@@ -177,7 +177,7 @@ def test_quick_sizes_are_smaller_than_the_pages():
 
 
 # How-to guides whose Python blocks run as written (the rest show a skeleton to fill in: write_analysis.md).
-HOWTO_RUN = ["load.md", "add_intervention.md"]
+HOWTO_RUN = ["load.md", "add_intervention.md", "beside_your_project.md"]
 
 
 @pytest.mark.slow
@@ -306,6 +306,15 @@ COMMANDS = [
         "the set-up's parts, run by .ci/run as above",
     ),
     (r"python -m venv \.venv && \. \.venv/bin/activate", "what .ci/run does before the set-up"),
+    (
+        r"git clone <repository URL> causal-icl-probes && cd causal-icl-probes",
+        "a template: the repository's address; CI runs in a clone already",
+    ),
+    (
+        r"cd causal-icl-probes && python -m analyses\.inspect --checkpoint /path/to/your/project/runs/mine",
+        TEMPLATE
+        + " (tests/analyses/test_inspect.py runs inspect; test_howto_python_blocks_run checks which models is imported)",
+    ),
     (r"(OMP_NUM_THREADS=1 )?python -m pytest( \S+)*|bash \.ci/run", "CI itself (the suite runs every test file)"),
     (r"python -m", "not a command: the words in a sentence about an analysis's `python -m` run"),
     (
