@@ -18,6 +18,13 @@ exactly the source plus outputs). GitHub shows the renders with their outputs to
 
 A render never replaces its source: an ``--out`` that would (the source's own folder, for a page named like its
 render) is refused in one line.
+
+Why this script and not a plugin (checked 2026-12-04): markdown-exec (1.12) and mkdocs-execute-plugin (0.0.9)
+execute the blocks at every build, which is what made ``mkdocs build`` take 1,000 s; mkdocs-jupyter (0.27) and
+mknotebooks show the outputs stored in ``.ipynb`` notebooks (or execute them at build time) as HTML on the site
+only, so GitHub would show notebooks rather than these Markdown pages, and they bring nbconvert and a Jupyter
+kernel into the dev extra. What is wanted here, Markdown with outputs written once and served as it is, is the
+~100 lines below.
 """
 
 from __future__ import annotations
@@ -155,10 +162,14 @@ def stale(name: str, folder: Path = RENDERED) -> str | None:
     return f"figures missing: {missing}" if missing else None
 
 
+PROGRESS_BAR = re.compile(r"\d+%\|.*\| *\d+/\d+ \[")  # tqdm's "desc: 100%|####| 120/120 [00:10<00:00, ...]"
+
+
 class Capture(io.TextIOBase):
     """Stands for stdout and stderr for the whole run, so that a handler that kept the stream it saw at import
     (``transformers``' logger) still writes into the page; ``take`` returns what a block wrote, as a terminal
-    shows it (a line rewritten after a carriage return keeps its last version: a progress bar's end)."""
+    shows it once it is done (a line rewritten after a carriage return keeps its last version), without progress
+    bars (a terminal shows them while the work runs; on the page they would only add timings)."""
 
     def __init__(self):
         self.parts: list[str] = []
@@ -172,7 +183,8 @@ class Capture(io.TextIOBase):
 
     def take(self) -> str:
         text, self.parts = "".join(self.parts), []
-        return "\n".join(line.rstrip("\r").rsplit("\r", 1)[-1] for line in text.split("\n"))
+        lines = (line.rstrip("\r").rsplit("\r", 1)[-1] for line in text.split("\n"))
+        return "\n".join(line for line in lines if not PROGRESS_BAR.search(line))
 
 
 def render(page: Path, out: Path, fast: bool) -> None:
