@@ -267,7 +267,7 @@ def test_mkdocs_build_strict(tmp_path):
         html = (site / "tutorials" / "rendered" / page.stem / "index.html").read_text()
         for png in tutorials.RENDERED.glob(f"{page.stem}_*.png"):
             assert (site / "tutorials" / "rendered" / png.name).exists() and png.name in html
-        assert 'class="language-text' in html, f"{page.name}: no output block"
+        assert '<span class="filename">Output</span>' in html, f"{page.name}: no output block titled Output"
     for module, name, parameters in documented():
         html = (site / "reference" / "api" / module / "index.html").read_text()
         at = html.index(f'id="{module}.{name}"')
