@@ -239,7 +239,9 @@ def test_no_identifier_wraps_mid_word_on_the_analyses_results_page_at_1280_px(tm
     (tmp_path / "docs" / "results").mkdir(parents=True)
     (tmp_path / "docs" / "index.md").write_text("# t\n")
     shutil.copy(root / "docs" / "results" / "analyses.md", tmp_path / "docs" / "results" / "analyses.md")
-    (tmp_path / "mkdocs.yml").write_text("site_name: t\ntheme:\n  name: material\nmarkdown_extensions: [tables]\n")
+    shutil.copytree(root / "docs" / "stylesheets", tmp_path / "docs" / "stylesheets")  # the site's own CSS too
+    (tmp_path / "mkdocs.yml").write_text("site_name: t\ntheme:\n  name: material\nmarkdown_extensions: [tables]\n"
+                                         "extra_css: [stylesheets/extra.css]\n")
     subprocess.run([sys.executable, "-m", "mkdocs", "build", "-q"], cwd=tmp_path, check=True, capture_output=True)
     page = tmp_path / "site" / "results" / "analyses" / "index.html"
     script = """<script>window.addEventListener('load', () => { const broken = [];

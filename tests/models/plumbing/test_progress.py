@@ -123,3 +123,23 @@ def test_a_run_of_stages_names_its_stage_and_the_interval_can_be_set_from_the_en
         time.sleep(0.1)
     lines = err.getvalue().splitlines()
     assert lines and all(re.match(r"^analyses\.x: \d+:\d\d:\d\d elapsed \(stage=compute\)$", x) for x in lines), lines
+
+
+def test_the_tutorial_renderer_leaves_the_plain_lines_out_of_its_pages(monkeypatch):
+    """docs/scripts/tutorials.py captures stderr (not a terminal, so plain lines come): they are progress, not
+    output, and stay off the committed pages as tqdm's bars do."""
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[3] / "docs" / "scripts" / "tutorials.py"
+    spec = importlib.util.spec_from_file_location("tutorials_script", path)
+    tutorials = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(__import__("sys").modules, spec.name, tutorials)  # its dataclasses look themselves up
+    spec.loader.exec_module(tutorials)
+    capture = tutorials.Capture()
+    monkeypatch.setattr("sys.stderr", capture)
+    with P.progress(desc="analyses.x", interval=0.02) as run:
+        run.set_postfix(stage="compute")
+        time.sleep(0.1)
+    print("a result", file=capture)
+    assert "elapsed" in "".join(capture.parts) and capture.take() == "a result\n"
