@@ -3,7 +3,8 @@ dict (``inspect_subject``). Per head of every layer: the attention against the B
 profile and sequence scores; mean-ablation cost and patching share, each with its standard error over the
 contexts; the progress from the uniform-parent plateau to BMA with its standard error; the sufficiency of
 the named heads (every other head mean-ablated); and through which input each last-layer head acts. The
-verdict's rules and thresholds (``THRESHOLDS``, one table) are ``analyses.inspect``'s docstring's; its
+verdict's rules and thresholds (``THRESHOLDS``, one table), and what each sentence of the report needs of the
+numbers (``SENTENCES``: a share only of a denominator beyond 2 SE of zero), are ``analyses.inspect``'s docstring's; its
 wording, the printed summary and the figures live there and only format this result."""
 
 from __future__ import annotations
