@@ -12,22 +12,39 @@ Retraining takes tens of minutes on 2 cores, so the figure reads the evaluation 
 
 from __future__ import annotations
 
-from pathlib import Path
-
 from analyses import common
-from models.loading.checkpoint import read_config
-from models.plumbing import cli
-from models.plumbing.io import exclusive_lock, read_json, what_is, write_json
 
 NAME = "scale"
 N_CONTEXTS = None  # no --n-contexts: it samples no contexts of a checkpoint
+HISTORIES = common.FIGURES_DIR / "scale_histories.json"
+
+
+def add_flags(parser) -> None:
+    parser.add_argument(
+        "--from-runs",
+        nargs="+",
+        metavar="LABEL=FOLDER",
+        help=f"collect these checkpoints' histories into {HISTORIES.name} first (added to the runs already there)",
+    )
+    parser.add_argument("--histories", default=str(HISTORIES), help="the collected histories (JSON)")
+
+
+REQUIRES = None  # its own synthetic tasks: no --checkpoint
+
+common.parse_first(globals())  # python -m: --help and a mistyped flag answer here, before torch is imported
+
+from pathlib import Path
+
+from models import cli
+from models.loading.checkpoint import read_config
+from models.plumbing.io import exclusive_lock, read_json, what_is, write_json
+
 FIGURES = {
     "scale.png": "NLL gap to BMA, TV to the BMA posterior and the least pure copyer head over training "
     "steps at d=10, L=K=32, H=24 (the reference recipe of docs/paper.md section 5, the float32 scale recipe, "
     "`--preset medium` in bfloat16) and at d=20, L=K=64, H=32 (the float32 run of 3000 steps, "
     "`--preset large` in bfloat16, the first 300 steps at full copyer rate)"
 }
-HISTORIES = common.FIGURES_DIR / "scale_histories.json"
 KEPT = ("step", "seconds", "loss", "nll_gap", "tv_to_bma", "parent_acc", "parent_acc_bma", "distinct_demos")
 
 
@@ -170,14 +187,6 @@ def summary(result: dict) -> str:
     return "\n".join(lines)
 
 
-def add_flags(parser) -> None:
-    parser.add_argument(
-        "--from-runs",
-        nargs="+",
-        metavar="LABEL=FOLDER",
-        help=f"collect these checkpoints' histories into {HISTORIES.name} first (added to the runs already there)",
-    )
-    parser.add_argument("--histories", default=str(HISTORIES), help="the collected histories (JSON)")
 
 
 def check_flags(parser, args) -> None:
@@ -194,5 +203,4 @@ def check_flags(parser, args) -> None:
         )
 
 
-REQUIRES = None  # its own synthetic tasks: no --checkpoint
 ANALYSIS = common.register(globals())

@@ -12,18 +12,33 @@ seed and count as the standard run), so the two curves and the uniform-parent pl
 
 from __future__ import annotations
 
+from analyses import common
+
+NAME = "standard_vs_disentangled"
+N_CONTEXTS = None  # no --n-contexts: it samples no contexts of a checkpoint
+
+
+def add_flags(parser) -> None:
+    parser.add_argument("--retrain", action="store_true", help="train the standard recipe here instead of reading it")
+    parser.add_argument(
+        "--disentangled-steps", type=int, default=1000, help="training steps of the disentangled model (default: 1000)"
+    )
+    parser.add_argument("--eval-every", type=int, default=100, help="its steps between evaluations (default: 100)")
+
+
+REQUIRES = None  # its own synthetic tasks: no --checkpoint
+
+common.parse_first(globals())  # python -m: --help and a mistyped flag answer here, before torch is imported
+
 import dataclasses
 import json
 import tempfile
 from pathlib import Path
 
-from analyses import common
 from models.loading.checkpoint import STANDARD_CHECKPOINT
 from models.training.standard import TRAINING_JSON, StandardConfig, train_standard
 from models.training.train import TrainConfig, train
 
-NAME = "standard_vs_disentangled"
-N_CONTEXTS = None  # no --n-contexts: it samples no contexts of a checkpoint
 FIGURES = {
     "standard_vs_disentangled.png": (
         "training curves (NLL gap to BMA on held-out contexts) of the shipped standard GPT-2 recipe and of the disentangled model on the same task, with BMA and the uniform-parent plateau as horizontal lines"
@@ -115,12 +130,6 @@ def summary(res: dict) -> str:
     )
 
 
-def add_flags(parser) -> None:
-    parser.add_argument("--retrain", action="store_true", help="train the standard recipe here instead of reading it")
-    parser.add_argument(
-        "--disentangled-steps", type=int, default=1000, help="training steps of the disentangled model (default: 1000)"
-    )
-    parser.add_argument("--eval-every", type=int, default=100, help="its steps between evaluations (default: 100)")
 
 
 def check_flags(parser, args) -> None:
@@ -133,5 +142,4 @@ def check_flags(parser, args) -> None:
 figures = plot  # one figure, filed under NAME
 
 
-REQUIRES = None  # its own synthetic tasks: no --checkpoint
 ANALYSIS = common.register(globals())

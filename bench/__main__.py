@@ -37,7 +37,7 @@ import torch
 
 from bench.circuit_reference import exact_values_per_edge, keep_only_values_per_receiver
 from bench.reference import bma_posterior_loop, reference_model
-from models import DEFAULT_CHECKPOINT, STANDARD_CHECKPOINT, CausalTransformer, load_subject
+from models import DEFAULT_CHECKPOINT, STANDARD_CHECKPOINT, CausalTransformer, cli, load_subject
 from models.interp.circuit import (
     Runner,
     build_graph,
@@ -51,7 +51,6 @@ from models.interp.circuit import (
     top_n,
 )
 from models.nets import causal_transformer
-from models.plumbing import cli
 from models.training.optim import keep_freed_memory, sample_batch
 from models.training.train import PRESETS, TrainConfig, init_copyers, step_loss, train
 from probes import bma_posterior, bma_predictive
@@ -540,7 +539,7 @@ def table(rows: list[dict]) -> str:
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    """The flags, checked before any work (``models.plumbing.cli``: threads, device, a ``--json`` in an existing
+    """The flags, checked before any work (``models.cli``: threads, device, a ``--json`` in an existing
     writable folder that is none of the checkpoints the rows read)."""
     parser = cli.parser("python -m bench", __doc__)
     parser.add_argument("--only", nargs="+", choices=ROWS, help=f"measure only these rows (default: all of {ROWS})")

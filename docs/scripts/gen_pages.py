@@ -2,13 +2,12 @@
 
 - reference/api/: one page per public module (every ``.py`` under the packages whose name does not start with
   ``_``, packages by their ``__init__``), found by walking the packages, so a moved module moves its page;
-- reference/cli.md: every entry point's ``--help``, from ``cli_help.json`` (in ``models/``);
+- reference/cli.md: every entry point's ``--help``, as its own parser prints it (``entry_points.py``);
 - tutorials/: each tutorial executed and rendered with its output and figures (``tutorials.py``). With
   ``DOCS_TUTORIALS_RENDERED=DIR`` the pages already rendered into DIR are taken instead (the test suite renders
   them once, at its smaller sizes, and builds the site from those).
 """
 
-import json
 import os
 import sys
 import tempfile
@@ -19,6 +18,7 @@ import mkdocs_gen_files
 ROOT = Path(__file__).resolve().parents[2]
 PACKAGES = ["probes", "models", "cape", "analyses", "bench"]
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+import entry_points  # noqa: E402
 import tutorials  # noqa: E402
 
 
@@ -52,15 +52,13 @@ def api_pages() -> None:
 
 
 def cli_page() -> None:
-    (help_file,) = ROOT.glob("models/**/cli_help.json")  # wherever the package keeps it
-    helps = json.loads(help_file.read_text())
     text = [
         "# Entry points\n",
-        "Every entry point's flags, as `python -m NAME --help` prints them (read from "
-        f"`{help_file.relative_to(ROOT)}`, which a test keeps equal to the parsers).\n",
+        "Every entry point's flags, as `python -m NAME --help` prints them (read from each entry point's own "
+        "parser when the site is built).\n",
     ]
-    for name, usage in helps.items():
-        text.append(f"## `{name}`\n\n```text\n{usage.rstrip()}\n```\n")
+    for name in entry_points.entry_points():
+        text.append(f"## `{name}`\n\n```text\n{entry_points.help_text(name).rstrip()}\n```\n")
     with mkdocs_gen_files.open("reference/cli.md", "w") as page:
         page.write("\n".join(text))
 

@@ -1,7 +1,7 @@
 """Launcher: ``python -m models.evaluate`` runs ``models.training.evaluate`` (held-out metrics live there).
 Only this file is here, so that the command reads as the docs have always written it."""
 
-from models.plumbing.cli import run_cli
+from models.cli import run_cli
 from models.training.evaluate import main
 
 if __name__ == "__main__":

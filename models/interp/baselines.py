@@ -7,10 +7,10 @@ from __future__ import annotations
 
 import torch
 
-from models.training.standard import uniform_parent_predictive
 from probes import bma_posterior, bma_predictive, oracles, target_nll, total_variation
 from probes.graph_task import GraphTask
 from probes.metrics import parent_set_accuracy, per_context_nll
+from probes.oracles import uniform_parent_predictive
 
 
 def head_attention_stats(rows, parents, posterior, n_examples: int, seq_len: int) -> dict:
@@ -66,7 +66,7 @@ def baselines(task, tokens, parents) -> dict:
 def family_baselines(task, tokens, parents) -> dict:
     """``baselines`` for a task of the family (``probes.graph_task``), against its own Bayes oracle
     (``probes.oracles.bayes``: the predictive and the posterior over each position's parents; a fixed graph's
-    is the graph) and its plateau (``models.training.standard.uniform_parent_predictive``: the unigram strategy); the
+    is the graph) and its plateau (``probes.oracles.uniform_parent_predictive``: the unigram strategy); the
     uniform baseline spreads each position's attention evenly over h' < h."""
     H = task.seq_len
     predictive, posterior = oracles.bayes(task, tokens)

@@ -15,9 +15,9 @@ from models.interp.baselines import baselines, head_attention_stats, per_context
 from models.interp.circuit import INPUTS, Runner, build_graph, mean_se, per_context_nll, ratio_se, sender_writes
 from models.interp.interventions import ablate, corrupted_contexts, head_ablation, head_outputs, hooks, patch_heads
 from models.interp.subject import head_label
-from models.training.standard import uniform_parent_predictive
 from probes import target_nll
 from probes.graph_task import context_order
+from probes.oracles import uniform_parent_predictive
 from probes.roles import attention_role, role_profile, sequence_scores
 
 INTERVENTION_CONTEXTS = 128  # ablation, patching and sufficiency: the first of the contexts, as many as

@@ -29,20 +29,14 @@ import torch
 from jaxtyping import Float, Int
 from torch import Tensor
 
-from models.loading.sources import resolve, theorem1
+from models.interp.capabilities import BAYES_TASK, BILINEAR, CONTENT_FREE_COPYERS, DISENTANGLED, MARKOV_TASK
+from models.loading.sources import resolve
 from models.nets.catformer import CatFormer
 from models.nets.causal_transformer import CausalTransformer
 from models.nets.chen import ChenTransformer
 from probes import MarkovTreeTask
 from probes.graph_task import GraphTask
 from probes.layout import Layout
-
-# Capabilities a family may have beyond the common interface.
-DISENTANGLED = "disentangled residual"  # [x_h, u_h^1..u_h^K] subspaces, blocks.1 bilinear W_KQ / W_OV
-CONTENT_FREE_COPYERS = "content-free copyer layer"  # blocks.0 pattern is the same for every context
-MARKOV_TASK = "Markov-tree task"  # discrete tokens with a kernel pi (BMA over parents applies)
-BAYES_TASK = "task with a Bayes oracle"  # discrete tokens of the family, ours included (probes.oracles)
-BILINEAR = "bilinear attention blocks"  # one W_KQ / A matrix per head over named residual blocks
 
 
 def check_finite(out: Tensor, what: str) -> Tensor:
@@ -245,7 +239,6 @@ class ChenSubject(CatFormerSubject):
 
 
 # Resolving --checkpoint ---------------------------------------------------------------------------------
-THEOREM1_USAGE = theorem1.USAGE
 
 
 def subject_of(model, task, layout: Layout | None, name: str, digest: str) -> Subject:

@@ -25,16 +25,14 @@ import safetensors.torch
 import torch
 from torch import Tensor
 
-from models.loading.dtypes import dtype_name
-from models.nets.causal_transformer import CausalTransformer, CausalTransformerConfig
+from models.loading.named import CHECKPOINTS, DEFAULT_CHECKPOINT, STANDARD_CHECKPOINT  # noqa: F401 (also read from here)
+from models.nets.causal_transformer import CausalTransformer, CausalTransformerConfig, build
 from models.nets.continuous import ContinuousTransformer
-from models.plumbing.io import check_memory, exclusive_lock, name_too_long, one_line, openable, read_json, what_is
+from models.nets.dtypes import dtype_name
+from models.plumbing.io import exclusive_lock, name_too_long, one_line, openable, read_json, what_is
 from probes.tasks import check_sizes
 
 FORMAT = "causal-transformer-checkpoint/1"
-CHECKPOINTS = Path(__file__).resolve().parent.parent / "checkpoints"
-DEFAULT_CHECKPOINT = CHECKPOINTS / "default"  # the shipped disentangled model (README)
-STANDARD_CHECKPOINT = CHECKPOINTS / "standard"  # the shipped standard GPT-2 (models.standard)
 CONFIG, WEIGHTS = "config.json", "model.safetensors"
 TRAIN_STATE, TRAIN_META = "train_state.safetensors", "train_state.json"
 
@@ -174,19 +172,6 @@ def check_device(device: str) -> str:
 def model_class(task_kind: str) -> type[CausalTransformer]:
     """The architecture for a task kind: token inputs, or real vectors (``models.nets.continuous``)."""
     return ContinuousTransformer if task_kind == "continuous" else CausalTransformer
-
-
-def build(cls: type[CausalTransformer], cfg: CausalTransformerConfig, what: str) -> CausalTransformer:
-    """``cls(cfg)`` once its parameters and buffers are known to fit in memory (sized on the meta device)."""
-    check_memory(model_bytes(cls, cfg), what)
-    return cls(cfg)
-
-
-def model_bytes(cls: type[CausalTransformer], cfg: CausalTransformerConfig) -> int:
-    """Bytes of the parameters and buffers of ``cls(cfg)``, measured without allocating them."""
-    with torch.device("meta"):
-        meta = cls(dataclasses.replace(cfg, device="meta"))
-    return sum(t.numel() * t.element_size() for t in [*meta.parameters(), *meta.buffers()])
 
 
 def load_checkpoint(path: str | Path, device: str | None = None, config: dict | None = None) -> CausalTransformer:

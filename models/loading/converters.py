@@ -22,7 +22,7 @@ import torch
 from torch import Tensor
 
 from models.loading.checkpoint import check_state_dict
-from models.loading.dtypes import RUN_DTYPES, dtype_name
+from models.nets.dtypes import RUN_DTYPES, dtype_name
 from models.nets.hooked_transformer import HookedTransformer, HookedTransformerConfig
 
 # TransformerLens 2.x/3.x HookedTransformerConfig fields that do not change the forward pass of the

@@ -6,8 +6,7 @@ import torch
 from jaxtyping import Float
 from torch import Tensor
 
-from models.loading.checkpoint import build
-from models.nets.causal_transformer import CausalTransformer, CausalTransformerConfig
+from models.nets.causal_transformer import CausalTransformer, CausalTransformerConfig, build
 from probes.tasks import check_distribution, check_kernel
 
 # The copyers' scores add two weights of +-beta (w_H + w_L): beta up to 1e300 keeps them, and every

@@ -42,6 +42,7 @@ from jaxtyping import Float, Int
 from torch import Tensor, nn
 from tqdm.auto import tqdm
 
+from models import cli
 from models.loading.checkpoint import (
     HUGGING_FACE,
     check_replaceable,
@@ -53,13 +54,12 @@ from models.loading.checkpoint import (
 )
 from models.loading.sources.files import TASK_JSON
 from models.loading.sources.hugging_face import check_size
-from models.plumbing import cli
 from models.plumbing.io import check_memory, exclusive_lock, size
 from models.training.optim import check_finite, cosine_factor, keep_freed_memory, sample_batch
-from probes import MarkovTreeTask, bma_predictive, check_tokens, target_nll
+from probes import MarkovTreeTask, check_tokens, target_nll
 from probes.graph_task import SPEC_HELP, GraphTask, make_task
 from probes.metrics import last_token_nll
-from probes.oracles import bayes, check_bayes, count_log_predictive, graph_tensor
+from probes.oracles import bayes, check_bayes, uniform_parent_predictive
 from probes.tasks import check_float
 
 TRAINING_JSON = "training.json"
@@ -209,17 +209,6 @@ def target_log_probs(model, tokens: Int[Tensor, "batch T"], task: MarkovTreeTask
     device = next(model.parameters()).device
     logits = logits_of(model, tokens.to(device))[:, prediction_positions(task.n_examples, task.seq_len).to(device)]
     return logits[..., : task.d_vocab].float().log_softmax(-1).cpu()
-
-
-def uniform_parent_predictive(task: MarkovTreeTask | GraphTask, tokens, log: bool = True) -> Float[Tensor, "batch H d"]:
-    """The plateau: attention spread evenly over the candidate parents, mean over h' < h of pi(. | x_h').
-    It is BMA conditioned on no demonstration at all. On a family task (``GraphTask``), the plateau is the
-    unigram strategy (add-one token counts, ``probes.oracles``): the first phase of in-context Markov chains."""
-    if isinstance(task, GraphTask):
-        b, H = len(tokens), task.seq_len
-        lp = count_log_predictive(tokens, task.n_examples, H, task.d_vocab, graph_tensor([[]] * H, b), 1.0)
-        return lp if log else lp.exp()
-    return bma_predictive(task.pi, tokens, task.n_examples, task.seq_len, task.root, demonstrations=[], log=log)
 
 
 def progress(nll: float, nll_plateau: float, nll_bma: float) -> float:

@@ -29,10 +29,6 @@ from concurrent.futures import ProcessPoolExecutor, as_completed
 from multiprocessing import get_context
 from pathlib import Path
 
-import torch
-
-from probes.tasks import check_int
-
 CLUSTERS = "local, submitit-local or slurm:PARTITION"
 MAX_JOBS = 1024
 TIMEOUT_MIN = 60  # a job's time limit on Slurm (and under submitit-local); no job of this suite comes near it
@@ -76,6 +72,8 @@ def add_flags(p, jobs: int = 1) -> None:
 
 def check_flags(p, args) -> None:
     """``--cluster`` and ``--jobs`` checked before any work (``parser.error``: one line, exit 2)."""
+    from probes.tasks import check_int
+
     try:
         parse_cluster(args.cluster)
         check_int(args.jobs, "--jobs", 1, MAX_JOBS)
@@ -99,6 +97,10 @@ def run_jobs(
     as job ``i`` finishes. A job's error is raised here, after the jobs still waiting are cancelled.
     ``folder``: submitit's pickles and logs (default ``runs/sweeps/<fn's module.name>``)."""
     kind, partition = parse_cluster(cluster)
+    import torch
+
+    from probes.tasks import check_int
+
     check_int(jobs, "jobs", 1, MAX_JOBS)
     threads = torch.get_num_threads() if threads is None else check_int(threads, "threads", 1, MAX_JOBS)
     on_done = on_done or (lambda i, result: None)
@@ -132,6 +134,8 @@ def executor(cluster: str, folder: str | Path, jobs: int, threads: int, timeout_
 
 def _call(fn: Callable, kwargs: dict, threads: int):
     """One job, wherever it runs: ``fn(**kwargs)`` at ``threads`` torch threads (the count is restored)."""
+    import torch
+
     before = torch.get_num_threads()
     torch.set_num_threads(threads)
     try:

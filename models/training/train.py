@@ -25,6 +25,8 @@ import safetensors.torch
 import torch
 from tqdm.auto import tqdm
 
+from models import cli
+from models.interp.memory import forward_bytes
 from models.loading import checkpoint
 from models.loading.checkpoint import (
     CONFIG,
@@ -36,10 +38,9 @@ from models.loading.checkpoint import (
     save,
     training_lock,
 )
-from models.loading.dtypes import RUN_DTYPES
-from models.nets.causal_transformer import CausalTransformer, CausalTransformerConfig
+from models.nets.causal_transformer import CausalTransformer, CausalTransformerConfig, build
 from models.nets.continuous import mse_loss
-from models.plumbing import cli
+from models.nets.dtypes import RUN_DTYPES
 from models.plumbing.io import check_memory, describe, exclusive_lock, read_json, run_cli, size
 from models.training import distributed
 from models.training.evaluate import evaluate
@@ -310,7 +311,7 @@ def check_resources(cfg: TrainConfig, model, task) -> None:
         with model.hooks(fwd_hooks=fwd_hooks):
             return model(tokens.to(model.cfg.device))
 
-    one, two = cli.forward_bytes(forward, task, 1), cli.forward_bytes(forward, task, 2)
+    one, two = forward_bytes(forward, task, 1), forward_bytes(forward, task, 2)
     per, shared = max(two - one, 1), max(2 * one - two, 0)
     step = 4 * params + 3 * (shared + per * cfg.batch_size)  # weights, grads, Adam's two moments; backward
     check_memory(step, f"--batch-size {cfg.batch_size} ({size(per)} a context)")
@@ -325,7 +326,7 @@ def _train_locked(cfg: TrainConfig, progress: bool, place: distributed.Rank, dev
     torch.manual_seed(cfg.seed)
     init_gen = torch.Generator().manual_seed(cfg.seed)
     model_cfg = dataclasses.replace(cfg.model_config(), device=device)
-    model = checkpoint.build(model_class(cfg.task_kind), model_cfg, "the model of this config")
+    model = build(model_class(cfg.task_kind), model_cfg, "the model of this config")
     if place.is_main:
         check_resources(cfg, model, task)
     init_copyers(model, cfg.init_offset, cfg.init_demo, init_gen)

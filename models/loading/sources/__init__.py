@@ -22,7 +22,7 @@ from pathlib import Path
 import torch
 
 from models.loading import checkpoint
-from models.loading.dtypes import DTYPES, RUN_DTYPES
+from models.loading.named import NAMED
 from models.loading.sources import (
     catformer,
     chen,
@@ -36,6 +36,7 @@ from models.loading.sources import (
     transformer_lens,
 )
 from models.loading.sources.files import Found, Source
+from models.nets.dtypes import RUN_DTYPES, torch_dtype
 from models.plumbing.io import what_is
 
 __all__ = ["FORMATS", "NAMED", "Source", "resolve"]
@@ -52,7 +53,6 @@ FORMATS = [
     state_dict,  # any other weight file: our parameterisation, with a key map
     folder,  # what is left: one of our checkpoint folders
 ]
-NAMED = {"default": checkpoint.DEFAULT_CHECKPOINT, "standard": checkpoint.STANDARD_CHECKPOINT}
 
 
 def resolve(
@@ -83,7 +83,7 @@ def _convert(source: Source, dtype: str | None, where: str) -> Source:
         return source
     if dtype not in RUN_DTYPES:
         raise ValueError(f"dtype must be one of {', '.join(map(repr, RUN_DTYPES))}, got {dtype!r}")
-    model = source.model.to(DTYPES[dtype])
+    model = source.model.to(torch_dtype(dtype))
     bad = [n for n, t in model.state_dict().items() if t.is_floating_point() and not torch.isfinite(t).all()]
     if bad:  # float64 weights beyond the float32 range
         raise ValueError(f"{where}: {', '.join(bad)} overflow {dtype} (they become Inf); load them as float64")

@@ -10,11 +10,11 @@ from __future__ import annotations
 
 import torch
 
-from models.loading.checkpoint import build, check_state_dict
+from models.loading.checkpoint import check_state_dict
 from models.loading.sources.files import Found, Source, shapes, strip_prefixes
 from models.loading.sources.key_map import apply_key_map
 from models.loading.sources.task_json import read_task
-from models.nets.causal_transformer import CausalTransformer, CausalTransformerConfig
+from models.nets.causal_transformer import CausalTransformer, CausalTransformerConfig, build
 
 NAME = "CausalTransformer"
 PLAIN = "example-major"

@@ -5,13 +5,13 @@ from __future__ import annotations
 
 import hashlib
 
+from models.loading.named import THEOREM1, THEOREM1_USAGE
 from models.loading.sources.files import Source
 from models.nets.theorem1 import MAX_BETA, theorem1_model
 from probes.layout import Layout
 from probes.tasks import MarkovTreeTask
 
-NAME = "theorem1"
-USAGE = "theorem1:beta=B[,from=FOLDER]"
+NAME, USAGE = THEOREM1, THEOREM1_USAGE
 
 
 def detect(spec: str) -> bool:
