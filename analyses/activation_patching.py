@@ -43,6 +43,7 @@ Where ``transformer_lens.patching`` fits, and where it does not:
 from __future__ import annotations
 
 from analyses import common
+from models.plumbing.io import UsageError
 
 NAME = "activation_patching"
 N_CONTEXTS = 512  # default --n-contexts
@@ -146,7 +147,7 @@ class Patcher:
         self.equal_share = ((clean - corrupted).abs() < EQUAL_TOL).double().mean((1, 2))
         for name, den in zip(self.metrics, self.denominator.tolist()):
             if abs(den) < 1e-9:
-                raise ValueError(
+                raise UsageError(
                     f"clean and corrupted runs give the same mean {name} ({den:.2g} apart); "
                     "expected corrupted demonstrations that change the model's output"
                 )

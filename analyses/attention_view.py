@@ -44,7 +44,7 @@ import circuitsvis
 import torch
 
 from models import cli
-from models.plumbing.io import check_memory, write_json, write_set
+from models.plumbing.io import UsageError, check_memory, write_json, write_set
 
 MAX_CELLS = 5_000_000  # numbers in the page's views: about 40 MB of HTML
 # Chart.js (circuitsvis's plots) skips tick labels closer than ~17 px: each view is made at least this many
@@ -122,7 +122,7 @@ def compute(subject, args) -> dict:
         start += n
     cells = sum(len(l["heads"]) * (len(l["queries"]) + len(l["keys"])) ** 2 for l in out)
     if cells > MAX_CELLS:
-        raise ValueError(
+        raise UsageError(
             f"the view of {subject.describe()} would hold {cells:,} numbers, more than a browser page holds "
             f"({MAX_CELLS:,}); view a smaller model, or summarise its patterns with analyses.copyers / bma_agreement"
         )
@@ -141,7 +141,7 @@ def _circuitsvis_js() -> str:
     """circuitsvis's browser bundle, as ``circuitsvis.utils.render.render_local`` inlines it."""
     bundle = Path(circuitsvis.__file__).parent / "dist" / "cdn" / "iife.js"
     if not bundle.is_file():
-        raise ValueError(
+        raise UsageError(
             f"circuitsvis {circuitsvis.__version__} has no {bundle.name} bundle; expected circuitsvis>=1.43"
         )
     return bundle.read_text(encoding="utf-8").replace("</script>", "")

@@ -45,7 +45,7 @@ from tqdm.auto import tqdm
 
 from cape.attention import CapeAttention, rotary_scores
 from cape.embedding import depth, embed, generality, hop_distance, initial_points, random_dag, random_tree
-from models.plumbing.io import check_memory
+from models.plumbing.io import UsageError, check_memory
 
 FIGURES = {
     "cape_distance.png": "CAPE property 1: rotary attention score (q = k, averaged over random q) against causal hop distance on random trees and DAGs, per-graph Spearman against a random-angle control.",
@@ -86,7 +86,7 @@ def measure(
     """The numbers of the three figures (see the module docstring); the sizes' defaults are the CLI's
     (``add_flags``)."""
     if n_graphs < 2 or nodes < 3 or dim < 1 or n_queries < 1 or n_perm < 0:
-        raise ValueError(
+        raise UsageError(
             f"need n_graphs >= 2, nodes >= 3, dim >= 1, n_queries >= 1, n_perm >= 0; got {n_graphs}, {nodes}, {dim}, {n_queries}, {n_perm}"
         )
     g = torch.Generator().manual_seed(seed)

@@ -35,6 +35,7 @@ ablated demonstrations.
 from __future__ import annotations
 
 from analyses import common
+from models.plumbing.io import UsageError
 
 NAME = "head_ablation"
 REQUIRES = frozenset({common.DISENTANGLED, common.MARKOV_TASK})  # what it needs of its subject
@@ -137,7 +138,7 @@ def head_ablation(
     cfg = model.cfg
     K, L, d = cfg.n_copy_heads, cfg.n_examples, cfg.d_vocab
     if (task.n_examples, task.seq_len, task.d_vocab) != (L, cfg.seq_len, d):
-        raise ValueError(
+        raise UsageError(
             f"task (L={task.n_examples}, H={task.seq_len}, d={task.d_vocab}) does not match the model "
             f"(L={L}, H={cfg.seq_len}, d={d})"
         )

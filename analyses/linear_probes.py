@@ -15,6 +15,7 @@ next to a shuffled-label control:
 from __future__ import annotations
 
 from analyses import common
+from models.plumbing.io import UsageError
 
 NAME = "linear_probes"
 N_CONTEXTS = 256  # default --n-contexts
@@ -208,7 +209,7 @@ def compute(subject: Subject, args) -> dict:
             if args.standard is not None:
                 standard = load_subject(args.standard, args.device)
                 if DISENTANGLED in standard.capabilities:
-                    raise ValueError(
+                    raise UsageError(
                         f"--standard {args.standard!r} is a {standard.describe()}; expected a standard "
                         "transformer (a Hugging Face folder such as python -m models.standard writes)"
                     )

@@ -21,6 +21,7 @@ W_OV is fitted as ``W_OV ~ c log pi + b 1^T`` (a constant per row) and compared 
 from __future__ import annotations
 
 from analyses import common
+from models.plumbing.io import UsageError
 
 NAME = "logpi_recovery"
 REQUIRES = frozenset({common.DISENTANGLED, common.MARKOV_TASK})  # what it needs of its subject
@@ -79,9 +80,9 @@ def logpi_recovery(model, pi: torch.Tensor) -> dict:
     log_pi = pi.double().log()
     d, K = model.cfg.d_vocab, model.cfg.n_copy_heads
     if tuple(log_pi.shape) != (d, d):
-        raise ValueError(f"pi has shape {tuple(pi.shape)}, expected ({d}, {d}) to match the model's d_vocab")
+        raise UsageError(f"pi has shape {tuple(pi.shape)}, expected ({d}, {d}) to match the model's d_vocab")
     if not torch.isfinite(log_pi).all():
-        raise ValueError("pi has zero entries, so log pi is not finite; expected a kernel with pi > 0")
+        raise UsageError("pi has zero entries, so log pi is not finite; expected a kernel with pi > 0")
     demos, purity = head_assignment(model.copyer_pattern().cpu(), model.cfg.n_examples)
     W = model.W_KQ.detach().cpu()
     blocks = []

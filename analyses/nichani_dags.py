@@ -18,6 +18,7 @@ standard GPT-2 with AdamW instead of a CatFormer with SGD, and the step budget (
 from __future__ import annotations
 
 from analyses import common
+from models.plumbing.io import UsageError
 from models.training import sweep
 
 NAME = "nichani_dags"
@@ -102,10 +103,10 @@ def parse_dags(text: str) -> list[int]:
     for part in text.split(","):
         a, dash, b = part.partition("-")
         if not (a.isdigit() and (not dash or b.isdigit())):
-            raise ValueError(f"--dags {text!r}: expected indices like 0-19, 3 or 0,2,5")
+            raise UsageError(f"--dags {text!r}: expected indices like 0-19, 3 or 0,2,5")
         out += list(range(int(a), int(b) + 1)) if dash else [int(a)]
     if not out or min(out) < 0 or max(out) > 19 or len(set(out)) != len(out):
-        raise ValueError(f"--dags {text!r}: expected distinct indices in 0..19 (their 20 DAGs)")
+        raise UsageError(f"--dags {text!r}: expected distinct indices in 0..19 (their 20 DAGs)")
     return out
 
 

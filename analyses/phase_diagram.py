@@ -71,7 +71,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from models.plumbing.io import read_json
+from models.plumbing.io import UsageError, read_json
 from models.training.standard import StandardConfig, progress, reference_nlls, train_standard
 from models.training.train import TrainConfig, train
 
@@ -116,13 +116,13 @@ class Grid:
     def __post_init__(self):
         for name in ("steps", "disentangled_steps", "eval_every", "eval_contexts", "seq_len", "d_vocab"):
             if getattr(self, name) < 1:
-                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+                raise UsageError(f"{name} must be >= 1, got {getattr(self, name)}")
         bad = [f for f in self.families if f not in FAMILIES]
         if bad or not self.families:
-            raise ValueError(f"families must be among {', '.join(FAMILIES)}; got {self.families}")
+            raise UsageError(f"families must be among {', '.join(FAMILIES)}; got {self.families}")
         bad = [r for r in self.rows if len(r) != 2 or r[1] not in ("all", "target") or int(r[0]) < 1]
         if bad or not self.rows or not self.kernels:
-            raise ValueError(f"rows must be (L >= 1, 'all' or 'target') pairs and kernels non-empty; got {self.rows}")
+            raise UsageError(f"rows must be (L >= 1, 'all' or 'target') pairs and kernels non-empty; got {self.rows}")
         self.kernels = [tuple(k) for k in self.kernels]
         self.rows = [(int(L), loss) for L, loss in self.rows]
 
@@ -437,7 +437,7 @@ def read_sweep(path: str | Path) -> dict:
     res = record.get("results") if isinstance(record, dict) else None
     keys = ("grid", "seed", "cells", "seconds", "mode")
     if not isinstance(res, dict) or any(k not in res for k in keys) or res["mode"] not in ("full", "quick"):
-        raise ValueError(
+        raise UsageError(
             f"--sweep {str(path)!r} holds no trained sweep; expected the {NAME}.json of python -m analyses.{NAME} --full"
         )
     plotted = ("seeds", "final_progress", "mean_progress", "steps_to_half", "plateau_gap", "runs")
@@ -445,10 +445,10 @@ def read_sweep(path: str | Path) -> dict:
         grid = Grid(**res["grid"])
         cells = {tuple(_key(c).values()) for c in res["cells"] if all(k in c for k in plotted)}
     except (TypeError, KeyError, ValueError, AttributeError) as e:
-        raise ValueError(f"--sweep {str(path)!r}: its grid or cells are malformed ({type(e).__name__}: {e})") from None
+        raise UsageError(f"--sweep {str(path)!r}: its grid or cells are malformed ({type(e).__name__}: {e})") from None
     missing = [c for c in cells_of(grid) if tuple(c.values()) not in cells]
     if missing:
-        raise ValueError(
+        raise UsageError(
             f"--sweep {str(path)!r} lacks {len(missing)} cells of its grid (with {', '.join(plotted)}), e.g. {missing[0]}"
         )
     where, root = Path(path).resolve(), common.FIGURES_DIR.parent

@@ -13,6 +13,7 @@ seed and count as the standard run), so the two curves and the uniform-parent pl
 from __future__ import annotations
 
 from analyses import common
+from models.plumbing.io import UsageError
 
 NAME = "standard_vs_disentangled"
 N_CONTEXTS = None  # no --n-contexts: it samples no contexts of a checkpoint
@@ -51,7 +52,7 @@ def shipped_history(folder: Path = STANDARD_CHECKPOINT) -> tuple[StandardConfig,
     """The config and evaluation history that the shipped standard checkpoint was trained with."""
     path = Path(folder) / TRAINING_JSON
     if not path.is_file():
-        raise ValueError(f"{path} does not exist; regenerate it with python -m models.standard --out {folder}")
+        raise UsageError(f"{path} does not exist; regenerate it with python -m models.standard --out {folder}")
     training = json.loads(path.read_text())
     return StandardConfig(**training["config"]), training["history"]
 
@@ -76,7 +77,7 @@ def curves(cfg: StandardConfig, standard: list[dict], disentangled_steps: int, e
         )
         _, disentangled = train(tcfg, progress=False)
     if abs(disentangled[-1]["nll_bma"] - standard[-1]["nll_bma"]) > 1e-9:
-        raise ValueError("the two runs were not evaluated on the same held-out contexts (their BMA NLLs differ)")
+        raise UsageError("the two runs were not evaluated on the same held-out contexts (their BMA NLLs differ)")
     return {
         "task": {k: getattr(cfg, k) for k in ("d_vocab", "n_examples", "seq_len", "alpha", "gamma", "task_seed")},
         "standard_config": dataclasses.asdict(cfg),

@@ -39,6 +39,7 @@ times the median decrease per step over the run.
 from __future__ import annotations
 
 from analyses import common
+from models.plumbing.io import UsageError
 
 NAME = "trajectory"
 N_CONTEXTS = 256  # default --n-contexts: every snapshot is measured on them
@@ -226,7 +227,7 @@ def run_snapshots(checkpoint: str) -> list[tuple[int, Path]]:
     """The ``(step, folder)`` snapshots of a run folder (``--checkpoint RUN``); one line if it has none."""
     folder = Path(checkpoint) / "snapshots"
     if not folder.is_dir():
-        raise ValueError(
+        raise UsageError(
             f"--checkpoint {checkpoint} has no snapshots/ folder; expected the folder of a run trained with "
             f"models.train (or models.standard) --snapshot-every N"
         )
@@ -244,7 +245,7 @@ def trajectory(subject, snapshots: list[tuple[int, Path]], n_contexts: int, seed
     for step, path in tqdm(snapshots, desc="snapshots", disable=not progress or None):
         snap = load_subject(path, device)
         if snap.task.to_dict() != task.to_dict():
-            raise ValueError(f"snapshot {path} was trained on another task than --checkpoint's; expected one run")
+            raise UsageError(f"snapshot {path} was trained on another task than --checkpoint's; expected one run")
         if hasattr(snap.model, "eval"):
             snap.model.eval()
         rows.append({"step": step, **measure(snap, tokens, parents, strats, base)})

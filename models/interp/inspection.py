@@ -175,11 +175,12 @@ def input_costs(subject, tokens, corrupted) -> dict | None:
     when every edge into that input carries its value on ``corrupted`` (``models.interp.circuit``, exact), its share
     of the three inputs' summed cost (``cost``), with standard errors over the contexts; ``through`` is
     ``values``, ``keys/queries`` or None (no verdict: that sum within two standard errors of zero, or
-    neither share reached). None when the model lacks a hook the circuit graph needs."""
-    try:
-        graph = build_graph(subject)
-    except ValueError:
+    neither share reached). None for a family whose attention has no per-input hooks (CatFormer, Chen's and
+    Edelman's models): the circuit graph cuts each head's q, k and v apart."""
+    hooks = subject.model.hook_dict
+    if not all(f"blocks.{i}.attn.hook_{x}" in hooks for i in range(subject.n_layers) for x in (*INPUTS, "z")):
         return None
+    graph = build_graph(subject)
     runner = Runner(subject, graph, tokens, sender_writes(subject, graph, corrupted)[0])
     last = subject.n_layers - 1
     out = {}

@@ -34,6 +34,7 @@ from models.loading.sources import resolve
 from models.nets.catformer import CatFormer
 from models.nets.causal_transformer import CausalTransformer
 from models.nets.chen import ChenTransformer
+from models.plumbing.io import UsageError
 from probes import MarkovTreeTask
 from probes.graph_task import GraphTask
 from probes.layout import Layout
@@ -46,7 +47,7 @@ def check_finite(out: Tensor, what: str) -> Tensor:
     bad = torch.isnan(out) | torch.isposinf(out)
     if bad.any():
         rows = bad.flatten(1).any(1) if bad.ndim > 1 else bad
-        raise ValueError(
+        raise UsageError(
             f"{what}: the forward pass gave NaN or Inf on {int(rows.sum())} of {len(rows)} contexts "
             f"({int(bad.sum())} of {bad.numel()} values): its weights or config overflow (e.g. an attn_scale "
             f"near 0, a huge beta or weights); no metric is computed from it"

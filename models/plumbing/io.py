@@ -32,6 +32,19 @@ class UsageError(ValueError):
     catches ``ValueError`` for bad arguments catches it too."""
 
 
+@contextlib.contextmanager
+def input_errors():
+    """Inside, a ``ValueError`` is about the input being read (a checkpoint, its config, a spec): it leaves as
+    the ``UsageError`` of the same message. For code that validates what it reads with checks written for
+    any caller (a network's config, a task's sizes), at the boundary where the user's input comes in."""
+    try:
+        yield
+    except UsageError:
+        raise
+    except ValueError as e:
+        raise UsageError(str(e)) from e
+
+
 def atomic_write(path: str | Path, write) -> None:
     """``write(tmp_path)`` then rename over ``path``: readers never see a half-written file."""
     path = Path(path)

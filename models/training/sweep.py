@@ -29,6 +29,8 @@ from concurrent.futures import ProcessPoolExecutor, as_completed
 from multiprocessing import get_context
 from pathlib import Path
 
+from models.plumbing.io import UsageError
+
 CLUSTERS = "local, submitit-local or slurm:PARTITION"
 MAX_JOBS = 1024
 TIMEOUT_MIN = 60  # a job's time limit on Slurm (and under submitit-local); no job of this suite comes near it
@@ -42,14 +44,14 @@ def parse_cluster(cluster: str) -> tuple[str, str | None]:
     submitit clusters need submitit installed (the ``sweep`` extra)."""
     kind, colon, partition = cluster.partition(":")
     if kind == "slurm" and not partition.strip():
-        raise ValueError(f"--cluster {cluster!r} names no partition; expected slurm:PARTITION, e.g. slurm:gpu")
+        raise UsageError(f"--cluster {cluster!r} names no partition; expected slurm:PARTITION, e.g. slurm:gpu")
     if (kind, colon) not in {("local", ""), ("submitit-local", ""), ("slurm", ":")}:
-        raise ValueError(f"--cluster {cluster!r} is not a cluster; expected {CLUSTERS}")
+        raise UsageError(f"--cluster {cluster!r} is not a cluster; expected {CLUSTERS}")
     if kind != "local":
         try:
             import submitit  # noqa: F401 (the optional engine: only these clusters need it)
         except ImportError:
-            raise ValueError(
+            raise UsageError(
                 f"--cluster {cluster} needs submitit, which is not installed; pip install -e \".[sweep]\""
             ) from None
     return kind, partition.strip() or None

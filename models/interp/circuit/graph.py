@@ -88,7 +88,7 @@ class Graph:
         sites = {}
         for r in self.receivers:
             if sites.setdefault(r.level, r.site) != r.site:
-                raise ValueError(f"receivers of level {r.level} read two sites, {sites[r.level]} and {r.site}")
+                raise RuntimeError(f"receivers of level {r.level} read two sites, {sites[r.level]} and {r.site}")
 
     def sender(self, name: str) -> Sender:
         return next(s for s in self.senders if s.node == name)

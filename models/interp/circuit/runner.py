@@ -132,7 +132,7 @@ class Runner:
         except _Recorded:
             return recorded
         if record:
-            raise ValueError(f"the forward pass never reached {', '.join(sorted(record - set(recorded)))}")
+            raise RuntimeError(f"the forward pass never reached {', '.join(sorted(record - set(recorded)))}")
         return lp
 
     def values_of(self, lp: Tensor, copies: int) -> Float[Tensor, "copies batch"]:

@@ -37,7 +37,7 @@ from models.loading.sources import (
 )
 from models.loading.sources.files import Found, Source
 from models.nets.dtypes import RUN_DTYPES, torch_dtype
-from models.plumbing.io import what_is
+from models.plumbing.io import UsageError, input_errors, what_is
 
 __all__ = ["FORMATS", "NAMED", "Source", "resolve"]
 
@@ -65,16 +65,18 @@ def resolve(
     if theorem1.detect(spec):
         options = theorem1.parse(spec)
         task = resolve(options.get("from", checkpoint.DEFAULT_CHECKPOINT), weights=False).task
-        return _convert(theorem1.read(spec, task, device), dtype, spec)
+        with input_errors():  # the construction's own checks of pi and beta
+            return _convert(theorem1.read(spec, task, device), dtype, spec)
     path = Path(NAMED.get(spec, spec))
     if spec in NAMED and not path.exists():
-        raise ValueError(f"--checkpoint {spec}: the shipped checkpoint {path} is missing from this installation")
+        raise UsageError(f"--checkpoint {spec}: the shipped checkpoint {path} is missing from this installation")
     kind = what_is(path)
     if kind not in ("is a folder", "is a file", "does not exist"):  # a FIFO, a socket, a device, a symlink loop
-        raise ValueError(f"--checkpoint {spec!r} {kind}; expected a checkpoint folder or a weight file")
+        raise UsageError(f"--checkpoint {spec!r} {kind}; expected a checkpoint folder or a weight file")
     found = Found(path, config=config, key_map=key_map)
     form = next(f for f in FORMATS if f.detect(found))
-    source = form.read(found, device, weights=weights)
+    with input_errors():  # the networks' and tasks' own checks of what the files hold
+        source = form.read(found, device, weights=weights)
     return dataclasses.replace(_convert(source, dtype, str(path)), name=spec)
 
 
@@ -82,9 +84,9 @@ def _convert(source: Source, dtype: str | None, where: str) -> Source:
     if dtype is None or source.model is None:
         return source
     if dtype not in RUN_DTYPES:
-        raise ValueError(f"dtype must be one of {', '.join(map(repr, RUN_DTYPES))}, got {dtype!r}")
+        raise UsageError(f"dtype must be one of {', '.join(map(repr, RUN_DTYPES))}, got {dtype!r}")
     model = source.model.to(torch_dtype(dtype))
     bad = [n for n, t in model.state_dict().items() if t.is_floating_point() and not torch.isfinite(t).all()]
     if bad:  # float64 weights beyond the float32 range
-        raise ValueError(f"{where}: {', '.join(bad)} overflow {dtype} (they become Inf); load them as float64")
+        raise UsageError(f"{where}: {', '.join(bad)} overflow {dtype} (they become Inf); load them as float64")
     return dataclasses.replace(source, model=model)

@@ -23,7 +23,7 @@ import torch
 from models.loading.sources.files import Found, Source
 from models.loading.sources.task_json import read_task
 from models.nets.catformer import CatFormer, CatFormerConfig
-from models.plumbing.io import one_line
+from models.plumbing.io import UsageError, one_line
 
 NAME = "CatFormer"
 SUFFIXES = (".npz", ".pkl", ".pickle")
@@ -57,20 +57,20 @@ def leaves(found: Found) -> dict[str, np.ndarray]:
         else:
             obj = _ArraysOnly(io.BytesIO(raw)).load()
     except (pickle.UnpicklingError, zipfile.BadZipFile, ValueError, EOFError, OSError) as e:
-        raise ValueError(f"{path}: not a CatFormer pytree of NumPy arrays ({one_line(e)})") from None
+        raise UsageError(f"{path}: not a CatFormer pytree of NumPy arrays ({one_line(e)})") from None
     if isinstance(obj, dict) and isinstance(obj.get("A"), (list, tuple)):
         obj = {**{f"A.{i}": a for i, a in enumerate(obj["A"])}, **{k: v for k, v in obj.items() if k != "A"}}
     if not isinstance(obj, dict):
-        raise ValueError(f"{path} holds a {type(obj).__name__}; expected the leaves {{'A.0': ..., 'W': ...}}")
+        raise UsageError(f"{path} holds a {type(obj).__name__}; expected the leaves {{'A.0': ..., 'W': ...}}")
     out = {}
     for key, value in obj.items():
         m = _LEAF.match(str(key))
         if not m or not isinstance(value, np.ndarray):
-            raise ValueError(f"{path}: entry {key!r} is not a CatFormer leaf; expected arrays A.0, A.1, ..., W")
+            raise UsageError(f"{path}: entry {key!r} is not a CatFormer leaf; expected arrays A.0, A.1, ..., W")
         out["W" if m.group(2) else f"A.{int(m.group(1))}"] = value
     n = sum(k.startswith("A.") for k in out)
     if "W" not in out or n == 0 or any(f"A.{i}" not in out for i in range(n)):
-        raise ValueError(f"{path} has leaves {sorted(out)}; expected A.0 .. A.{{L-1}} and W")
+        raise UsageError(f"{path} has leaves {sorted(out)}; expected A.0 .. A.{{L-1}} and W")
     return out
 
 
@@ -79,17 +79,17 @@ def build(arrays: dict[str, np.ndarray], where: str, device: str | None = None) 
     W = arrays["W"]
     A = [arrays[f"A.{i}"] for i in range(sum(k.startswith("A.") for k in arrays))]
     if W.ndim != 2 or any(a.ndim != 3 or a.shape[1] != a.shape[2] for a in A):
-        raise ValueError(
+        raise UsageError(
             f"{where}: W must be [d_L, d] and each A.i [heads, d_i, d_i]; got W {W.shape}, A {[a.shape for a in A]}"
         )
     d, T = W.shape[1], A[0].shape[1] - W.shape[1]
     cfg = CatFormerConfig(d_vocab=d, n_ctx=T, heads=[a.shape[0] for a in A], device=device or "cpu")
     if T < 1:
-        raise ValueError(f"{where}: A.0 is {A[0].shape[1]} wide, not d + T with d = {d} (W's columns) and T >= 1")
+        raise UsageError(f"{where}: A.0 is {A[0].shape[1]} wide, not d + T with d = {d} (W's columns) and T >= 1")
     widths = cfg.widths()
     got, want = [a.shape[1] for a in A] + [W.shape[0]], widths
     if got != want:
-        raise ValueError(
+        raise UsageError(
             f"{where}: widths {got} disagree with d_(i+1) = d_i (1 + heads_i) from d_0 = {widths[0]}: {want}"
         )
     model = CatFormer(cfg)
@@ -97,7 +97,7 @@ def build(arrays: dict[str, np.ndarray], where: str, device: str | None = None) 
     state = {f"blocks.{i}.attn.A": torch.from_numpy(np.asarray(a, dtype=np.float64)) for i, a in enumerate(A)}
     state["W"] = torch.from_numpy(np.asarray(W, dtype=np.float64))
     if not all(torch.isfinite(t).all() for t in state.values()):
-        raise ValueError(f"{where}: the weights hold NaN or Inf")
+        raise UsageError(f"{where}: the weights hold NaN or Inf")
     model.load_state_dict(state)
     return model.to(dtype).to(cfg.device).eval()
 
@@ -113,7 +113,7 @@ def read(found: Found, device: str | None = None, *, weights: bool = True) -> So
         return Source(None, task, layout, found.where, "", NAME)
     model = build(leaves(found), found.where, device)
     if layout.n_positions != model.cfg.n_ctx + 1 or layout.min_vocab > model.cfg.d_vocab:
-        raise ValueError(
+        raise UsageError(
             f"{found.where}: a CatFormer of T = {model.cfg.n_ctx} positions and {model.cfg.d_vocab} tokens reads "
             f"contexts of T + 1 = {model.cfg.n_ctx + 1} tokens; the task has {layout.n_positions} of {layout.min_vocab}"
         )

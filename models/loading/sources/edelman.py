@@ -13,6 +13,7 @@ from models.loading.sources import files
 from models.loading.sources.files import Found, Source
 from models.loading.sources.task_json import read_task
 from models.nets.edelman import EdelmanConfig, EdelmanTransformer, their_key
+from models.plumbing.io import UsageError
 
 NAME = "Edelman et al. Relative_Transformer"
 FIELDS = ("n_layer", "n_head", "n_embd", "vocab_size", "block_size")
@@ -30,7 +31,7 @@ def read(found: Found, device: str | None = None, *, weights: bool = True) -> So
     cfg_raw = found.model_config()
     missing = [f for f in FIELDS if not isinstance(cfg_raw, dict) or not isinstance(cfg_raw.get(f), int)]
     if missing:
-        raise ValueError(f"{found.where}: its config (CfgNode.to_dict() JSON) lacks integer {', '.join(missing)}")
+        raise UsageError(f"{found.where}: its config (CfgNode.to_dict() JSON) lacks integer {', '.join(missing)}")
     cfg = EdelmanConfig(
         **{f: cfg_raw[f] for f in FIELDS},
         attention_only=bool(cfg_raw.get("attention_only", True)),
@@ -44,8 +45,8 @@ def read(found: Found, device: str | None = None, *, weights: bool = True) -> So
         if mask is not None and not torch.equal(
             mask.reshape(mask.shape[-2:]).bool(), torch.ones(mask.shape[-2:]).tril().bool()
         ):
-            raise ValueError(f"{found.where}: layers.{i}.bias is not their causal mask")
+            raise UsageError(f"{found.where}: layers.{i}.bias is not their causal mask")
         if pos is not None and not torch.equal(pos.cpu(), model.blocks[i].attn.pos.cpu()):
-            raise ValueError(f"{found.where}: layers.{i}.pos is not their relative-position index")
+            raise UsageError(f"{found.where}: layers.{i}.pos is not their relative-position index")
     files.load_their_names(model, state, their_key, found.where)
     return Source(model.to(cfg.device).eval(), task, layout, found.where, found.digest(), NAME)

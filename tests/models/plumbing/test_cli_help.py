@@ -18,14 +18,13 @@ from entry_points import COLUMNS, entry_points, help_text, parser_of  # noqa: E4
 
 ENTRY_POINTS = entry_points()
 # Entry points whose flags are still declared in a module that imports torch (their --help is right, and slow):
-# the trainers and the benchmark (their configs live beside the training code), cape_downstream (its defaults
-# are cape.downstream's), inspect_standard (inspect's analysis, re-registered), circuit (its flags come from
+# the trainers (their configs and parsers live beside the training code), cape_downstream (its defaults are
+# cape.downstream's), inspect_standard (inspect's analysis, re-registered), circuit (its flags come from
 # models.interp.circuit's registries).
 HEAVY = {
     "models.train",
     "models.standard",
     "models.evaluate",
-    "bench",
     "analyses.cape_downstream",
     "analyses.inspect_standard",
     "analyses.circuit",
@@ -66,6 +65,7 @@ def test_help_is_the_parsers_own_and_answers_before_torch_is_imported(name):
         ("analyses.head_ablation", ["--checkpoint", "default", "--n-contexts", "many"]),
         ("analyses.phase_diagram", ["--quick", "--full"]),
         ("analyses.paper", ["--jobz", "2"]),
+        ("bench", ["--jsn", "b.json"]),
     ],
 )
 def test_a_mistyped_flag_is_refused_before_torch_is_imported(name, argv, capsys):
