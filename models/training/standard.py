@@ -54,7 +54,7 @@ from models.loading.checkpoint import (
 )
 from models.loading.sources.files import TASK_JSON
 from models.loading.sources.hugging_face import check_size
-from models.plumbing.io import UsageError, check_memory, exclusive_lock, size
+from models.plumbing.io import UsageError, check_memory, exclusive_lock, input_errors, size
 from models.training.optim import check_finite, cosine_factor, keep_freed_memory, sample_batch
 from probes import MarkovTreeTask, check_tokens, target_nll
 from probes.graph_task import SPEC_HELP, GraphTask, make_task
@@ -142,9 +142,11 @@ class StandardConfig:
             check_bayes(self.task())  # an unknown kind, a graph that is not a DAG, no exact oracle: one ValueError
 
     def task(self) -> MarkovTreeTask | GraphTask:
-        return make_task(
-            self.task_kind, self.d_vocab, self.n_examples, self.seq_len, self.alpha, self.gamma, self.task_seed
-        )
+        """The task these fields draw (one that cannot be drawn: the ``UsageError`` of its fields)."""
+        with input_errors():
+            return make_task(
+                self.task_kind, self.d_vocab, self.n_examples, self.seq_len, self.alpha, self.gamma, self.task_seed
+            )
 
 
 class _Zero(nn.Module):

@@ -41,7 +41,16 @@ from models.loading.checkpoint import (
 from models.nets.causal_transformer import CausalTransformer, CausalTransformerConfig, build
 from models.nets.continuous import mse_loss
 from models.nets.dtypes import RUN_DTYPES
-from models.plumbing.io import UsageError, check_memory, describe, exclusive_lock, read_json, run_cli, size
+from models.plumbing.io import (
+    UsageError,
+    check_memory,
+    describe,
+    exclusive_lock,
+    input_errors,
+    read_json,
+    run_cli,
+    size,
+)
 from models.training import distributed
 from models.training.evaluate import evaluate
 from models.training.optim import check_finite, cosine_factor, keep_freed_memory, sample_batch
@@ -146,11 +155,14 @@ class TrainConfig:
         checkpoint.check_device(self.device)
 
     def task(self) -> MarkovTreeTask | GraphTask | ContinuousTask:
-        if self.task_kind == "continuous":  # d_vocab is the vector dimension; A is drawn from task_seed
-            return ContinuousTask.random(self.d_vocab, self.n_examples, self.seq_len, self.rho, self.task_seed)
-        return make_task(
-            self.task_kind, self.d_vocab, self.n_examples, self.seq_len, self.alpha, self.gamma, self.task_seed
-        )
+        """The task these fields draw; one that cannot be drawn (an alpha whose draws underflow, ...) is the
+        ``UsageError`` of its fields."""
+        with input_errors():
+            if self.task_kind == "continuous":  # d_vocab is the vector dimension; A is drawn from task_seed
+                return ContinuousTask.random(self.d_vocab, self.n_examples, self.seq_len, self.rho, self.task_seed)
+            return make_task(
+                self.task_kind, self.d_vocab, self.n_examples, self.seq_len, self.alpha, self.gamma, self.task_seed
+            )
 
     def model_config(self) -> CausalTransformerConfig:
         return CausalTransformerConfig(
