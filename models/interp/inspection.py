@@ -178,13 +178,13 @@ def input_costs(subject, tokens, corrupted) -> dict | None:
     of the three inputs' summed cost (``cost``), with standard errors over the contexts; ``through`` is
     ``values``, ``keys/queries`` or None (no verdict: that sum within two standard errors of zero, or
     neither share reached). None for a family whose attention has no per-input hooks (CatFormer, Chen's and
-    Edelman's models): the circuit graph cuts each head's q, k and v apart."""
-    hooks = subject.model.hook_dict
-    if not all(f"blocks.{i}.attn.hook_{x}" in hooks for i in range(subject.n_layers) for x in (*INPUTS, "z")):
+    Edelman's models: no ``hook_q``, ``hook_k``, ``hook_v`` in the last layer): the circuit graph cuts each
+    head's q, k and v apart."""
+    hooks, last = subject.model.hook_dict, subject.n_layers - 1
+    if not all(f"blocks.{last}.attn.hook_{x}" in hooks for x in INPUTS):
         return None
     graph = build_graph(subject)
     runner = Runner(subject, graph, tokens, sender_writes(subject, graph, corrupted)[0])
-    last = subject.n_layers - 1
     out = {}
     for j in range(subject.n_heads[last]):
         label = head_label(last, j)
