@@ -66,6 +66,7 @@ from models.interp.circuit import (
 )
 from models.interp.interventions import description
 from models.interp.subject import Subject
+from models.plumbing.io import UsageError
 
 NAME = "circuit"
 N_CONTEXTS = 128  # default --n-contexts (each exact edge score is one forward pass on all of them)
@@ -97,7 +98,7 @@ def among_nodes(graph, spec: str) -> list:
     known = graph.node_order
     bad = [n for n in names if n not in known]
     if bad:
-        raise ValueError(f"--nodes: no node {', '.join(bad)} in this model's graph; nodes: {', '.join(known)}")
+        raise UsageError(f"--nodes: no node {', '.join(bad)} in this model's graph; nodes: {', '.join(known)}")
     return among(graph, names)
 
 
@@ -171,7 +172,7 @@ def corruptions_of(spec: str) -> list[str]:
     names = [c.strip() for c in spec.split(",") if c.strip()]
     bad = [c for c in names if c not in CORRUPTIONS]
     if bad or not names or len(set(names)) != len(names):
-        raise ValueError(f"--corruption: expected distinct names among {', '.join(CORRUPTIONS)}, comma-separated; "
+        raise UsageError(f"--corruption: expected distinct names among {', '.join(CORRUPTIONS)}, comma-separated; "
                          f"got {spec!r}")  # fmt: skip
     return names
 
