@@ -25,11 +25,20 @@ import safetensors.torch
 import torch
 from torch import Tensor
 
+from models.loading.dtypes import check_tensor_kinds
 from models.loading.named import CHECKPOINTS, DEFAULT_CHECKPOINT, STANDARD_CHECKPOINT  # noqa: F401 (also read from here)
-from models.nets.causal_transformer import CausalTransformer, CausalTransformerConfig, build
+from models.nets.build import build, model_bytes  # noqa: F401 (model_bytes: also read from here)
+from models.nets.causal_transformer import CausalTransformer, CausalTransformerConfig
 from models.nets.continuous import ContinuousTransformer
-from models.nets.dtypes import dtype_name
-from models.plumbing.io import UsageError, exclusive_lock, name_too_long, one_line, openable, read_json, what_is
+from models.plumbing.io import (
+    UsageError,
+    exclusive_lock,
+    name_too_long,
+    one_line,
+    openable,
+    read_json,
+    what_is,
+)
 from probes.tasks import check_sizes
 
 FORMAT = "causal-transformer-checkpoint/1"
@@ -97,24 +106,6 @@ def check_task_fits(model_cfg: dict, task: dict, where: str) -> None:
 
 
 SIZES = ("d_vocab", "n_examples", "seq_len")
-
-
-def check_tensor_kinds(state: dict, source: str) -> None:
-    """Every value is a dense (strided), materialised, non-quantized tensor of a float dtype."""
-    for key, v in state.items():
-        if not isinstance(v, Tensor):
-            raise UsageError(f"{source}: {key!r} is a {type(v).__name__}, not a tensor")
-        kind = None
-        if v.layout != torch.strided:
-            kind = f"a {str(v.layout).replace('torch.', '')} tensor"
-        elif v.is_meta:
-            kind = "a meta tensor (no data)"
-        elif v.is_quantized:
-            kind = "a quantized tensor"
-        elif dtype_name(v.dtype) is None:
-            kind = f"of dtype {str(v.dtype).replace('torch.', '')}"
-        if kind:
-            raise UsageError(f"{source}: {key!r} is {kind}; expected dense float16/bfloat16/float32/float64 weights")
 
 
 def check_state_dict(state: dict[str, Tensor], model: torch.nn.Module, source: str) -> None:
@@ -255,6 +246,11 @@ REPLACES = ".replaces-extras"  # in a new folder written with carry=False: recov
 OWN_FILES = (WEIGHTS, CONFIG, TRAIN_STATE, TRAIN_META, REPLACES)
 
 
+def interrupted_write(path: str | Path) -> bool:
+    """Whether a write to ``path`` was killed between its two renames (``.NAME.old`` is left beside it)."""
+    return _old(Path(path)).is_dir()
+
+
 def _new(path: Path) -> Path:
     return path.parent / f".{path.name}.new"
 
@@ -341,7 +337,9 @@ def recover_run(out: str | Path) -> None:
     recover(out)
     snapshots = out / SNAPSHOTS
     if snapshots.is_dir():
-        names = {e.name[1:].rsplit(".", 1)[0] for e in snapshots.iterdir() if e.name.endswith((".new", ".old", ".lock"))}
+        names = {
+            e.name[1:].rsplit(".", 1)[0] for e in snapshots.iterdir() if e.name.endswith((".new", ".old", ".lock"))
+        }
         for name in sorted(names):
             recover(snapshots / name)
 
@@ -456,5 +454,9 @@ def checkpoint_hash(path: str | Path, read_config_bytes=None) -> str:
     ``read_config_bytes(file, what)`` reads config.json (default: from disk)."""
     h = hashlib.sha256()
     h.update((Path(path) / WEIGHTS).read_bytes())
-    h.update((Path(path) / CONFIG).read_bytes() if read_config_bytes is None else read_config_bytes(Path(path) / CONFIG, "checkpoint config"))
+    h.update(
+        (Path(path) / CONFIG).read_bytes()
+        if read_config_bytes is None
+        else read_config_bytes(Path(path) / CONFIG, "checkpoint config")
+    )
     return h.hexdigest()[:16]

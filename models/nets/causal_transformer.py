@@ -19,7 +19,6 @@ Keys and values at h' < h see the whole residual, target token included.
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import asdict, dataclass, fields
 
 import einops
@@ -32,7 +31,6 @@ from transformer_lens.hook_points import HookPoint
 
 from models.nets.dtypes import DTYPES, dtype_name, torch_dtype
 from models.nets.tl_adapter import RESULT_HOOK, CausalCache, HookedAdapter, as_shared, place_copies
-from models.plumbing.io import check_memory
 from probes.bma import check_tokens
 
 RETURN_TYPES = ("log_probs", "loss", None)
@@ -345,16 +343,3 @@ class CausalTransformer(HookedAdapter):
     @property
     def W_OV(self) -> Float[Tensor, "D d"]:
         return self.blocks[1].attn.W_OV
-
-
-def build(cls: type[CausalTransformer], cfg: CausalTransformerConfig, what: str) -> CausalTransformer:
-    """``cls(cfg)`` once its parameters and buffers are known to fit in memory (sized on the meta device)."""
-    check_memory(model_bytes(cls, cfg), what)
-    return cls(cfg)
-
-
-def model_bytes(cls: type[CausalTransformer], cfg: CausalTransformerConfig) -> int:
-    """Bytes of the parameters and buffers of ``cls(cfg)``, measured without allocating them."""
-    with torch.device("meta"):
-        meta = cls(dataclasses.replace(cfg, device="meta"))
-    return sum(t.numel() * t.element_size() for t in [*meta.parameters(), *meta.buffers()])

@@ -6,7 +6,8 @@ import torch
 from jaxtyping import Float
 from torch import Tensor
 
-from models.nets.causal_transformer import CausalTransformer, CausalTransformerConfig, build
+from models.nets.build import build
+from models.nets.causal_transformer import CausalTransformer, CausalTransformerConfig
 from probes.tasks import check_distribution, check_kernel
 
 # The copyers' scores add two weights of +-beta (w_H + w_L): beta up to 1e300 keeps them, and every

@@ -38,7 +38,8 @@ from models.loading.checkpoint import (
     save,
     training_lock,
 )
-from models.nets.causal_transformer import CausalTransformer, CausalTransformerConfig, build
+from models.nets.build import build
+from models.nets.causal_transformer import CausalTransformer, CausalTransformerConfig
 from models.nets.continuous import mse_loss
 from models.nets.dtypes import RUN_DTYPES
 from models.plumbing.io import (

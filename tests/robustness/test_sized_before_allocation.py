@@ -32,7 +32,8 @@ import models
 from models.loading import checkpoint
 from models.loading.sources import resolve
 from models.loading.sources.files import Found
-from models.nets.causal_transformer import CausalTransformer, model_bytes
+from models.nets.build import model_bytes
+from models.nets.causal_transformer import CausalTransformer
 from models.nets.hooked_transformer import HookedTransformer, HookedTransformerConfig
 from models.plumbing.io import MAX_TENSORS
 

@@ -14,7 +14,8 @@ from models.loading.checkpoint import check_state_dict
 from models.loading.sources.files import Found, Source, shapes, strip_prefixes
 from models.loading.sources.key_map import apply_key_map
 from models.loading.sources.task_json import read_task
-from models.nets.causal_transformer import CausalTransformer, CausalTransformerConfig, build
+from models.nets.build import build
+from models.nets.causal_transformer import CausalTransformer, CausalTransformerConfig
 from models.plumbing.io import UsageError
 
 NAME = "CausalTransformer"
