@@ -1,6 +1,7 @@
-"""Every entry point of the suite and the ``--help`` its own parser prints, read in this process (no cache):
-``reference/cli.md`` is built from these (``gen_pages.py``), and ``tests/models/plumbing/test_cli_help.py``
-checks them and that ``python -m NAME --help`` prints the same before torch is imported."""
+"""Every entry point of the suite and the ``--help`` its own parser prints, read in this process: ``python
+docs/scripts/entry_points.py`` writes ``docs/reference/cli.md`` from them (the site executes nothing when it is
+built), and ``tests/models/plumbing/test_cli_help.py`` checks that page against the parsers and that ``python -m
+NAME --help`` prints the same, before torch is imported."""
 
 from __future__ import annotations
 
@@ -9,8 +10,12 @@ import contextlib
 import importlib
 import io
 import os
+import sys
+from pathlib import Path
 
 COLUMNS = 100  # the width the reference page's texts are formatted at
+ROOT = Path(__file__).resolve().parents[2]
+PAGE = ROOT / "docs" / "reference" / "cli.md"
 
 
 def entry_points() -> dict[str, str]:
@@ -61,3 +66,21 @@ def help_text(name: str) -> str:
         else:
             os.environ["COLUMNS"] = before
     return out.getvalue()
+
+
+def page() -> str:
+    """``docs/reference/cli.md``: every entry point's ``--help``."""
+    text = [
+        "# Entry points\n",
+        "Every entry point's flags, as its own `--help` prints them (written by `python "
+        "docs/scripts/entry_points.py` from each entry point's own parser, which a test keeps it equal to).\n",
+    ]
+    for name in entry_points():
+        text.append(f"## `{name}`\n\n```text\n{help_text(name).rstrip()}\n```\n")
+    return "\n".join(text)
+
+
+if __name__ == "__main__":
+    sys.path.insert(0, str(ROOT))
+    PAGE.write_text(page())
+    print(f"wrote {PAGE.relative_to(ROOT)}")

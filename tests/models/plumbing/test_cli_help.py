@@ -14,7 +14,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[3]
 sys.path.insert(0, str(ROOT / "docs" / "scripts"))
-from entry_points import COLUMNS, entry_points, help_text, parser_of  # noqa: E402
+from entry_points import COLUMNS, PAGE, entry_points, help_text, page, parser_of  # noqa: E402
 
 ENTRY_POINTS = entry_points()
 # Entry points whose flags are still declared in a module that imports torch (their --help is right, and slow):
@@ -41,6 +41,10 @@ def run(name: str, *argv: str) -> tuple[subprocess.CompletedProcess, set[str]]:
     imported = {line.split("|")[-1].strip() for line in proc.stderr.splitlines() if line.startswith("import time:")}
     proc.stderr = "\n".join(line for line in proc.stderr.splitlines() if not line.startswith("import time:"))
     return proc, imported
+
+
+def test_the_reference_page_is_what_each_parser_prints():
+    assert PAGE.read_text() == page(), f"stale {PAGE.name}: python docs/scripts/entry_points.py rewrites it"
 
 
 def test_every_flag_is_explained_in_words():
