@@ -59,6 +59,7 @@ from models.interp.circuit import (
 from models.interp.circuit import discover as find_circuit
 from models.interp.circuit.result import COMPUTES
 from models.interp.subject import Subject
+from models.plumbing.io import UsageError
 
 NAME = "circuit"
 N_CONTEXTS = CircuitConfig.n_contexts  # default --n-contexts (each exact edge score is one forward pass on all of them)
@@ -71,12 +72,12 @@ FLAGS = {"corruptions": "corruption"}  # config fields whose flag has another na
 
 
 def config_of(args) -> CircuitConfig:
-    """The ``CircuitConfig`` of the parsed flags (ValueError, its leading word the flag, for a bad one)."""
+    """The ``CircuitConfig`` of the parsed flags (a ``UsageError``, its leading word the flag, for a bad one)."""
     given = {f.name: getattr(args, FLAGS.get(f.name, f.name)) for f in dataclasses.fields(CircuitConfig)}
     try:
         return CircuitConfig(**given)
     except ValueError as e:
-        raise ValueError(as_flag(str(e))) from None
+        raise UsageError(as_flag(str(e))) from None
 
 
 def as_flag(message: str) -> str:
@@ -94,7 +95,7 @@ def compute(subject: Subject, args) -> dict:
     except ValueError as e:
         if as_flag(str(e)) == str(e):
             raise
-        raise ValueError(as_flag(str(e))) from e
+        raise UsageError(as_flag(str(e))) from e
 
 
 def _curve_words(curve: list[dict]) -> str:
