@@ -19,15 +19,13 @@ from entry_points import COLUMNS, PAGE, entry_points, help_text, page, parser_of
 ENTRY_POINTS = entry_points()
 # Entry points whose flags are still declared in a module that imports torch (their --help is right, and slow):
 # the trainers (their configs and parsers live beside the training code), cape_downstream (its defaults are
-# cape.downstream's), inspect_standard (inspect's analysis, re-registered), circuit (its flags come from
-# models.interp.circuit's registries).
+# cape.downstream's), inspect_standard (inspect's analysis, re-registered).
 HEAVY = {
     "models.train",
     "models.standard",
     "models.evaluate",
     "analyses.cape_downstream",
     "analyses.inspect_standard",
-    "analyses.circuit",
 }
 LIGHT = [name for name in ENTRY_POINTS if name not in HEAVY]
 
