@@ -35,6 +35,7 @@ SLOW = {
     "test_every_family.py::test_each_analysis_runs_or_refuses_in_one_line",  # 64 s
     "test_formats_pipelines.py::test_every_gpt2_config_flag_matches_transformers_own_forward",  # 22 s
     "test_formats_pipelines.py::test_inspect_runs_on_every_format",  # 49 s
+    "test_import_effects.py::test_importing_our_packages_reads_no_argv_no_environment_and_never_exits",  # 11 s
     "test_layering.py::test_the_checks_catch_the_cycles_that_were_there",  # 21 s
     "test_newcomer.py::test_an_analysis_of_another_checkpoint_leaves_the_committed_figures_alone",  # 39 s
     "test_optim.py::test_freed_memory_is_reused_without_faulting_in_fresh_pages",  # 50 s

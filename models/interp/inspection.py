@@ -13,14 +13,14 @@ import json
 
 import torch
 
-from models.interp.baselines import baselines, head_attention_stats, per_context_baselines
+from models.interp.baselines import baselines, head_attention_stats
 from models.interp.circuit import INPUTS, Runner, build_graph, mean_se, per_context_nll, ratio_se, sender_writes
 from models.interp.interventions import ablate, corrupted_contexts, head_ablation, head_outputs, hooks, patch_heads
 from models.interp.subject import head_label
 from models.plumbing.progress import progress as progress_bar
-from models.training.standard import uniform_parent_predictive
 from probes import target_nll
 from probes.graph_task import context_order
+from probes.oracles import uniform_parent_predictive
 from probes.roles import attention_role, role_profile, sequence_scores
 
 INTERVENTION_CONTEXTS = 128  # ablation, patching and sufficiency: the first of the contexts, as many as
@@ -190,13 +190,15 @@ def head_role(head: dict, selecting: list[str], copyers: dict[str, int]) -> str:
 
 
 @torch.no_grad()
-def interventions(subject, tokens, corrupted) -> dict:
+def interventions(subject, tokens, corrupted, clean_lp=None) -> dict:
     """Per head: NLL change under mean ablation of its ``hook_z`` (mean over the contexts, with its standard
     error), and the share of the clean-vs-corrupted NLL difference restored by patching its clean ``hook_z``
     into the corrupted run, with its standard error (None for every head when that difference is below
-    ``min_patch_effect`` or within 2 SE of zero: ``patching_refused`` says so)."""
+    ``min_patch_effect`` or within 2 SE of zero: ``patching_refused`` says so). ``clean_lp``:
+    ``subject.log_probs(tokens)``, if the caller has it."""
     clean_z = head_outputs(subject, tokens)
-    clean_values = per_context_nll(subject.log_probs(tokens), tokens)
+    clean_lp = subject.log_probs(tokens) if clean_lp is None else clean_lp
+    clean_values = per_context_nll(clean_lp, tokens)
     corrupt_values = per_context_nll(subject.log_probs(corrupted), corrupted)
     nll_clean, nll_corrupt = clean_values.mean().item(), corrupt_values.mean().item()
     effect, effect_se = mean_se(corrupt_values - clean_values)
@@ -234,14 +236,14 @@ def input_costs(subject, tokens, corrupted) -> dict | None:
     the NLL change when every edge into that input carries its value on ``corrupted`` (``models.interp.circuit``,
     exact), its share of the three inputs' summed cost (``cost``), with standard errors over the contexts (the
     shares None when that sum is not beyond 2 SE of zero: ``SENTENCES["share"]``); ``through`` is ``values``,
-    ``keys/queries`` or None (no shares, or neither reached its bar). None when the model lacks a hook the
-    circuit graph needs."""
-    try:
-        graph = build_graph(subject)
-    except ValueError:
+    ``keys/queries`` or None (no shares, or neither reached its bar). None for a family whose attention has no
+    per-input hooks (CatFormer, Chen's and Edelman's models: no ``hook_q``, ``hook_k``, ``hook_v`` in the last
+    layer): the circuit graph cuts each head's q, k and v apart."""
+    hooks, last = subject.model.hook_dict, subject.n_layers - 1
+    if not all(f"blocks.{last}.attn.hook_{x}" in hooks for x in INPUTS):
         return None
+    graph = build_graph(subject)
     runner = Runner(subject, graph, tokens, sender_writes(subject, graph, corrupted)[0])
-    last = subject.n_layers - 1
     out = {}
     for j in range(subject.n_heads[last]):
         label = head_label(last, j)
@@ -283,7 +285,7 @@ def inspect_subject(subject, n_contexts: int = 512, seed: int = 0, batch: int = 
     L, H = task.n_examples, task.seq_len
     tokens, parents = task.sample(n_contexts, torch.Generator().manual_seed(seed))
     order = context_order(task)  # 2 on a 3-gram: the generalized induction head matches two tokens
-    base = baselines(task, tokens, parents)
+    base = baselines(task, tokens, parents)  # BMA's and the plateau's predictions: once, for the progress's SE too
     lp = torch.cat([subject.log_probs(tokens[i : i + batch]) for i in range(0, n_contexts, batch)])
     nll = target_nll(lp, tokens)
     stats = None
@@ -314,14 +316,16 @@ def inspect_subject(subject, n_contexts: int = 512, seed: int = 0, batch: int = 
     inter_tokens = tokens[:n_int]
     stages.update()
     stages.set_postfix(stage="ablation and patching")
-    inter = interventions(subject, inter_tokens, corrupt(task, inter_tokens, seed))
+    inter_corrupted = corrupt(task, inter_tokens, seed)
+    inter_clean = subject.log_probs(inter_tokens)  # the clean run of every intervention below, once
+    inter = interventions(subject, inter_tokens, inter_corrupted, inter_clean)
     for h, a, se, p, p_se in zip(per_head, *(inter[k] for k in ("ablation_dnll", "ablation_se", "patching_restored",
                                                                  "patching_se"))):  # fmt: skip
         h.update(ablation_dnll=a, ablation_se=se, patching_restored=p, patching_se=p_se)
     out = {
         "kind": subject.family,
         "nll": nll,
-        **{k: v for k, v in base.items() if k != "posterior"},
+        **{k: v for k, v in base.items() if k not in ("posterior", "log_bayes", "log_plateau")},
         "heads": per_head,
         "n_contexts": n_contexts,
         "seed": seed,
@@ -331,11 +335,11 @@ def inspect_subject(subject, n_contexts: int = 512, seed: int = 0, batch: int = 
         "patching_refused": inter["patching_refused"],
         "interventions": inter["interventions"],
         "layout": layout_words(subject.layout),
-        **verdict(nll, base, per_head, inter, *progress_errors(task, tokens, lp)),
+        **verdict(nll, base, per_head, inter, *progress_errors(tokens, lp, base)),
     }
     stages.update()
     stages.set_postfix(stage="inputs of the last layer")
-    out["inputs"] = input_costs(subject, inter_tokens, corrupt(task, inter_tokens, seed))
+    out["inputs"] = input_costs(subject, inter_tokens, inter_corrupted)
     for c in out["carriers"] if out["inputs"] else []:
         if out["inputs"].get(c, {}).get("through") == "values" and c not in out["parent_selecting"]:
             out["roles"][c] = f"{POOLING} ({out['roles'][c]})"
@@ -345,8 +349,9 @@ def inspect_subject(subject, n_contexts: int = 512, seed: int = 0, batch: int = 
     named = {"paper_circuit": sorted(set(out["parent_selecting"]) | set(out["copyers"])), "carriers": out["carriers"]}
     stages.update()
     stages.set_postfix(stage="sufficiency")
+    clean, plateau = per_context_nll(inter_clean, inter_tokens), per_context_nll(base["log_plateau"][:n_int], inter_tokens)
     out["sufficiency"] = {
-        name: sufficiency(subject, inter_tokens, heads, out["interventions"])
+        name: sufficiency(subject, inter_tokens, heads, out["interventions"], clean, plateau)
         for name, heads in named.items()
         if heads
     }
@@ -361,10 +366,10 @@ def inspect_subject(subject, n_contexts: int = 512, seed: int = 0, batch: int = 
     return out
 
 
-def progress_errors(task, tokens, log_probs) -> tuple[float, float]:
+def progress_errors(tokens, log_probs, base: dict) -> tuple[float, float]:
     """The standard errors over the contexts of the progress (delta method on per-context NLLs) and of the
-    plateau-to-BMA gap it divides by."""
-    plateau, bayes = per_context_baselines(task, tokens)
+    plateau-to-BMA gap it divides by, from the predictions of ``baselines`` (``base``) on the same contexts."""
+    plateau, bayes = per_context_nll(base["log_plateau"], tokens), per_context_nll(base["log_bayes"], tokens)
     return ratio_se(plateau - per_context_nll(log_probs, tokens), plateau - bayes)[1], mean_se(plateau - bayes)[1]
 
 
@@ -375,12 +380,13 @@ def layout_words(layout) -> str:
 
 
 @torch.no_grad()
-def sufficiency(subject, tokens, heads: list[str], log: list) -> dict:
+def sufficiency(subject, tokens, heads: list[str], log: list, clean=None, plateau=None) -> dict:
     """The share of the model's progress over the uniform-parent plateau kept with every head NOT in
     ``heads`` (``ablated``) mean-ablated (its ``hook_z`` at the mean over ``tokens``), and its standard error
     over the contexts: ``(plateau - ablated) / (plateau - model)`` per-context means, delta method. No share
     (``share`` None, ``refused`` the reason: ``SENTENCES["sufficiency"]``) when no head is ablated, or when the
-    model's gain over the plateau on ``tokens`` is not beyond 2 SE of zero."""
+    model's gain over the plateau on ``tokens`` is not beyond 2 SE of zero. ``clean`` and ``plateau``: the
+    model's and the plateau's per-context NLLs on ``tokens``, if the caller has them."""
     task = subject.task
     keep = set(heads)
     ablated = [head_label(i, j) for i, n in enumerate(subject.n_heads) for j in range(n) if head_label(i, j) not in keep]
@@ -388,8 +394,9 @@ def sufficiency(subject, tokens, heads: list[str], log: list) -> dict:
     if not ablated:
         out["refused"] = "every head of the model is among them, so none is ablated: no sufficiency to measure"
         return out
-    plateau = per_context_nll(uniform_parent_predictive(task, tokens), tokens)
-    gain = plateau - per_context_nll(subject.log_probs(tokens), tokens)
+    plateau = per_context_nll(uniform_parent_predictive(task, tokens), tokens) if plateau is None else plateau
+    clean = per_context_nll(subject.log_probs(tokens), tokens) if clean is None else clean
+    gain = plateau - clean
     gain_mean, gain_se = mean_se(gain)
     if not beyond_2se(gain_mean, gain_se):
         out["refused"] = (f"the model's gain over the uniform-parent plateau on these contexts is {gain_mean:+.4f} +- "
