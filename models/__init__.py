@@ -15,7 +15,7 @@ JSON, locks, the error convention), ``nets`` (the networks), ``loading`` (a ``--
 
 from __future__ import annotations
 
-import importlib
+from models.plumbing.lazy import lazy_names
 
 _PUBLIC = {  # name -> the module that defines it
     "DEFAULT_CHECKPOINT": "models.loading.named",
@@ -34,14 +34,4 @@ _PUBLIC = {  # name -> the module that defines it
 }
 __all__ = sorted(_PUBLIC)
 
-
-def __getattr__(name: str):
-    if name not in _PUBLIC:
-        raise AttributeError(f"module 'models' has no attribute {name!r}")
-    value = getattr(importlib.import_module(_PUBLIC[name]), name)
-    globals()[name] = value  # the next look-up is a plain attribute
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted([*globals(), *_PUBLIC])
+__getattr__, __dir__ = lazy_names(globals(), _PUBLIC)

@@ -68,7 +68,7 @@ score restores what the corruption cost.
 
 from __future__ import annotations
 
-import importlib
+from models.plumbing.lazy import lazy_names
 
 _PUBLIC = {  # name -> the module that defines it; each is imported on first use (PEP 562), so that importing
     # the package (and models.interp.circuit.config, which the command line's --help reads) loads no torch
@@ -125,14 +125,4 @@ _PUBLIC = {  # name -> the module that defines it; each is imported on first use
 }
 __all__ = sorted(_PUBLIC)
 
-
-def __getattr__(name: str):
-    if name not in _PUBLIC:
-        raise AttributeError(f"module 'models.interp.circuit' has no attribute {name!r}")
-    value = getattr(importlib.import_module(_PUBLIC[name]), name)
-    globals()[name] = value  # the next look-up is a plain attribute
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted([*globals(), *_PUBLIC])
+__getattr__, __dir__ = lazy_names(globals(), _PUBLIC)
