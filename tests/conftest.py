@@ -86,7 +86,7 @@ SLOW = {
     "test_inspect_standard.py::test_same_numbers_as_inspect_under_its_own_file_names",  # 22 s
     "test_logpi_recovery.py::test_cli_theorem1_writes_numbers",  # 12 s
     "test_messages.py::test_every_entry_point_makes_the_missing_parents_of_out_and_json",  # 10 s
-    "test_messages.py::test_the_summary_is_alone_on_stdout_and_no_bar_reaches_a_log",  # 61 s
+    "test_messages.py::test_the_summary_is_alone_on_stdout_and_a_log_gets_plain_progress_lines",  # 61 s
     "test_nichani_dags.py::test_bad_dags_are_one_line_and_exit_2",  # 68 s
     "test_paper.py::test_analyses_fix_the_thread_count_and_reject_a_bad_one",  # 10 s
     "test_phase_diagram.py::test_a_replot_reads_a_trained_sweep_back_unchanged",  # 11 s
