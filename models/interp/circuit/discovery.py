@@ -365,7 +365,21 @@ def discover(subject: Subject, config: CircuitConfig | None = None) -> CircuitRe
     needs) is a one-line ValueError before any work. A model whose progress over the plateau on the search
     contexts is not beyond 2 standard errors of zero gets a result with ``refused`` set and no circuit. Exact
     edge patching estimated to take more than ``config.exact_budget`` CPU seconds is replaced by EAP-IG (the
-    result's ``scoring_note`` says so). The result's ``timings`` hold each stage's wall and CPU seconds."""
+    result's ``scoring_note`` says so). The result's ``timings`` hold each stage's wall and CPU seconds.
+
+    Args:
+        subject: the model under study (``models.load_subject``), any family.
+        config: what to do: every option of ``python -m analyses.circuit`` as a field with the same default
+            (the search contexts, the corruptions, the method, the held-out size, ...).
+
+    Returns:
+        What was found: the circuit's ``nodes`` and ``edges``, each corruption's search, and the two answers on
+        held-out contexts, faithfulness and sufficiency, with their standard errors (``to_dict()``: the JSON
+        the command line writes); or ``refused`` and no circuit.
+
+    Raises:
+        ValueError: bad input, in one line, before any work.
+    """
     config = CircuitConfig() if config is None else config
     run = _Discovery(subject, config)
     reason = _refused(run.progress, len(run.tokens))
