@@ -100,22 +100,24 @@ def context_bytes(subject: Subject, graph: Graph) -> tuple[int, int]:
     return sum(held.values()), sum(seen.values())
 
 
-def check_fits(subject: Subject, config: CircuitConfig, graph: Graph | None = None) -> int:
+def check_fits(subject: Subject, config: CircuitConfig, graph: Graph | None = None) -> tuple[int, int]:
     """One-line ValueError, before any work, if the search or the held-out answers would not fit in memory:
     each Runner holds the senders' clean and ablated writes on its contexts (the search one per corruption,
-    two when denoising), a pass runs on at least ``ROWS`` contexts, and the receivers' patched activations
-    at most double a pass's. The held-out sample is sized at ``n_held_out``, or at its first size when it
-    grows to reach ``target_se``. Returns the most held-out contexts that fit beside the search (where the
-    growing sample stops)."""
+    two when denoising), a pass runs on ``rows`` contexts or all of them, and the receivers' patched
+    activations at most double a pass's. ``rows`` is ``ROWS``, or fewer where a pass of ``ROWS`` contexts
+    would take more than a quarter of the memory (a big model). The held-out sample is sized at
+    ``n_held_out``, or at its least size. Returns the most held-out contexts that fit beside the search, and
+    ``rows``."""
     writes, forward = context_bytes(subject, build_graph(subject) if graph is None else graph)
+    rows = max(1, min(ROWS, int(MEMORY_FRACTION * memory_limit()[0] / 4 // (2 * forward))))
     runners = len(config.corruptions) * (2 if config.direction == "denoising" else 1)
     n, held = config.n_contexts, config.n_held_out or MIN_HELD_OUT
-    search = 2 * writes * runners * n + 2 * forward * max(n, ROWS)
+    search = 2 * writes * runners * n + 2 * forward * max(n, rows)
     check_memory(search, f"n_contexts {n} (the search: {size(2 * writes * runners + 2 * forward)} a context)")
-    answers = 2 * writes * held + 2 * forward * max(held, ROWS)
+    answers = 2 * writes * held + 2 * forward * max(held, rows)
     check_memory(search + answers, f"n_held_out {held} ({size(2 * writes + 2 * forward)} a context; the search "
                                    f"holds {size(search)} besides)")  # fmt: skip
-    return int((MEMORY_FRACTION * memory_limit()[0] - search) // (2 * writes + 2 * forward))
+    return int((MEMORY_FRACTION * memory_limit()[0] - search) // (2 * writes + 2 * forward)), rows
 
 
 def held_out_size(config: CircuitConfig, plateau: Tensor, full: Tensor, bma: Tensor, most: int | None = None) -> int:
@@ -131,7 +133,9 @@ def held_out_size(config: CircuitConfig, plateau: Tensor, full: Tensor, bma: Ten
     return max(MIN_HELD_OUT, min(n, MAX_HELD_OUT, MAX_HELD_OUT if most is None else most))
 
 
-def measure(subject: Subject, graph: Graph, tokens, edges, nodes, corruptions, seed: int) -> Measurement:
+def measure(
+    subject: Subject, graph: Graph, tokens, edges, nodes, corruptions, seed: int, rows: int = ROWS
+) -> Measurement:
     """On ``tokens``: the model's progress, the circuit ``edges``' faithfulness under each corruption (every
     other edge ablated), and the sufficiency of ``nodes`` (every other head and MLP mean- or resample-
     ablated), each with its standard error over the contexts."""
@@ -139,7 +143,7 @@ def measure(subject: Subject, graph: Graph, tokens, edges, nodes, corruptions, s
     plateau, bma = per_context_baselines(task, tokens)
     shares, full, clean = {}, None, sender_writes(subject, graph, tokens)
     for c in corruptions:
-        runner = Runner(subject, graph, tokens, source_writes(subject, graph, tokens, c, seed), clean=clean)
+        runner = Runner(subject, graph, tokens, source_writes(subject, graph, tokens, c, seed), clean=clean, rows=rows)
         full = runner.clean_values
         shares[c] = Estimate(*ratio_se(plateau - runner.keep_only_values(edges), plateau - full))
     progress = Estimate(*ratio_se(plateau - full, plateau - bma))
@@ -147,7 +151,7 @@ def measure(subject: Subject, graph: Graph, tokens, edges, nodes, corruptions, s
                  "resample": sample(task, len(tokens), seed + SEEDS["reference"] + 1)}  # fmt: skip
     sufficiency = {}
     for ablation, ref in reference.items():
-        values = node_ablated_values(subject, graph, tokens, nodes, ablation, ref)
+        values = node_ablated_values(subject, graph, tokens, nodes, ablation, ref, rows=rows)
         sufficiency[ablation] = Estimate(*ratio_se(plateau - values, plateau - full))
     return Measurement(len(tokens), shares, progress, full.mean().item(), sufficiency)
 
@@ -206,7 +210,7 @@ class _Discovery:
         self.subject, self.config, self.task = subject, config, subject.task
         self.graph = build_graph(subject)
         self.named = named_edges(self.graph, config.nodes) if config.nodes is not None else None  # before any work
-        self.most_held_out = check_fits(subject, config, self.graph)
+        self.most_held_out, self.rows = check_fits(subject, config, self.graph)
         self.tokens = sample(self.task, config.n_contexts, config.seed)
         self.plateau, self.bma = per_context_baselines(self.task, self.tokens)
         self.corruptions, self.stages = list(config.corruptions), Stages()
@@ -215,7 +219,8 @@ class _Discovery:
             clean = sender_writes(subject, self.graph, self.tokens)
             self.pass_s = time.process_time() - cpu  # CPU seconds of one run of the search contexts
             self.runners = {c: Runner(subject, self.graph, self.tokens,
-                                      source_writes(subject, self.graph, self.tokens, c, config.seed), clean=clean)
+                                      source_writes(subject, self.graph, self.tokens, c, config.seed), clean=clean,
+                                      rows=self.rows)
                             for c in self.corruptions}  # fmt: skip
         self.full = self.runners[self.corruptions[0]].clean_values
         self.progress = Estimate(*ratio_se(self.plateau - self.full, self.plateau - self.bma))
@@ -266,7 +271,7 @@ class _Discovery:
 
         def sufficient(ns) -> float:
             values = node_ablated_values(
-                self.subject, self.graph, self.tokens, ns, "mean", reference, recorded=recorded
+                self.subject, self.graph, self.tokens, ns, "mean", reference, recorded=recorded, rows=self.rows
             )
             return ratio_se(plateau - values, plateau - full)[0]
 
@@ -390,9 +395,9 @@ def discover(subject: Subject, config: CircuitConfig | None = None) -> CircuitRe
     scored = run.scores(method)
     with stage("node costs"):
         reference = sample(subject.task, N_MEAN, config.seed + SEEDS["reference"])
-        recorded = record_outputs(subject, reference, output_hooks(node_outputs(subject, graph)))  # once per call
+        recorded = record_outputs(subject, reference, output_hooks(node_outputs(subject, graph)), run.rows)  # once
         costs = {n: Estimate(*mean_se(v)) for n, v in node_costs(
-            subject, graph, tokens, reference, recorded=recorded, clean=run.full,
+            subject, graph, tokens, reference, rows=run.rows, recorded=recorded, clean=run.full,
             progress=lambda p: _bar(p, "node costs")).items()}  # fmt: skip
     with stage("node search"):
         if run.named is not None:
@@ -413,16 +418,18 @@ def discover(subject: Subject, config: CircuitConfig | None = None) -> CircuitRe
     at: dict = {n: {} for n in nodes}
     with stage("per-group node costs"):
         for g, positions in groups.items():  # where each node's output matters: ablated at one group's positions
-            for n, v in node_costs(subject, graph, tokens, reference, nodes=nodes, positions=positions,
+            for n, v in node_costs(subject, graph, tokens, reference, rows=run.rows, nodes=nodes, positions=positions,
                                    recorded=recorded, clean=run.full).items():  # fmt: skip
                 at[n][g] = Estimate(*mean_se(v))
     n_held = held_out_size(config, run.plateau, run.full, run.bma, run.most_held_out)
     with stage("held-out answers"):
         held = sample(subject.task, n_held, config.seed + SEEDS["held_out"])
-        held_out = measure(subject, graph, held, union, nodes, corruptions, config.seed + SEEDS["held_out"])
+        held_out = measure(subject, graph, held, union, nodes, corruptions, config.seed + SEEDS["held_out"], run.rows)
     with stage("replicate"):
         fresh = sample(subject.task, n_held, config.seed + SEEDS["replicate"])
-        replicate = measure(subject, graph, fresh, union, nodes, corruptions, config.seed + SEEDS["replicate"])
+        replicate = measure(
+            subject, graph, fresh, union, nodes, corruptions, config.seed + SEEDS["replicate"], run.rows
+        )
     score_of = {}
     for c in reversed(corruptions):  # each edge's score under the first corruption whose circuit kept it
         score_of.update({s.edge: (s.score, s.se, c) for s in searches[c].edges})
