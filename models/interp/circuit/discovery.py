@@ -21,7 +21,6 @@ from contextlib import contextmanager
 
 import torch
 from torch import Tensor
-from tqdm.auto import tqdm
 
 from models.interp.baselines import per_context_baselines
 from models.interp.circuit.config import MAX_HELD_OUT, MIN_HELD_OUT, CircuitConfig
@@ -63,6 +62,7 @@ from models.interp.circuit.search import SEARCHES, among, ranked
 from models.interp.interventions import description
 from models.interp.subject import Subject
 from models.plumbing.io import MEMORY_FRACTION, check_memory, memory_limit, size
+from models.plumbing.progress import progress
 
 N_MEAN = 2048  # held-out contexts whose mean is each sender's / node's mean-ablated value
 COST_Z = 3.0  # a node whose mean ablation alone costs more than this many standard errors is in the circuit
@@ -142,7 +142,7 @@ def measure(
     task = subject.task
     plateau, bma = per_context_baselines(task, tokens)
     shares, full, clean = {}, None, sender_writes(subject, graph, tokens)
-    for c in corruptions:
+    for c in _bar(corruptions, f"faithfulness on {len(tokens)} contexts"):
         runner = Runner(subject, graph, tokens, source_writes(subject, graph, tokens, c, seed), clean=clean, rows=rows)
         full = runner.clean_values
         shares[c] = Estimate(*ratio_se(plateau - runner.keep_only_values(edges), plateau - full))
@@ -359,8 +359,9 @@ class Stages:
 
 
 def _bar(items, desc: str):
-    """A progress bar over ``items`` on a terminal (none otherwise)."""
-    return tqdm(items, desc=desc, leave=False, disable=None)
+    """Progress over ``items`` (``models.plumbing.progress``: a bar on a terminal, a line every 30 s with
+    the time left otherwise)."""
+    return progress(items, f"circuit: {desc}", leave=False)
 
 
 @torch.no_grad()
