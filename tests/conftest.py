@@ -1,15 +1,26 @@
 """Shared fixtures: every test starts from seeded generators; small builders keep tests short. ``SLOW``:
-the tests marked ``slow`` (``python -m pytest -m "not slow"`` leaves them out)."""
+the tests marked ``slow`` (``python -m pytest -m "not slow"`` leaves them out). ``FIGURES``: the tests that
+draw an analysis's figures; every other test builds them (``figures()`` runs) but writes a placeholder
+where the PNG and PDF would be (``_figures_drawn_only_where_checked``)."""
 
 from __future__ import annotations
 
+import dataclasses
+import hashlib
+import json
 import random
+import shutil
+from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
+from inproc import run as run_in_process
 
-from models.training.train import TrainConfig
+from analyses import common
+from models.plumbing import io
+from models.training.standard import train_standard
+from models.training.train import TrainConfig, train
 from probes import MarkovTreeTask
 
 # The heaviest tests, by file and function (every parametrisation), marked `slow` here rather than in their
@@ -96,10 +107,33 @@ SLOW = {
 }
 
 
+# The tests that render an analysis's figures to PNG and PDF through ``common.render_figure`` (the figures'
+# layout is checked apart, by tests/analyses/test_figure_layout.py, on the figures themselves). Everywhere
+# else a run of an analysis builds its figures and writes PLACEHOLDER in their files: rendering a figure twice
+# (PNG at 150 dpi, PDF) costs more than most of the small analyses the tests run. A test that reads a figure's
+# pixels or bytes goes here, or carries @pytest.mark.figures.
+FIGURES = {
+    "test_slow_marker.py::test_an_analysis_renders_its_figures_where_asked",
+}
+PLACEHOLDER = b"not drawn: tests/conftest.py FIGURES lists the tests that draw figures\n"
+
+
 def pytest_collection_modifyitems(items):
     for item in items:
-        if f"{item.path.name}::{item.originalname}" in SLOW:
+        name = f"{item.path.name}::{item.originalname}"
+        if name in SLOW:
             item.add_marker(pytest.mark.slow)
+        if name in FIGURES:
+            item.add_marker(pytest.mark.figures)
+
+
+@pytest.fixture(autouse=True)
+def _figures_drawn_only_where_checked(request, monkeypatch):
+    """Outside ``FIGURES``, ``render_figure`` writes ``PLACEHOLDER``: the figure is built, its file written
+    as one set with the JSON (``models.plumbing.io.write_set``), nothing rendered. Processes forked or
+    started by a test draw as a user's do."""
+    if request.node.get_closest_marker("figures") is None:
+        monkeypatch.setattr(common, "render_figure", lambda fig, path: Path(path).write_bytes(PLACEHOLDER))
 
 
 @pytest.fixture(autouse=True)
@@ -123,3 +157,47 @@ def tiny_train_config(tmp_path, **kw) -> TrainConfig:
 @pytest.fixture
 def small_task() -> MarkovTreeTask:
     return build_task()
+
+
+@pytest.fixture(scope="session")
+def _trained_runs(tmp_path_factory, worker_id) -> Path:
+    """Where ``trained`` keeps the runs it trained: new each session, shared by its xdist workers (the parent
+    of their temporary folders)."""
+    base = tmp_path_factory.getbasetemp()
+    store = (base if worker_id == "master" else base.parent) / "trained"
+    store.mkdir(exist_ok=True)
+    return store
+
+
+@pytest.fixture(scope="session")
+def trained(_trained_runs):
+    """``trained(what, out=None) -> out``: the folder of a training run, copied to ``out``; each distinct
+    training is run once a session, for every test (and xdist worker) that asks for it. ``what``: a
+    ``TrainConfig`` or ``StandardConfig`` (``out`` defaults to its own), trained as ``train(cfg,
+    progress=False)`` / ``train_standard(cfg, progress=False)`` do; or a command line ``("models.train",
+    *flags)`` without ``--out``, run in this process as ``python -m`` runs it. The run's own ``out`` (in its
+    config.json) names the store, which resuming allows (``RESUME_MAY_DIFFER``). The copy is the test's to
+    change; the store is never handed out."""
+
+    def get(what, out: str | Path | None = None) -> Path:
+        if isinstance(what, tuple):
+            identity, out = list(what), Path(out)
+        else:
+            identity = [type(what).__name__, {k: v for k, v in dataclasses.asdict(what).items() if k != "out"}]
+            out = Path(what.out if out is None else out)
+        key = hashlib.sha256(json.dumps(identity, sort_keys=True, default=str).encode()).hexdigest()[:16]
+        run, done = _trained_runs / key, _trained_runs / f"{key}.done"
+        with io.exclusive_lock(_trained_runs / f"{key}.lock"):  # another worker training it: wait for its run
+            if not done.exists():
+                shutil.rmtree(run, ignore_errors=True)
+                if isinstance(what, tuple):
+                    proc = run_in_process(*what, "--out", str(run), cwd=_trained_runs)
+                    assert proc.returncode == 0, (what, proc.stderr[-2000:])
+                else:
+                    trainer = train if isinstance(what, TrainConfig) else train_standard
+                    trainer(dataclasses.replace(what, out=str(run)), progress=False)
+                done.touch()
+        shutil.copytree(run, out, symlinks=True)
+        return out
+
+    return get

@@ -13,19 +13,17 @@ import json
 import shlex
 from pathlib import Path
 
-import torch
-
 import matplotlib
+import torch
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import pytest  # noqa: E402
+from conftest import build_task  # noqa: E402
 from layout_check import text_problems  # noqa: E402
 
-from analyses import common  # noqa: E402
-from conftest import build_task  # noqa: E402
-
 import models  # noqa: E402
+from analyses import common  # noqa: E402
 from models.interp.subject import DisentangledSubject, load_subject  # noqa: E402
 
 FIGURES = Path(common.FIGURES_DIR)
