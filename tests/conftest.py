@@ -160,11 +160,11 @@ def small_task() -> MarkovTreeTask:
 
 
 @pytest.fixture(scope="session")
-def _trained_runs(tmp_path_factory, worker_id) -> Path:
+def _trained_runs(request, tmp_path_factory) -> Path:
     """Where ``trained`` keeps the runs it trained: new each session, shared by its xdist workers (the parent
     of their temporary folders)."""
     base = tmp_path_factory.getbasetemp()
-    store = (base if worker_id == "master" else base.parent) / "trained"
+    store = (base.parent if hasattr(request.config, "workerinput") else base) / "trained"
     store.mkdir(exist_ok=True)
     return store
 

@@ -6,10 +6,9 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 from pathlib import Path
 
+import forked
 import pytest
 import torch
 from test_cli_bad_input import TINY
@@ -72,13 +71,11 @@ def test_ctrl_c_in_an_analysis_is_one_line_with_the_entry_points_prefix(monkeypa
 
 
 def test_the_summary_is_alone_on_stdout_and_no_bar_reaches_a_log(tmp_path):
-    """Piped (as into a log file), stdout holds the summary and the last line; stderr holds no progress
-    bar (tqdm draws one only on a terminal) and so no line of spaces."""
+    """Into a file (as into a log; in a process of its own, forked: tests/helpers/forked.py), stdout holds the
+    summary and the last line; stderr holds no progress bar (tqdm draws one only on a terminal) and so no line
+    of spaces."""
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
-    run = subprocess.run(
-        [sys.executable, "-m", "analyses.head_ablation", "--n-contexts", "32", "--out", str(tmp_path / "o")],
-        cwd=ROOT, env=env, capture_output=True, text=True,
-    )  # fmt: skip
+    run = forked.run("analyses.head_ablation", "--n-contexts", "32", "--out", str(tmp_path / "o"), cwd=ROOT, env=env)
     assert run.returncode == 0, run.stderr[-500:]
     lines = run.stdout.splitlines()
     assert lines[0].startswith("intact: NLL") and lines[-1].startswith("wrote 5 files to ")
