@@ -160,9 +160,18 @@ def parse(analysis: Analysis, argv: list[str] | None) -> tuple[argparse.Argument
     return p, args
 
 
+def title_name(name: str | None) -> str:
+    """A model's name as a figure's title shows it: a path by its last part (a user's path would fill the line),
+    its bytes that are not UTF-8 escaped (``ck\\xff``: matplotlib draws text, not bytes). Every analysis's title
+    reads it as ``args.subject_name``."""
+    name = str(name or "model").rstrip("/")
+    short = name.rsplit("/", 1)[-1] or name
+    return os.fsencode(short).decode("utf-8", "backslashreplace")
+
+
 def report_written(paths: list[Path]) -> None:
     """The one line that ends a run: where its files went."""
-    folder = os.path.relpath(paths[0].parent) if paths else "?"
+    folder = str(paths[0].parent) if paths else "?"  # --out as given (relpath would turn /tmp/x into ../x)
     print(f"wrote {len(paths)} files to {folder}/: {', '.join(p.name for p in paths)}")
 
 
@@ -200,7 +209,7 @@ def main(analysis: Analysis, argv: list[str] | None = None) -> dict:
             check_requirements(analysis, subject)
         if hasattr(subject.model, "eval"):
             subject.model.eval()
-    args.subject_name = None if subject is None else subject.name
+    args.subject_name = None if subject is None else title_name(subject.name)  # for titles; the JSON has subject.name
     torch.manual_seed(args.seed)
     result = analysis.compute(subject, args)
     style()

@@ -25,7 +25,7 @@ import safetensors.torch
 import torch
 from torch import Tensor
 
-from models.loading.dtypes import dtype_name
+from models.loading.dtypes import check_tensor_kinds
 from models.nets.causal_transformer import CausalTransformer, CausalTransformerConfig
 from models.nets.continuous import ContinuousTransformer
 from models.plumbing.io import check_memory, exclusive_lock, name_too_long, one_line, openable, read_json, what_is
@@ -101,24 +101,6 @@ def check_task_fits(model_cfg: dict, task: dict, where: str) -> None:
 SIZES = ("d_vocab", "n_examples", "seq_len")
 
 
-def check_tensor_kinds(state: dict, source: str) -> None:
-    """Every value is a dense (strided), materialised, non-quantized tensor of a float dtype."""
-    for key, v in state.items():
-        if not isinstance(v, Tensor):
-            raise ValueError(f"{source}: {key!r} is a {type(v).__name__}, not a tensor")
-        kind = None
-        if v.layout != torch.strided:
-            kind = f"a {str(v.layout).replace('torch.', '')} tensor"
-        elif v.is_meta:
-            kind = "a meta tensor (no data)"
-        elif v.is_quantized:
-            kind = "a quantized tensor"
-        elif dtype_name(v.dtype) is None:
-            kind = f"of dtype {str(v.dtype).replace('torch.', '')}"
-        if kind:
-            raise ValueError(f"{source}: {key!r} is {kind}; expected dense float16/bfloat16/float32/float64 weights")
-
-
 def check_state_dict(state: dict[str, Tensor], model: torch.nn.Module, source: str) -> None:
     """One error listing missing, unexpected and wrongly shaped keys, and any NaN/Inf weights (values
     that overflow the model's dtype included). ``state`` values may be tensors or shapes (tuples)."""
@@ -176,13 +158,14 @@ def model_class(task_kind: str) -> type[CausalTransformer]:
     return ContinuousTransformer if task_kind == "continuous" else CausalTransformer
 
 
-def build(cls: type[CausalTransformer], cfg: CausalTransformerConfig, what: str) -> CausalTransformer:
-    """``cls(cfg)`` once its parameters and buffers are known to fit in memory (sized on the meta device)."""
+def build(cls, cfg, what: str):
+    """``cls(cfg)`` once its parameters and buffers are known to fit in memory (sized on the meta device):
+    any model class whose config is a dataclass with a ``device`` field (ours, ``models.nets.edelman``'s)."""
     check_memory(model_bytes(cls, cfg), what)
     return cls(cfg)
 
 
-def model_bytes(cls: type[CausalTransformer], cfg: CausalTransformerConfig) -> int:
+def model_bytes(cls, cfg) -> int:
     """Bytes of the parameters and buffers of ``cls(cfg)``, measured without allocating them."""
     with torch.device("meta"):
         meta = cls(dataclasses.replace(cfg, device="meta"))
@@ -268,6 +251,11 @@ def save(
 # an interrupted write; the write itself calls it first.
 REPLACES = ".replaces-extras"  # in a new folder written with carry=False: recovery carries nothing into it
 OWN_FILES = (WEIGHTS, CONFIG, TRAIN_STATE, TRAIN_META, REPLACES)
+
+
+def interrupted_write(path: str | Path) -> bool:
+    """Whether a write to ``path`` was killed between its two renames (``.NAME.old`` is left beside it)."""
+    return _old(Path(path)).is_dir()
 
 
 def _new(path: Path) -> Path:
@@ -356,7 +344,9 @@ def recover_run(out: str | Path) -> None:
     recover(out)
     snapshots = out / SNAPSHOTS
     if snapshots.is_dir():
-        names = {e.name[1:].rsplit(".", 1)[0] for e in snapshots.iterdir() if e.name.endswith((".new", ".old", ".lock"))}
+        names = {
+            e.name[1:].rsplit(".", 1)[0] for e in snapshots.iterdir() if e.name.endswith((".new", ".old", ".lock"))
+        }
         for name in sorted(names):
             recover(snapshots / name)
 
@@ -471,5 +461,9 @@ def checkpoint_hash(path: str | Path, read_config_bytes=None) -> str:
     ``read_config_bytes(file, what)`` reads config.json (default: from disk)."""
     h = hashlib.sha256()
     h.update((Path(path) / WEIGHTS).read_bytes())
-    h.update((Path(path) / CONFIG).read_bytes() if read_config_bytes is None else read_config_bytes(Path(path) / CONFIG, "checkpoint config"))
+    h.update(
+        (Path(path) / CONFIG).read_bytes()
+        if read_config_bytes is None
+        else read_config_bytes(Path(path) / CONFIG, "checkpoint config")
+    )
     return h.hexdigest()[:16]

@@ -105,25 +105,60 @@ def listing(names, shown: int = 5) -> str:
     return ", ".join(names[:shown]) + more
 
 
+ZIP, PICKLE, SAFETENSORS = "a zip archive (a NumPy .npz or a PyTorch file)", "a pickle", "a safetensors file"
+# What a file holds, from its first bytes: (prefix, what it is); the safetensors header is found apart.
+MAGIC = (
+    (b"\x89PNG", "a PNG image"), (b"\xff\xd8\xff", "a JPEG image"), (b"%PDF", "a PDF document"),
+    (b"PK\x03\x04", ZIP), (b"PK\x05\x06", "an empty zip archive"),
+    (b"\x93NUMPY", "a NumPy .npy array"), (b"\x1f\x8b", "a gzip file"), (b"BZh", "a bzip2 file"),
+    (b"\x7fELF", "an executable"), (b"SQLite format 3", "an SQLite database"),
+)  # fmt: skip
+
+
+def file_kind(path: str | Path) -> str | None:
+    """What the regular file ``path`` holds, from its first bytes (``MAGIC``, a pickle, a safetensors header),
+    for a message about a file that is not what was expected; None when unknown or unreadable."""
+    try:
+        with open(path, "rb") as f:
+            head = f.read(16)
+    except OSError:
+        return None
+    kind = next((text for magic, text in MAGIC if head.startswith(magic)), None)
+    if kind is None and len(head) >= 2 and head[0] == 0x80 and 2 <= head[1] <= 5:
+        kind = PICKLE
+    if kind is None and len(head) >= 10 and head[8:10] in (b'{"', b"{ ") and int.from_bytes(head[:8], "little") > 0:
+        kind = SAFETENSORS
+    return kind
+
+
 def read_small(path: str | Path, what: str) -> bytes:
     """The bytes of the small file ``path`` (a config, a task.json, a key map); a missing, huge or
-    unreadable file is one ``ValueError`` naming ``what`` and the path. Every such file is read here."""
+    unreadable file is one ``ValueError`` naming ``what``, the path and what it is. Every such file is read here."""
     path = Path(path)
     if not path.is_file():
         raise ValueError(f"{what} {str(path)!r} {what_is(path)}; expected a JSON file")
     try:
-        if path.stat().st_size > MAX_JSON_BYTES:
-            raise ValueError(f"{what} {str(path)!r} is over {MAX_JSON_BYTES >> 20} MiB; expected a small JSON file")
+        size_ = path.stat().st_size
+        if size_ > MAX_JSON_BYTES:
+            kind = file_kind(path)
+            raise ValueError(
+                f"{what} {str(path)!r} is {f'{kind}, not JSON,' if kind else 'a file'} of {size(size_)}; expected a "
+                f"small JSON file (at most {MAX_JSON_BYTES >> 20} MiB)"
+            )
         return path.read_bytes()
     except OSError as e:
         raise ValueError(f"{what} {str(path)!r} cannot be read ({e.strerror or e})") from None
 
 
 def parse_json(data: bytes, path: str | Path, what: str):
-    """``data`` (the bytes of ``path``) parsed as JSON; malformed or too deeply nested is one ``ValueError``."""
+    """``data`` (the bytes of ``path``) parsed as JSON; malformed or too deeply nested is one ``ValueError``
+    (naming what the file is when its first bytes say: a PNG, a zip archive, ...)."""
     try:
         return json.loads(data.decode())
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        kind = file_kind(path)
+        if kind is not None:
+            raise ValueError(f"{what} {str(path)!r} is {kind}, not JSON; expected a JSON file") from None
         raise ValueError(f"{what} {str(path)!r} is not valid JSON ({one_line(e)})") from None
     except RecursionError:
         raise ValueError(f"{what} {str(path)!r} is nested too deeply to parse; expected a flat JSON object") from None

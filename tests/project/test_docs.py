@@ -72,7 +72,9 @@ OUTPUTS = {
     ],
     "your_gpt2": [
         (r"loss ([\d.]+) -> ([\d.]+) after", lambda a, b: float(b) < float(a)),
-        (r"circuit: (\d+) of (\d+) edges", lambda kept, total: 0 < int(kept) <= int(total)),
+        # at the quick sizes (20 steps) the model has no progress over the plateau: no circuit of nothing
+        (r"circuit: (?:(\d+) of (\d+) edges|the model's progress over the uniform-parent plateau is .* not beyond 2)",
+         lambda kept, total: kept is None or 0 < int(kept) <= int(total)),
     ],
     "paper_analyses": [(r"wrote \d+ files to .*: copyers\.png", lambda: True)],
     "nanogpt": [(r"target NLL ([\d.]+) nats", lambda nll: 0 < float(nll) < 1.7)],  # uniform guessing: log 5 = 1.61

@@ -30,17 +30,27 @@ graph (senders, receivers with q/k/v apart), the scores (ACDC's edge ablation, E
 change, EAP-IG's integrated gradients over the inputs), the searches and the JSON, and ROC AUC against
 circuits known in advance.
 
-Where each piece lives (one module each; every name is importable from ``models.interp.circuit``):
-- ``graph``: ``Edge``, ``Sender``, ``Receiver``, ``Graph``, ``build_graph``.
+The call (``discovery``): ``discover(subject, CircuitConfig(...)) -> CircuitResult`` scores, chooses and
+answers in one go (``config``: every option, each documented; ``result``: the typed result, whose
+``to_dict()`` is ``analyses.circuit``'s JSON). Where each piece lives (one module each; every name is
+importable from ``models.interp.circuit``):
+- ``graph``: ``Node`` (a typed node: ``str(node)`` is its label, ``Node.parse`` reads one), ``Edge``,
+  ``Sender``, ``Receiver``, ``Graph``, ``build_graph``.
 - ``runner``: the forward pass every method shares. ``Runner`` holds the base contexts, the senders' clean
   writes and ablated values and the metric, and runs the model with any set of edges ablated
-  (``run_values``, ``keep_only_values``); ``CORRUPTIONS`` / ``other_contexts`` / ``source_writes`` give
-  the ablated values, ``denoising_runner`` the mirror image.
+  (``run_values``, ``keep_only_values``).
+- ``registry``: ``Registry``, the one kind of registry of named objects below (an unknown name is a one-line
+  ValueError listing the registered ones).
+- ``corruptions``: ``Corruption`` and ``CORRUPTIONS`` (``register_corruption`` adds one): the senders'
+  ablated values (``source_writes``, ``other_contexts``), and ``denoising_runner``, the mirror image.
+- ``methods``: ``ScoreMethod`` and ``METHODS`` (exact, eap, eap-ig; ``register_method``).
+- ``search``: ``Search`` and ``SEARCHES`` (top-n, threshold, greedy; ``register_search``), ``among``, ``ranked``.
 - ``exact``: exact edge patching, ``exact_scores(runner)``.
 - ``attribution``: EAP and EAP-IG, ``eap_scores(runner)`` and ``eap_ig_scores(runner, steps=...)``.
 - ``scores``: ``EdgeScores``, what every method returns: each edge's score on each context, ``[edge,
-  batch]``, keyed by edge (``scores[edge]``; ``means()`` is ``{Edge: float}``); the searches on a score
-  mapping (``top_n``, ``threshold``) or on the runs (``greedy``); ``mean_se``, ``ratio_se``, ``roc_auc``.
+  batch]``, keyed by edge (``scores[edge]``; ``means()`` is ``{Edge: float}``); what a circuit keeps
+  (``faithfulness``, ``restored``); the searches' primitives on a score mapping (``top_n``, ``threshold``)
+  or on the runs (``greedy``); ``mean_se``, ``ratio_se``, ``roc_auc``.
 - ``nodes``: node ablation, ``node_ablated_values`` and ``node_costs``.
 
 Node ablation (``node_ablated_values``): every head and MLP outside a set of nodes set to its mean over
@@ -57,8 +67,19 @@ score restores what the corruption cost.
 """
 
 from models.interp.circuit.attribution import eap_ig_scores, eap_scores, input_grads
+from models.interp.circuit.config import CircuitConfig
+from models.interp.circuit.corruptions import (
+    CORRUPTIONS,
+    Corruption,
+    denoising_runner,
+    other_contexts,
+    register_corruption,
+    source_writes,
+)
+from models.interp.circuit.discovery import check_fits, discover
 from models.interp.circuit.exact import exact_scores
-from models.interp.circuit.graph import INPUTS, Edge, Graph, Receiver, Sender, build_graph
+from models.interp.circuit.graph import INPUTS, Edge, Graph, Node, Receiver, Sender, build_graph
+from models.interp.circuit.methods import METHODS, ScoreMethod, register_method
 from models.interp.circuit.nodes import (
     NODE_ABLATIONS,
     node_ablated_values,
@@ -66,21 +87,12 @@ from models.interp.circuit.nodes import (
     node_outputs,
     record_outputs,
 )
-from models.interp.circuit.runner import (
-    CORRUPTIONS,
-    DIRECTIONS,
-    ROWS,
-    Metric,
-    Runner,
-    denoising_runner,
-    mean_writes,
-    other_contexts,
-    sender_writes,
-    source_writes,
-)
+from models.interp.circuit.result import CircuitResult, Estimate
+from models.interp.circuit.runner import DIRECTIONS, ROWS, Metric, Runner, mean_writes, sender_writes
 from models.interp.circuit.scores import (
     EdgeScores,
     curve_sizes,
+    faithfulness,
     greedy,
     mean_se,
     ratio_se,
@@ -88,12 +100,15 @@ from models.interp.circuit.scores import (
     threshold,
     top_n,
 )
+from models.interp.circuit.search import SEARCHES, Search, among, register_search
 from probes.metrics import per_context_nll
 
 __all__ = [
-    "CORRUPTIONS", "DIRECTIONS", "INPUTS", "NODE_ABLATIONS", "ROWS", "Edge", "EdgeScores", "Graph", "Metric",
-    "Receiver", "Runner", "Sender", "build_graph", "curve_sizes", "denoising_runner", "eap_ig_scores",
-    "eap_scores", "exact_scores", "greedy", "input_grads", "mean_se", "mean_writes", "node_ablated_values",
-    "node_costs", "node_outputs", "other_contexts", "per_context_nll", "ratio_se", "record_outputs", "roc_auc",
+    "CORRUPTIONS", "DIRECTIONS", "INPUTS", "METHODS", "NODE_ABLATIONS", "ROWS", "SEARCHES", "CircuitConfig",
+    "CircuitResult", "Corruption", "Edge", "EdgeScores", "Estimate", "Graph", "Metric", "Node", "Receiver", "Runner",
+    "ScoreMethod", "Search", "Sender", "among", "build_graph", "check_fits", "curve_sizes", "denoising_runner",
+    "discover", "eap_ig_scores", "eap_scores", "exact_scores", "faithfulness", "greedy", "input_grads", "mean_se",
+    "mean_writes", "node_ablated_values", "node_costs", "node_outputs", "other_contexts", "per_context_nll",
+    "ratio_se", "record_outputs", "register_corruption", "register_method", "register_search", "roc_auc",
     "sender_writes", "source_writes", "threshold", "top_n",
 ]  # fmt: skip

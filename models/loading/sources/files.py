@@ -20,7 +20,8 @@ import safetensors.torch
 import torch
 from torch import Tensor
 
-from models.loading.checkpoint import CONFIG
+from models.loading.checkpoint import CONFIG, OTHER, folder_kind
+from models.loading.dtypes import check_tensor_kinds
 from models.loading.sources.key_map import read_key_map
 from models.plumbing import io
 from probes.layout import Layout
@@ -172,14 +173,29 @@ def hf_weight_files(folder: Path, read_json) -> list[Path]:
     return []
 
 
+def weight_files_in(folder: Path) -> list[Path]:
+    """The torch and safetensors weight files directly in ``folder``, sorted by name."""
+    suffixes = (*TORCH_SUFFIXES, SAFETENSORS_SUFFIX)
+    return sorted(f for f in folder.iterdir() if f.suffix.lower() in suffixes and f.is_file())
+
+
+def the_weight_file_in(folder: Path) -> Path | None:
+    """The one weight file of a folder that does not define itself (no ``config.json`` of ours or of Hugging
+    Face, no Hugging Face weights): nanoGPT's ``out/`` holding ``ckpt.pt``, a TransformerLens ``w.pt`` beside
+    its config. None for any other folder (one that defines itself, or holds none or several)."""
+    if not folder.is_dir() or hf_weight_files(folder, lambda f, w: {}):  # ours and Hugging Face's: model.safetensors
+        return None
+    found = weight_files_in(folder)
+    return found[0] if len(found) == 1 and folder_kind(folder) == OTHER else None
+
+
 def check_not_a_weight_file_folder(folder: Path, what: str) -> None:
     """A folder read as ``what`` that lacks its own files (no ``config.json``, or a ``config.json`` that is
     not ``what``'s) but holds a weight file (a nanoGPT ``ckpt.pt``, a TransformerLens state dict): a
     ``ValueError`` naming the file to pass instead. Nothing if the folder holds no weight file."""
     if not folder.is_dir() or hf_weight_files(folder, lambda f, w: {}):
         return
-    suffixes = (*TORCH_SUFFIXES, SAFETENSORS_SUFFIX)
-    files = sorted(f for f in folder.iterdir() if f.suffix.lower() in suffixes and f.is_file())
+    files = weight_files_in(folder)
     if files:
         more = f" (or {io.listing([f.name for f in files[1:]])})" if len(files) > 1 else ""
         raise ValueError(
@@ -260,7 +276,24 @@ def as_state_dict(obj, path: Path) -> dict[str, Tensor]:
     bad = [str(k) for k, v in obj.items() if not isinstance(k, str) or not isinstance(v, Tensor)]
     if bad:
         raise ValueError(f"{path}: entries {', '.join(bad[:5])} are not named tensors; expected {{name: tensor}}")
+    check_copied_size(obj, path)
     return dict(obj)
+
+
+def check_copied_size(state: dict[str, Tensor], path: Path) -> None:
+    """The tensors of ``state`` sized as what they become once copied (numel x element size: a broadcast or
+    stride-0 tensor of a few stored bytes counts whole), against the memory available, before any is
+    touched; one line naming the file and the largest tensor, its shape and its stored bytes."""
+    sizes = {k: v.numel() * v.element_size() for k, v in state.items()}
+    if not sizes:
+        return
+    big = max(sizes, key=sizes.__getitem__)
+    stored = state[big].untyped_storage().nbytes() if state[big].device.type != "meta" else 0
+    io.check_memory(
+        sum(sizes.values()),
+        f"{path}: its tensors, copied (the largest, {big!r} {list(state[big].shape)}, holds {io.size(stored)} "
+        "in the file),",
+    )
 
 
 def load_their_names(model, state: dict[str, Tensor], their_key, where: str, *, skip=()) -> None:
@@ -276,6 +309,7 @@ def load_their_names(model, state: dict[str, Tensor], their_key, where: str, *, 
         raise ValueError(
             f"{where}: {bad[0]} has shape {tuple(state[bad[0]].shape)}, the model's {shapes[ours[bad[0]]]}"
         )
+    check_tensor_kinds(state, where)  # before .float(): a complex or integer tensor is refused, not cast
     model.load_state_dict({ours[k]: v.float() for k, v in state.items()}, strict=not skip)
 
 

@@ -12,6 +12,7 @@ import torch
 
 from models.loading import converters
 from models.loading.checkpoint import CONFIG, FORMAT
+from models.loading.dtypes import weight_dtype_name
 from models.loading.sources.files import (
     HF_WEIGHTS,
     TASK_JSON,
@@ -118,17 +119,21 @@ def check_weights(path, meta, found: Found) -> None:
         )
         raise ValueError(f"{path}: its weights do not cover the model its config.json describes: {' | '.join(parts)}")
     wrong = [
-        f"{k} {list(tensors[k][0])} vs {list(shapes[k])}" for k in sorted(tensors) if k in shapes and tensors[k][0] != shapes[k]
+        f"{k} {list(tensors[k][0])} vs {list(shapes[k])}"
+        for k in sorted(tensors)
+        if k in shapes and tensors[k][0] != shapes[k]
     ]
     if wrong:
         raise ValueError(f"{path}: weights of other shapes than its config.json says: {listing(wrong, 3)}")
-    ints = [f"{k} ({dtype})" for k, (_, dtype) in sorted(tensors.items()) if k in shapes and not _is_float(dtype)]
+    ints = [
+        f"{k} ({dtype})"
+        for k, (_, dtype) in sorted(tensors.items())
+        if k in shapes and weight_dtype_name(dtype) is None
+    ]
     if ints:
-        raise ValueError(f"{path}: {listing(ints, 3)} are not float tensors; expected float16/bfloat16/float32/float64 weights")
-
-
-def _is_float(dtype: str) -> bool:
-    return dtype.lower() in ("f16", "bf16", "f32", "f64", "float16", "bfloat16", "float32", "float64")
+        raise ValueError(
+            f"{path}: {listing(ints, 3)} are not float tensors; expected float16/bfloat16/float32/float64 weights"
+        )
 
 
 def _header(path, found: Found) -> dict[str, tuple[tuple[int, ...], str]]:

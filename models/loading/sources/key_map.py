@@ -106,7 +106,9 @@ def apply_key_map(
     state: dict[str, Tensor], spec: dict[str, dict], expected: dict[str, tuple[int, ...]] | None = None
 ) -> dict[str, Tensor]:
     """Rename and transform as ``spec`` says (every key it names must be in ``state``), then fill the
-    ``default`` tensors the result lacks. ``expected``: our names -> shapes, for ``place`` and defaults."""
+    ``default`` tensors the result lacks. ``expected``: our names -> shapes, for ``place`` and defaults; each
+    transform is first run on the meta device, and a result whose shape is not the expected one is refused
+    before anything is padded or placed."""
     expected = expected or {}
     defaults = spec.get(DEFAULTS, {})
     entries = {k: v for k, v in spec.items() if k != DEFAULTS}
@@ -117,7 +119,14 @@ def apply_key_map(
     for key, value in state.items():
         entry = entries.get(key)
         if entry is not None:
-            value = _transform(key, value, entry, expected.get(entry["to"]))
+            want = expected.get(entry["to"])
+            planned = _transform(key, value.to("meta"), entry, want)  # the shape it will have: nothing allocated
+            if want is not None and tuple(planned.shape) != tuple(want):
+                raise ValueError(
+                    f"key map entry {key!r} makes {entry['to']!r} of shape {list(planned.shape)} from "
+                    f"{list(value.shape)}; the model's {entry['to']!r} is {list(want)}"
+                )
+            value = _transform(key, value, entry, want)
             key = entry["to"]
         if key in out:
             raise ValueError(f"key map sends two tensors to {key!r}")

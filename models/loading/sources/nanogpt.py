@@ -38,6 +38,7 @@ def read(found: Found, device: str | None = None, *, weights: bool = True) -> So
     obj = found.archive
     cfg = converters.nanogpt_config(obj["model_args"], found.where, device)
     check_fits(layout, cfg.d_vocab, cfg.n_ctx, found.where)
-    state = apply_key_map(strip_prefixes(found.state_dict(obj["model"])), found.key_map_spec())
+    expected = converters.gpt_expected_shapes(cfg, obj["model_args"]["bias"], head=True)  # lm_head: saved or not
+    state = apply_key_map(strip_prefixes(found.state_dict(obj["model"])), found.key_map_spec(), expected)
     model = converters.from_nanogpt(obj["model_args"], state, found.where, device)
     return Source(model, task, layout, found.where, found.digest(), NAME)
