@@ -16,7 +16,7 @@ TESTS = Path(__file__).resolve().parents[1]
 def test_every_slow_and_figures_entry_names_a_test_function():
     files = {p.name: p for p in TESTS.rglob("test_*.py")}
     missing = []
-    for entry in sorted(SLOW | FIGURES):
+    for entry in sorted({*SLOW, *FIGURES}):
         name, _, function = entry.partition("::")
         tree = ast.parse(files[name].read_text()) if name in files else None
         defined = {n.name for n in ast.walk(tree) if isinstance(n, ast.FunctionDef)} if tree else set()
