@@ -166,7 +166,19 @@ def _graph_posterior(parents: Int[Tensor, "batch H P"], H: int) -> Float[Tensor,
 
 def bayes(task, tokens: Int[Tensor, "batch T"]) -> tuple[Float[Tensor, "batch H d"], Float[Tensor, "batch H H"]]:
     """The exact Bayes predictive (log, float64) at the target positions and the posterior over each
-    position's parents ``[b, h, h']`` (a fixed graph: 1/k on its k parents), for any task of the family."""
+    position's parents ``[b, h, h']`` (a fixed graph: 1/k on its k parents), for any task of the family.
+
+    Args:
+        task (MarkovTreeTask | GraphTask): Lemma 1's BMA for ours, the exact Bayes predictive for the family.
+        tokens: the contexts ``[batch, (L+1)*H]``.
+
+    Returns:
+        ``(log_predictive, posterior)``: ``[batch, H, d]`` and ``[batch, H, H]``, float64.
+
+    Raises:
+        ValueError: a task with no exact oracle (a random tree with Dirichlet kernels above H = 7, a
+            continuous task), in one line.
+    """
     L, H, d = task.n_examples, task.seq_len, task.d_vocab
     tokens = check_tokens(tokens, d, L, H)
     check_bayes(task)
@@ -195,7 +207,15 @@ def stationary(pi: Float[Tensor, "d d"]) -> Float[Tensor, " d"]:
 
 
 def strategies(task, tokens: Int[Tensor, "batch T"]) -> dict[str, Float[Tensor, "batch H d"]]:
-    """Every strategy's log-probabilities (float64) at the target positions (module docstring)."""
+    """Every strategy's log-probabilities (float64) at the target positions (module docstring).
+
+    Args:
+        task (MarkovTreeTask | GraphTask): a task of the family.
+        tokens: the contexts ``[batch, (L+1)*H]``.
+
+    Returns:
+        By name (``uniform``, ``unigram``, ``bigram``, ``3-gram``, ...): log-probabilities ``[batch, H, d]``.
+    """
     L, H, d = task.n_examples, task.seq_len, task.d_vocab
     tokens = check_tokens(tokens, d, L, H)
     b = len(tokens)
@@ -221,7 +241,17 @@ def distances(
     kind: str = "kl",
 ) -> dict[str, Float[Tensor, " H"]]:
     """Per target position, the mean over contexts of ``kl``: KL(reference || model), or ``nll_gap``: the
-    model's NLL of x_h minus the reference's. Position 0 (the root) included; averages elsewhere skip it."""
+    model's NLL of x_h minus the reference's. Position 0 (the root) included; averages elsewhere skip it.
+
+    Args:
+        log_probs: the model's log-probabilities ``[batch, H, d]``.
+        references: log-probabilities by name, each ``[batch, H, d]`` (``bayes``, ``strategies``).
+        tokens: the contexts ``[batch, (L+1)*H]`` they were computed on.
+        kind: ``kl`` or ``nll_gap``.
+
+    Returns:
+        By reference name: ``[H]``, the mean over contexts at each target position.
+    """
     if kind not in DISTANCES:
         raise ValueError(f"distance kind must be one of {', '.join(DISTANCES)}, got {kind!r}")
     model = log_probs.double().cpu()

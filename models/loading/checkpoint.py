@@ -215,10 +215,25 @@ def save(
     train_meta: dict | None = None,
     carry: bool = True,
 ) -> None:
-    """Write a checkpoint folder atomically. ``task`` (a ``probes.MarkovTreeTask`` or ``ContinuousTask``,
-    required: every reader needs it) must match the model's sizes. ``carry``: the previous folder's other
-    entries (a run's snapshots/) move into the new one; False: they go with the previous folder, once the
-    new one is in place (a run started afresh)."""
+    """Write a checkpoint folder atomically: ``model.safetensors``, ``config.json`` (the model's config, the
+    task, the training record, library versions) and, if given, the training state apart. A reader never sees a
+    half-written folder: the new one replaces the old by one exchange.
+
+    Args:
+        model: the model to save.
+        path: the checkpoint folder; an existing one is replaced (``models.train`` refuses without
+            ``--overwrite``).
+        task (MarkovTreeTask | ContinuousTask): the task the model reads (required: every reader needs it),
+            matching the model's sizes.
+        training: the training record (config, seed, evaluation history) for ``config.json``.
+        train_state: optimizer and RNG tensors for ``--resume``, written beside the weights.
+        train_meta: what ``train_state`` needs besides tensors (step, ...).
+        carry: the previous folder's other entries (a run's snapshots/) move into the new one; False: they go
+            with the previous folder, once the new one is in place (a run started afresh).
+
+    Raises:
+        ValueError: no ``task``, a task that does not fit the model, or a ``path`` that cannot be replaced.
+    """
     check_replaceable(Path(path))
     if task is None or not hasattr(task, "to_dict"):
         raise ValueError(f"models.save({str(path)!r}) needs task=: the task the model reads (every CLI loads it)")

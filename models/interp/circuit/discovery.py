@@ -324,7 +324,21 @@ def discover(subject: Subject, config: CircuitConfig | None = None) -> CircuitRe
     """Find ``subject``'s circuit as ``config`` (default ``CircuitConfig()``) asks; see the module docstring.
     Bad input (a node the graph lacks, sizes that do not fit in memory, a model without the hooks the graph
     needs) is a one-line ValueError before any work. A model whose progress over the plateau on the search
-    contexts is not beyond 2 standard errors of zero gets a result with ``refused`` set and no circuit."""
+    contexts is not beyond 2 standard errors of zero gets a result with ``refused`` set and no circuit.
+
+    Args:
+        subject: the model under study (``models.load_subject``), any family.
+        config: what to do: every option of ``python -m analyses.circuit`` as a field with the same default
+            (the search contexts, the corruptions, the method, the held-out size, ...).
+
+    Returns:
+        What was found: the circuit's ``nodes`` and ``edges``, each corruption's search, and the two answers on
+        held-out contexts, faithfulness and sufficiency, with their standard errors (``to_dict()``: the JSON
+        the command line writes); or ``refused`` and no circuit.
+
+    Raises:
+        ValueError: bad input, in one line, before any work.
+    """
     config = CircuitConfig() if config is None else config
     run = _Discovery(subject, config)
     reason = _refused(run.progress, len(run.tokens))
