@@ -8,6 +8,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import os
 import random
 import shutil
 from pathlib import Path
@@ -27,8 +28,8 @@ from probes import MarkovTreeTask
 # `slow` here rather than in their files so that one table says what a quick run leaves out (tests/README.md); a
 # new slow test goes here, or carries @pytest.mark.slow. Each took 1.5 s of CPU or more (this process's, its
 # children's and its forked cases') in `python -m pytest -n 0` of 2026-12-04 (the whole suite less
-# tests/project/test_docs.py: 263 s of CPU; these 34, 201 s); the first forked case of a process also pays for
-# the fork server's imports (about 4 s). The seconds also order the files (``pytest_collection_modifyitems``).
+# tests/project/test_docs.py: 263 s of CPU, these 34 201 s; test_docs.py alone, after its renders were
+# committed: 89 s); the first forked case of a process also pays for the fork server's imports (about 4 s). The seconds also order the files (``pytest_collection_modifyitems``).
 # tests/project/test_slow_marker.py checks every entry names a test.
 SLOW = {
     "test_activation_patching.py::test_cli_writes_heatmaps_and_json": 1.5,
@@ -41,6 +42,10 @@ SLOW = {
     "test_circuit.py::test_the_default_finds_the_target_side_head_and_reports_node_level_sufficiency": 4.4,
     "test_circuit_library.py::test_the_notebook_call_on_the_shipped_gpt2_equals_the_command_lines_json": 40.0,
     "test_distributed.py::test_two_gloo_processes_match_one_process": 12.1,
+    "test_docs.py::test_howto_python_blocks_run": 18.6,
+    "test_docs.py::test_mkdocs_build_strict": 9.2,
+    "test_docs.py::test_readme_example_runs_as_written": 6.1,
+    "test_docs.py::test_tutorial_runs_top_to_bottom": 54.7,
     "test_each_rule_everywhere.py::test_every_float_flag_refuses_a_value_that_is_not_finite": 1.5,
     "test_entry_point_convention.py::test_a_malformed_omp_num_threads_is_one_line_not_libgomps": 3.5,
     "test_entry_point_convention.py::test_a_reader_that_goes_away_ends_a_successful_run_quietly": 4.9,
@@ -77,6 +82,13 @@ FIGURES = {
     "test_slow_marker.py::test_an_analysis_renders_its_figures_where_asked",
 }
 PLACEHOLDER = b"not drawn: tests/conftest.py FIGURES lists the tests that draw figures\n"
+
+
+def pytest_configure(config):
+    """An xdist worker's share of the cores for torch's threads (2 cores, 2 workers: 1 thread each), so that
+    the workers' OpenMP threads do not outnumber the cores and spin against each other."""
+    if hasattr(config, "workerinput"):
+        torch.set_num_threads(max(1, (os.cpu_count() or 1) // int(config.workerinput["workercount"])))
 
 
 def pytest_collection_modifyitems(items):
