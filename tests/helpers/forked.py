@@ -72,25 +72,32 @@ def _child(module: str, argv: list[str], cwd: str, env: dict, limit: int | None,
     os.environ.update(env)
     if limit is not None:
         resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
-    sys.argv = [module, *argv] if module != "-c" else ["-c", *argv[1:]]
     sys.path.insert(0, cwd if module != "-c" else "")  # as python -m puts the working folder first (-c: "")
     sys.modules.pop(module, None)  # run afresh as __main__, as python -m does (no warning that it was imported)
-    code = 0
+    code = as_main(module, argv)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
+def as_main(module: str, argv: list[str]) -> int:
+    """Run ``python -m module argv`` (module ``"-c"``: ``python -c argv[0] argv[1:]``) in this process, with
+    ``sys.argv`` set: the exit code the interpreter would give (that of ``SystemExit``; 1 and the traceback on
+    stderr for an uncaught exception)."""
+    sys.argv = [module, *argv] if module != "-c" else ["-c", *argv[1:]]
     try:
         if module == "-c":
             exec(compile(argv[0], "<string>", "exec"), {"__name__": "__main__"})
         else:
             runpy.run_module(module, run_name="__main__", alter_sys=True)
     except SystemExit as e:
-        code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
         if not isinstance(e.code, (int, type(None))):
             print(e.code, file=sys.stderr)
+        return e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
     except BaseException:  # noqa: BLE001 (as the interpreter reports an uncaught exception)
         traceback.print_exc()
-        code = 1
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(code)
+        return 1
+    return 0
 
 
 @contextlib.contextmanager

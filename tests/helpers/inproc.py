@@ -4,7 +4,7 @@ A rule about bad input (exit code, one line on stderr, nothing written) is a pro
 code, not of a process: here it is checked against the module itself, run as ``python -m`` runs it
 (``runpy.run_module`` as ``__main__``, ``sys.argv`` set, the working folder and environment given), with
 its ``SystemExit`` caught and its stdout and stderr captured. What only a process can show (an address-space
-limit, a kill, a lock held by another process, Ctrl-C, the exit status the shell sees) stays with
+limit, a kill, a lock held by another process, a reader that goes away) stays with
 ``forked.run``, once per entry point. This process's state is as it was afterwards: working folder,
 environment, ``sys.argv``, torch's thread count and every random generator.
 """
@@ -15,15 +15,13 @@ import contextlib
 import io
 import os
 import random
-import runpy
 import sys
-import traceback
 import warnings
 from pathlib import Path
 
 import numpy as np
 import torch
-from forked import ROOT, Completed
+from forked import ROOT, Completed, as_main
 
 
 @contextlib.contextmanager
@@ -53,20 +51,10 @@ def run(module: str, *argv: str, cwd: Path, env: dict | None = None) -> Complete
     this one's): its exit code (that of ``SystemExit``; 1 and a traceback on stderr for any other
     exception, as the interpreter reports it), stdout and stderr."""
     out, err = io.StringIO(), io.StringIO()
-    code = 0
     with _restored(cwd, env), contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-        sys.argv = [module, *argv]
-        try:
-            with warnings.catch_warnings():  # runpy's note that the module was imported before: it was, here
-                warnings.filterwarnings("ignore", message=".*found in sys.modules", category=RuntimeWarning)
-                runpy.run_module(module, run_name="__main__", alter_sys=True)
-        except SystemExit as e:
-            code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
-            if not isinstance(e.code, (int, type(None))):
-                print(e.code, file=sys.stderr)
-        except BaseException:  # noqa: BLE001 (as the interpreter reports an uncaught exception)
-            traceback.print_exc()
-            code = 1
+        with warnings.catch_warnings():  # runpy's note that the module was imported before: it was, here
+            warnings.filterwarnings("ignore", message=".*found in sys.modules", category=RuntimeWarning)
+            code = as_main(module, list(argv))
     return Completed([module, *argv], code, out.getvalue(), err.getvalue())
 
 
