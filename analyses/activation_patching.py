@@ -42,26 +42,28 @@ Where ``transformer_lens.patching`` fits, and where it does not:
 
 from __future__ import annotations
 
+from analyses import common
+from models.plumbing.io import UsageError
+
+NAME = "activation_patching"
+N_CONTEXTS = 512  # default --n-contexts
+REQUIRES = frozenset({common.DISENTANGLED, common.MARKOV_TASK})  # what it needs of its subject
+
+common.parse_first(globals())  # python -m: --help and a mistyped flag answer here, before torch is imported
+
 import numpy as np
 import pandas as pd
 import torch
 from jaxtyping import Float, Int
 from torch import Tensor
-from transformer_lens.patching import (
-    generic_activation_patch,
-    layer_head_vector_patch_setter,
-    layer_pos_head_vector_patch_setter,
-)
+from transformer_lens.patching import layer_head_vector_patch_setter, layer_pos_head_vector_patch_setter
 from transformer_lens.utilities import get_act_name
 
-from analyses import common
 from models.interp.interventions import Intervention, corrupted_contexts, description, hooks, log_intervention
-from models.interp.patching import index_df, subspace_patch_setter
+from models.interp.patching import generic_activation_patch, index_df, subspace_patch_setter
 from models.interp.subject import DisentangledSubject, head_label
 from probes import head_assignment
 
-NAME = "activation_patching"
-N_CONTEXTS = 512  # default --n-contexts
 PATTERN = "blocks.1.attn.hook_pattern"  # [batch, 1, H, H]
 CLEAN = "clean run, patched into the run on another tree's demonstrations"
 METRICS = ("logprob", "parent_mass")
@@ -145,7 +147,7 @@ class Patcher:
         self.equal_share = ((clean - corrupted).abs() < EQUAL_TOL).double().mean((1, 2))
         for name, den in zip(self.metrics, self.denominator.tolist()):
             if abs(den) < 1e-9:
-                raise ValueError(
+                raise UsageError(
                     f"clean and corrupted runs give the same mean {name} ({den:.2g} apart); "
                     "expected corrupted demonstrations that change the model's output"
                 )
@@ -162,7 +164,7 @@ class Patcher:
         self, activation: str, setter, cells: pd.DataFrame, tokens: Tensor | None = None
     ) -> Float[Tensor, "metric cells"]:
         """Normalised effect of each patch in ``cells`` (an index_df), run on the corrupted tokens
-        (or on ``tokens``), through ``transformer_lens.patching.generic_activation_patch``."""
+        (or on ``tokens``), through ``models.interp.patching.generic_activation_patch`` (TransformerLens's, checked)."""
         tokens = self.corrupted_tokens if tokens is None else tokens
         log_intervention(self.log, {**description(get_act_name(activation, int(cells["layer"].iloc[0])), "patch", CLEAN),
                           "one_forward_pass_per": [c for c in cells.columns if c != "layer"] or "sweep",
@@ -407,5 +409,4 @@ def figures(r: dict, args) -> dict:
     return {f"{NAME}_{name}": fig for name, fig in plot(r, args.n_contexts, args.subject_name).items()}
 
 
-REQUIRES = frozenset({common.DISENTANGLED, common.MARKOV_TASK})  # what it needs of its subject
 ANALYSIS = common.register(globals())

@@ -18,6 +18,29 @@ about 5 s unloaded) is trained into a temporary folder (skip with ``--train-step
 
 from __future__ import annotations
 
+from analyses import common
+
+NAME = "block_structure"
+
+
+def add_flags(parser) -> None:
+    parser.add_argument(
+        "--snapshots", default=None, help="run folder (or its snapshots/) of models.train --snapshot-every N"
+    )
+    parser.add_argument(
+        "--train-steps",
+        type=int,
+        default=500,
+        help="without --snapshots: steps of the short run to train (0: no emergence plot; default 500)",
+    )
+    parser.add_argument("--snapshot-every", type=int, default=50, help="snapshot interval of that run (default 50)")
+
+
+REQUIRES = frozenset({common.BILINEAR})  # what it needs of its subject (the disentangled model or a CatFormer)
+
+
+common.parse_first(globals())  # python -m: --help and a mistyped flag answer here, before torch is imported
+
 import tempfile
 from pathlib import Path
 
@@ -25,13 +48,11 @@ import torch
 from tqdm.auto import tqdm
 
 import models
-from analyses import common
 from models.interp.subject import head_label
 from models.training.short_run import find_snapshots, train_short_run
 from probes import head_assignment
 from probes.metrics import block_norms, off_diagonal_ratio
 
-NAME = "block_structure"
 FIGURES = {
     "block_structure.png": (
         "|W_KQ| as a (K+1) x (K+1) grid of d x d blocks and the norm of each block; the off-diagonal / diagonal ratio on the copy subspaces is in the title."
@@ -159,17 +180,6 @@ def _plot_emergence(series: list[dict], source: str):
     return fig
 
 
-def add_flags(parser) -> None:
-    parser.add_argument(
-        "--snapshots", default=None, help="run folder (or its snapshots/) of models.train --snapshot-every N"
-    )
-    parser.add_argument(
-        "--train-steps",
-        type=int,
-        default=500,
-        help="without --snapshots: steps of the short run to train (0: no emergence plot; default 500)",
-    )
-    parser.add_argument("--snapshot-every", type=int, default=50, help="snapshot interval of that run (default 50)")
 
 
 def check_flags(parser, args) -> None:
@@ -291,5 +301,4 @@ def summary(r: dict) -> str:
     return "\n".join(lines)
 
 
-REQUIRES = frozenset({common.BILINEAR})  # what it needs of its subject (the disentangled model or a CatFormer)
 ANALYSIS = common.register(globals())

@@ -14,6 +14,24 @@ TRAINED for each L in ``--train-L`` (short runs of the checkpoint's training con
 
 from __future__ import annotations
 
+from analyses import common
+
+NAME = "bma_agreement"
+BMA_LENGTHS = (1, 2, 4, 8, 16, 32, 64)
+
+
+def add_flags(parser) -> None:
+    parser.add_argument("--bma-L", default=",".join(map(str, BMA_LENGTHS)), help="L values for the BMA curve")
+    parser.add_argument(
+        "--train-L", default="1,4,16", help="L values to train a model for ('none': skip; default 1,4,16)"
+    )
+    parser.add_argument("--train-steps", type=int, default=300, help="training steps per L (default 300)")
+
+
+REQUIRES = frozenset({common.DISENTANGLED, common.MARKOV_TASK})  # what it needs of its subject
+
+common.parse_first(globals())  # python -m: --help and a mistyped flag answer here, before torch is imported
+
 import dataclasses
 import tempfile
 from pathlib import Path
@@ -23,7 +41,6 @@ import torch
 from tqdm.auto import tqdm
 
 import models
-from analyses import common
 from analyses.common import sample_contexts
 from models.plumbing.io import check_memory
 from models.training.evaluate import output_and_pattern
@@ -33,14 +50,12 @@ from probes import MarkovTreeTask, bma_posterior, bma_predictive, mean_tv, paren
 from probes.metrics import parent_mass
 from probes.tasks import MAX_N_EXAMPLES
 
-NAME = "bma_agreement"
 FIGURES = {
     "bma_agreement.png": (
         "Theorem 1: TV and NLL gap to BMA against beta (log-log, down to float64 precision); Theorem 2: BMA's and trained models' attention on the true parent and parent accuracy against L."
     ),
 }
 BETAS = tuple(float(b) for b in np.logspace(-1, 2, 13))
-BMA_LENGTHS = (1, 2, 4, 8, 16, 32, 64)
 
 
 @torch.no_grad()
@@ -171,12 +186,6 @@ def _lengths(parser, text: str, flag: str) -> list[int]:
     return values
 
 
-def add_flags(parser) -> None:
-    parser.add_argument("--bma-L", default=",".join(map(str, BMA_LENGTHS)), help="L values for the BMA curve")
-    parser.add_argument(
-        "--train-L", default="1,4,16", help="L values to train a model for ('none': skip; default 1,4,16)"
-    )
-    parser.add_argument("--train-steps", type=int, default=300, help="training steps per L (default 300)")
 
 
 def check_flags(parser, args) -> None:
@@ -237,5 +246,4 @@ def summary(r: dict) -> str:
     return "\n".join(lines)
 
 
-REQUIRES = frozenset({common.DISENTANGLED, common.MARKOV_TASK})  # what it needs of its subject
 ANALYSIS = common.register(globals())

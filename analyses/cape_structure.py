@@ -30,12 +30,28 @@ selects the task and the model at its L.
 
 from __future__ import annotations
 
+from analyses import common
+
+NAME = "cape_structure"
+N_CONTEXTS = 128  # default --n-contexts
+
+
+def add_flags(parser) -> None:
+    parser.add_argument("--n-trees", type=int, default=3, help="fixed trees to average over (default: 3)")
+    parser.add_argument(
+        "--inner-steps", type=int, default=50, help="L-BFGS iterations per augmented-Lagrangian step (default: 50)"
+    )
+
+
+REQUIRES = frozenset({common.MARKOV_TASK})  # what it needs of its subject
+
+common.parse_first(globals())  # python -m: --help and a mistyped flag answer here, before torch is imported
+
 import numpy as np
 import torch
 from tqdm.auto import tqdm
 
 import models
-from analyses import common
 from cape.structure import (
     StructureConfig,
     continuous_data,
@@ -50,8 +66,6 @@ from probes import MarkovTreeTask, bma_posterior, parent_accuracy
 from probes.continuous import ContinuousTask, gaussian_bma_posterior
 from probes.metrics import parent_mass
 
-NAME = "cape_structure"
-N_CONTEXTS = 128  # default --n-contexts
 FIGURES = {
     "cape_structure.png": (
         "CAPE step 1 (structure learning: SEM with a linear or an MLP f + NOTEARS constraint) against BMA and the "
@@ -252,17 +266,11 @@ def summary(res: dict) -> str:
     return "\n".join(lines)
 
 
-def add_flags(parser) -> None:
-    parser.add_argument("--n-trees", type=int, default=3, help="fixed trees to average over (default: 3)")
-    parser.add_argument(
-        "--inner-steps", type=int, default=50, help="L-BFGS iterations per augmented-Lagrangian step (default: 50)"
-    )
 
 
 def check_flags(parser, args) -> None:
     common.check_at_least(parser, args, n_trees=1, inner_steps=1)
 
 
-REQUIRES = frozenset({common.MARKOV_TASK})  # what it needs of its subject
 QUICK_ARGS = ["--n-trees", "1", "--inner-steps", "5"]  # tests/analyses/test_every_family.py: runs, on one tree
 ANALYSIS = common.register(globals())

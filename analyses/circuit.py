@@ -43,41 +43,27 @@ from __future__ import annotations
 
 import dataclasses
 import re
-import textwrap
 
 from analyses import common
-from models.interp.circuit import (
-    CORRUPTIONS,
-    DIRECTIONS,
-    INPUTS,
-    METHODS,
-    NODE_ABLATIONS,
-    SEARCHES,
-    CircuitConfig,
-    Node,
-)
-from models.interp.circuit import discover as find_circuit
-from models.interp.circuit.result import COMPUTES
-from models.interp.subject import Subject
+from models.interp.circuit.config import DIRECTIONS, CircuitConfig  # the flags: no torch before they are parsed
+from models.interp.circuit.corruptions import CORRUPTIONS
+from models.interp.circuit.methods import METHODS
+from models.interp.circuit.search import SEARCHES
+from models.plumbing.io import UsageError
 
 NAME = "circuit"
 N_CONTEXTS = CircuitConfig.n_contexts  # default --n-contexts (each exact edge score is one forward pass on all of them)
-PAPER_ARGS = ["--checkpoint", "standard"]  # the committed figures/circuit*: the shipped GPT-2's circuit
-QUICK_ARGS = ["--n-held-out", "16"]  # tests/analyses/test_every_family.py: the held-out sample at a quick size
-FIGURES = {
-    "circuit_graph.png": "the discovered circuit: nodes by layer, each kept edge coloured by the input it enters (q, k, v, MLP, output), drawn by position group, width by |score|.",
-    "circuit_curve.png": "faithfulness (share of the full model's progress over the uniform-parent plateau kept) against the number of edges kept, top-n by |score|, with standard errors (denoising: also the share of the clean-minus-corrupted NLL recovered with only those edges restored).",
-}
+REQUIRES = frozenset({common.MARKOV_TASK})  # what it needs of its subject
 FLAGS = {"corruptions": "corruption"}  # config fields whose flag has another name (--corruption a,b)
 
 
 def config_of(args) -> CircuitConfig:
-    """The ``CircuitConfig`` of the parsed flags (ValueError, its leading word the flag, for a bad one)."""
+    """The ``CircuitConfig`` of the parsed flags (a ``UsageError``, its leading word the flag, for a bad one)."""
     given = {f.name: getattr(args, FLAGS.get(f.name, f.name)) for f in dataclasses.fields(CircuitConfig)}
     try:
         return CircuitConfig(**given)
     except ValueError as e:
-        raise ValueError(as_flag(str(e))) from None
+        raise UsageError(as_flag(str(e))) from None
 
 
 def as_flag(message: str) -> str:
@@ -87,6 +73,50 @@ def as_flag(message: str) -> str:
                   message)  # fmt: skip
 
 
+def add_flags(parser) -> None:
+    """A flag per field of ``CircuitConfig`` (``--n-contexts`` and ``--seed`` are every analysis's), its help
+    the field's."""
+    helps = {f.name: (f.metadata["help"], f.default) for f in dataclasses.fields(CircuitConfig)}
+    corruption_words = "; ".join(f"{k}: {c.words}" for k, c in CORRUPTIONS.items())
+    types = {"min_z": float, "n_held_out": int, "target_se": float, "n_edges": int, "target": float,
+             "threshold": float, "curve_points": int, "ig_steps": int}  # fmt: skip
+    choices = {"method": list(METHODS), "direction": list(DIRECTIONS), "search": list(SEARCHES)}
+    for name, (text, default) in helps.items():
+        if name in ("n_contexts", "seed"):
+            continue
+        if name == "corruptions":
+            default = ",".join(default)
+            text = f"{text} ({corruption_words})"
+        shown = (
+            ""
+            if default is None
+            else f" (default: {default:g})"
+            if isinstance(default, float)
+            else f" (default: {default})"
+        )
+        parser.add_argument("--" + FLAGS.get(name, name).replace("_", "-"), type=types.get(name, str), default=default,
+                            choices=choices.get(name), help=text + shown)  # fmt: skip
+
+
+def check_flags(parser, args) -> None:
+    config_of(args)  # a ValueError is the parser's one-line error
+
+
+common.parse_first(globals())  # python -m: --help and a mistyped flag answer here, before torch is imported
+
+import textwrap
+
+from models.interp.circuit import INPUTS, NODE_ABLATIONS, Node
+from models.interp.circuit import discover as find_circuit
+from models.interp.circuit.result import COMPUTES
+from models.interp.subject import Subject
+
+PAPER_ARGS = ["--checkpoint", "standard"]  # the committed figures/circuit*: the shipped GPT-2's circuit
+QUICK_ARGS = ["--n-held-out", "16"]  # tests/analyses/test_every_family.py: the held-out sample at a quick size
+FIGURES = {
+    "circuit_graph.png": "the discovered circuit: nodes by layer, each kept edge coloured by the input it enters (q, k, v, MLP, output), drawn by position group, width by |score|.",
+    "circuit_curve.png": "faithfulness (share of the full model's progress over the uniform-parent plateau kept) against the number of edges kept, top-n by |score|, with standard errors (denoising: also the share of the clean-minus-corrupted NLL recovered with only those edges restored).",
+}
 def compute(subject: Subject, args) -> dict:
     """``discover`` with the flags' config; its result as the JSON records it. A library error about a
     config field (a node the model lacks, sizes that do not fit) names the field's flag."""
@@ -95,7 +125,7 @@ def compute(subject: Subject, args) -> dict:
     except ValueError as e:
         if as_flag(str(e)) == str(e):
             raise
-        raise ValueError(as_flag(str(e))) from e
+        raise UsageError(as_flag(str(e))) from e
 
 
 def _curve_words(curve: list[dict]) -> str:
@@ -378,38 +408,8 @@ def figures(r: dict, args) -> dict:
     return {"circuit_graph": fig, "circuit_curve": fig2}
 
 
-def add_flags(parser) -> None:
-    """A flag per field of ``CircuitConfig`` (``--n-contexts`` and ``--seed`` are every analysis's), its help
-    the field's."""
-    helps = {f.name: (f.metadata["help"], f.default) for f in dataclasses.fields(CircuitConfig)}
-    corruption_words = "; ".join(f"{k}: {c.words}" for k, c in CORRUPTIONS.items())
-    types = {"min_z": float, "n_held_out": int, "target_se": float, "n_edges": int, "target": float,
-             "threshold": float, "curve_points": int, "ig_steps": int}  # fmt: skip
-    choices = {"method": list(METHODS), "direction": list(DIRECTIONS), "search": list(SEARCHES)}
-    for name, (text, default) in helps.items():
-        if name in ("n_contexts", "seed"):
-            continue
-        if name == "corruptions":
-            default = ",".join(default)
-            text = f"{text} ({corruption_words})"
-        shown = (
-            ""
-            if default is None
-            else f" (default: {default:g})"
-            if isinstance(default, float)
-            else f" (default: {default})"
-        )
-        parser.add_argument("--" + FLAGS.get(name, name).replace("_", "-"), type=types.get(name, str), default=default,
-                            choices=choices.get(name), help=text + shown)  # fmt: skip
-
-
-def check_flags(parser, args) -> None:
-    config_of(args)  # a ValueError is the parser's one-line error
-
-
 def record(r: dict) -> dict:
     return r
 
 
-REQUIRES = frozenset({common.MARKOV_TASK})  # what it needs of its subject
 ANALYSIS = common.register(globals())

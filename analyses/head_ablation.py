@@ -34,6 +34,14 @@ ablated demonstrations.
 
 from __future__ import annotations
 
+from analyses import common
+from models.plumbing.io import UsageError
+
+NAME = "head_ablation"
+REQUIRES = frozenset({common.DISENTANGLED, common.MARKOV_TASK})  # what it needs of its subject
+
+common.parse_first(globals())  # python -m: --help and a mistyped flag answer here, before torch is imported
+
 import math
 
 import numpy as np
@@ -42,13 +50,11 @@ from jaxtyping import Int
 from torch import Tensor
 from tqdm.auto import tqdm
 
-from analyses import common
 from models.interp.interventions import ablate, ablate_subspace
 from models.interp.subject import DisentangledSubject, head_label
 from models.training.evaluate import output_and_pattern
 from probes import bma_posterior, bma_predictive, head_assignment, mean_tv, parent_accuracy, target_nll
 
-NAME = "head_ablation"
 HOOK_Z = "blocks.0.attn.hook_z"  # [batch, H, K, d]
 HOOK_Q, HOOK_K = "blocks.1.attn.hook_q", "blocks.1.attn.hook_k"  # [batch, H, 1, (K+1)d]
 PATTERN = "blocks.1.attn.hook_pattern"  # [batch, 1, H, H]
@@ -132,7 +138,7 @@ def head_ablation(
     cfg = model.cfg
     K, L, d = cfg.n_copy_heads, cfg.n_examples, cfg.d_vocab
     if (task.n_examples, task.seq_len, task.d_vocab) != (L, cfg.seq_len, d):
-        raise ValueError(
+        raise UsageError(
             f"task (L={task.n_examples}, H={task.seq_len}, d={task.d_vocab}) does not match the model "
             f"(L={L}, H={cfg.seq_len}, d={d})"
         )
@@ -388,5 +394,4 @@ def figures(r: dict, args) -> dict:
 record = _strip
 
 
-REQUIRES = frozenset({common.DISENTANGLED, common.MARKOV_TASK})  # what it needs of its subject
 ANALYSIS = common.register(globals())

@@ -15,17 +15,22 @@ E log pi(x_h | x_h') on that kernel. No --checkpoint: the kernel is ``models.DEF
 
 from __future__ import annotations
 
+from analyses import common
+
+NAME = "information"
+N_CONTEXTS = 200  # default --n-contexts
+REQUIRES = None  # its own synthetic tasks: no --checkpoint
+
+common.parse_first(globals())  # python -m: --help and a mistyped flag answer here, before torch is imported
+
 import numpy as np
 import torch
 from tqdm.auto import tqdm
 
 import models
-from analyses import common
 from probes import MarkovTreeTask
 from probes.information import expected_log_likelihood, mutual_information, pair_joints, sdpi_report, tree_distance
 
-NAME = "information"
-N_CONTEXTS = 200  # default --n-contexts
 FIGURES = {
     "information.png": (
         "exact mutual information against tree distance; the strong-DPI contraction against the Dobrushin coefficient and the 1 - delta*gamma bound for kernels of different floors (no DPI violation); Lemma 4 margins, all positive."
@@ -186,5 +191,4 @@ def summary(res: dict) -> str:
     return "\n".join(lines)
 
 
-REQUIRES = None  # its own synthetic tasks: no --checkpoint
 ANALYSIS = common.register(globals())

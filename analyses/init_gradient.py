@@ -26,6 +26,20 @@ where s is the blocks.1 attention score. We take the gradient by autograd throug
 
 from __future__ import annotations
 
+from analyses import common
+
+NAME = "init_gradient"
+
+
+def add_flags(parser) -> None:
+    parser.add_argument("--n-trees", type=int, default=32, help="random trees for the expected gradient (default: 32)")
+    parser.add_argument("--steps", type=int, default=300, help="Adam steps on W_KQ from 0 (default: 300)")
+
+
+REQUIRES = None  # its own synthetic tasks: no --checkpoint
+
+common.parse_first(globals())  # python -m: --help and a mistyped flag answer here, before torch is imported
+
 import math
 
 import numpy as np
@@ -33,7 +47,6 @@ import torch
 from tqdm.auto import tqdm
 
 import models
-from analyses import common
 from analyses.common import sample_contexts
 from models import theorem1_model
 from models.interp.interventions import Intervention
@@ -42,7 +55,6 @@ from probes import bma_posterior, mean_tv, parent_accuracy
 from probes.information import chi2_mutual_information, pair_joints
 from probes.metrics import parent_mass
 
-NAME = "init_gradient"
 FIGURES = {
     "init_gradient.png": (
         "Theorem 3 at W_KQ = 0: expected score gradient against the exact chi-square mutual information; parent minus every other candidate with Bonferroni intervals (all above 0); single-context parent picks from one gradient step against L beside BMA; training W_KQ alone from 0."
@@ -350,9 +362,6 @@ def summary(res: dict) -> str:
     )
 
 
-def add_flags(parser) -> None:
-    parser.add_argument("--n-trees", type=int, default=32, help="random trees for the expected gradient (default: 32)")
-    parser.add_argument("--steps", type=int, default=300, help="Adam steps on W_KQ from 0 (default: 300)")
 
 
 MAX_SAMPLES = 2**24  # --n-trees x --n-contexts target sequences (the default is 2**17): the work, chunked, is not memory
@@ -377,5 +386,4 @@ def record(res) -> dict:
     return {k: v for k, v in res.items() if k != "task"}
 
 
-REQUIRES = None  # its own synthetic tasks: no --checkpoint
 ANALYSIS = common.register(globals())

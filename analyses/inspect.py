@@ -47,14 +47,19 @@ mechanism; ``inspect``'s head names are its summary.
 
 from __future__ import annotations
 
-import json
-
 from analyses import common
-from models.interp.inspection import POOLING, inspect_subject  # the measurement; the thresholds: its THRESHOLDS
-from probes.roles import CATEGORIES, GROUPS, OVERLAPPING
 
 NAME = "inspect"
 N_CONTEXTS = 512  # default --n-contexts: the attention statistics and the progress
+REQUIRES = frozenset({common.BAYES_TASK})  # what it needs of its subject
+
+common.parse_first(globals())  # python -m: --help and a mistyped flag answer here, before torch is imported
+
+import json
+
+from models.interp.inspection import POOLING, inspect_subject  # the measurement; the thresholds: its THRESHOLDS
+from probes.roles import CATEGORIES, GROUPS, OVERLAPPING
+
 FIGURES = {
     "inspect_heads.png": (
         "per head of every layer of the inspected model: parent accuracy, TV to the BMA posterior and mass on the candidate parents from the query that predicts x_h, against BMA and the uniform-parent baseline, with the verdict in the title."
@@ -415,5 +420,4 @@ def compute(subject, args) -> dict:
     return r
 
 
-REQUIRES = frozenset({common.BAYES_TASK})  # what it needs of its subject
 ANALYSIS = common.register(globals())

@@ -14,6 +14,26 @@ next to a shuffled-label control:
 
 from __future__ import annotations
 
+from analyses import common
+from models.plumbing.io import UsageError
+
+NAME = "linear_probes"
+N_CONTEXTS = 256  # default --n-contexts
+
+
+def add_flags(parser) -> None:
+    parser.add_argument(
+        "--standard",
+        default=None,
+        metavar="HF_FOLDER",
+        help="a standard transformer folder (default: train a small one here, ~100 steps)",
+    )
+
+
+REQUIRES = frozenset({common.MARKOV_TASK})  # what it needs of its subject
+
+common.parse_first(globals())  # python -m: --help and a mistyped flag answer here, before torch is imported
+
 import tempfile
 from pathlib import Path
 
@@ -22,16 +42,13 @@ from torch import Tensor
 from tqdm.auto import tqdm
 
 import models
-from analyses import common
+from models import cli
 from models.interp.subject import DISENTANGLED, Subject, load_subject, subject_of
-from models.plumbing import cli
 from models.training.standard import StandardConfig, train_standard
 from probes import bma_posterior
 from probes.linear import linear_probe
 from probes.metrics import parent_hits
 
-NAME = "linear_probes"
-N_CONTEXTS = 256  # default --n-contexts
 FIGURES = {
     "linear_probe_copyers.png": (
         "held-out accuracy decoding x_h^l from each copyer head's output, for every (head, demonstration) pair, beside the shuffled-label control."
@@ -192,7 +209,7 @@ def compute(subject: Subject, args) -> dict:
             if args.standard is not None:
                 standard = load_subject(args.standard, args.device)
                 if DISENTANGLED in standard.capabilities:
-                    raise ValueError(
+                    raise UsageError(
                         f"--standard {args.standard!r} is a {standard.describe()}; expected a standard "
                         "transformer (a Hugging Face folder such as python -m models.standard writes)"
                     )
@@ -218,13 +235,6 @@ def summary(results: dict) -> str:
     return "\n".join(lines)
 
 
-def add_flags(parser) -> None:
-    parser.add_argument(
-        "--standard",
-        default=None,
-        metavar="HF_FOLDER",
-        help="a standard transformer folder (default: train a small one here, ~100 steps)",
-    )
 
 
 def check_flags(parser, args) -> None:
@@ -235,5 +245,4 @@ def check_flags(parser, args) -> None:
         cli.check_not_an_input(args.out, args, "--out")
 
 
-REQUIRES = frozenset({common.MARKOV_TASK})  # what it needs of its subject
 ANALYSIS = common.register(globals())

@@ -201,6 +201,17 @@ def bayes(task, tokens: Int[Tensor, "batch T"]) -> tuple[Float[Tensor, "batch H 
     return out, posterior
 
 
+def uniform_parent_predictive(task: MarkovTreeTask | GraphTask, tokens, log: bool = True) -> Float[Tensor, "batch H d"]:
+    """The plateau: attention spread evenly over the candidate parents, mean over h' < h of pi(. | x_h').
+    It is BMA conditioned on no demonstration at all. On a family task (``GraphTask``), the plateau is the
+    unigram strategy (add-one token counts, ``strategies``): the first phase of in-context Markov chains."""
+    if isinstance(task, GraphTask):
+        b, H = len(tokens), task.seq_len
+        lp = count_log_predictive(tokens, task.n_examples, H, task.d_vocab, graph_tensor([[]] * H, b), 1.0)
+        return lp if log else lp.exp()
+    return bma_predictive(task.pi, tokens, task.n_examples, task.seq_len, task.root, demonstrations=[], log=log)
+
+
 def stationary(pi: Float[Tensor, "d d"]) -> Float[Tensor, " d"]:
     """The stationary distribution of a row-stochastic kernel (the left eigenvector for eigenvalue 1)."""
     return stationary_batch(pi)

@@ -55,6 +55,7 @@ SLOW = {
     "test_formats_pipelines.py::test_every_gpt2_config_flag_matches_transformers_own_forward": 3.4,
     "test_formats_pipelines.py::test_every_release_config_loads_with_transformer_lens_numbers": 2.1,
     "test_formats_pipelines.py::test_inspect_runs_on_every_format": 1.7,
+    "test_import_effects.py::test_importing_our_packages_reads_no_argv_no_environment_and_never_exits": 11.0,
     "test_inspect.py::test_one_copyer_for_three_demonstrations_is_not_called_the_papers_circuit": 1.8,
     "test_layering.py::test_the_checks_catch_the_cycles_that_were_there": 3.8,
     "test_messages.py::test_the_summary_is_alone_on_stdout_and_no_bar_reaches_a_log": 2.4,

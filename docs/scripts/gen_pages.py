@@ -2,13 +2,13 @@
 
 - reference/api/: one page per public module (every ``.py`` under the packages whose name does not start with
   ``_``, packages by their ``__init__``), found by walking the packages, so a moved module moves its page;
-- reference/cli.md: every entry point's ``--help``, from ``cli_help.json`` (in ``models/``);
 
 Nothing is executed: the tutorials are served from their committed renders (``docs/tutorials/rendered/``, written
-by ``python docs/scripts/tutorials.py``), so the site builds in seconds.
+by ``python docs/scripts/tutorials.py``), and reference/cli.md, every entry point's ``--help``, is committed as
+``python docs/scripts/entry_points.py`` writes it from the parsers (a test keeps it equal to them), so the site
+builds in seconds.
 """
 
-import json
 from pathlib import Path
 
 import mkdocs_gen_files
@@ -46,19 +46,4 @@ def api_pages() -> None:
         page.write("\n".join(index) + "\n")
 
 
-def cli_page() -> None:
-    (help_file,) = ROOT.glob("models/**/cli_help.json")  # wherever the package keeps it
-    helps = json.loads(help_file.read_text())
-    text = [
-        "# Entry points\n",
-        "Every entry point's flags, as `python -m NAME --help` prints them (read from "
-        f"`{help_file.relative_to(ROOT)}`, which a test keeps equal to the parsers).\n",
-    ]
-    for name, usage in helps.items():
-        text.append(f"## `{name}`\n\n```text\n{usage.rstrip()}\n```\n")
-    with mkdocs_gen_files.open("reference/cli.md", "w") as page:
-        page.write("\n".join(text))
-
-
 api_pages()
-cli_page()

@@ -11,13 +11,13 @@ from __future__ import annotations
 import torch
 from tqdm.auto import tqdm
 
-from models.interp.baselines import baselines, head_attention_stats, per_context_baselines
+from models.interp.baselines import baselines, head_attention_stats
 from models.interp.circuit import INPUTS, Runner, build_graph, mean_se, per_context_nll, ratio_se, sender_writes
 from models.interp.interventions import ablate, corrupted_contexts, head_ablation, head_outputs, hooks, patch_heads
 from models.interp.subject import head_label
-from models.training.standard import uniform_parent_predictive
 from probes import target_nll
 from probes.graph_task import context_order
+from probes.oracles import uniform_parent_predictive
 from probes.roles import attention_role, role_profile, sequence_scores
 
 INTERVENTION_CONTEXTS = 128  # ablation, patching and sufficiency: the first of the contexts, as many as
@@ -140,14 +140,16 @@ def head_role(head: dict, selecting: list[str], copyers: dict[str, int]) -> str:
 
 
 @torch.no_grad()
-def interventions(subject, tokens, corrupted) -> dict:
+def interventions(subject, tokens, corrupted, clean_lp=None) -> dict:
     """Per head: NLL change under mean ablation of its ``hook_z`` (mean over the contexts, with its standard
     error), and the fraction of the clean-vs-
-    corrupted NLL difference restored by patching its clean ``hook_z`` into the corrupted run."""
+    corrupted NLL difference restored by patching its clean ``hook_z`` into the corrupted run. ``clean_lp``:
+    ``subject.log_probs(tokens)``, if the caller has it."""
     clean_z = head_outputs(subject, tokens)
-    nll_clean = target_nll(subject.log_probs(tokens), tokens)
+    clean_lp = subject.log_probs(tokens) if clean_lp is None else clean_lp
+    nll_clean = target_nll(clean_lp, tokens)
     nll_corrupt = target_nll(subject.log_probs(corrupted), corrupted)
-    clean_values = per_context_nll(subject.log_probs(tokens), tokens)
+    clean_values = per_context_nll(clean_lp, tokens)
     ablation, ablation_se, patching, log = [], [], [], []
     jobs = [(i, j) for i, n in enumerate(subject.n_heads) for j in range(n)]
     # Undefined when the demonstrations make no difference (a model on the plateau): None.
@@ -175,13 +177,14 @@ def input_costs(subject, tokens, corrupted) -> dict | None:
     when every edge into that input carries its value on ``corrupted`` (``models.interp.circuit``, exact), its share
     of the three inputs' summed cost (``cost``), with standard errors over the contexts; ``through`` is
     ``values``, ``keys/queries`` or None (no verdict: that sum within two standard errors of zero, or
-    neither share reached). None when the model lacks a hook the circuit graph needs."""
-    try:
-        graph = build_graph(subject)
-    except ValueError:
+    neither share reached). None for a family whose attention has no per-input hooks (CatFormer, Chen's and
+    Edelman's models: no ``hook_q``, ``hook_k``, ``hook_v`` in the last layer): the circuit graph cuts each
+    head's q, k and v apart."""
+    hooks, last = subject.model.hook_dict, subject.n_layers - 1
+    if not all(f"blocks.{last}.attn.hook_{x}" in hooks for x in INPUTS):
         return None
+    graph = build_graph(subject)
     runner = Runner(subject, graph, tokens, sender_writes(subject, graph, corrupted)[0])
-    last = subject.n_layers - 1
     out = {}
     for j in range(subject.n_heads[last]):
         label = head_label(last, j)
@@ -222,7 +225,7 @@ def inspect_subject(subject, n_contexts: int = 512, seed: int = 0, batch: int = 
     L, H = task.n_examples, task.seq_len
     tokens, parents = task.sample(n_contexts, torch.Generator().manual_seed(seed))
     order = context_order(task)  # 2 on a 3-gram: the generalized induction head matches two tokens
-    base = baselines(task, tokens, parents)
+    base = baselines(task, tokens, parents)  # BMA's and the plateau's predictions: once, for the progress's SE too
     lp = torch.cat([subject.log_probs(tokens[i : i + batch]) for i in range(0, n_contexts, batch)])
     nll = target_nll(lp, tokens)
     stats = None
@@ -251,13 +254,15 @@ def inspect_subject(subject, n_contexts: int = 512, seed: int = 0, batch: int = 
             per_head.append(head)
     n_int = min(n_contexts, INTERVENTION_CONTEXTS)
     inter_tokens = tokens[:n_int]
-    inter = interventions(subject, inter_tokens, corrupt(task, inter_tokens, seed))
+    inter_corrupted = corrupt(task, inter_tokens, seed)
+    inter_clean = subject.log_probs(inter_tokens)  # the clean run of every intervention below, once
+    inter = interventions(subject, inter_tokens, inter_corrupted, inter_clean)
     for h, a, se, p in zip(per_head, inter["ablation_dnll"], inter["ablation_se"], inter["patching_restored"]):
         h.update(ablation_dnll=a, ablation_se=se, patching_restored=p)
     out = {
         "kind": subject.family,
         "nll": nll,
-        **{k: v for k, v in base.items() if k != "posterior"},
+        **{k: v for k, v in base.items() if k not in ("posterior", "log_bayes", "log_plateau")},
         "heads": per_head,
         "n_contexts": n_contexts,
         "seed": seed,
@@ -265,9 +270,9 @@ def inspect_subject(subject, n_contexts: int = 512, seed: int = 0, batch: int = 
         "nll_clean": inter["nll_clean"],
         "nll_corrupted": inter["nll_corrupted"],
         "interventions": inter["interventions"],
-        **verdict(nll, base, per_head, inter, progress_error(task, tokens, lp)),
+        **verdict(nll, base, per_head, inter, progress_error(tokens, lp, base)),
     }
-    out["inputs"] = input_costs(subject, inter_tokens, corrupt(task, inter_tokens, seed))
+    out["inputs"] = input_costs(subject, inter_tokens, inter_corrupted)
     for c in out["carriers"] if out["inputs"] else []:
         if out["inputs"].get(c, {}).get("through") == "values" and c not in out["parent_selecting"]:
             out["roles"][c] = f"{POOLING} ({out['roles'][c]})"
@@ -275,8 +280,9 @@ def inspect_subject(subject, n_contexts: int = 512, seed: int = 0, batch: int = 
         h["role"] = out["roles"][h["label"]]
     out["sequence_heads"] = sequence_heads(per_head)
     named = {"paper_circuit": sorted(set(out["parent_selecting"]) | set(out["copyers"])), "carriers": out["carriers"]}
+    clean, plateau = per_context_nll(inter_clean, inter_tokens), per_context_nll(base["log_plateau"][:n_int], inter_tokens)
     out["sufficiency"] = {
-        name: sufficiency(subject, inter_tokens, heads, out["interventions"])
+        name: sufficiency(subject, inter_tokens, heads, out["interventions"], clean, plateau)
         for name, heads in named.items()
         if heads
     }
@@ -286,25 +292,27 @@ def inspect_subject(subject, n_contexts: int = 512, seed: int = 0, batch: int = 
     return out
 
 
-def progress_error(task, tokens, log_probs) -> float:
-    """The standard error of the progress over the contexts (delta method on per-context NLLs)."""
-    plateau, bayes = per_context_baselines(task, tokens)
+def progress_error(tokens, log_probs, base: dict) -> float:
+    """The standard error of the progress over the contexts (delta method on per-context NLLs), from the
+    predictions of ``baselines`` (``base``) on the same contexts."""
+    plateau, bayes = per_context_nll(base["log_plateau"], tokens), per_context_nll(base["log_bayes"], tokens)
     return ratio_se(plateau - per_context_nll(log_probs, tokens), plateau - bayes)[1]
 
 
 @torch.no_grad()
-def sufficiency(subject, tokens, heads: list[str], log: list) -> dict:
+def sufficiency(subject, tokens, heads: list[str], log: list, clean=None, plateau=None) -> dict:
     """The share of the model's progress over the uniform-parent plateau kept with every head NOT in
     ``heads`` mean-ablated (its ``hook_z`` at the mean over ``tokens``), and its standard error over
-    the contexts: ``(plateau - ablated) / (plateau - model)`` per-context means, delta method."""
+    the contexts: ``(plateau - ablated) / (plateau - model)`` per-context means, delta method. ``clean`` and
+    ``plateau``: the model's and the plateau's per-context NLLs on ``tokens``, if the caller has them."""
     task = subject.task
     keep = set(heads)
     ivs = [head_ablation(subject, i, [j for j in range(n) if head_label(i, j) not in keep], "mean")
            for i, n in enumerate(subject.n_heads) if any(head_label(i, j) not in keep for j in range(n))]  # fmt: skip
-    plateau = uniform_parent_predictive(task, tokens)
     nll = lambda lp: per_context_nll(lp, tokens)  # noqa: E731
-    share, se = ratio_se(nll(plateau) - nll(subject.log_probs(tokens, hooks(ivs, log))),
-                         nll(plateau) - nll(subject.log_probs(tokens)))  # fmt: skip
+    plateau = nll(uniform_parent_predictive(task, tokens)) if plateau is None else plateau
+    clean = nll(subject.log_probs(tokens)) if clean is None else clean
+    share, se = ratio_se(plateau - nll(subject.log_probs(tokens, hooks(ivs, log))), plateau - clean)
     return {"heads": sorted(keep), "share": share, "se": se, "contexts": len(tokens)}
 
 

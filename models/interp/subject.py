@@ -29,20 +29,15 @@ import torch
 from jaxtyping import Float, Int
 from torch import Tensor
 
-from models.loading.sources import resolve, theorem1
+from models.interp.capabilities import BAYES_TASK, BILINEAR, CONTENT_FREE_COPYERS, DISENTANGLED, MARKOV_TASK
+from models.loading.sources import resolve
 from models.nets.catformer import CatFormer
 from models.nets.causal_transformer import CausalTransformer
 from models.nets.chen import ChenTransformer
+from models.plumbing.io import UsageError
 from probes import MarkovTreeTask
 from probes.graph_task import GraphTask
 from probes.layout import Layout
-
-# Capabilities a family may have beyond the common interface.
-DISENTANGLED = "disentangled residual"  # [x_h, u_h^1..u_h^K] subspaces, blocks.1 bilinear W_KQ / W_OV
-CONTENT_FREE_COPYERS = "content-free copyer layer"  # blocks.0 pattern is the same for every context
-MARKOV_TASK = "Markov-tree task"  # discrete tokens with a kernel pi (BMA over parents applies)
-BAYES_TASK = "task with a Bayes oracle"  # discrete tokens of the family, ours included (probes.oracles)
-BILINEAR = "bilinear attention blocks"  # one W_KQ / A matrix per head over named residual blocks
 
 
 def check_finite(out: Tensor, what: str) -> Tensor:
@@ -52,7 +47,7 @@ def check_finite(out: Tensor, what: str) -> Tensor:
     bad = torch.isnan(out) | torch.isposinf(out)
     if bad.any():
         rows = bad.flatten(1).any(1) if bad.ndim > 1 else bad
-        raise ValueError(
+        raise UsageError(
             f"{what}: the forward pass gave NaN or Inf on {int(rows.sum())} of {len(rows)} contexts "
             f"({int(bad.sum())} of {bad.numel()} values): its weights or config overflow (e.g. an attn_scale "
             f"near 0, a huge beta or weights); no metric is computed from it"
@@ -296,7 +291,6 @@ class ChenSubject(CatFormerSubject):
 
 
 # Resolving --checkpoint ---------------------------------------------------------------------------------
-THEOREM1_USAGE = theorem1.USAGE
 
 
 def subject_of(model, task, layout: Layout | None, name: str, digest: str) -> Subject:

@@ -1,4 +1,4 @@
-"""The third robustness catalogue (issue 23): every entry point on the one convention of ``models.plumbing.cli``.
+"""The third robustness catalogue (issue 23): every entry point on the one convention of ``models.cli``.
 ``models.standard``, ``bench``, ``analyses.scale``, ``analyses.attention_view`` and
 ``analyses.linear_probes`` beside ``models.train`` and ``models.evaluate``: flags validated before any
 work, no file written over an input or another format's checkpoint, no set written half, messages that

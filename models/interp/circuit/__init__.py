@@ -66,49 +66,63 @@ receiver sees its sender's clean value, and the metric is still that of the clea
 score restores what the corruption cost.
 """
 
-from models.interp.circuit.attribution import eap_ig_scores, eap_scores, input_grads
-from models.interp.circuit.config import CircuitConfig
-from models.interp.circuit.corruptions import (
-    CORRUPTIONS,
-    Corruption,
-    denoising_runner,
-    other_contexts,
-    register_corruption,
-    source_writes,
-)
-from models.interp.circuit.discovery import check_fits, discover
-from models.interp.circuit.exact import exact_scores
-from models.interp.circuit.graph import INPUTS, Edge, Graph, Node, Receiver, Sender, build_graph
-from models.interp.circuit.methods import METHODS, ScoreMethod, register_method
-from models.interp.circuit.nodes import (
-    NODE_ABLATIONS,
-    node_ablated_values,
-    node_costs,
-    node_outputs,
-    record_outputs,
-)
-from models.interp.circuit.result import CircuitResult, Estimate
-from models.interp.circuit.runner import DIRECTIONS, ROWS, Metric, Runner, mean_writes, sender_writes
-from models.interp.circuit.scores import (
-    EdgeScores,
-    curve_sizes,
-    faithfulness,
-    greedy,
-    mean_se,
-    ratio_se,
-    roc_auc,
-    threshold,
-    top_n,
-)
-from models.interp.circuit.search import SEARCHES, Search, among, register_search
-from probes.metrics import per_context_nll
+from __future__ import annotations
 
-__all__ = [
-    "CORRUPTIONS", "DIRECTIONS", "INPUTS", "METHODS", "NODE_ABLATIONS", "ROWS", "SEARCHES", "CircuitConfig",
-    "CircuitResult", "Corruption", "Edge", "EdgeScores", "Estimate", "Graph", "Metric", "Node", "Receiver", "Runner",
-    "ScoreMethod", "Search", "Sender", "among", "build_graph", "check_fits", "curve_sizes", "denoising_runner",
-    "discover", "eap_ig_scores", "eap_scores", "exact_scores", "faithfulness", "greedy", "input_grads", "mean_se",
-    "mean_writes", "node_ablated_values", "node_costs", "node_outputs", "other_contexts", "per_context_nll",
-    "ratio_se", "record_outputs", "register_corruption", "register_method", "register_search", "roc_auc",
-    "sender_writes", "source_writes", "threshold", "top_n",
-]  # fmt: skip
+from models.plumbing.lazy import lazy_names
+
+_PUBLIC = {  # name -> the module that defines it; each is imported on first use (PEP 562), so that importing
+    # the package (and models.interp.circuit.config, which the command line's --help reads) loads no torch
+    "eap_ig_scores": "models.interp.circuit.attribution",
+    "eap_scores": "models.interp.circuit.attribution",
+    "input_grads": "models.interp.circuit.attribution",
+    "CircuitConfig": "models.interp.circuit.config",
+    "CORRUPTIONS": "models.interp.circuit.corruptions",
+    "Corruption": "models.interp.circuit.corruptions",
+    "denoising_runner": "models.interp.circuit.corruptions",
+    "other_contexts": "models.interp.circuit.corruptions",
+    "register_corruption": "models.interp.circuit.corruptions",
+    "source_writes": "models.interp.circuit.corruptions",
+    "check_fits": "models.interp.circuit.discovery",
+    "discover": "models.interp.circuit.discovery",
+    "exact_scores": "models.interp.circuit.exact",
+    "Edge": "models.interp.circuit.graph",
+    "Graph": "models.interp.circuit.graph",
+    "INPUTS": "models.interp.circuit.graph",
+    "Node": "models.interp.circuit.graph",
+    "Receiver": "models.interp.circuit.graph",
+    "Sender": "models.interp.circuit.graph",
+    "build_graph": "models.interp.circuit.graph",
+    "METHODS": "models.interp.circuit.methods",
+    "ScoreMethod": "models.interp.circuit.methods",
+    "register_method": "models.interp.circuit.methods",
+    "NODE_ABLATIONS": "models.interp.circuit.nodes",
+    "node_ablated_values": "models.interp.circuit.nodes",
+    "node_costs": "models.interp.circuit.nodes",
+    "node_outputs": "models.interp.circuit.nodes",
+    "record_outputs": "models.interp.circuit.nodes",
+    "CircuitResult": "models.interp.circuit.result",
+    "Estimate": "models.interp.circuit.result",
+    "DIRECTIONS": "models.interp.circuit.config",
+    "Metric": "models.interp.circuit.runner",
+    "ROWS": "models.interp.circuit.runner",
+    "Runner": "models.interp.circuit.runner",
+    "mean_writes": "models.interp.circuit.runner",
+    "sender_writes": "models.interp.circuit.runner",
+    "EdgeScores": "models.interp.circuit.scores",
+    "curve_sizes": "models.interp.circuit.scores",
+    "faithfulness": "models.interp.circuit.scores",
+    "greedy": "models.interp.circuit.scores",
+    "mean_se": "models.interp.circuit.scores",
+    "ratio_se": "models.interp.circuit.scores",
+    "roc_auc": "models.interp.circuit.scores",
+    "threshold": "models.interp.circuit.scores",
+    "top_n": "models.interp.circuit.scores",
+    "SEARCHES": "models.interp.circuit.search",
+    "Search": "models.interp.circuit.search",
+    "among": "models.interp.circuit.search",
+    "register_search": "models.interp.circuit.search",
+    "per_context_nll": "probes.metrics",
+}
+__all__ = sorted(_PUBLIC)
+
+__getattr__, __dir__ = lazy_names(globals(), _PUBLIC)

@@ -7,10 +7,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from models.interp.circuit.corruptions import CORRUPTIONS
-from models.interp.circuit.graph import Node
 from models.interp.circuit.methods import METHODS
-from models.interp.circuit.runner import DIRECTIONS
 from models.interp.circuit.search import SEARCHES
+
+DIRECTIONS = ("noising", "denoising")  # an edge's receiver sees the ablated value in the clean run, or the reverse
 
 MAX_CURVE_POINTS = 1000  # circuit sizes on the curve; each is one ablated run over every context
 MAX_IG_STEPS = 1024  # EAP-IG converges by 8 on the standard GPT-2 (README: Circuit discovery)
@@ -96,5 +96,7 @@ class CircuitConfig:
         if self.nodes is not None and not self.nodes:
             raise ValueError("nodes: expected at least one node (L1H2,MLP0,...), got none")
         if self.nodes is not None:
+            from models.interp.circuit.graph import Node  # here: the config (the command line's --help) loads no torch
+
             for n in self.nodes:
                 Node.parse(n)  # the label's form; whether the model has it is checked against its graph

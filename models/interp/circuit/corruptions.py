@@ -7,19 +7,19 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-import torch
-from jaxtyping import Int
-from torch import Tensor
-
-from models.interp.circuit.graph import Graph
 from models.interp.circuit.registry import Registry
-from models.interp.circuit.runner import Metric, Runner, mean_writes, sender_writes
-from models.interp.interventions import corrupted_contexts
-from models.interp.subject import Subject
-from probes.metrics import per_context_nll
 
-Contexts = Callable[..., Int[Tensor, "batch T"]]  # (task, tokens [batch, T], generator) -> other contexts [batch, T]
+if TYPE_CHECKING:  # the registry itself loads no torch: the command line's --help lists it before torch loads
+    from jaxtyping import Int
+    from torch import Tensor
+
+    from models.interp.circuit.graph import Graph
+    from models.interp.circuit.runner import Metric, Runner
+    from models.interp.subject import Subject
+
+Contexts = Callable[..., "Int[Tensor, 'batch T']"]  # (task, tokens [batch, T], generator) -> other contexts [batch, T]
 
 
 @dataclass(frozen=True)
@@ -43,11 +43,15 @@ class Corruption:
 
     def other_contexts(self, task, tokens: Int[Tensor, "batch T"], seed: int) -> Int[Tensor, "batch T"]:
         """``contexts`` drawn from ``seed`` (a function of it only)."""
+        import torch
+
         return self.contexts(task, tokens, torch.Generator().manual_seed(seed + 7919))
 
     def ablated_values(self, subject: Subject, graph: Graph, tokens, seed: int) -> dict:
         """The senders' ablated values, ``{(node, site): [batch or 1, pos, D]}``: their writes on
         ``other_contexts``, or (``averaged``) those writes' mean over the contexts."""
+        from models.interp.circuit.runner import mean_writes, sender_writes
+
         writes = sender_writes(subject, graph, self.other_contexts(subject.task, tokens, seed))[0]
         return mean_writes(writes) if self.averaged else writes
 
@@ -57,9 +61,17 @@ register_corruption = CORRUPTIONS.register
 
 
 def _target_redrawn(task, tokens, g):
+    import torch
+
     other = tokens.clone()
     other[:, -task.seq_len :] = torch.randint(0, task.d_vocab, (len(tokens), task.seq_len), generator=g)
     return other
+
+
+def _demonstrations_redrawn(task, tokens, g):
+    from models.interp.interventions import corrupted_contexts
+
+    return corrupted_contexts(task, tokens, g)[0]
 
 
 def _fresh(task, tokens, g):
@@ -68,7 +80,7 @@ def _fresh(task, tokens, g):
 
 register_corruption(Corruption(
     "demonstrations", "demonstrations from another tree (the same target)", "carries the demonstrations' evidence",
-    lambda task, tokens, g: corrupted_contexts(task, tokens, g)[0]))  # fmt: skip
+    _demonstrations_redrawn))  # fmt: skip
 register_corruption(Corruption(
     "target", "the target's tokens re-drawn uniformly (the same demonstrations)", "carries the target's own prefix",
     _target_redrawn))  # fmt: skip
@@ -93,11 +105,16 @@ def source_writes(subject: Subject, graph: Graph, tokens, corruption: str, seed:
 
 
 def denoising_runner(subject: Subject, graph: Graph, tokens, corruption: str, seed: int,
-                     metric: Metric = per_context_nll) -> Runner:  # fmt: skip
+                     metric: Metric | None = None) -> Runner:  # fmt: skip
     """The Runner of the denoising direction: the base run on the corruption's ``other_contexts(tokens)``,
-    the senders' values to restore their writes on ``tokens``, the metric that of ``tokens``' targets."""
+    the senders' values to restore their writes on ``tokens``, the metric (default: the target NLL,
+    ``probes.metrics.per_context_nll``) that of ``tokens``' targets."""
+    from models.interp.circuit.runner import Runner, sender_writes
+    from probes.metrics import per_context_nll
+
     c = CORRUPTIONS[corruption]
     if not c.can_denoise:
         raise ValueError(f"denoising needs a corruption that is a run on other contexts, not {c.name!r}")
     other = c.other_contexts(subject.task, tokens, seed)
-    return Runner(subject, graph, other, sender_writes(subject, graph, tokens)[0], metric, targets=tokens)
+    return Runner(subject, graph, other, sender_writes(subject, graph, tokens)[0], metric or per_context_nll,
+                  targets=tokens)

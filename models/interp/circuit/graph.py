@@ -10,6 +10,7 @@ import torch
 from torch import Tensor
 
 from models.interp.subject import DISENTANGLED, Subject, head_label
+from models.plumbing.io import UsageError
 
 INPUTS = ("q", "k", "v")
 ENDS = ("embed", "pos_embed", "output")  # the nodes that are neither a head nor an MLP (never ablated as nodes)
@@ -185,7 +186,7 @@ class Graph:
 def check_hooks(subject: Subject, names) -> None:
     missing = [n for n in names if n not in subject.model.hook_dict]
     if missing:
-        raise ValueError(
+        raise UsageError(
             f"--checkpoint {subject.name}: circuit discovery needs the hooks {', '.join(missing[:4])}"
             f"{' ...' if len(missing) > 4 else ''}, which this model has not (a {subject.describe()})"
         )
@@ -238,7 +239,7 @@ def _standard_graph(subject: Subject) -> Graph:
     need += [f"blocks.{i}.hook_{x}" for i in range(n) if has_mlp[i] for x in ("resid_mid", "mlp_out")]
     check_hooks(subject, need)
     if not all(hasattr(model.blocks[i].attn, "W_O") for i in range(n)):
-        raise ValueError(f"--checkpoint {subject.name}: circuit discovery needs each layer's attn.W_O")
+        raise UsageError(f"--checkpoint {subject.name}: circuit discovery needs each layer's attn.W_O")
     layout = subject.layout
     final = f"blocks.{n - 1}.hook_resid_post"
     sites = [f"blocks.{i}.hook_resid_pre" for i in range(n)] + [f"blocks.{i}.hook_resid_mid" for i in range(n)]

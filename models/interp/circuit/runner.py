@@ -17,8 +17,6 @@ from models.interp.interventions import Intervention
 from models.interp.subject import Subject
 from probes.metrics import per_context_nll
 
-DIRECTIONS = ("noising", "denoising")
-
 Metric = Callable[[Tensor, Tensor], Tensor]  # (log_probs [batch, H, d], tokens [batch, T]) -> each context's [batch]
 ROWS = 512  # contexts x copies per forward pass: much larger batches spend their time faulting in fresh memory
 

@@ -7,13 +7,15 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-from torch import Tensor
-
-from models.interp.circuit.graph import Edge, Graph, Node
 from models.interp.circuit.registry import Registry
-from models.interp.circuit.runner import Runner
-from models.interp.circuit.scores import faithfulness, greedy, threshold
+
+if TYPE_CHECKING:  # the registry itself loads no torch: the command line's --help lists it before torch loads
+    from torch import Tensor
+
+    from models.interp.circuit.graph import Edge, Graph
+    from models.interp.circuit.runner import Runner
 
 DEFAULT_THRESHOLD = 1e-3  # threshold and greedy without a config.threshold: |score| (nats) an edge must reach
 
@@ -37,6 +39,8 @@ register_search = SEARCHES.register
 def _top_n(runner: Runner, scores: dict, order: list[Edge], config, plateau: Tensor, full: Tensor) -> list[Edge]:
     """``config.n_edges`` of ``order``, else its smallest prefix keeping ``config.target`` of the progress
     (bisection: faithfulness grows with the prefix, nearly)."""
+    from models.interp.circuit.scores import faithfulness
+
     if config.n_edges is not None:
         return order[: config.n_edges]
     lo, hi = 0, len(order)
@@ -54,14 +58,26 @@ def _tau(config) -> float:
 
 
 register_search(Search("top-n", "the fewest top edges by |score| that keep the target share", _top_n))
-register_search(Search("threshold", "every edge whose |score| reaches the threshold",
-                       lambda runner, scores, order, config, *_: threshold(scores, _tau(config))))  # fmt: skip
-register_search(Search("greedy", "ACDC's greedy pruning from the output backwards",
-                       lambda runner, scores, order, config, *_: greedy(runner, _tau(config))))  # fmt: skip
+def _threshold(runner: Runner, scores: dict, order: list[Edge], config, *_) -> list[Edge]:
+    from models.interp.circuit.scores import threshold
+
+    return threshold(scores, _tau(config))
+
+
+def _greedy(runner: Runner, scores: dict, order: list[Edge], config, *_) -> list[Edge]:
+    from models.interp.circuit.scores import greedy
+
+    return greedy(runner, _tau(config))
+
+
+register_search(Search("threshold", "every edge whose |score| reaches the threshold", _threshold))
+register_search(Search("greedy", "ACDC's greedy pruning from the output backwards", _greedy))
 
 
 def among(graph: Graph, nodes) -> list[Edge]:
     """Every edge between ``nodes`` (heads and MLPs, as ``Node`` or label), the embeddings and the output."""
+    from models.interp.circuit.graph import Node
+
     keep = {Node.parse(n) for n in nodes} | {n for n in graph.node_order if n.is_end}
     return [e for e in graph.edges if e.sender in keep and e.receiver in keep]
 

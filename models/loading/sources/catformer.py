@@ -32,7 +32,7 @@ from models.loading.sources.files import SAFETENSORS_SUFFIX, Found, Source
 from models.loading.sources.task_json import read_task
 from models.nets.catformer import CatFormer, CatFormerConfig
 from models.plumbing import io
-from models.plumbing.io import one_line
+from models.plumbing.io import UsageError, one_line
 
 NAME = "CatFormer"
 NPZ, PICKLES = ".npz", (".pkl", ".pickle")
@@ -66,7 +66,7 @@ def _safetensors_keys(path: Path) -> list[str] | None:
 
 
 def refuse_pickle(path: Path) -> None:
-    raise ValueError(
+    raise UsageError(
         f"{path} is a pickle: CatFormer weights are read from a .npz or a .safetensors file, never unpickled (a "
         f"pickle can run code and place NumPy arrays anywhere in memory); export the pytree with {EXPORT}"
     )
@@ -83,11 +83,11 @@ def leaves(found: Found) -> dict[str, np.ndarray]:
     for key, value in obj.items():
         m = _LEAF.match(key)
         if not m:
-            raise ValueError(f"{path}: entry {key!r} is not a CatFormer leaf; expected arrays A.0, A.1, ..., W")
+            raise UsageError(f"{path}: entry {key!r} is not a CatFormer leaf; expected arrays A.0, A.1, ..., W")
         out["W" if m.group(2) else f"A.{int(m.group(1))}"] = value
     n = sum(k.startswith("A.") for k in out)
     if "W" not in out or n == 0 or any(f"A.{i}" not in out for i in range(n)):
-        raise ValueError(f"{path} has leaves {sorted(out)}; expected A.0 .. A.{{L-1}} and W")
+        raise UsageError(f"{path} has leaves {sorted(out)}; expected A.0 .. A.{{L-1}} and W")
     return out
 
 
@@ -101,7 +101,7 @@ def read_npz(path: Path) -> dict[str, np.ndarray]:
             total = sum(math.prod(shape) * dtype.itemsize for shape, dtype in declared.values())
             if total > MAX_BYTES:
                 big = max(declared, key=lambda k: math.prod(declared[k][0]) * declared[k][1].itemsize)
-                raise ValueError(
+                raise UsageError(
                     f"{path}: its arrays declare {io.size(total)} (the largest, {big!r}, {list(declared[big][0])} of "
                     f"{declared[big][1].name}); expected at most {io.size(MAX_BYTES)} for a CatFormer's leaves"
                 )
@@ -112,27 +112,27 @@ def read_npz(path: Path) -> dict[str, np.ndarray]:
                     out[key] = _library(lambda: np.lib.format.read_array(member, allow_pickle=False), path)
             return out
     except (zipfile.BadZipFile, OSError, EOFError, NotImplementedError, RuntimeError) as e:
-        raise ValueError(f"{path} is not a .npz archive of NumPy arrays ({one_line(e)})") from None
+        raise UsageError(f"{path} is not a .npz archive of NumPy arrays ({one_line(e)})") from None
 
 
 def _npz_headers(archive: zipfile.ZipFile, path: Path) -> dict[str, tuple[tuple[int, ...], np.dtype]]:
     """{leaf: (shape, dtype)} from each member's .npy header, read without decompressing the data after it."""
     infos = archive.infolist()
     if len(infos) > MAX_LEAVES:
-        raise ValueError(f"{path} has {len(infos)} members; expected the leaves of a CatFormer (A.0, ..., W)")
+        raise UsageError(f"{path} has {len(infos)} members; expected the leaves of a CatFormer (A.0, ..., W)")
     declared = {}
     for info in infos:
         key = info.filename.removesuffix(".npy")
         if key == info.filename:
-            raise ValueError(f"{path}: member {info.filename!r} is not a .npy array; expected A.0.npy, ..., W.npy")
+            raise UsageError(f"{path}: member {info.filename!r} is not a .npy array; expected A.0.npy, ..., W.npy")
         with archive.open(info) as member:
             version = _library(lambda: np.lib.format.read_magic(member), path)  # noqa: B023 (called at once)
             if version not in _NPY_HEADERS:
-                raise ValueError(f"{path}: {info.filename} is a .npy of format {version}; expected 1.0 or 2.0")
+                raise UsageError(f"{path}: {info.filename} is a .npy of format {version}; expected 1.0 or 2.0")
             shape, _, dtype = _library(lambda: _NPY_HEADERS[version](member), path)  # noqa: B023
         check_real_float(dtype, str(path), key)
         if any(n < 0 for n in shape):
-            raise ValueError(f"{path}: {key!r} declares the shape {list(shape)}; expected sizes >= 0")
+            raise UsageError(f"{path}: {key!r} declares the shape {list(shape)}; expected sizes >= 0")
         declared[key] = (tuple(shape), dtype)
     return declared
 
@@ -142,7 +142,7 @@ def _library(call, path: Path):
     try:
         return call()
     except (ValueError, SyntaxError, RecursionError, MemoryError, OSError, EOFError) as e:
-        raise ValueError(f"{path}: not an archive of .npy arrays NumPy reads without pickle ({one_line(e)})") from None
+        raise UsageError(f"{path}: not an archive of .npy arrays NumPy reads without pickle ({one_line(e)})") from None
 
 
 def _read_safetensors(found: Found) -> dict[str, np.ndarray]:
@@ -156,17 +156,17 @@ def build(arrays: dict[str, np.ndarray], where: str, device: str | None = None) 
     W = arrays["W"]
     A = [arrays[f"A.{i}"] for i in range(sum(k.startswith("A.") for k in arrays))]
     if W.ndim != 2 or any(a.ndim != 3 or a.shape[1] != a.shape[2] for a in A):
-        raise ValueError(
+        raise UsageError(
             f"{where}: W must be [d_L, d] and each A.i [heads, d_i, d_i]; got W {W.shape}, A {[a.shape for a in A]}"
         )
     d, T = W.shape[1], A[0].shape[1] - W.shape[1]
     cfg = CatFormerConfig(d_vocab=d, n_ctx=T, heads=[a.shape[0] for a in A], device=device or "cpu")
     if T < 1:
-        raise ValueError(f"{where}: A.0 is {A[0].shape[1]} wide, not d + T with d = {d} (W's columns) and T >= 1")
+        raise UsageError(f"{where}: A.0 is {A[0].shape[1]} wide, not d + T with d = {d} (W's columns) and T >= 1")
     widths = cfg.widths()
     got, want = [a.shape[1] for a in A] + [W.shape[0]], widths
     if got != want:
-        raise ValueError(
+        raise UsageError(
             f"{where}: widths {got} disagree with d_(i+1) = d_i (1 + heads_i) from d_0 = {widths[0]}: {want}"
         )
     model = CatFormer(cfg)
@@ -174,7 +174,7 @@ def build(arrays: dict[str, np.ndarray], where: str, device: str | None = None) 
     state = {f"blocks.{i}.attn.A": torch.from_numpy(np.asarray(a, dtype=np.float64)) for i, a in enumerate(A)}
     state["W"] = torch.from_numpy(np.asarray(W, dtype=np.float64))
     if not all(torch.isfinite(t).all() for t in state.values()):
-        raise ValueError(f"{where}: the weights hold NaN or Inf")
+        raise UsageError(f"{where}: the weights hold NaN or Inf")
     model.load_state_dict(state)
     return model.to(dtype).to(cfg.device).eval()
 
@@ -192,7 +192,7 @@ def read(found: Found, device: str | None = None, *, weights: bool = True) -> So
         return Source(None, task, layout, found.where, "", NAME)
     model = build(leaves(found), found.where, device)
     if layout.n_positions != model.cfg.n_ctx + 1 or layout.min_vocab > model.cfg.d_vocab:
-        raise ValueError(
+        raise UsageError(
             f"{found.where}: a CatFormer of T = {model.cfg.n_ctx} positions and {model.cfg.d_vocab} tokens reads "
             f"contexts of T + 1 = {model.cfg.n_ctx + 1} tokens; the task has {layout.n_positions} of {layout.min_vocab}"
         )

@@ -11,12 +11,13 @@ from pathlib import Path
 
 import torch
 
-from models.loading.checkpoint import build
 from models.loading.sources import files
 from models.loading.sources.files import Found, Source
 from models.loading.sources.task_json import read_task
+from models.nets.build import build
 from models.nets.edelman import EdelmanConfig, EdelmanTransformer, their_key
 from models.plumbing import io
+from models.plumbing.io import UsageError
 
 NAME = "Edelman et al. Relative_Transformer"
 FIELDS = ("n_layer", "n_head", "n_embd", "vocab_size", "block_size")
@@ -44,13 +45,13 @@ def read(found: Found, device: str | None = None, *, weights: bool = True) -> So
             (f"layers.{i}.pos", pos, [(bs, bs)]),
         ):
             if value is not None and tuple(value.shape) not in shapes:  # before any is read: sized by the config
-                raise ValueError(
+                raise UsageError(
                     f"{found.where}: {key} has shape {list(value.shape)}; expected {list(shapes[0])} (block_size={bs})"
                 )
         if mask is not None and not torch.equal(mask.reshape(bs, bs).bool(), torch.ones(bs, bs).tril().bool()):
-            raise ValueError(f"{found.where}: layers.{i}.bias is not their causal mask")
+            raise UsageError(f"{found.where}: layers.{i}.bias is not their causal mask")
         if pos is not None and not torch.equal(pos.cpu(), model.blocks[i].attn.pos.cpu()):
-            raise ValueError(f"{found.where}: layers.{i}.pos is not their relative-position index")
+            raise UsageError(f"{found.where}: layers.{i}.pos is not their relative-position index")
     files.load_their_names(model, state, their_key, found.where)
     return Source(model.to(cfg.device).eval(), task, layout, found.where, found.digest(), NAME)
 
@@ -63,7 +64,7 @@ def config_of(found: Found, device: str | None) -> EdelmanConfig:
     cfg_file = found.config if isinstance(found.config, (str, Path)) else found.config_file or "--config"
     missing = [f for f in FIELDS if not isinstance(cfg_raw, dict) or not isinstance(cfg_raw.get(f), int)]
     if missing:
-        raise ValueError(
+        raise UsageError(
             f"{found.where}: its config {str(cfg_file)!r} (CfgNode.to_dict() JSON) lacks integer {', '.join(missing)}"
         )
     try:
@@ -73,6 +74,6 @@ def config_of(found: Found, device: str | None) -> EdelmanConfig:
             device=device or "cpu",
         )
     except ValueError as e:
-        raise ValueError(f"{found.where}: its config {str(cfg_file)!r}: {e}") from None
+        raise UsageError(f"{found.where}: its config {str(cfg_file)!r}: {e}") from None
     io.check_tensors(TENSORS_PER_LAYER * cfg.n_layer, f"{found.where}: its config's n_layer={cfg.n_layer}")
     return cfg

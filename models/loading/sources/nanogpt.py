@@ -9,6 +9,7 @@ from models.loading import converters
 from models.loading.sources.files import Found, Source, check_fits, is_torch_file, strip_prefixes
 from models.loading.sources.key_map import apply_key_map
 from models.loading.sources.task_json import read_task
+from models.plumbing.io import UsageError
 
 NAME = "nanoGPT"
 
@@ -24,7 +25,7 @@ def detect(found: Found) -> bool:
 
 def read(found: Found, device: str | None = None, *, weights: bool = True) -> Source:
     if not isinstance(found.archive.get("model_args"), dict):
-        raise ValueError(
+        raise UsageError(
             f"{found.where} is a nanoGPT checkpoint without model_args; expected the dict nanoGPT's train.py saves "
             "beside model (n_layer, n_head, n_embd, block_size, bias, vocab_size)"
         )
