@@ -29,7 +29,9 @@ from probes import MarkovTreeTask
 # new slow test goes here, or carries @pytest.mark.slow. Each took 1.5 s of CPU or more (this process's, its
 # children's and its forked cases') in `python -m pytest -n 0` of 2026-12-04 (the whole suite less
 # tests/project/test_docs.py: 263 s of CPU, these 34 201 s; test_docs.py alone, after its renders were
-# committed: 89 s); the first forked case of a process also pays for the fork server's imports (about 4 s). The seconds also order the files (``pytest_collection_modifyitems``).
+# committed: 89 s; the tests merged since, from the run of 22:19 with 2 workers); the first forked case of a
+# process also pays for the fork server's imports (about 4 s). The seconds also order the files
+# (``pytest_collection_modifyitems``).
 # tests/project/test_slow_marker.py checks every entry names a test.
 SLOW = {
     "test_activation_patching.py::test_cli_writes_heatmaps_and_json": 1.5,
@@ -55,7 +57,9 @@ SLOW = {
     "test_formats_pipelines.py::test_every_gpt2_config_flag_matches_transformers_own_forward": 3.4,
     "test_formats_pipelines.py::test_every_release_config_loads_with_transformer_lens_numbers": 2.1,
     "test_formats_pipelines.py::test_inspect_runs_on_every_format": 1.7,
-    "test_import_effects.py::test_importing_our_packages_reads_no_argv_no_environment_and_never_exits": 11.0,
+    "test_howtos.py::test_add_format_page_end_to_end": 14.2,
+    "test_howtos.py::test_write_analysis_page_end_to_end": 6.1,
+    "test_import_effects.py::test_importing_our_packages_reads_no_argv_no_environment_and_never_exits": 3.7,
     "test_inspect.py::test_one_copyer_for_three_demonstrations_is_not_called_the_papers_circuit": 1.8,
     "test_layering.py::test_the_checks_catch_the_cycles_that_were_there": 3.8,
     "test_messages.py::test_the_summary_is_alone_on_stdout_and_no_bar_reaches_a_log": 2.4,
