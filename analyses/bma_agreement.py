@@ -38,11 +38,11 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from tqdm.auto import tqdm
 
 import models
 from analyses.common import sample_contexts
 from models.plumbing.io import check_memory
+from models.plumbing.progress import progress as progress_bar
 from models.training.evaluate import output_and_pattern
 from models.training.short_run import training_config
 from models.training.train import train
@@ -72,7 +72,7 @@ def theorem1_sweep(task: MarkovTreeTask, tokens: torch.Tensor, betas=BETAS, prog
     posterior = bma_posterior(task.pi, tokens, L, H)
     nll_bma = target_nll(bma_predictive(task.pi, tokens, L, H, task.root, log=True), tokens)
     rows = []
-    for beta in tqdm(betas, desc="beta", disable=not progress or None):
+    for beta in progress_bar(betas, "beta", enabled=progress):
         attention, nll = attention_and_nll(models.theorem1_model(task.pi, L, H, beta, task.root), tokens)
         rows.append(
             {
@@ -102,7 +102,7 @@ def trained_vs_length(
     """Train one model per L (``train_config`` with ``n_examples = L``, K = L, ``steps`` steps) and
     measure its attention on the true parent, parent accuracy, TV and NLL gap to BMA on fresh contexts."""
     rows = []
-    for L in tqdm(lengths, desc="train per L", disable=not progress or None):
+    for L in progress_bar(lengths, "train per L", enabled=progress):
         cfg = dataclasses.replace(
             train_config,
             n_examples=L,

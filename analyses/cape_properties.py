@@ -41,11 +41,11 @@ common.parse_first(globals())  # python -m: --help and a mistyped flag answer he
 
 import numpy as np
 import torch
-from tqdm.auto import tqdm
 
 from cape.attention import CapeAttention, rotary_scores
 from cape.embedding import depth, embed, generality, hop_distance, initial_points, random_dag, random_tree
 from models.plumbing.io import UsageError, check_memory
+from models.plumbing.progress import progress as progress_bar
 
 FIGURES = {
     "cape_distance.png": "CAPE property 1: rotary attention score (q = k, averaged over random q) against causal hop distance on random trees and DAGs, per-graph Spearman against a random-angle control.",
@@ -92,7 +92,7 @@ def measure(
     g = torch.Generator().manual_seed(seed)
     iu = np.triu_indices(nodes, 1)
     res = {"nodes": nodes, "dim": dim, "n_graphs": n_graphs, "n_queries": n_queries, "graphs": []}
-    for i in tqdm(range(n_graphs), desc="graphs", disable=not progress or None):
+    for i in progress_bar(range(n_graphs), "graphs", enabled=progress):
         kind = "tree" if i % 2 == 0 else "dag"
         A = random_tree(nodes, g) if kind == "tree" else random_dag(nodes, g)
         emb = embed(A, dim=dim, seed=seed + i)

@@ -49,7 +49,6 @@ common.parse_first(globals())  # python -m: --help and a mistyped flag answer he
 
 import numpy as np
 import torch
-from tqdm.auto import tqdm
 
 import models
 from cape.structure import (
@@ -62,6 +61,7 @@ from cape.structure import (
 )
 from models.interp.subject import DisentangledSubject, Subject, head_label
 from models.plumbing.io import check_memory
+from models.plumbing.progress import progress as progress_bar
 from probes import MarkovTreeTask, bma_posterior, parent_accuracy
 from probes.continuous import ContinuousTask, gaussian_bma_posterior
 from probes.metrics import parent_mass
@@ -130,7 +130,7 @@ def measure(
     # On one-hot features any function of a node is linear in it, so the MLP f adds parameters, not
     # expressiveness (measured: it overfits, SHD 52 vs 23 at N = 100); it is skipped there.
     jobs = [(kind, f) for kind in KINDS for f in encoders if (kind, f) != ("markov", "mlp")]
-    for kind, f in tqdm(jobs, desc="structure learning", disable=not progress or None):
+    for kind, f in progress_bar(jobs, "structure learning", enabled=progress):
         rows = []
         for N in Ns:
             per_tree = []
@@ -141,7 +141,7 @@ def measure(
             rows.append({"N": N, **_mean(per_tree, METRICS), "per_tree": per_tree})
         res["structure"][f"{kind}/{f}"] = rows
     res["bma"] = {"markov": [], "continuous": []}
-    for L in tqdm(Ls, desc="BMA and model", disable=not progress or None):
+    for L in progress_bar(Ls, "BMA and model", enabled=progress):
         markov, gauss, model, source, heads = [], [], [], "", set()
         for t, parents in enumerate(trees):
             fixed = parents.view(1, -1).expand(n_contexts, -1)

@@ -28,6 +28,7 @@ import importlib
 import os
 import pkgutil
 import re
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -43,6 +44,7 @@ from models.interp.capabilities import (  # noqa: F401 (analyses declare REQUIRE
 )
 from models.loading.named import NAMED
 from models.plumbing.io import UsageError, write_json, write_set
+from models.plumbing.progress import progress as progress_bar
 
 if TYPE_CHECKING:
     from models.interp.subject import Subject
@@ -236,25 +238,31 @@ def check_at_most(p: argparse.ArgumentParser, args: argparse.Namespace, **maximu
 
 
 def main(analysis: Analysis, argv: list[str] | None = None) -> dict:
-    """Parse, load, compute, save the figures and JSON as one set, print the summary; returns the result."""
+    """Parse, load, compute, save the figures and JSON as one set, print the summary; returns the result.
+    Off a terminal, a line every 30 s says which stage runs (``models.plumbing.progress``)."""
     import torch
 
     p, args = parse(analysis, argv)
-    subject = None
-    if analysis.requires is not None:
-        subject = cli.subject_or_exit(p, args)
-        with cli.flag_errors(p):
-            check_requirements(analysis, subject)
-        if hasattr(subject.model, "eval"):
-            subject.model.eval()
-    args.subject_name = None if subject is None else title_name(subject.name)  # for titles; the JSON has subject.name
-    torch.manual_seed(args.seed)
-    result = analysis.compute(subject, args)
-    style()
-    figs = analysis.figures(result, args)
-    if not isinstance(figs, dict):
-        figs = {analysis.name: figs}
-    written = save_set(args.out, analysis.name, figs, analysis.record(result), args, subject)
+    with progress_bar(desc=f"analyses.{analysis.name}", leave=False) as run:
+        subject = None
+        if analysis.requires is not None:
+            run.set_postfix(stage="load")
+            subject = cli.subject_or_exit(p, args)
+            with cli.flag_errors(p):
+                check_requirements(analysis, subject)
+            if hasattr(subject.model, "eval"):
+                subject.model.eval()
+        args.subject_name = None if subject is None else title_name(subject.name)  # for titles; the JSON has subject.name
+        torch.manual_seed(args.seed)
+        run.set_postfix(stage="compute")
+        result = analysis.compute(subject, args)
+        run.set_postfix(stage="figures")
+        style()
+        figs = analysis.figures(result, args)
+        if not isinstance(figs, dict):
+            figs = {analysis.name: figs}
+        run.set_postfix(stage="save")
+        written = save_set(args.out, analysis.name, figs, analysis.record(result), args, subject)
     print(analysis.summary(result))
     report_written(written)
     return result
@@ -273,10 +281,19 @@ def register(ns: dict, analysis: Analysis | None = None) -> Analysis:
 
 def run(main_fn, argv: list[str] | None = None):
     """``python -m analyses.<name>``: bad input is one line and exit code 2, a bug its traceback and exit code 1
-    (``models.plumbing.io.run_cli``)."""
+    (``models.plumbing.io.run_cli``), each begun with the entry point as the user typed it."""
     analysis = getattr(main_fn, "__self__", None)  # Analysis.main, bound; else a module's own main
-    name = analysis.name if isinstance(analysis, Analysis) else main_fn.__module__.removeprefix("analyses.")
-    return cli.run_cli(main_fn, argv, f"python -m analyses.{name}")
+    name = f"analyses.{analysis.name}" if isinstance(analysis, Analysis) else module_of(main_fn)
+    return cli.run_cli(main_fn, argv, f"python -m {name}")
+
+
+def module_of(fn) -> str:
+    """The dotted name of ``fn``'s module, also when it runs as ``__main__`` (``python -m analyses.NAME``:
+    its spec keeps the name the user typed)."""
+    if fn.__module__ != "__main__":
+        return fn.__module__
+    spec = getattr(sys.modules.get("__main__"), "__spec__", None)
+    return spec.name if spec is not None else "__main__"
 
 
 # Saving -----------------------------------------------------------------------------------------------

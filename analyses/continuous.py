@@ -41,8 +41,8 @@ import tempfile
 
 import numpy as np
 import torch
-from tqdm.auto import tqdm
 
+from models.plumbing.progress import progress as progress_bar
 from models.training.evaluate import output_and_pattern
 from models.training.train import TrainConfig, train
 from probes import mean_tv, parent_accuracy
@@ -176,7 +176,7 @@ def measure(
         "quadratic_control": [],
         "trained": [],
     }
-    for L in tqdm(Ls, desc="L", disable=not progress or None):
+    for L in progress_bar(Ls, "L", enabled=progress):
         task = ContinuousTask.random(d, L, seq_len, rho, seed)  # the same A for every L (seed only)
         x, parents = task.sample(n_eval, torch.Generator().manual_seed(seed + 1))
         x_fit, _ = task.sample(n_fit, torch.Generator().manual_seed(seed + 2))

@@ -44,13 +44,13 @@ import math
 
 import numpy as np
 import torch
-from tqdm.auto import tqdm
 
 import models
 from analyses.common import sample_contexts
 from models import theorem1_model
 from models.interp.interventions import Intervention
 from models.plumbing.io import check_memory
+from models.plumbing.progress import progress as progress_bar
 from probes import bma_posterior, mean_tv, parent_accuracy
 from probes.information import chi2_mutual_information, pair_joints
 from probes.metrics import parent_mass
@@ -109,7 +109,7 @@ def gradient_by_tree(task, n_trees: int, n_samples: int, seed: int, chunk: int =
     gen = torch.Generator().manual_seed(seed)
     trees = task.sample_parents(n_trees, gen)
     rows, worst, single_hits, single_total = [], 0.0, 0, 0
-    for parents in tqdm(trees, desc="trees", disable=not progress or None):
+    for parents in progress_bar(trees, "trees", enabled=progress):
         sums = torch.zeros(H, H, dtype=torch.float64)
         sq = torch.zeros(H, H, H, dtype=torch.float64)  # [h, h', h''] second moments for paired differences
         done = 0
@@ -173,7 +173,7 @@ def one_step_against_L(task, Ls, n_batch: int, n_eval: int, seed: int, progress:
     fraction of (context, h >= 2) whose largest Delta s (and largest per-context g) is at the parent,
     and BMA's parent accuracy at that L for reference."""
     out = {"L": list(Ls), "step_parent_acc": [], "score_grad_parent_acc": [], "bma_parent_acc": [], "step_margin": []}
-    for L in tqdm(Ls, desc="L", disable=not progress or None):
+    for L in progress_bar(Ls, "L", enabled=progress):
         model = init_model(task, L)
         lt = type(task)(task.pi, L, task.seq_len, task.root)
         tokens, _ = sample_contexts(lt, n_batch, seed)
@@ -223,7 +223,7 @@ def train_from_zero(
     posterior = bma_posterior(task.pi, eval_tokens, task.n_examples, task.seq_len)
     H = task.seq_len
     hist = {"step": [], "separation": [], "parent_mass": [], "parent_acc": [], "tv_to_bma": []}
-    for step in tqdm(range(steps + 1), desc="train W_KQ", disable=not progress or None):
+    for step in progress_bar(range(steps + 1), "train W_KQ", enabled=progress):
         if step % every == 0:
             with torch.no_grad():
                 _, cache = model.run_with_cache(eval_tokens, names_filter=[SCORES, "blocks.1.attn.hook_pattern"])

@@ -54,11 +54,11 @@ import torch
 import torch.nn.functional as F
 from jaxtyping import Float
 from torch import Tensor
-from tqdm.auto import tqdm
 
 from models.interp.interventions import ablate, corrupted_contexts, head_outputs, patch_heads
 from models.interp.path_patching import bma_without, kl_rows, path_patch
 from models.interp.subject import Subject, head_label
+from models.plumbing.progress import progress as progress_bar
 from probes import bma_predictive, target_nll
 from probes.linear import linear_probe
 from probes.metrics import column_softmax_error, fit_column_shift
@@ -175,7 +175,7 @@ def path_patching(subject: Subject, tokens, corrupted, log: list | None = None) 
     for key, mlp in (("share", False), ("share_through_mlp", True)):
         out[key] = [[None] * n1 for _ in range(n0)]
         pairs = [(s, r) for s in range(n0) for r in range(n1)]
-        for s, r in tqdm(pairs, desc="path patching", leave=False, disable=None):  # None: no bar off a terminal
+        for s, r in progress_bar(pairs, "path patching", leave=False):
             out[key][s][r] = share_of(
                 path_patch(subject, tokens, corrupted, [s], [r], positions, mlp, log), nll_clean, nll_bad
             )

@@ -71,10 +71,10 @@ from pathlib import Path
 import torch
 from jaxtyping import Float, Int
 from torch import Tensor
-from tqdm.auto import tqdm
 
 from models.interp.baselines import baselines, head_attention_stats
 from models.interp.subject import load_subject
+from models.plumbing.progress import progress as progress_bar
 from models.training.short_run import find_snapshots, train_short_run
 from probes import MarkovTreeTask, demonstration_mass, oracles, target_nll
 from probes.graph_task import context_order
@@ -242,7 +242,7 @@ def trajectory(subject, snapshots: list[tuple[int, Path]], n_contexts: int, seed
     strats = merge_identical(strategies(task, tokens))
     base = baselines(task, tokens, parents)
     rows = []
-    for step, path in tqdm(snapshots, desc="snapshots", disable=not progress or None):
+    for step, path in progress_bar(snapshots, "snapshots", enabled=progress):
         snap = load_subject(path, device)
         if snap.task.to_dict() != task.to_dict():
             raise UsageError(f"snapshot {path} was trained on another task than --checkpoint's; expected one run")

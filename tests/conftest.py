@@ -62,7 +62,7 @@ SLOW = {
     "test_import_effects.py::test_importing_our_packages_reads_no_argv_no_environment_and_never_exits": 3.7,
     "test_inspect.py::test_one_copyer_for_three_demonstrations_is_not_called_the_papers_circuit": 1.8,
     "test_layering.py::test_the_checks_catch_the_cycles_that_were_there": 3.8,
-    "test_messages.py::test_the_summary_is_alone_on_stdout_and_no_bar_reaches_a_log": 2.4,
+    "test_messages.py::test_the_summary_is_alone_on_stdout_and_a_log_gets_plain_progress_lines": 2.4,
     "test_optim.py::test_freed_memory_is_reused_without_faulting_in_fresh_pages": 7.3,
     "test_phase_diagram.py::test_the_committed_figure_replots_the_committed_full_sweep": 3.6,
     "test_sized_before_allocation.py::test_a_forked_case_is_what_a_fresh_interpreter_does": 7.4,

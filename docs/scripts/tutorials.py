@@ -162,7 +162,9 @@ def stale(name: str, folder: Path = RENDERED) -> str | None:
     return f"figures missing: {missing}" if missing else None
 
 
-PROGRESS_BAR = re.compile(r"\d+%\|.*\| *\d+/\d+ \[")  # tqdm's "desc: 100%|####| 120/120 [00:10<00:00, ...]"
+# tqdm's "desc: 100%|####| 120/120 [00:10<00:00, ...]", and the plain line models.plumbing.progress prints every
+# 30 s when stderr is not a terminal (as here): "desc: 3/10 (30%), 0:01:30 elapsed, about 0:03:30 left (...)"
+PROGRESS_BAR = re.compile(r"\d+%\|.*\| *\d+/\d+ \[|^[\w. ]+: .*\b\d+:\d\d:\d\d elapsed\b")
 
 
 class Capture(io.TextIOBase):

@@ -428,6 +428,27 @@ def not_a_bug(e: BaseException) -> bool:
     return isinstance(e, (UsageError, MemoryError)) or (isinstance(e, OSError) and bool(e.strerror))
 
 
+SUITE_MODELS = Path(__file__).resolve().parents[1]  # this suite's models/ package
+_warned_shadow: list[str] = []
+
+
+def warn_if_models_shadowed() -> str | None:
+    """One line on stderr (once a process) when the top-level ``models`` Python imported is not this suite's:
+    a project folder with a ``models/`` of its own, first on ``sys.path``, shadows it (the suite's submodules
+    still load, but ``models.load_subject`` and the other top-level names are missing). Returns the line."""
+    found = getattr(sys.modules.get("models"), "__file__", None)
+    if found is None or Path(found).resolve().parent == SUITE_MODELS or _warned_shadow:
+        return None
+    _warned_shadow.append(
+        f"warning: the `models` package imported is {Path(found).parent}, not this suite's ({SUITE_MODELS}), so "
+        "`models.load_subject` and the other top-level names are missing; run from another folder, run "
+        "`python -P -m ...` (the current folder is then not first on sys.path), or import from the submodules "
+        "(from models.interp.subject import load_subject)"
+    )
+    print(_warned_shadow[0], file=sys.stderr)
+    return _warned_shadow[0]
+
+
 def run_cli(main, argv: list[str] | None = None, prog: str | None = None):
     """Run a CLI ``main(argv)``. Bad input (a ``UsageError``) or the system refusing (``not_a_bug``) becomes
     ``PROG: error: <one line>`` on stderr (``prog``, e.g. ``python -m models.train``, as argparse's errors

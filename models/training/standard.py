@@ -40,7 +40,6 @@ import torch
 import torch.nn.functional as F
 from jaxtyping import Float, Int
 from torch import Tensor, nn
-from tqdm.auto import tqdm
 
 from models import cli
 from models.loading.checkpoint import (
@@ -55,6 +54,7 @@ from models.loading.checkpoint import (
 from models.loading.sources.files import TASK_JSON
 from models.loading.sources.hugging_face import check_size
 from models.plumbing.io import UsageError, check_memory, exclusive_lock, input_errors, size
+from models.plumbing.progress import progress as progress_bar
 from models.training.optim import check_finite, cosine_factor, keep_freed_memory, sample_batch
 from probes import MarkovTreeTask, check_tokens, target_nll
 from probes.graph_task import SPEC_HELP, GraphTask, make_task
@@ -298,7 +298,7 @@ def _train_standard(cfg: StandardConfig, progress: bool, save: bool, overwrite: 
     history: list[dict] = [{"step": 0, "loss": None, "seconds": 0.0, **evaluate(model, task, eval_tokens, reference)}]
     model.train()
     t0 = time.perf_counter()
-    for done in (bar := tqdm(range(1, cfg.steps + 1), disable=not progress or None, desc="train standard")):
+    for done in (bar := progress_bar(range(1, cfg.steps + 1), "train standard", enabled=progress)):
         loss = _loss(model, sample_batch(task, cfg.batch_size, data_gen).to(cfg.device), cfg)
         _descend(loss, opt, sched)
         if cfg.snapshot_every and done % cfg.snapshot_every == 0:  # as models.train: the run, then the snapshot

@@ -30,6 +30,7 @@ from multiprocessing import get_context
 from pathlib import Path
 
 from models.plumbing.io import UsageError
+from models.plumbing.progress import progress as progress_bar
 
 CLUSTERS = "local, submitit-local or slurm:PARTITION"
 MAX_JOBS = 1024
@@ -105,9 +106,20 @@ def run_jobs(
 
     check_int(jobs, "jobs", 1, MAX_JOBS)
     threads = torch.get_num_threads() if threads is None else check_int(threads, "threads", 1, MAX_JOBS)
-    on_done = on_done or (lambda i, result: None)
     if not kwargs_list:
         return []
+    with progress_bar(desc=f"{fn.__name__} jobs", total=len(kwargs_list)) as bar:  # off a terminal: a line every 30 s
+
+        def done(i: int, result) -> None:
+            bar.update()
+            if on_done is not None:
+                on_done(i, result)
+
+        return _run(fn, kwargs_list, kind, cluster, jobs, threads, folder, timeout_min, done)
+
+
+def _run(fn, kwargs_list, kind, cluster, jobs, threads, folder, timeout_min, on_done) -> list:
+    """``run_jobs`` once its arguments are checked: the jobs on the engine ``kind`` names."""
     if kind == "local" and jobs == 1:
         results = []
         for i, kwargs in enumerate(kwargs_list):

@@ -52,6 +52,7 @@ from models.plumbing.io import (
     run_cli,
     size,
 )
+from models.plumbing.progress import progress as progress_bar
 from models.training import distributed
 from models.training.evaluate import evaluate
 from models.training.optim import check_finite, cosine_factor, keep_freed_memory, sample_batch
@@ -366,9 +367,7 @@ def _train_locked(cfg: TrainConfig, progress: bool, place: distributed.Rank, dev
     if cfg.compile:
         forward = torch.compile(forward)
     t0 = time.perf_counter()
-    bar = tqdm(
-        range(start, cfg.steps), initial=start, total=cfg.steps, disable=None if progress else True, desc="train"
-    )  # None: no bar off a terminal
+    bar = progress_bar(range(start, cfg.steps), "train", total=cfg.steps, enabled=progress, initial=start)
     for step in bar:
         tokens = sample_batch(task, cfg.batch_size, data_gen)  # the global batch, the same on every rank
         tokens, target = _host_batch(distributed.shard(tokens, place), cfg.seq_len, device)

@@ -6,9 +6,11 @@ from __future__ import annotations
 
 import json
 import os
+import re
+import subprocess
+import sys
 from pathlib import Path
 
-import forked
 import pytest
 import torch
 from test_cli_bad_input import TINY
@@ -77,14 +79,19 @@ def test_ctrl_c_in_an_analysis_is_one_line_with_the_entry_points_prefix(monkeypa
     assert not (tmp_path / "o").exists()
 
 
-def test_the_summary_is_alone_on_stdout_and_no_bar_reaches_a_log(tmp_path):
-    """Into a file (as into a log; in a process of its own, forked: tests/helpers/forked.py), stdout holds the
-    summary and the last line; stderr holds no progress bar (tqdm draws one only on a terminal) and so no line
-    of spaces."""
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
-    run = forked.run("analyses.head_ablation", "--n-contexts", "32", "--out", str(tmp_path / "o"), cwd=ROOT, env=env)
+def test_the_summary_is_alone_on_stdout_and_a_log_gets_plain_progress_lines(tmp_path):
+    """Piped (as into a log file), stdout holds the summary and the last line; stderr holds no progress
+    bar (tqdm draws one only on a terminal) and so no line of spaces, but plain progress lines (here every
+    0.2 s instead of 30 s: ``models.plumbing.progress``), each saying the stage and the time elapsed."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1", "CAUSAL_ICL_PROGRESS_S": "0.2"}
+    run = subprocess.run(
+        [sys.executable, "-m", "analyses.head_ablation", "--n-contexts", "32", "--out", str(tmp_path / "o")],
+        cwd=ROOT, env=env, capture_output=True, text=True,
+    )  # fmt: skip
     assert run.returncode == 0, run.stderr[-500:]
     lines = run.stdout.splitlines()
     assert lines[0].startswith("intact: NLL") and lines[-1].startswith("wrote 5 files to ")
     assert all(line.strip() for line in lines) and "\r" not in run.stdout
-    assert run.stderr == ""
+    log = run.stderr.splitlines()
+    assert log and "\r" not in run.stderr and all(re.match(r"^(analyses\.head_ablation|ablations): .*elapsed", x) for x in log), log
+    assert any("(stage=compute)" in x for x in log) and any("(stage=save)" in x for x in log)

@@ -40,7 +40,7 @@ from models.loading.sources import (
 from models.loading.sources.files import Found, Source
 from models.nets.dtypes import RUN_DTYPES, torch_dtype
 from models.plumbing import io
-from models.plumbing.io import UsageError, input_errors, what_is
+from models.plumbing.io import UsageError, input_errors, warn_if_models_shadowed, what_is
 
 __all__ = ["FORMATS", "NAMED", "Source", "resolve"]
 
@@ -65,6 +65,7 @@ def resolve(
     """What ``spec`` names (see the module docstring), read once. ``dtype`` ("float32"/"float64")
     converts the weights after loading; ``key_map`` and ``config`` are for weight files;
     ``weights=False`` reads the task and layout only (``model`` is None, ``digest`` empty)."""
+    warn_if_models_shadowed()  # a project's own models/ first on sys.path: say so, once
     spec = str(spec)
     if theorem1.detect(spec):
         options = theorem1.parse(spec)
