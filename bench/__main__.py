@@ -23,7 +23,7 @@ import argparse
 from models import cli
 from models.loading.named import DEFAULT_CHECKPOINT, STANDARD_CHECKPOINT
 
-ROWS = ("step", "cache", "bma", "memory", "train", "large", "figures", "circuit")
+ROWS = ("step", "cache", "bma", "memory", "train", "large", "figures", "circuit", "circuit-scale")
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -56,6 +56,7 @@ def _main(argv: list[str]) -> None:
         bma_row,
         cache_rows,
         circuit_rows,
+        circuit_scale_row,
         circuit_speed_rows,
         figures_row,
         large_rows,
@@ -87,6 +88,8 @@ def _main(argv: list[str]) -> None:
     if "circuit" in only:
         rows += circuit_speed_rows(16 if args.quick else CIRCUIT_CONTEXTS)
         rows += circuit_rows(8 if args.quick else 32)
+    if "circuit-scale" in only:
+        rows.append(circuit_scale_row(*((8, 16) if args.quick else (16, 32))))
     print(table(rows))
     if args.json:
         record = {

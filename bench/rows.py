@@ -20,12 +20,15 @@ from unittest import mock
 import torch
 
 from bench.circuit_reference import exact_values_per_edge, keep_only_values_per_receiver
+from bench.deepened import deepen
 from bench.reference import bma_posterior_loop, reference_model
 from models import CausalTransformer, load_subject
 from models.interp.circuit import (
+    CircuitConfig,
     Runner,
     build_graph,
     curve_sizes,
+    discover,
     eap_ig_scores,
     eap_scores,
     exact_scores,
@@ -34,6 +37,7 @@ from models.interp.circuit import (
     source_writes,
     top_n,
 )
+from models.loading.named import STANDARD_CHECKPOINT
 from models.nets import causal_transformer
 from models.plumbing.io import UsageError
 from models.training.optim import keep_freed_memory, sample_batch
@@ -518,6 +522,34 @@ def circuit_rows(n_contexts: int, seed: int = 0) -> list[dict]:
         for name, (scores, seconds) in timed.items()
         if name != "exact"
     ]
+
+
+def circuit_scale_row(n_contexts: int, n_held_out: int) -> dict:
+    """``discover`` with the default flags but the sizes given, on a GPT-2-small-shaped model (12 layers, 12
+    heads, width 768, the 50,257-token vocabulary: the shipped GPT-2 placed in it by ``bench.deepened``, so
+    that it has a circuit to find) against the shipped 2-layer GPT-2: CPU time, and the path each took (the
+    big graph's edges ranked by EAP-IG, the exact budget being exceeded)."""
+    config = CircuitConfig(n_contexts=n_contexts, n_held_out=n_held_out, curve_points=2)
+    found = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        big = load_subject(str(deepen(STANDARD_CHECKPOINT, Path(tmp) / "gpt2_small_shape")))
+        for name, subject in (("big", big), ("small", load_subject("standard"))):
+            cpu = time.process_time()
+            r = discover(subject, config)
+            found[name] = (r, time.process_time() - cpu)
+    (big_r, big_s), (small_r, small_s) = found["big"], found["small"]
+    return {
+        "row": f"circuit, GPT-2-small shape ({big_r.n_edges_total} edges) vs the shipped GPT-2 "
+        f"({small_r.n_edges_total}), CPU seconds, {n_contexts} search and {n_held_out} held-out contexts",
+        "ours_s": big_s,
+        "baseline_s": small_s,
+        "baseline": "the shipped 2-layer GPT-2",
+        "ratio": small_s / big_s,
+        "note": f"{'EAP-IG' if big_r.scoring_note else 'exact'} edge scores on the big graph; nodes "
+        f"{', '.join(map(str, big_r.nodes))} (shipped: {', '.join(map(str, small_r.nodes))}); held-out "
+        f"faithfulness {big_r.faithfulness.value:.3f} +- {big_r.faithfulness.se:.3f} "
+        f"(shipped {small_r.faithfulness.value:.3f} +- {small_r.faithfulness.se:.3f})",
+    }
 
 
 def table(rows: list[dict]) -> str:

@@ -54,14 +54,14 @@ def small_result() -> dict:
 
 
 def test_the_summary_says_the_held_out_size_was_fixed_and_prints_shares_only_beside_real_denominators(small_result):
-    """With --n-held-out, not "chosen for progress SE <= 0.01" (issue 45); without, it is. A held-out or
+    """With --n-held-out, not "sized for progress SE 0.01" (issue 45); without, it is. A held-out or
     replicate progress within 2 SE of zero gets "no share" instead of the faithfulness and sufficiency
     shares of it."""
     text = circuit.summary(small_result)
-    assert "answers on 64 held-out contexts (fixed by --n-held-out;" in text and "chosen for progress SE" not in text
+    assert "answers on 64 held-out contexts (fixed by --n-held-out;" in text and "sized for progress SE" not in text
     assert "its edges alone keep" in text and "its nodes alone keep" in text
     chosen = {**small_result, "n_held_out_fixed": False}
-    assert "(chosen for progress SE <= 0.01;" in circuit.summary(chosen)
+    assert "(sized for progress SE 0.01 from the search's spread;" in circuit.summary(chosen)
     none = copy.deepcopy(small_result)
     for where in ("held_out", "replicate"):
         none[where].update(progress=0.004, progress_se=0.003)

@@ -73,14 +73,14 @@ def eap_scores(runner: Runner, edges=None) -> EdgeScores:
     return _attribution(runner, input_grads(runner), edges)
 
 
-def eap_ig_scores(runner: Runner, edges=None, steps: int = 8) -> EdgeScores:
+def eap_ig_scores(runner: Runner, edges=None, steps: int = 8, progress=None) -> EdgeScores:
     """EAP-IG, per edge and context, ``[edge, batch]``: the gradient averaged over ``steps`` runs whose
     embeddings move from clean to ablated (midpoints ``(i + 1/2) / steps``), times the change: integrated
     gradients along the inputs."""
     edges = runner.graph.edges if edges is None else edges
     embeds = [s for s in runner.graph.senders if s.node.kind in ("embed", "pos_embed")]
     total = None
-    for i in range(steps):
+    for i in range(steps) if progress is None else progress(range(steps)):
         a = (i + 0.5) / steps
         hooks = []
         for s in embeds:

@@ -14,7 +14,8 @@ DIRECTIONS = ("noising", "denoising")  # an edge's receiver sees the ablated val
 
 MAX_CURVE_POINTS = 1000  # circuit sizes on the curve; each is one ablated run over every context
 MAX_IG_STEPS = 1024  # EAP-IG converges by 8 on the standard GPT-2 (README: Circuit discovery)
-MIN_HELD_OUT, MAX_HELD_OUT = 512, 8192  # the held-out sample: doubled from the first until target_se is reached
+MIN_HELD_OUT, MAX_HELD_OUT = 512, 8192  # the held-out sample's bounds; its size in between is the pilot's estimate
+EXACT_BUDGET = 600.0  # CPU seconds of exact edge patching (estimated) beyond which edges are ranked by EAP-IG
 DEFAULT_CORRUPTIONS = (
     "demonstrations",
     "mean",
@@ -38,9 +39,9 @@ class CircuitConfig:
     corruptions: tuple[str, ...] = _doc(DEFAULT_CORRUPTIONS, "the senders' ablated values, comma-separated: the "
                                         "circuit is the union of the circuits each finds")  # fmt: skip
     min_z: float = _doc(2.0, "edges whose |score| exceeds this many standard errors come first in the top-n order")
-    n_held_out: int | None = _doc(None, f"fresh contexts for the held-out answers (default: the smallest of "
-                                        f"{MIN_HELD_OUT}, {2 * MIN_HELD_OUT}, ... up to {MAX_HELD_OUT} giving "
-                                        "progress SE <= --target-se)")  # fmt: skip
+    n_held_out: int | None = _doc(None, "fresh contexts for the held-out answers (default: the number whose "
+                                        "progress SE is --target-se, estimated from the spread of the progress over "
+                                        f"the search contexts, at least {MIN_HELD_OUT}, at most {MAX_HELD_OUT})")  # fmt: skip
     target_se: float = _doc(0.01, "the standard error of the model's progress that the held-out sample must reach")
     direction: str = _doc("noising", "noising: an edge's receiver sees the ablated value in the clean run; "
                                      "denoising: it sees the clean value in the corrupted run (a circuit found by "
@@ -55,6 +56,10 @@ class CircuitConfig:
     curve_points: int = _doc(8, "number of non-empty circuit sizes on the faithfulness curve, which also plots the "
                                 f"empty circuit (0 edges), at most {MAX_CURVE_POINTS}")  # fmt: skip
     ig_steps: int = _doc(8, f"EAP-IG: interpolation steps between the clean and corrupted runs, at most {MAX_IG_STEPS}")
+    exact_budget: float = _doc(EXACT_BUDGET, "seconds of CPU that exact edge patching may take, estimated from the "
+                                             "clean pass before it starts: beyond it, the edges are ranked by EAP-IG "
+                                             "instead (said in the summary and the JSON; the circuit chosen is still "
+                                             "judged by exact runs)")  # fmt: skip
 
     def __post_init__(self):
         if isinstance(self.corruptions, str):  # "demonstrations,mean", as the command line writes it
@@ -87,6 +92,8 @@ class CircuitConfig:
                 raise ValueError(f"{name} must be >= {low}, got {value}")
             if value is not None and high is not None and value > high:
                 raise ValueError(f"{name} must be <= {high}, got {value}")
+        if not self.exact_budget >= 0:
+            raise ValueError(f"exact_budget must be >= 0 seconds, got {self.exact_budget}")
         if not self.target_se > 0:
             raise ValueError(f"target_se must be > 0, got {self.target_se}")
         if not 0 < self.target <= 1:

@@ -14,14 +14,18 @@ each corruption (faithfulness), and the share its nodes keep with every other he
 
 from __future__ import annotations
 
+import math
+import time
 import warnings
+from contextlib import contextmanager
 
 import torch
-from tqdm.auto import tqdm
+from torch import Tensor
 
 from models.interp.baselines import per_context_baselines
 from models.interp.circuit.config import MAX_HELD_OUT, MIN_HELD_OUT, CircuitConfig
 from models.interp.circuit.corruptions import CORRUPTIONS, denoising_runner, source_writes
+from models.interp.circuit.exact import copy_runs
 from models.interp.circuit.graph import Edge, Graph, Node, build_graph
 from models.interp.circuit.methods import METHODS
 from models.interp.circuit.nodes import (
@@ -58,7 +62,7 @@ from models.interp.circuit.search import SEARCHES, among, ranked
 from models.interp.interventions import description
 from models.interp.subject import Subject
 from models.plumbing.io import MEMORY_FRACTION, check_memory, memory_limit, size
-from probes.metrics import per_context_nll
+from models.plumbing.progress import progress
 
 N_MEAN = 2048  # held-out contexts whose mean is each sender's / node's mean-ablated value
 COST_Z = 3.0  # a node whose mean ablation alone costs more than this many standard errors is in the circuit
@@ -96,51 +100,50 @@ def context_bytes(subject: Subject, graph: Graph) -> tuple[int, int]:
     return sum(held.values()), sum(seen.values())
 
 
-def check_fits(subject: Subject, config: CircuitConfig, graph: Graph | None = None) -> int:
+def check_fits(subject: Subject, config: CircuitConfig, graph: Graph | None = None) -> tuple[int, int]:
     """One-line ValueError, before any work, if the search or the held-out answers would not fit in memory:
     each Runner holds the senders' clean and ablated writes on its contexts (the search one per corruption,
-    two when denoising), a pass runs on at least ``ROWS`` contexts, and the receivers' patched activations
-    at most double a pass's. The held-out sample is sized at ``n_held_out``, or at its first size when it
-    grows to reach ``target_se``. Returns the most held-out contexts that fit beside the search (where the
-    growing sample stops)."""
+    two when denoising), a pass runs on ``rows`` contexts or all of them, and the receivers' patched
+    activations at most double a pass's. ``rows`` is ``ROWS``, or fewer where a pass of ``ROWS`` contexts
+    would take more than a quarter of the memory (a big model). The held-out sample is sized at
+    ``n_held_out``, or at its least size. Returns the most held-out contexts that fit beside the search, and
+    ``rows``."""
     writes, forward = context_bytes(subject, build_graph(subject) if graph is None else graph)
+    rows = max(1, min(ROWS, int(MEMORY_FRACTION * memory_limit()[0] / 4 // (2 * forward))))
     runners = len(config.corruptions) * (2 if config.direction == "denoising" else 1)
     n, held = config.n_contexts, config.n_held_out or MIN_HELD_OUT
-    search = 2 * writes * runners * n + 2 * forward * max(n, ROWS)
+    search = 2 * writes * runners * n + 2 * forward * max(n, rows)
     check_memory(search, f"n_contexts {n} (the search: {size(2 * writes * runners + 2 * forward)} a context)")
-    answers = 2 * writes * held + 2 * forward * max(held, ROWS)
+    answers = 2 * writes * held + 2 * forward * max(held, rows)
     check_memory(search + answers, f"n_held_out {held} ({size(2 * writes + 2 * forward)} a context; the search "
                                    f"holds {size(search)} besides)")  # fmt: skip
-    return int((MEMORY_FRACTION * memory_limit()[0] - search) // (2 * writes + 2 * forward))
+    return int((MEMORY_FRACTION * memory_limit()[0] - search) // (2 * writes + 2 * forward)), rows
 
 
-def held_out_contexts(subject: Subject, config: CircuitConfig, most: int | None = None) -> tuple[torch.Tensor, int]:
-    """Fresh contexts for the held-out answers: ``config.n_held_out``, or the smallest of 512, 1024, ...
-    (at most ``MAX_HELD_OUT``, and at most ``most``, what fits in memory) on which the model's progress has a
-    standard error at most ``target_se``."""
-    task = subject.task
-    n = config.n_held_out or MIN_HELD_OUT
-    while True:
-        tokens = sample(task, n, config.seed + SEEDS["held_out"])
-        plateau, bma = per_context_baselines(task, tokens)
-        full = torch.cat([per_context_nll(subject.log_probs(tokens[i : i + 512]), tokens[i : i + 512])
-                          for i in range(0, n, 512)])  # fmt: skip
-        if config.n_held_out or ratio_se(plateau - full, plateau - bma)[1] <= config.target_se or n >= MAX_HELD_OUT:
-            return tokens, n
-        if most is not None and 2 * n > most:
-            return tokens, n
-        n *= 2
+def held_out_size(config: CircuitConfig, plateau: Tensor, full: Tensor, bma: Tensor, most: int | None = None) -> int:
+    """The held-out sample's size: ``config.n_held_out``, or the number of contexts on which the model's
+    progress would have the standard error ``config.target_se``, from its spread over the pilot contexts
+    (``plateau``, ``full``, ``bma``: per-context NLLs ``[batch]``, the search's): ``ratio_se`` falls as one
+    over the square root of the number of contexts, so ``n = ceil(n_pilot * (se_pilot / target_se)^2)``;
+    at least ``MIN_HELD_OUT``, at most ``MAX_HELD_OUT`` and ``most`` (what fits in memory)."""
+    if config.n_held_out:
+        return config.n_held_out
+    se = ratio_se(plateau - full, plateau - bma)[1]
+    n = math.ceil(len(plateau) * (se / config.target_se) ** 2) if math.isfinite(se) else MAX_HELD_OUT
+    return max(MIN_HELD_OUT, min(n, MAX_HELD_OUT, MAX_HELD_OUT if most is None else most))
 
 
-def measure(subject: Subject, graph: Graph, tokens, edges, nodes, corruptions, seed: int) -> Measurement:
+def measure(
+    subject: Subject, graph: Graph, tokens, edges, nodes, corruptions, seed: int, rows: int = ROWS
+) -> Measurement:
     """On ``tokens``: the model's progress, the circuit ``edges``' faithfulness under each corruption (every
     other edge ablated), and the sufficiency of ``nodes`` (every other head and MLP mean- or resample-
     ablated), each with its standard error over the contexts."""
     task = subject.task
     plateau, bma = per_context_baselines(task, tokens)
-    shares, full = {}, None
-    for c in corruptions:
-        runner = Runner(subject, graph, tokens, source_writes(subject, graph, tokens, c, seed))
+    shares, full, clean = {}, None, sender_writes(subject, graph, tokens)
+    for c in _bar(corruptions, f"faithfulness on {len(tokens)} contexts"):
+        runner = Runner(subject, graph, tokens, source_writes(subject, graph, tokens, c, seed), clean=clean, rows=rows)
         full = runner.clean_values
         shares[c] = Estimate(*ratio_se(plateau - runner.keep_only_values(edges), plateau - full))
     progress = Estimate(*ratio_se(plateau - full, plateau - bma))
@@ -148,7 +151,7 @@ def measure(subject: Subject, graph: Graph, tokens, edges, nodes, corruptions, s
                  "resample": sample(task, len(tokens), seed + SEEDS["reference"] + 1)}  # fmt: skip
     sufficiency = {}
     for ablation, ref in reference.items():
-        values = node_ablated_values(subject, graph, tokens, nodes, ablation, ref)
+        values = node_ablated_values(subject, graph, tokens, nodes, ablation, ref, rows=rows)
         sufficiency[ablation] = Estimate(*ratio_se(plateau - values, plateau - full))
     return Measurement(len(tokens), shares, progress, full.mean().item(), sufficiency)
 
@@ -207,32 +210,52 @@ class _Discovery:
         self.subject, self.config, self.task = subject, config, subject.task
         self.graph = build_graph(subject)
         self.named = named_edges(self.graph, config.nodes) if config.nodes is not None else None  # before any work
-        self.most_held_out = check_fits(subject, config, self.graph)
+        self.most_held_out, self.rows = check_fits(subject, config, self.graph)
         self.tokens = sample(self.task, config.n_contexts, config.seed)
         self.plateau, self.bma = per_context_baselines(self.task, self.tokens)
-        self.corruptions = list(config.corruptions)
-        self.runners = {c: Runner(subject, self.graph, self.tokens, source_writes(subject, self.graph, self.tokens, c,
-                                                                                  config.seed))
-                        for c in self.corruptions}  # fmt: skip
+        self.corruptions, self.stages = list(config.corruptions), Stages()
+        with self.stages("clean and corrupted runs"):
+            cpu = time.process_time()
+            clean = sender_writes(subject, self.graph, self.tokens)
+            self.pass_s = time.process_time() - cpu  # CPU seconds of one run of the search contexts
+            self.runners = {c: Runner(subject, self.graph, self.tokens,
+                                      source_writes(subject, self.graph, self.tokens, c, config.seed), clean=clean,
+                                      rows=self.rows)
+                            for c in self.corruptions}  # fmt: skip
         self.full = self.runners[self.corruptions[0]].clean_values
         self.progress = Estimate(*ratio_se(self.plateau - self.full, self.plateau - self.bma))
 
     def result(self, **found) -> CircuitResult:
         return CircuitResult(
             self.config, self.subject.hash, len(self.graph.edges), self.full.mean().item(), self.bma.mean().item(),
-            self.plateau.mean().item(), self.progress, len(self.tokens), **found)  # fmt: skip
+            self.plateau.mean().item(), self.progress, len(self.tokens), timings=self.stages.times, **found)  # fmt: skip
 
-    def scores(self) -> dict:
+    def method(self) -> tuple[str, str | None]:
+        """The score method to run, and why it is not the one asked for, if it is not: exact patching whose
+        estimated CPU time (each run of the contexts it makes, ``copy_runs``, as long as the clean one) is
+        beyond ``exact_budget`` is replaced by EAP-IG."""
+        config = self.config
+        estimate = copy_runs(self.graph) * len(self.corruptions) * self.pass_s
+        if config.method != "exact" or estimate <= config.exact_budget:
+            return config.method, None
+        return "eap-ig", (f"exact edge patching of the {len(self.graph.edges)} edges would take about "
+                          f"{estimate / 60:.0f} CPU minutes ({copy_runs(self.graph)} runs of the {len(self.tokens)} "
+                          f"contexts per corruption at {self.pass_s:.2f} s each), beyond --exact-budget "
+                          f"{config.exact_budget:g} s: the edges are ranked by EAP-IG ({config.ig_steps} steps) "
+                          "instead, and the circuit chosen is judged by exact runs")  # fmt: skip
+
+    def scores(self, method: str) -> dict:
         """Per corruption: (its runner, the runner scored (the denoising one, if denoising), the edges'
-        scores ``[edge, context]``, ``{edge: (mean, se)}``, the edges ranked)."""
-        method, scored = METHODS[self.config.method], {}
+        scores ``[edge, context]`` by ``method``, ``{edge: (mean, se)}``, the edges ranked)."""
+        scored = {}
         for c in self.corruptions:
-            runner = self.runners[c]
-            scorer = (denoising_runner(self.subject, self.graph, self.tokens, c, self.config.seed)
-                      if self.config.direction == "denoising" else runner)  # fmt: skip
-            values = method.score(scorer, self.config)
-            stats = values.with_se()
-            scored[c] = (runner, scorer, values, stats, ranked(stats, self.config.min_z))
+            with self.stages(f"edge scores ({c})"):
+                runner = self.runners[c]
+                scorer = (denoising_runner(self.subject, self.graph, self.tokens, c, self.config.seed)
+                          if self.config.direction == "denoising" else runner)  # fmt: skip
+                values = METHODS[method].score(scorer, self.config)
+                stats = values.with_se()
+                scored[c] = (runner, scorer, values, stats, ranked(stats, self.config.min_z))
         return scored
 
     def choose_nodes(self, scored: dict, costs: dict, reference, recorded: dict) -> tuple[list[Node], dict]:
@@ -248,7 +271,7 @@ class _Discovery:
 
         def sufficient(ns) -> float:
             values = node_ablated_values(
-                self.subject, self.graph, self.tokens, ns, "mean", reference, recorded=recorded
+                self.subject, self.graph, self.tokens, ns, "mean", reference, recorded=recorded, rows=self.rows
             )
             return ratio_se(plateau - values, plateau - full)[0]
 
@@ -276,22 +299,26 @@ class _Discovery:
         contexts (and, denoising, the same restored in the corrupted run)."""
         runner, scorer, values, stats, order = scored[c]
         plateau, full, edges = self.plateau, self.full, self.graph.edges
-        curve = [faithfulness(runner, order[:n], plateau, full) for n in _bar(sizes, f"faithfulness curve ({c})")]
+        with self.stages("faithfulness curves"):
+            curve = [faithfulness(runner, order[:n], plateau, full) for n in _bar(sizes, f"faithfulness curve ({c})")]
         inner = [e for e in order if e in within]  # the search keeps edges among the nodes only
         scores = {e: stats[e][0] for e in inner}
-        kept = self.named if self.named is not None else SEARCHES[self.config.search].choose(
-            runner, scores, inner, self.config, plateau, full)  # fmt: skip
-        found = faithfulness(runner, kept, plateau, full)
+        with self.stages("edge searches"):
+            kept = self.named if self.named is not None else SEARCHES[self.config.search].choose(
+                runner, scores, inner, self.config, plateau, full)  # fmt: skip
+            found = faithfulness(runner, kept, plateau, full)
         row = lambda e: ScoredEdge(e, *stats[e])  # noqa: E731
         denoising = None
         if scorer is not runner:
-            back = [restored(scorer, order[:n], full) for n in _bar(sizes, "denoising faithfulness curve")]
-            d = restored(scorer, kept, full)
+            with self.stages("faithfulness curves"):
+                back = [restored(scorer, order[:n], full) for n in _bar(sizes, "denoising faithfulness curve")]
+                d = restored(scorer, kept, full)
             denoising = Denoising(back, area(back, len(edges)), Estimate(d.faithfulness, d.se),
                                   Estimate(*mean_se(scorer.clean_values - full)))  # fmt: skip
         kl = None
         if c == self.corruptions[0]:
-            kl = Estimate(*kl_to_full(runner, kept, self.subject.log_probs(self.tokens).double()))
+            with self.stages("edge searches"):
+                kl = Estimate(*kl_to_full(runner, kept, self.subject.log_probs(self.tokens).double()))
         block = CorruptionSearch(
             c, [row(e) for e in sorted(kept, key=lambda e: -abs(stats[e][0]))],
             sum(abs(stats[e][0]) <= 2 * stats[e][1] for e in kept),
@@ -314,9 +341,27 @@ class _Discovery:
         return out
 
 
+class Stages:
+    """Wall and CPU seconds spent in each named stage of one call, ``times`` ``{stage: (wall, cpu)}`` in the
+    order the stages first ran (a stage entered again adds to its total). ``with stages("node costs"): ...``"""
+
+    def __init__(self):
+        self.times: dict[str, tuple[float, float]] = {}
+
+    @contextmanager
+    def __call__(self, name: str):
+        wall, cpu = time.perf_counter(), time.process_time()
+        try:
+            yield
+        finally:
+            w, c = self.times.get(name, (0.0, 0.0))
+            self.times[name] = (w + time.perf_counter() - wall, c + time.process_time() - cpu)
+
+
 def _bar(items, desc: str):
-    """A progress bar over ``items`` on a terminal (none otherwise)."""
-    return tqdm(items, desc=desc, leave=False, disable=None)
+    """Progress over ``items`` (``models.plumbing.progress``: a bar on a terminal, a line every 30 s with
+    the time left otherwise)."""
+    return progress(items, f"circuit: {desc}", leave=False)
 
 
 @torch.no_grad()
@@ -324,7 +369,9 @@ def discover(subject: Subject, config: CircuitConfig | None = None) -> CircuitRe
     """Find ``subject``'s circuit as ``config`` (default ``CircuitConfig()``) asks; see the module docstring.
     Bad input (a node the graph lacks, sizes that do not fit in memory, a model without the hooks the graph
     needs) is a one-line ValueError before any work. A model whose progress over the plateau on the search
-    contexts is not beyond 2 standard errors of zero gets a result with ``refused`` set and no circuit.
+    contexts is not beyond 2 standard errors of zero gets a result with ``refused`` set and no circuit. Exact
+    edge patching estimated to take more than ``config.exact_budget`` CPU seconds is replaced by EAP-IG (the
+    result's ``scoring_note`` says so). The result's ``timings`` hold each stage's wall and CPU seconds.
 
     Args:
         subject: the model under study (``models.load_subject``), any family.
@@ -344,36 +391,46 @@ def discover(subject: Subject, config: CircuitConfig | None = None) -> CircuitRe
     reason = _refused(run.progress, len(run.tokens))
     if reason is not None:
         return run.result(refused=reason)
-    graph, tokens, corruptions = run.graph, run.tokens, run.corruptions
-    scored = run.scores()
-    reference = sample(subject.task, N_MEAN, config.seed + SEEDS["reference"])
-    recorded = record_outputs(subject, reference, output_hooks(node_outputs(subject, graph)))  # once per call
-    costs = {
-        n: Estimate(*mean_se(v)) for n, v in node_costs(subject, graph, tokens, reference, recorded=recorded).items()
-    }
-    if run.named is not None:
-        nodes, added = graph.nodes(run.named), {}
-    else:
-        nodes, added = run.choose_nodes(scored, costs, reference, recorded)
+    graph, tokens, corruptions, stage = run.graph, run.tokens, run.corruptions, run.stages
+    method, note = run.method()
+    scored = run.scores(method)
+    with stage("node costs"):
+        reference = sample(subject.task, N_MEAN, config.seed + SEEDS["reference"])
+        recorded = record_outputs(subject, reference, output_hooks(node_outputs(subject, graph)), run.rows)  # once
+        costs = {n: Estimate(*mean_se(v)) for n, v in node_costs(
+            subject, graph, tokens, reference, rows=run.rows, recorded=recorded, clean=run.full,
+            progress=lambda p: _bar(p, "node costs")).items()}  # fmt: skip
+    with stage("node search"):
+        if run.named is not None:
+            nodes, added = graph.nodes(run.named), {}
+        else:
+            nodes, added = run.choose_nodes(scored, costs, reference, recorded)
     within = set(run.named) if run.named is not None else set(among(graph, nodes))
     sizes = curve_sizes(len(graph.edges), config.curve_points)
     searches, kept_by, passes, runs = {}, {}, 0, 0
     for c in corruptions:
         searches[c], kept_by[c] = run.search(c, scored, within, sizes)
+    for c in corruptions:
         runner, scorer = scored[c][:2]
         passes += runner.passes + (scorer.passes if scorer is not runner else 0)
         runs += runner.context_runs + (scorer.context_runs if scorer is not runner else 0)
     union = [e for e in graph.edges if any(e in set(k) for k in kept_by.values())]
     groups = graph.groups[graph.receivers[0].site] if graph.family == "standard" else {}
     at: dict = {n: {} for n in nodes}
-    for g, positions in groups.items():  # where each node's output matters: ablated at one group's positions
-        for n, v in node_costs(subject, graph, tokens, reference, nodes=nodes, positions=positions,
-                               recorded=recorded).items():  # fmt: skip
-            at[n][g] = Estimate(*mean_se(v))
-    held, n_held = held_out_contexts(subject, config, run.most_held_out)
-    held_out = measure(subject, graph, held, union, nodes, corruptions, config.seed + SEEDS["held_out"])
-    fresh = sample(subject.task, n_held, config.seed + SEEDS["replicate"])
-    replicate = measure(subject, graph, fresh, union, nodes, corruptions, config.seed + SEEDS["replicate"])
+    with stage("per-group node costs"):
+        for g, positions in groups.items():  # where each node's output matters: ablated at one group's positions
+            for n, v in node_costs(subject, graph, tokens, reference, rows=run.rows, nodes=nodes, positions=positions,
+                                   recorded=recorded, clean=run.full).items():  # fmt: skip
+                at[n][g] = Estimate(*mean_se(v))
+    n_held = held_out_size(config, run.plateau, run.full, run.bma, run.most_held_out)
+    with stage("held-out answers"):
+        held = sample(subject.task, n_held, config.seed + SEEDS["held_out"])
+        held_out = measure(subject, graph, held, union, nodes, corruptions, config.seed + SEEDS["held_out"], run.rows)
+    with stage("replicate"):
+        fresh = sample(subject.task, n_held, config.seed + SEEDS["replicate"])
+        replicate = measure(
+            subject, graph, fresh, union, nodes, corruptions, config.seed + SEEDS["replicate"], run.rows
+        )
     score_of = {}
     for c in reversed(corruptions):  # each edge's score under the first corruption whose circuit kept it
         score_of.update({s.edge: (s.score, s.se, c) for s in searches[c].edges})
@@ -382,4 +439,4 @@ def discover(subject: Subject, config: CircuitConfig | None = None) -> CircuitRe
     return run.result(
         nodes=nodes, node_roles=node_roles(kept_by, nodes, added, at), node_costs=costs, edges=kept_edges,
         searches=searches, held_out=held_out, replicate=replicate, n_held_out=n_held, n_mean_reference=N_MEAN,
-        forward_passes=passes, context_runs=runs, interventions=run.interventions())  # fmt: skip
+        forward_passes=passes, context_runs=runs, interventions=run.interventions(), scoring_note=note)  # fmt: skip

@@ -31,11 +31,10 @@ register_method = METHODS.register
 
 
 def _exact(runner: Runner, config) -> EdgeScores:
-    from tqdm.auto import tqdm
-
     from models.interp.circuit.exact import exact_scores
+    from models.plumbing.progress import progress
 
-    return exact_scores(runner, progress=lambda e: tqdm(e, desc="exact edge patching", leave=False, disable=None))
+    return exact_scores(runner, progress=lambda e: progress(e, "circuit: exact edge patching", leave=False))
 
 
 register_method(ScoreMethod("exact", "exact edge patching: each edge ablated alone, the rest clean", _exact))
@@ -47,8 +46,9 @@ def _eap(runner: Runner, config) -> EdgeScores:
 
 def _eap_ig(runner: Runner, config) -> EdgeScores:
     from models.interp.circuit.attribution import eap_ig_scores
+    from models.plumbing.progress import progress
 
-    return eap_ig_scores(runner, steps=config.ig_steps)
+    return eap_ig_scores(runner, steps=config.ig_steps, progress=lambda s: progress(s, "circuit: EAP-IG", leave=False))
 
 
 register_method(ScoreMethod("eap", "attribution patching: the gradient at the clean run times the sender's change",

@@ -10,7 +10,7 @@ from jaxtyping import Float
 from torch import Tensor
 
 from models.interp.circuit.graph import Graph, Node, check_hooks
-from models.interp.circuit.runner import ROWS, Metric
+from models.interp.circuit.runner import ROWS, Metric, batches, run_copies
 from models.interp.interventions import Intervention
 from models.interp.subject import Subject
 from probes.metrics import per_context_nll
@@ -84,17 +84,31 @@ def node_ablated_values(subject: Subject, graph: Graph, tokens, kept, ablation: 
 
 
 def node_costs(subject: Subject, graph: Graph, tokens, reference, metric: Metric = per_context_nll,
-               rows: int = ROWS, nodes=None, positions=None,
-               recorded: dict | None = None) -> dict[Node, Float[Tensor, " batch"]]:  # fmt: skip
+               rows: int = ROWS, nodes=None, positions=None, recorded: dict | None = None,
+               clean: Tensor | None = None, progress=None) -> dict[Node, Float[Tensor, " batch"]]:  # fmt: skip
     """Per head and MLP (or those of ``nodes``), per context: the metric's change when that node alone is
-    mean-ablated (its mean over ``reference``; at ``positions`` only, if given), the rest clean.
-    ``recorded``: every node's output on ``reference`` recorded already (``record_outputs``), to spare that
-    pass."""
-    with torch.no_grad():
-        clean = torch.cat([metric(subject.log_probs(tokens[i : i + rows]), tokens[i : i + rows])
-                           for i in range(0, len(tokens), rows)])  # fmt: skip
+    mean-ablated (its mean over ``reference``; at ``positions`` only, if given), the rest clean. Several
+    nodes to a pass, each on its own copy of the contexts (about ``rows`` contexts a pass). ``recorded``:
+    every node's output on ``reference`` recorded already (``record_outputs``), to spare that pass;
+    ``clean``: the metric of the clean run on ``tokens`` ``[batch]``, if known; ``progress`` wraps the list
+    of passes (a progress bar)."""
     outputs = node_outputs(subject, graph)
+    if clean is None:
+        with torch.no_grad():
+            clean = torch.cat([metric(subject.log_probs(tokens[i : i + rows]), tokens[i : i + rows])
+                               for i in range(0, len(tokens), rows)])  # fmt: skip
     if recorded is None:
         recorded = record_outputs(subject, reference, output_hooks(outputs), rows)
-    return {n: node_ablated_values(subject, graph, tokens, [m for m in outputs if m != n], "mean", reference, metric,
-                                   rows, recorded, positions) - clean for n in (outputs if nodes is None else nodes)}  # fmt: skip
+    means = {hook: recorded[hook].mean(0) for hook in output_hooks(outputs)}
+    todo, b = list(outputs if nodes is None else nodes), len(tokens)
+    if b > rows:  # one node a pass, the contexts in parts
+        return {n: node_ablated_values(subject, graph, tokens, [m for m in outputs if m != n], "mean", reference,
+                                       metric, rows, recorded, positions) - clean for n in todo}  # fmt: skip
+    costs = {}
+    parts = batches(todo, max(1, rows // b))
+    for part in parts if progress is None else progress(parts):
+        copies = [[Intervention(outputs[n][0], "mean", heads=None if outputs[n][1] is None else (outputs[n][1],),
+                                positions=positions, value=means[outputs[n][0]])] for n in part]  # fmt: skip
+        values = metric(run_copies(subject, tokens, copies), tokens.repeat(len(part), 1)).view(len(part), b)
+        costs.update({n: v - clean for n, v in zip(part, values)})
+    return costs

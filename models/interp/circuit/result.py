@@ -164,7 +164,9 @@ class CircuitResult:
     its ``progress``. If that progress is not beyond 2 standard errors of zero, ``refused`` says so and
     nothing else is measured (a share of nothing is no measurement). Otherwise: the circuit's ``nodes`` and
     ``edges``, each node's role and mean-ablation cost alone (every head and MLP), each corruption's search,
-    and the answers on ``held_out`` contexts the search never saw and on a ``replicate`` sample as large."""
+    and the answers on ``held_out`` contexts the search never saw and on a ``replicate`` sample as large.
+    ``scoring_note``: why the edges were ranked by EAP-IG instead of exact patching, if they were (the JSON's
+    ``scored_with``); ``timings``: each stage's wall and CPU seconds (not in the JSON: they vary run to run)."""
 
     config: CircuitConfig
     checkpoint_hash: str | None
@@ -187,6 +189,8 @@ class CircuitResult:
     forward_passes: int = 0
     context_runs: int = 0
     interventions: list[dict] = field(default_factory=list)
+    scoring_note: str | None = None  # why the edges were ranked by EAP-IG, not by the exact patching asked for
+    timings: dict[str, tuple[float, float]] = field(default_factory=dict, compare=False)  # stage: (wall, CPU) s
 
     @property
     def corruptions(self) -> list[str]:
@@ -245,4 +249,5 @@ class CircuitResult:
             "n_held_out_fixed": cfg.n_held_out is not None, "n_mean_reference": self.n_mean_reference,
             "forward_passes": self.forward_passes, "context_runs": self.context_runs,
             "interventions": self.interventions,
+            **({} if self.scoring_note is None else {"scored_with": "eap-ig", "scoring_note": self.scoring_note}),
         }  # fmt: skip

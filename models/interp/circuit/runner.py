@@ -22,17 +22,31 @@ ROWS = 512  # contexts x copies per forward pass: much larger batches spend thei
 
 
 def sender_writes(subject: Subject, graph: Graph, tokens, fwd_hooks=()) -> tuple[dict, Tensor]:
-    """Every sender's write at every site it reaches, ``{(node, site): [batch, pos, D]}``, and the log-probs."""
+    """Every sender's write at every site it reaches, ``{(node, site): [batch, pos, D]}``, and the log-probs.
+    A write that is the same at several sites (a standard model's head, read by every later layer) is one
+    tensor, so that memory grows with the senders, not with senders times sites."""
     cache: dict = {}
     hooks = [*fwd_hooks, *(Intervention(h, "record", store=cache).fwd_hook() for h in graph.sender_hooks)]
     with torch.no_grad():
         lp = subject.log_probs(tokens, hooks)
-    return {(s.node, site): s.write(cache, site) for s in graph.senders for site in s.at}, lp
+    made: dict = {}
+    for s in graph.senders:
+        for site in s.at:
+            where = (s.node, s.at[site][0], s.at[site][1], s.at[site][2])
+            if where not in made:
+                made[where] = s.write(cache, site)
+    return {(s.node, site): made[(s.node, *s.at[site])] for s in graph.senders for site in s.at}, lp
 
 
 def mean_writes(writes: dict) -> dict:
-    """Each write averaged over contexts (``[1, pos, D]``): the values of mean ablation."""
-    return {k: v.mean(0, keepdim=True) for k, v in writes.items()}
+    """Each write averaged over contexts (``[1, pos, D]``): the values of mean ablation. Summed in float64, so
+    that a write the same on every context (the position embedding) is its own mean exactly: its change is
+    exactly zero, not float rounding whose tiny standard error would rank it among the real edges."""
+    means: dict = {}  # by tensor: a write shared by several sites has one mean
+    for v in writes.values():
+        if id(v) not in means:
+            means[id(v)] = v.double().mean(0, keepdim=True).to(v.dtype)
+    return {k: means[id(v)] for k, v in writes.items()}
 
 
 def _mask(graph: Graph, site: str, group: str, like: Tensor) -> Tensor:
@@ -49,6 +63,40 @@ class _Recorded(Exception):
     """Ends a forward pass once every activation it was run for is recorded."""
 
 
+@torch.no_grad()
+def run_copies(subject: Subject, tokens, copies: list[list[Intervention]], shared=(), record=()):
+    """One forward pass over ``tokens`` ``[batch, T]`` repeated once per entry of ``copies``: copy c carries
+    the Interventions ``copies[c]`` on its own rows, every copy those of ``shared``. Returns the log-probs
+    ``[copies * batch, H, d]``; with ``record`` (hook names), the activations there instead, the pass
+    ending as soon as each has fired."""
+    b, record = len(tokens), set(record)
+    edits: dict = {}
+    for c, ivs in enumerate(copies):
+        for iv in [*ivs, *shared]:
+            edits.setdefault(iv.hook, []).append((slice(c * b, (c + 1) * b), iv))
+    recorded = {}
+
+    def hook_fn(act, hook, name):
+        if name in edits:
+            act = act.clone()
+            for rows, iv in edits[name]:
+                act[rows] = iv.apply(act[rows])
+        if name in record:
+            recorded[name] = act
+            if len(recorded) == len(record):
+                raise _Recorded
+        return act
+
+    hooks = [(name, partial(hook_fn, name=name)) for name in sorted({*edits, *record})]
+    try:
+        lp = subject.log_probs(tokens.repeat(len(copies), 1), hooks)
+    except _Recorded:
+        return recorded
+    if record:
+        raise RuntimeError(f"the forward pass never reached {', '.join(sorted(record - set(recorded)))}")
+    return lp
+
+
 class Runner:
     """The base contexts ``tokens`` ``[batch, T]``, the senders' writes on them (``clean``, ``{(node, site):
     [batch, pos, D]}``) and their ablated values (``source``, each broadcastable to the clean write), and
@@ -56,52 +104,24 @@ class Runner:
     runs the model with edges ablated. The scores are functions of a Runner (``exact.exact_scores``,
     ``attribution.eap_scores``, ``attribution.eap_ig_scores``). Each forward pass runs the contexts repeated
     ``copies`` times at most (about ``rows`` contexts in all), each copy with its own interventions;
-    ``passes`` and ``context_runs`` count them."""
+    ``passes`` and ``context_runs`` count them. ``clean``: ``sender_writes(subject, graph, tokens)`` when the
+    caller has it already (runners of several corruptions on the same contexts share one clean pass)."""
 
     def __init__(self, subject: Subject, graph: Graph, tokens, source: dict, metric: Metric = per_context_nll,
-                 targets=None, rows: int = ROWS):  # fmt: skip
+                 targets=None, rows: int = ROWS, clean: tuple[dict, Tensor] | None = None):  # fmt: skip
         self.subject, self.graph, self.tokens, self.source, self.metric = subject, graph, tokens, source, metric
         self.targets = tokens if targets is None else targets
-        self.clean, lp = sender_writes(subject, graph, tokens)
+        self.clean, lp = sender_writes(subject, graph, tokens) if clean is None else clean
         self.clean_values = metric(lp, self.targets)
         self.clean_metric = float(self.clean_values.mean())
         self.copies = max(1, rows // len(tokens))
         self.passes = self.context_runs = 0  # forward passes, and contexts x copies over them
 
-    @torch.no_grad()
     def forward(self, copies: list[list[Intervention]], shared=(), record=()):
-        """One forward pass over the contexts repeated once per entry of ``copies``: copy c carries the
-        Interventions ``copies[c]`` on its own rows, every copy those of ``shared``. Returns the log-probs
-        ``[copies * batch, H, d]``; with ``record`` (hook names), the activations there instead, the pass
-        ending as soon as each has fired."""
-        b, record = len(self.tokens), set(record)
-        edits: dict = {}
-        for c, ivs in enumerate(copies):
-            for iv in [*ivs, *shared]:
-                edits.setdefault(iv.hook, []).append((slice(c * b, (c + 1) * b), iv))
-        recorded = {}
-
-        def hook_fn(act, hook, name):
-            if name in edits:
-                act = act.clone()
-                for rows, iv in edits[name]:
-                    act[rows] = iv.apply(act[rows])
-            if name in record:
-                recorded[name] = act
-                if len(recorded) == len(record):
-                    raise _Recorded
-            return act
-
+        """``run_copies`` on the base contexts, counted in ``passes`` and ``context_runs``."""
         self.passes += 1
-        self.context_runs += len(copies) * b
-        hooks = [(name, partial(hook_fn, name=name)) for name in sorted({*edits, *record})]
-        try:
-            lp = self.subject.log_probs(self.tokens.repeat(len(copies), 1), hooks)
-        except _Recorded:
-            return recorded
-        if record:
-            raise RuntimeError(f"the forward pass never reached {', '.join(sorted(record - set(recorded)))}")
-        return lp
+        self.context_runs += len(copies) * len(self.tokens)
+        return run_copies(self.subject, self.tokens, copies, shared, record)
 
     def values_of(self, lp: Tensor, copies: int) -> Float[Tensor, "copies batch"]:
         """The metric of each context in each copy of ``forward``'s log-probs."""
@@ -136,10 +156,15 @@ class Runner:
         sender's value in this run, itself downstream of ablated edges). Level by level from the input:
         the senders' writes in this run so far (a pass that ends at the level's site), then each receiver's
         activation from its edited input (receivers with the same ablated edges share one copy of the
-        contexts; the pass ends once they are recorded); a last pass runs with every one patched in."""
-        by_receiver: dict = {}
+        contexts; the pass ends once they are recorded); a last pass runs with every one patched in.
+        A node none of whose out-edges is kept needs no such step: every receiver sees its ablated value,
+        whatever it computes in this run, so its own inputs are left as the run has them."""
+        gone, by_receiver = set(ablated), {}
+        live = {e.sender for e in self.graph.edges if e not in gone}
         for e in ablated:
-            by_receiver.setdefault(self.graph.receiver_of(e), []).append(e)
+            r = self.graph.receiver_of(e)
+            if r.capture is None or r.node in live:
+                by_receiver.setdefault(r, []).append(e)
         b, patches, final, now = len(self.tokens), [], [], self.clean
         for level in sorted({r.level for r in by_receiver}):
             todo = [r for r in by_receiver if r.level == level]

@@ -43,13 +43,17 @@ def _top_n(runner: Runner, scores: dict, order: list[Edge], config, plateau: Ten
 
     if config.n_edges is not None:
         return order[: config.n_edges]
+    from models.plumbing.progress import progress
+
     lo, hi = 0, len(order)
-    while lo < hi:
-        mid = (lo + hi) // 2
-        if faithfulness(runner, order[:mid], plateau, full).faithfulness >= config.target:
-            hi = mid
-        else:
-            lo = mid + 1
+    with progress(desc="circuit: top-n search", total=len(order).bit_length(), leave=False) as bar:
+        while lo < hi:
+            mid = (lo + hi) // 2
+            if faithfulness(runner, order[:mid], plateau, full).faithfulness >= config.target:
+                hi = mid
+            else:
+                lo = mid + 1
+            bar.update()
     return order[:lo]
 
 

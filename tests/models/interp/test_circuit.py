@@ -264,6 +264,51 @@ def test_batched_exact_patching_equals_edge_by_edge_runs_per_context(subjects, f
     assert torch.allclose(batched[::5], one_by_one, atol=1e-6)
 
 
+def test_a_sender_whose_ablated_value_is_its_clean_write_scores_exactly_zero(subjects):
+    """The position embedding is the same on every context, so its mean is itself: under mean ablation its
+    edges change nothing and score exactly 0 on every context (no pass is run for them), and none is ranked
+    among the edges beyond --min-z standard errors. Before, the mean summed in float32 was off by float
+    rounding, those edges scored about 1e-8 with standard errors of about 4e-9, and eight of them were ranked
+    first and kept in the shipped GPT-2's circuit (figures/circuit.json of 2026-12-03). The other edges'
+    scores still equal each edge ablated alone by the runner's circuit run."""
+    from models.interp.circuit.search import ranked
+
+    subject = subjects["bridge"]
+    graph = build_graph(subject)
+    tokens = subject.task.sample(32, torch.Generator().manual_seed(0))[0]
+    runner = Runner(subject, graph, tokens, source_writes(subject, graph, tokens, "mean", 0))
+    moved = [k for k in runner.source if k[0] == "pos_embed"]
+    assert moved and all(torch.equal(runner.source[k][0], runner.clean[k][0]) for k in moved)
+    scores = exact_scores(runner)
+    position = [e for e in graph.edges if e.sender == "pos_embed"]
+    assert all(torch.equal(scores[e], torch.zeros(len(tokens), dtype=torch.float64)) for e in position)
+    stats = scores.with_se()
+    beyond = ranked(stats, 2.0)[: sum(abs(m) > 2 * se for m, se in stats.values())]
+    assert beyond and not any(e.sender == "pos_embed" for e in beyond)
+    others = [e for e in graph.edges if e.sender != "pos_embed"][::9]
+    alone = torch.stack([runner.run_values([e]) - runner.clean_values for e in others])
+    assert torch.allclose(torch.stack([scores[e] for e in others]), alone, atol=1e-6)
+
+
+@pytest.mark.parametrize("positions", [None, (0, 1, 2)])
+def test_node_costs_several_nodes_to_a_pass_equal_one_node_a_pass(subjects, positions):
+    """node_costs runs several nodes' mean ablations in one pass, each on its own copy of the contexts; per
+    node and context it equals that node alone mean-ablated in a pass of its own (node_ablated_values, every
+    other node kept) minus the clean run, at every position or at some."""
+    from models.interp.circuit import node_ablated_values, node_costs
+
+    subject = subjects["bridge"]
+    graph = build_graph(subject)
+    tokens, reference = (subject.task.sample(n, torch.Generator().manual_seed(n))[0] for n in (12, 40))
+    costs = node_costs(subject, graph, tokens, reference, rows=5 * len(tokens), positions=positions)
+    clean = per_context_nll(subject.log_probs(tokens), tokens)
+    assert len(costs) > 5 and max(v.abs().max() for v in costs.values()) > 1e-3
+    for n, v in costs.items():
+        alone = node_ablated_values(subject, graph, tokens, [m for m in costs if m != n], "mean", reference,
+                                    positions=positions) - clean  # fmt: skip
+        assert torch.allclose(v, alone, atol=1e-9), n
+
+
 def test_cli_writes_the_set_and_refuses_an_unknown_node_in_one_line(tmp_path, capsys):
     import json
 
@@ -632,21 +677,37 @@ def test_the_default_finds_the_target_side_head_and_reports_node_level_sufficien
     assert abs(role["ablated_at"]["demonstrations"]["cost"]) < 1e-9
 
 
-def test_the_held_out_sample_is_chosen_from_the_standard_error_it_must_reach(monkeypatch):
-    """Without --n-held-out, the held-out sample doubles from 512 until the model's progress has a
-    standard error at most --target-se; those contexts are none of the search's."""
+def test_the_held_out_sample_is_sized_from_the_search_contexts_spread_and_reaches_its_standard_error():
+    """Without --n-held-out, the held-out size is the search contexts' progress standard error scaled to
+    --target-se (its spread over them, as NumPy computes it: n = ceil(n_search * (se / target_se)^2), the
+    delta method on paired contexts), within [MIN_HELD_OUT, MAX_HELD_OUT] and what fits; on a fresh sample
+    of that size the progress's standard error is then the target's, to the pilot's precision; those
+    contexts are none of the search's. Before, the sample doubled from 512, one full pass per size tried."""
+    from models.interp.baselines import per_context_baselines
     from models.interp.circuit import discovery as module
 
     subject = load_subject("default")
-    monkeypatch.setattr(module, "MAX_HELD_OUT", 2048)
-    config = CircuitConfig(n_contexts=8, target_se=1e-9)  # unreachable: the sample stops at its largest
-    tokens, n = module.held_out_contexts(subject, config)
-    assert n == module.MAX_HELD_OUT == len(tokens)
-    config = CircuitConfig(n_contexts=8, target_se=10.0)
-    tokens, n = module.held_out_contexts(subject, config)
-    assert n == module.MIN_HELD_OUT
-    search = subject.task.sample(8, torch.Generator().manual_seed(config.seed))[0]
-    assert not (tokens.unsqueeze(1) == search.unsqueeze(0)).all(-1).any()
+    search = subject.task.sample(256, torch.Generator().manual_seed(0))[0]
+    plateau, bma = per_context_baselines(subject.task, search)
+    with torch.no_grad():
+        full = per_context_nll(subject.log_probs(search), search)
+    a, b = (plateau - full).numpy(), (plateau - bma).numpy()
+    ratio = a.mean() / b.mean()
+    se = np.std(a - ratio * b, ddof=1) / np.sqrt(len(a)) / abs(b.mean())
+    target = se * np.sqrt(256 / 3000.5)  # a size between the bounds, away from an integer
+    config = CircuitConfig(n_contexts=256, target_se=float(target))
+    n = module.held_out_size(config, plateau, full, bma)
+    assert n == int(np.ceil(256 * (se / target) ** 2)) and 2900 < n < 3100
+    held = module.sample(subject.task, n, config.seed + module.SEEDS["held_out"])
+    plateau_h, bma_h = per_context_baselines(subject.task, held)
+    with torch.no_grad():
+        reached = ratio_se(plateau_h - per_context_nll(subject.log_probs(held), held), plateau_h - bma_h)[1]
+    assert 0.75 * target < reached < 4 / 3 * target
+    assert not (held.unsqueeze(1) == search.unsqueeze(0)).all(-1).any()
+    assert module.held_out_size(CircuitConfig(target_se=1e-9), plateau, full, bma) == module.MAX_HELD_OUT
+    assert module.held_out_size(CircuitConfig(target_se=1e-9), plateau, full, bma, most=1000) == 1000
+    assert module.held_out_size(CircuitConfig(target_se=10.0), plateau, full, bma) == module.MIN_HELD_OUT
+    assert module.held_out_size(CircuitConfig(n_held_out=77), plateau, full, bma) == 77
 
 
 def _hf_log_probs(subject, hf, tokens, pre_hooks=(), hooks=()):
