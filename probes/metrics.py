@@ -30,6 +30,15 @@ def parent_accuracy(attention: Float[Tensor, "batch H H"], parents: Int[Tensor, 
     return parent_hits(attention, parents).mean().item()
 
 
+def dag_parent_mass(attention: Float[Tensor, "T T"], parents: list[list[int]]) -> float | None:
+    """Nichani et al.'s measure of a fixed graph (``many_graphs.ipynb``): the mass a ``[query, key]`` attention
+    puts from each position i with exactly one parent on that parent p(i), averaged over those positions
+    (their ``1 - sum(deltas) / n_edges``); positions beyond the attention's T rows are left out. None: no edge."""
+    T = attention.shape[0]
+    edges = [(i, ps[0]) for i, ps in enumerate(parents[:T]) if len(ps) == 1]
+    return sum(attention[i, p].item() for i, p in edges) / len(edges) if edges else None
+
+
 def parent_set_accuracy(attention: Float[Tensor, "batch H H"], parents: Int[Tensor, "batch H *P"]) -> float:
     """Fraction of (context, h >= 1 with a parent) where the argmax of the attention is one of h's parents;
     ``parents`` ``[batch, H]`` or ``[batch, H, P]``, -1 for none. ``parent_accuracy`` on a tree."""
