@@ -3,7 +3,7 @@ PNG + PDF + JSON as one set, printing a summary, and errors.
 
 An analysis module defines ``NAME``, ``compute``, ``figures`` and ``summary`` and declares
 ``REQUIRES`` and registers itself in one line, ``ANALYSIS = common.register(globals())`` (optional names: ``N_CONTEXTS``, ``add_flags``,
-``check_flags``, ``record``):
+``check_flags``, ``record``, ``WHY_NOT``: a family's reason, added to its refusal):
 ``compute(subject, args) -> result`` (plain data; ``subject`` is a ``models.Subject``, or None for an
 analysis of its own synthetic tasks), ``figures(result, args) -> {stem: matplotlib figure}`` (or one
 figure, filed under ``NAME``), and ``summary(result) -> str``; ``FIGURES`` describes each file for the gallery. ``main`` does the rest:
@@ -48,7 +48,8 @@ ANALYSES = [
     "cape_downstream",
 ]  # fmt: skip
 # The names Analysis.from_module reads; a module-level name within a typo of one (add_flag) is refused.
-HOOKS = ("NAME", "REQUIRES", "compute", "figures", "summary", "N_CONTEXTS", "add_flags", "check_flags", "record")
+HOOKS = ("NAME", "REQUIRES", "compute", "figures", "summary", "N_CONTEXTS", "add_flags", "check_flags", "record",
+         "WHY_NOT")
 OTHER_NAMES = ("FIGURES", "PAPER_ARGS", "QUICK_ARGS", "ANALYSIS")  # read by analyses.paper and the tests
 
 
@@ -67,9 +68,10 @@ def check_requirements(analysis: Analysis, subject: Subject) -> None:
     missing = sorted((analysis.requires or frozenset()) - subject.capabilities)
     if missing:
         others = ", ".join(applicable(subject)) or "none"
+        why = analysis.why_not.get(subject.family)
         raise ValueError(
             f"analyses.{analysis.name} needs a model with {' and '.join(missing)}; --checkpoint {subject.name} is a "
-            f"{subject.describe()}. Analyses that apply to it: {others}"
+            f"{subject.describe()}{f' ({why})' if why else ''}. Analyses that apply to it: {others}"
         )
 
 
@@ -87,6 +89,7 @@ class Analysis:
     add_flags: Callable | None = None  # (parser) -> None: flags of its own
     check_flags: Callable | None = None  # (parser, args) -> None: validate them (parser.error, or a ValueError)
     record: Callable = field(default=lambda result: result)  # result -> what the JSON keeps
+    why_not: dict[str, str] = field(default_factory=dict)  # family -> why the analysis does not apply to it
 
     @classmethod
     def from_module(cls, ns: dict) -> Analysis:
@@ -104,6 +107,7 @@ class Analysis:
             "add_flags": "add_flags",
             "check_flags": "check_flags",
             "record": "record",
+            "why_not": "WHY_NOT",
         }
         given = {key: ns[name] for key, name in optional.items() if name in ns}
         return cls(ns["NAME"], ns["__doc__"], ns["compute"], ns["figures"], ns["summary"], **given)

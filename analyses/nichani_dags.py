@@ -72,7 +72,7 @@ FIGURES = {
         "nichani_dags.json"
     ),
 }
-MAX_N_CONTEXTS = 2**20
+MAX_N_CONTEXTS = 2**24  # the bound on --n-contexts; the memory it needs is checked before any work
 
 
 def spec(index: int, model: str) -> str:

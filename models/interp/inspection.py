@@ -8,6 +8,8 @@ wording, the printed summary and the figures live there and only format this res
 
 from __future__ import annotations
 
+from functools import partial
+
 import torch
 from tqdm.auto import tqdm
 
@@ -140,24 +142,24 @@ def head_role(head: dict, selecting: list[str], copyers: dict[str, int]) -> str:
 
 
 @torch.no_grad()
-def interventions(subject, tokens, corrupted) -> dict:
-    """Per head: NLL change under mean ablation of its ``hook_z`` (mean over the contexts, with its standard
-    error), and the fraction of the clean-vs-
+def interventions(subject, tokens, corrupted, positions: str = "all") -> dict:
+    """Per head: NLL change (at ``positions``) under mean ablation of its ``hook_z`` (mean over the contexts,
+    with its standard error), and the fraction of the clean-vs-
     corrupted NLL difference restored by patching its clean ``hook_z`` into the corrupted run."""
     clean_z = head_outputs(subject, tokens)
-    nll_clean = target_nll(subject.log_probs(tokens), tokens)
-    nll_corrupt = target_nll(subject.log_probs(corrupted), corrupted)
-    clean_values = per_context_nll(subject.log_probs(tokens), tokens)
+    nll_clean = target_nll(subject.log_probs(tokens), tokens, positions)
+    nll_corrupt = target_nll(subject.log_probs(corrupted), corrupted, positions)
+    clean_values = per_context_nll(subject.log_probs(tokens), tokens, positions)
     ablation, ablation_se, patching, log = [], [], [], []
     jobs = [(i, j) for i, n in enumerate(subject.n_heads) for j in range(n)]
     # Undefined when the demonstrations make no difference (a model on the plateau): None.
     usable = abs(nll_corrupt - nll_clean) >= th("min_patch_effect")
     for i, j in tqdm(jobs, desc="ablate/patch heads", leave=False, disable=len(jobs) < 8 or None):
-        cost, se = mean_se(per_context_nll(subject.log_probs(tokens, ablate(subject, i, [j], "mean", log=log)), tokens)
-                           - clean_values)  # fmt: skip
+        ablated = subject.log_probs(tokens, ablate(subject, i, [j], "mean", log=log))
+        cost, se = mean_se(per_context_nll(ablated, tokens, positions) - clean_values)
         ablation.append(cost)
         ablation_se.append(se)
-        patched = target_nll(subject.log_probs(corrupted, patch_heads(subject, i, [j], clean_z, log)), corrupted)
+        patched = target_nll(subject.log_probs(corrupted, patch_heads(subject, i, [j], clean_z, log)), corrupted, positions)
         patching.append((nll_corrupt - patched) / (nll_corrupt - nll_clean) if usable else None)
     return {
         "nll_clean": nll_clean,
@@ -170,7 +172,7 @@ def interventions(subject, tokens, corrupted) -> dict:
 
 
 @torch.no_grad()
-def input_costs(subject, tokens, corrupted) -> dict | None:
+def input_costs(subject, tokens, corrupted, positions: str = "all") -> dict | None:
     """Per head of the last layer, ``{q, k, v: cost, se, share, share_se}`` and ``through``: the NLL change
     when every edge into that input carries its value on ``corrupted`` (``models.interp.circuit``, exact), its share
     of the three inputs' summed cost (``cost``), with standard errors over the contexts; ``through`` is
@@ -180,7 +182,8 @@ def input_costs(subject, tokens, corrupted) -> dict | None:
         graph = build_graph(subject)
     except ValueError:
         return None
-    runner = Runner(subject, graph, tokens, sender_writes(subject, graph, corrupted)[0])
+    runner = Runner(subject, graph, tokens, sender_writes(subject, graph, corrupted)[0],
+                    partial(per_context_nll, positions=positions))
     last = subject.n_layers - 1
     out = {}
     for j in range(subject.n_heads[last]):
@@ -216,15 +219,18 @@ def corrupt(task, tokens, seed: int):
 
 
 @torch.no_grad()
-def inspect_subject(subject, n_contexts: int = 512, seed: int = 0, batch: int = 256) -> dict:
-    """Every number of the report (see the module docstring)."""
+def inspect_subject(subject, n_contexts: int = 512, seed: int = 0, batch: int = 256, positions: str | None = None) -> dict:
+    """Every number of the report (see the module docstring). NLL, progress, ablation, patching and
+    sufficiency average over the target ``positions`` (``probes.metrics.scored_rows``; default: those the
+    subject was trained on, ``Subject.trained_on``): a model trained on the last token is judged on it."""
+    positions = positions or subject.trained_on
     task = subject.task
     L, H = task.n_examples, task.seq_len
     tokens, parents = task.sample(n_contexts, torch.Generator().manual_seed(seed))
     order = context_order(task)  # 2 on a 3-gram: the generalized induction head matches two tokens
-    base = baselines(task, tokens, parents)
+    base = baselines(task, tokens, parents, positions)
     lp = torch.cat([subject.log_probs(tokens[i : i + batch]) for i in range(0, n_contexts, batch)])
-    nll = target_nll(lp, tokens)
+    nll = target_nll(lp, tokens, positions)
     stats = None
     for i in range(0, n_contexts, batch):
         part_tokens, part_parents = tokens[i : i + batch], parents[i : i + batch]
@@ -251,11 +257,13 @@ def inspect_subject(subject, n_contexts: int = 512, seed: int = 0, batch: int = 
             per_head.append(head)
     n_int = min(n_contexts, INTERVENTION_CONTEXTS)
     inter_tokens = tokens[:n_int]
-    inter = interventions(subject, inter_tokens, corrupt(task, inter_tokens, seed))
+    inter = interventions(subject, inter_tokens, corrupt(task, inter_tokens, seed), positions)
     for h, a, se, p in zip(per_head, inter["ablation_dnll"], inter["ablation_se"], inter["patching_restored"]):
         h.update(ablation_dnll=a, ablation_se=se, patching_restored=p)
     out = {
         "kind": subject.family,
+        "positions": positions,  # the target positions every NLL here averages over
+        "trained_on": subject.trained_on,
         "nll": nll,
         **{k: v for k, v in base.items() if k != "posterior"},
         "heads": per_head,
@@ -265,9 +273,9 @@ def inspect_subject(subject, n_contexts: int = 512, seed: int = 0, batch: int = 
         "nll_clean": inter["nll_clean"],
         "nll_corrupted": inter["nll_corrupted"],
         "interventions": inter["interventions"],
-        **verdict(nll, base, per_head, inter, progress_error(task, tokens, lp)),
+        **verdict(nll, base, per_head, inter, progress_error(task, tokens, lp, positions)),
     }
-    out["inputs"] = input_costs(subject, inter_tokens, corrupt(task, inter_tokens, seed))
+    out["inputs"] = input_costs(subject, inter_tokens, corrupt(task, inter_tokens, seed), positions)
     for c in out["carriers"] if out["inputs"] else []:
         if out["inputs"].get(c, {}).get("through") == "values" and c not in out["parent_selecting"]:
             out["roles"][c] = f"{POOLING} ({out['roles'][c]})"
@@ -276,7 +284,7 @@ def inspect_subject(subject, n_contexts: int = 512, seed: int = 0, batch: int = 
     out["sequence_heads"] = sequence_heads(per_head)
     named = {"paper_circuit": sorted(set(out["parent_selecting"]) | set(out["copyers"])), "carriers": out["carriers"]}
     out["sufficiency"] = {
-        name: sufficiency(subject, inter_tokens, heads, out["interventions"])
+        name: sufficiency(subject, inter_tokens, heads, out["interventions"], positions)
         for name, heads in named.items()
         if heads
     }
@@ -286,14 +294,14 @@ def inspect_subject(subject, n_contexts: int = 512, seed: int = 0, batch: int = 
     return out
 
 
-def progress_error(task, tokens, log_probs) -> float:
+def progress_error(task, tokens, log_probs, positions: str = "all") -> float:
     """The standard error of the progress over the contexts (delta method on per-context NLLs)."""
-    plateau, bayes = per_context_baselines(task, tokens)
-    return ratio_se(plateau - per_context_nll(log_probs, tokens), plateau - bayes)[1]
+    plateau, bayes = per_context_baselines(task, tokens, positions)
+    return ratio_se(plateau - per_context_nll(log_probs, tokens, positions), plateau - bayes)[1]
 
 
 @torch.no_grad()
-def sufficiency(subject, tokens, heads: list[str], log: list) -> dict:
+def sufficiency(subject, tokens, heads: list[str], log: list, positions: str = "all") -> dict:
     """The share of the model's progress over the uniform-parent plateau kept with every head NOT in
     ``heads`` mean-ablated (its ``hook_z`` at the mean over ``tokens``), and its standard error over
     the contexts: ``(plateau - ablated) / (plateau - model)`` per-context means, delta method."""
@@ -302,7 +310,7 @@ def sufficiency(subject, tokens, heads: list[str], log: list) -> dict:
     ivs = [head_ablation(subject, i, [j for j in range(n) if head_label(i, j) not in keep], "mean")
            for i, n in enumerate(subject.n_heads) if any(head_label(i, j) not in keep for j in range(n))]  # fmt: skip
     plateau = uniform_parent_predictive(task, tokens)
-    nll = lambda lp: per_context_nll(lp, tokens)  # noqa: E731
+    nll = lambda lp: per_context_nll(lp, tokens, positions)  # noqa: E731
     share, se = ratio_se(nll(plateau) - nll(subject.log_probs(tokens, hooks(ivs, log))),
                          nll(plateau) - nll(subject.log_probs(tokens)))  # fmt: skip
     return {"heads": sorted(keep), "share": share, "se": se, "contexts": len(tokens)}

@@ -104,6 +104,9 @@ class Subject:
     def __init__(self, model, task, layout: Layout, name: str, digest: str):
         self.model, self.task, self.layout, self.name, self.hash = model, task, layout, name, digest
         self.n_heads: list[int] = []
+        # the target positions its training loss used (models.loading.sources.files.POSITIONS): "all" (every next
+        # token) or "last" (the last token only); what the analyses average NLL and progress over unless told
+        self.trained_on = "all"
 
     @property
     def n_layers(self) -> int:
@@ -172,6 +175,17 @@ class DisentangledSubject(Subject):
         return [LayerAttention(store[0], queries, all_keys), LayerAttention(store[1], queries, target_keys)]
 
 
+def read_out(logits: Float[Tensor, "batch pos vocab"], layout: Layout, d: int) -> Float[Tensor, "batch H d"]:
+    """The target's log-probabilities from a next-token model's logits: row h from position
+    ``layout.prediction_positions()[h]``; a row that nothing predicts (x_0 of a lone target, position -1) is the
+    uniform distribution, in every family."""
+    pos = layout.prediction_positions().to(logits.device)
+    first = layout.token_offset
+    out = logits[:, pos.clamp_min(0), first : first + d].double().log_softmax(-1)
+    out[:, pos < 0] = -torch.log(torch.tensor(float(d), dtype=out.dtype))
+    return out
+
+
 class StandardSubject(Subject):
     """A decoder-only LM (TransformerLens hook names, ``model(ids) -> logits``) read with the ordinary
     next-token shift through its ``Layout``: the logits at position p predict the id at p + 1."""
@@ -189,10 +203,7 @@ class StandardSubject(Subject):
         ids = self.layout.encode(tokens).to(self.model.cfg.device)
         with self.model.hooks(fwd_hooks=list(fwd_hooks)):
             logits = self.model(ids)
-        logits = logits if isinstance(logits, Tensor) else logits.logits
-        first = self.layout.token_offset
-        picked = logits[:, self.layout.prediction_positions().to(logits.device), first : first + self.task.d_vocab]
-        return picked.double().log_softmax(-1)
+        return read_out(logits if isinstance(logits, Tensor) else logits.logits, self.layout, self.task.d_vocab)
 
     def attention(self, tokens, fwd_hooks=()):
         _, store = self._run_capturing(tokens, fwd_hooks, range(self.n_layers))
@@ -218,12 +229,7 @@ class CatFormerSubject(Subject):
         T, d = self.model.cfg.n_ctx, self.task.d_vocab
         ids = self.layout.encode(tokens).to(self.model.cfg.device)[:, :T]
         with self.model.hooks(fwd_hooks=list(fwd_hooks)):
-            logits = self.model(ids)
-        first = self.layout.token_offset
-        pos = self.layout.prediction_positions().to(logits.device)
-        out = logits[:, pos.clamp_min(0), first : first + d].double().log_softmax(-1)
-        out[:, pos < 0] = -torch.log(torch.tensor(float(d), dtype=out.dtype))
-        return out
+            return read_out(self.model(ids), self.layout, d)
 
     def attention(self, tokens, fwd_hooks=()):
         _, store = self._run_capturing(tokens, fwd_hooks, range(self.n_layers))
@@ -248,8 +254,14 @@ class ChenSubject(CatFormerSubject):
 THEOREM1_USAGE = theorem1.USAGE
 
 
-def subject_of(model, task, layout: Layout | None, name: str, digest: str) -> Subject:
-    """Wrap a loaded model in the Subject of its family."""
+def subject_of(model, task, layout: Layout | None, name: str, digest: str, trained_on: str = "all") -> Subject:
+    """Wrap a loaded model in the Subject of its family (``trained_on``: the positions its loss used)."""
+    subject = _family(model, task, layout, name, digest)
+    subject.trained_on = trained_on
+    return subject
+
+
+def _family(model, task, layout: Layout | None, name: str, digest: str) -> Subject:
     if isinstance(model, CausalTransformer):
         return DisentangledSubject(model, task, name, digest)
     if layout is None:
@@ -270,4 +282,4 @@ def load_subject(
     ``standard``), a path in any of its formats, or ``theorem1:beta=B[,from=FOLDER]`` (the construction
     on a folder's task)."""
     source = resolve(spec, device, dtype=dtype, key_map=key_map, config=config)
-    return subject_of(source.model, source.task, source.layout, source.name, source.digest)
+    return subject_of(source.model, source.task, source.layout, source.name, source.digest, source.trained_on or "all")

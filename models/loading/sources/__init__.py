@@ -75,7 +75,8 @@ def resolve(
     found = Found(path, config=config, key_map=key_map)
     form = next(f for f in FORMATS if f.detect(found))
     source = form.read(found, device, weights=weights)
-    return dataclasses.replace(_convert(source, dtype, str(path)), name=spec)
+    trained_on = source.trained_on or found.trained_on() or "all"  # the format's, else the training record's
+    return dataclasses.replace(_convert(source, dtype, str(path)), name=spec, trained_on=trained_on)
 
 
 def _convert(source: Source, dtype: str | None, where: str) -> Source:
