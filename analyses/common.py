@@ -34,6 +34,7 @@ from models.interp.subject import BAYES_TASK, BILINEAR, CONTENT_FREE_COPYERS, DI
 from models.loading.sources import NAMED
 from models.plumbing import cli
 from models.plumbing.io import write_json, write_set
+from probes.metrics import POSITIONS
 
 FIGURES_DIR = Path(__file__).resolve().parent.parent / "figures"  # the paper's figures: analyses.paper only
 RUNS_DIR = Path("runs") / "figures"  # every other run's, relative to the working folder
@@ -168,6 +169,29 @@ def report_written(paths: list[Path]) -> None:
     """The one line that ends a run: where its files went."""
     folder = os.path.relpath(paths[0].parent) if paths else "?"
     print(f"wrote {len(paths)} files to {folder}/: {', '.join(p.name for p in paths)}")
+
+
+def add_positions_flag(p: argparse.ArgumentParser, what: str) -> None:
+    """``--positions``: the target positions ``what`` average(s) over (``probes.metrics.POSITIONS``), by default
+    those the model's loss used (``Subject.trained_on``)."""
+    p.add_argument(
+        "--positions", choices=("trained", *POSITIONS), default="trained",
+        help=f"the target positions {what} average over: trained (those its loss used: the last token for a CatFormer "
+        "or a model trained with --loss-on last, else all), all (every h >= 1) or last (default: trained)",
+    )  # fmt: skip
+
+
+def positions(args: argparse.Namespace, subject: Subject) -> str:
+    """What ``--positions`` names for ``subject``: its trained positions unless another was chosen."""
+    return subject.trained_on if getattr(args, "positions", "trained") == "trained" else args.positions
+
+
+def positions_words(chosen: str, trained_on: str) -> str:
+    """``over the last token (the positions it was trained on)``: for a summary."""
+    which = "the last token" if chosen == "last" else "every target position h >= 1"
+    trained = "the last token" if trained_on == "last" else "every position"
+    why = "the positions it was trained on" if chosen == trained_on else f"chosen with --positions; trained on {trained}"
+    return f"over {which} ({why})"
 
 
 def check_out(p: argparse.ArgumentParser, out: str) -> None:

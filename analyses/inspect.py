@@ -51,7 +51,6 @@ import json
 
 from analyses import common
 from models.interp.inspection import POOLING, inspect_subject  # the measurement; the thresholds: its THRESHOLDS
-from probes.metrics import POSITIONS
 from probes.roles import CATEGORIES, GROUPS, OVERLAPPING
 
 NAME = "inspect"
@@ -168,17 +167,9 @@ def plateau_words(r: dict) -> str:
     return "worse than the uniform-parent plateau" if r["worse_than_plateau"] else "on the uniform-parent plateau"
 
 
-def positions_words(r: dict) -> str:
-    """Which target positions the NLLs average over, and why."""
-    which = "the last token" if r["positions"] == "last" else "every target position h >= 1"
-    why = "the positions it was trained on" if r["positions"] == r["trained_on"] else (
-        f"chosen with --positions; it was trained on {'the last token' if r['trained_on'] == 'last' else 'every position'}")
-    return f"NLL, progress, ablation and patching over {which} ({why})"
-
-
 def summary(r: dict) -> str:
     lines = [
-        positions_words(r),
+        f"NLL, progress, ablation and patching {common.positions_words(r['positions'], r['trained_on'])}",
         f"{'':16s}{'NLL':>8s}{'gap':>9s}{'parent acc':>12s}{'TV to BMA':>11s}",
         f"{'model':16s}{r['nll']:8.4f}{r['nll'] - r['nll_bma']:+9.4f}{'':>12s}{'':>11s}",
         f"{'BMA':16s}{r['nll_bma']:8.4f}{0:+9.4f}{r['acc_bma']:12.3f}{0:11.3f}",
@@ -419,20 +410,12 @@ def _roles_figure(r: dict, n: int):
 
 
 def add_flags(parser) -> None:
-    parser.add_argument(
-        "--positions",
-        choices=("trained", *POSITIONS),
-        default="trained",
-        help="the target positions NLL, progress, ablation and patching average over: trained (those its loss used: "
-        "the last token for a CatFormer or a model trained with --loss-on last, else all), all (every h >= 1) "
-        "or last (default: trained)",
-    )
+    common.add_positions_flag(parser, "NLL, progress, ablation and patching")
 
 
 def compute(subject, args) -> dict:
     """The measurement (``models.interp.inspection.inspect_subject``) and where this model's circuit is."""
-    positions = None if args.positions == "trained" else args.positions
-    r = inspect_subject(subject, args.n_contexts, args.seed, positions=positions)
+    r = inspect_subject(subject, args.n_contexts, args.seed, positions=common.positions(args, subject))
     r["circuit_link"] = circuit_link(getattr(args, "checkpoint", None), subject.hash)
     return r
 

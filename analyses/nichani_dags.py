@@ -92,11 +92,20 @@ def pattern_on_parent(patterns: list[torch.Tensor], edges) -> list[list[float]]:
             for p in patterns]  # fmt: skip
 
 
+def dag_record(index: int, model: str, task, edges, per_edge, last_nll: float, last_nll_bayes: float,
+               clock: tuple[float, float], **measures) -> dict:  # fmt: skip
+    """One DAG's result as plain data: what every model's job records, its ``measures``, and the wall and CPU
+    seconds since ``clock`` (``perf_counter``, ``process_time``)."""
+    return {"index": index, "model": model, "parents": task.parents, "edges": edges, "attention_on_parent": per_edge,
+            **measures, "last_nll": last_nll, "last_nll_bayes": last_nll_bayes,
+            "seconds": time.perf_counter() - clock[0], "cpu_seconds": time.process_time() - clock[1]}  # fmt: skip
+
+
 def train_catformer_dag(index: int, steps: int, batch_size: int, lr: float, seed: int, n_contexts: int,
                         save_to: str | None = None) -> dict:  # fmt: skip
     """One job: their CatFormer recipe on DAG ``index``; their measure (from A) per edge and its mean, the
     pattern itself on held-out contexts, the evaluation history (plain data)."""
-    start, cpu = time.perf_counter(), time.process_time()
+    clock = time.perf_counter(), time.process_time()
     cfg = CatFormerTrainConfig(task_kind=spec(index, "catformer"), d_vocab=D_VOCAB, seq_len=SEQ_LEN, alpha=ALPHA,
                                steps=steps, batch_size=batch_size, lr=lr, seed=seed, eval_every=max(steps // 16, 1))  # fmt: skip
     model, history = train_catformer(cfg)
@@ -110,28 +119,20 @@ def train_catformer_dag(index: int, steps: int, batch_size: int, lr: float, seed
         model(tokens[:, :T])
     if save_to is not None:
         save_catformer(model, save_to, cfg, history, replace=True)
-    last = history[-1]
-    return {
-        "index": index,
-        "model": "catformer",
-        "parents": task.parents,
-        "edges": edges,
-        "attention_on_parent": [soft[i, p].item() for i, p in edges],  # their measure, per edge
-        "parent_attention": float(np.mean([soft[i, p].item() for i, p in edges])),
-        "pattern_on_parent": pattern_on_parent([store[0], store[1]], edges),  # [layer][head]
-        "last_nll": last["last_nll"],
-        "last_nll_bayes": last["last_nll_bayes"],
-        "history": [{k: h[k] for k in ("step", "parent_attention", "last_nll")} for h in history],
-        "seconds": time.perf_counter() - start,
-        "cpu_seconds": time.process_time() - cpu,
-    }
+    per_edge = [soft[i, p].item() for i, p in edges]  # their measure, per edge
+    return dag_record(
+        index, "catformer", task, edges, per_edge, history[-1]["last_nll"], history[-1]["last_nll_bayes"], clock,
+        parent_attention=float(np.mean(per_edge)),
+        pattern_on_parent=pattern_on_parent([store[0], store[1]], edges),  # [layer][head]
+        history=[{k: h[k] for k in ("step", "parent_attention", "last_nll")} for h in history],
+    )
 
 
 def train_gpt2_dag(index: int, steps: int, batch_size: int, lr: float, seed: int, n_contexts: int,
                    save_to: str | None = None) -> dict:  # fmt: skip
     """One job: a GPT-2 (``models.standard --loss-on last``) on DAG ``index``, then the layer-0 attention
     pattern on each edge, per head (plain data). ``save_to``: unused (the GPT-2 is not kept)."""
-    start, cpu = time.perf_counter(), time.process_time()
+    clock = time.perf_counter(), time.process_time()
     cfg = StandardConfig(**GPT2, task_kind=spec(index, "gpt2"), steps=steps, batch_size=batch_size, lr=lr, seed=seed,
                          eval_every=steps, eval_contexts=512)  # fmt: skip
     model, history = train_standard(cfg, progress=False, save=False)
@@ -144,20 +145,8 @@ def train_gpt2_dag(index: int, steps: int, batch_size: int, lr: float, seed: int
     per_edge = [[[att[layer][:, h, i, p].mean().item() for i, p in edges] for h in range(att[layer].shape[1])]
                 for layer in range(len(att))]  # fmt: skip
     means = [[float(np.mean(e)) for e in layer] for layer in per_edge]
-    last = history[-1]
-    return {
-        "index": index,
-        "model": "gpt2",
-        "parents": task.parents,
-        "edges": edges,
-        "attention_on_parent": per_edge,  # [layer][head][edge]
-        "mean_attention_on_parent": means,
-        "parent_attention": means[0][0],
-        "last_nll": last["last_nll"],
-        "last_nll_bayes": last["last_nll_bma"],
-        "seconds": time.perf_counter() - start,
-        "cpu_seconds": time.process_time() - cpu,
-    }
+    return dag_record(index, "gpt2", task, edges, per_edge, history[-1]["last_nll"], history[-1]["last_nll_bma"], clock,
+                      mean_attention_on_parent=means, parent_attention=means[0][0])  # per_edge: [layer][head][edge]
 
 
 TRAIN = {"catformer": train_catformer_dag, "gpt2": train_gpt2_dag}
@@ -180,7 +169,8 @@ def add_flags(p) -> None:
     p.add_argument("--model", choices=sorted(TRAIN), default="catformer",
                    help="catformer (theirs, their recipe: the default) or gpt2 (a standard GPT-2, AdamW)")  # fmt: skip
     p.add_argument("--dags", default="0-19", help="which of their 20 DAGs to train: 0-19, 3 or 0,2,5 (default: 0-19)")
-    for flag, what in (("steps", "training steps per DAG"), ("batch-size", "sequences per step"), ("lr", "learning rate")):
+    for flag, what in (("steps", "training steps per DAG"), ("batch-size", "sequences per step"),
+                       ("lr", "learning rate (the CatFormer's: plain SGD; the GPT-2's: AdamW)")):
         kind = float if flag == "lr" else int
         p.add_argument(f"--{flag}", type=kind, default=None,
                        help=f"{what} (default: catformer {DEFAULTS['catformer'][flag.replace('-', '_')]}, their notebook's; "

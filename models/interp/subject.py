@@ -22,6 +22,7 @@ whose bilinear ``A`` blocks block_structure reads) and ``ChenSubject`` (Chen et 
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -182,8 +183,7 @@ def read_out(logits: Float[Tensor, "batch pos vocab"], layout: Layout, d: int) -
     pos = layout.prediction_positions().to(logits.device)
     first = layout.token_offset
     out = logits[:, pos.clamp_min(0), first : first + d].double().log_softmax(-1)
-    out[:, pos < 0] = -torch.log(torch.tensor(float(d), dtype=out.dtype))
-    return out
+    return torch.where((pos < 0).view(1, -1, 1), torch.full_like(out, -math.log(d)), out)  # no in-place: autograd
 
 
 class StandardSubject(Subject):

@@ -75,3 +75,22 @@ def test_the_standard_trainers_loss_on_is_read_back(tmp_path, loss_on, trained_o
     train_standard(cfg, progress=False)
     assert json.loads((tmp_path / "m" / "training.json").read_text())["config"]["loss_on"] == loss_on
     assert models.load_subject(tmp_path / "m").trained_on == trained_on
+
+
+def test_trajectory_of_a_last_token_run_reads_the_last_token(tmp_path):
+    """analyses.trajectory averages NLL, KL and progress over the trained positions too."""
+    from analyses import trajectory
+
+    cfg = StandardConfig(task_kind=TASK, d_vocab=3, n_examples=0, seq_len=21, alpha=0.1, n_layers=1, n_heads=1,
+                         d_model=8, d_mlp=8, steps=2, batch_size=4, eval_every=2, eval_contexts=8, loss_on="last",
+                         snapshot_every=1, out=str(tmp_path / "run"))  # fmt: skip
+    train_standard(cfg, progress=False)
+    trajectory.main(["--checkpoint", str(tmp_path / "run"), "--n-contexts", "32", "--out", str(tmp_path / "t")])
+    r = json.loads((tmp_path / "t" / "trajectory.json").read_text())["results"]
+    assert r["positions"] == "last" and r["trained_on"] == "last"
+    snap = models.load_subject(tmp_path / "run" / "snapshots" / "step_000002")
+    tokens, _ = snap.task.sample(32, torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        lp = snap.log_probs(tokens).numpy()
+    last = -np.take_along_axis(lp[:, -1], tokens.numpy()[:, -1:], -1).mean()
+    assert r["snapshots"][-1]["nll"] == pytest.approx(last, abs=1e-9)

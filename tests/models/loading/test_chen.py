@@ -41,6 +41,18 @@ def their_state(S=3, T=12, H=3, low_degree=2, seed=0) -> dict[str, torch.Tensor]
     }
 
 
+def their_W_h(W: np.ndarray, h: int, T: int) -> np.ndarray:
+    """Head h's [T+1, T+1] positional scores: W[j + h, h] on the (j + h + 1)-th lower diagonal for j < H, -inf
+    elsewhere (the diagonal too: their TwoLayerTransformer then fills it with 1e-6)."""
+    H = W.shape[1]
+    Wh = np.full((T + 1, T + 1), -np.inf)
+    for j in range(H):
+        if j + h + 1 <= T:
+            idx = np.arange(T + 1 - (j + h + 1))
+            Wh[idx + j + h + 1, idx] = W[j + h, h]
+    return Wh
+
+
 def their_forward(state, X: np.ndarray, low_degree=2) -> np.ndarray:
     """Their TwoLayerTransformer.forward on one-hot X [batch, T', S] (T' <= T), in float64: [batch, S]."""
     p = {k: v.double().numpy() for k, v in state.items()}
@@ -49,11 +61,7 @@ def their_forward(state, X: np.ndarray, low_degree=2) -> np.ndarray:
     Xt = np.concatenate([X, np.zeros((B, 1, S))], 1)  # X_tilde [B, T+1, S]
     V = [Xt]
     for h in range(H):
-        Wh = np.full((T + 1, T + 1), -np.inf)
-        for j in range(H):
-            if j + h + 1 <= T:
-                idx = np.arange(T + 1 - (j + h + 1))
-                Wh[idx + j + h + 1, idx] = p["layer1.W"][j + h, h]
+        Wh = their_W_h(p["layer1.W"], h, T)
         Wh[np.arange(T + 1), np.arange(T + 1)] = 1e-6
         QK = p["layer1.q_proj"][:, :, h] @ p["layer1.k_proj"][:, :, h].T
         s = Xt @ QK @ Xt.transpose(0, 2, 1) + Wh
@@ -82,11 +90,7 @@ def their_simplified_forward(state, X: np.ndarray, low_degree=2) -> np.ndarray:
     Xt = np.concatenate([X, np.zeros((B, 1, S))], 1)
     V = [Xt]
     for h in range(H):
-        Wh = np.full((T + 1, T + 1), -np.inf)
-        for j in range(H):
-            if j + h + 1 <= T:
-                idx = np.arange(T + 1 - (j + h + 1))
-                Wh[idx + j + h + 1, idx] = p["layer1.W"][j + h, h]
+        Wh = their_W_h(p["layer1.W"], h, T)
         with np.errstate(invalid="ignore"):
             A = np.exp(Wh - Wh.max(-1, keepdims=True))
             A = np.nan_to_num(A / A.sum(-1, keepdims=True), nan=0.0)
