@@ -377,8 +377,9 @@ def summary(res: dict) -> str:
         )
         for r in s["runs"]:
             cpu = f", {r['cpu_seconds']:.0f} s CPU" if "cpu_seconds" in r else ""
+            bayes = "their Bayes, the roots unread" if r.get("model") == "catformer" else "Bayes"
             lines.append(f"  DAG {r['index']:2d}: {len(r['edges'])} edges, {headline(r):.3f} (theirs "
-                         f"{THEIRS_PER_DAG[r['index']]:.3f}); last-token NLL {r['last_nll']:.4f} (Bayes "
+                         f"{THEIRS_PER_DAG[r['index']]:.3f}); last-token NLL {r['last_nll']:.4f} ({bayes} "
                          f"{r.get('last_nll_bayes', r.get('last_nll_bma', float('nan'))):.4f}){cpu}")  # fmt: skip
     return "\n".join(lines)
 
