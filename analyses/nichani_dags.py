@@ -30,6 +30,44 @@ keeps every finished DAG and exits 130. ``--sweep`` re-plots finished JSONs or p
 
 from __future__ import annotations
 
+from analyses import common
+from models.plumbing.io import UsageError
+from models.training import sweep
+
+NAME = "nichani_dags"
+DEFAULTS = {  # per model: steps, batch size, learning rate (the CatFormer's are their notebook's)
+    "catformer": {"steps": 2**14, "batch_size": 2**10, "lr": 1.0},
+    "gpt2": {"steps": 6000, "batch_size": 512, "lr": 1e-3},
+}
+
+
+def add_flags(p) -> None:
+    p.add_argument("--model", choices=sorted(DEFAULTS), default="catformer",
+                   help="catformer (theirs, their recipe: the default) or gpt2 (a standard GPT-2, AdamW)")  # fmt: skip
+    p.add_argument("--dags", default="0-19", help="which of their 20 DAGs to train: 0-19, 3 or 0,2,5 (default: 0-19)")
+    for flag, what in (("steps", "training steps per DAG"), ("batch-size", "sequences per step"),
+                       ("lr", "learning rate (the CatFormer's: plain SGD; the GPT-2's: AdamW)")):
+        kind = float if flag == "lr" else int
+        p.add_argument(f"--{flag}", type=kind, default=None,
+                       help=f"{what} (default: catformer {DEFAULTS['catformer'][flag.replace('-', '_')]}, their notebook's; "
+                       f"gpt2 {DEFAULTS['gpt2'][flag.replace('-', '_')]})")  # fmt: skip
+    p.add_argument("--n-contexts", type=int, default=256, help="held-out contexts of the attention pattern (default: 256)")
+    p.add_argument(
+        "--sweep",
+        nargs="+",
+        default=None,
+        metavar="FILE",
+        help="re-plot these files instead of training: the JSON an earlier run wrote, or the "
+        f"{NAME}_partial.jsonl of a stopped one; one per model, drawn side by side",
+    )
+    sweep.add_flags(p)
+
+
+REQUIRES = None  # its own synthetic tasks: no --checkpoint
+N_CONTEXTS = None  # its own --n-contexts (held-out contexts of the attention)
+
+common.parse_first(globals())  # python -m: --help and a mistyped flag answer here, before torch is imported
+
 import json
 import math
 import time
@@ -38,13 +76,10 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from analyses import common
 from models.plumbing.io import check_memory, size
-from models.training import sweep
 from models.training.catformer import CatFormerTrainConfig, draw, save_catformer, train_catformer
 from models.training.standard import StandardConfig, train_standard
 
-NAME = "nichani_dags"
 THEIRS = {"mean": 0.83663917, "std": 0.054017633, "n_dags": 20}  # many_graphs.ipynb's printed output
 # 1 - their printed jnp.sum(deltas) / jnp.sum(A) for trials 0..19 (the same notebook's output): the mean and
 # standard deviation of these are THEIRS to 1e-8.
@@ -56,10 +91,6 @@ THEIRS_PER_DAG = [1 - x for x in (
 SEQ_LEN, D_VOCAB, ALPHA = 21, 3, 0.1  # their T = 20 inputs, then the token the read-out predicts; vocabulary 3
 GPT2 = dict(d_vocab=D_VOCAB, n_examples=0, seq_len=SEQ_LEN, alpha=ALPHA, n_layers=2, n_heads=1, d_model=64, d_mlp=128,
             loss_on="last")  # fmt: skip
-DEFAULTS = {  # per model: steps, batch size, learning rate (the CatFormer's are their notebook's)
-    "catformer": {"steps": 2**14, "batch_size": 2**10, "lr": 1.0},
-    "gpt2": {"steps": 6000, "batch_size": 512, "lr": 1e-3},
-}
 REPRO = Path(__file__).resolve().parent.parent / "docs" / "reproductions"
 COMMITTED = {"catformer": REPRO / "nichani_dags_catformer.json", "gpt2": REPRO / "nichani_dags.json"}
 # analyses.paper re-plots the committed sweeps (each DAG trains for minutes; the paper run takes seconds)
@@ -153,42 +184,20 @@ TRAIN = {"catformer": train_catformer_dag, "gpt2": train_gpt2_dag}
 
 
 def parse_dags(text: str) -> list[int]:
-    """``"0-19"``, ``"3"`` or ``"0,2,5"`` -> DAG indices (one ValueError otherwise)."""
+    """``"0-19"``, ``"3"`` or ``"0,2,5"`` -> DAG indices (one UsageError otherwise)."""
     out = []
     for part in text.split(","):
         a, dash, b = part.partition("-")
         if not (a.isdigit() and (not dash or b.isdigit())):
-            raise ValueError(f"--dags {text!r}: expected indices like 0-19, 3 or 0,2,5")
+            raise UsageError(f"--dags {text!r}: expected indices like 0-19, 3 or 0,2,5")
         out += list(range(int(a), int(b) + 1)) if dash else [int(a)]
     if not out or min(out) < 0 or max(out) > 19 or len(set(out)) != len(out):
-        raise ValueError(f"--dags {text!r}: expected distinct indices in 0..19 (their 20 DAGs)")
+        raise UsageError(f"--dags {text!r}: expected distinct indices in 0..19 (their 20 DAGs)")
     return out
 
 
-def add_flags(p) -> None:
-    p.add_argument("--model", choices=sorted(TRAIN), default="catformer",
-                   help="catformer (theirs, their recipe: the default) or gpt2 (a standard GPT-2, AdamW)")  # fmt: skip
-    p.add_argument("--dags", default="0-19", help="which of their 20 DAGs to train: 0-19, 3 or 0,2,5 (default: 0-19)")
-    for flag, what in (("steps", "training steps per DAG"), ("batch-size", "sequences per step"),
-                       ("lr", "learning rate (the CatFormer's: plain SGD; the GPT-2's: AdamW)")):
-        kind = float if flag == "lr" else int
-        p.add_argument(f"--{flag}", type=kind, default=None,
-                       help=f"{what} (default: catformer {DEFAULTS['catformer'][flag.replace('-', '_')]}, their notebook's; "
-                       f"gpt2 {DEFAULTS['gpt2'][flag.replace('-', '_')]})")  # fmt: skip
-    p.add_argument("--n-contexts", type=int, default=256, help="held-out contexts of the attention pattern (default: 256)")
-    p.add_argument(
-        "--sweep",
-        nargs="+",
-        default=None,
-        metavar="FILE",
-        help="re-plot these files instead of training: the JSON an earlier run wrote, or the "
-        f"{NAME}_partial.jsonl of a stopped one; one per model, drawn side by side",
-    )
-    sweep.add_flags(p)
-
-
 def check_flags(p, args) -> None:
-    args.dag_list = parse_dags(args.dags)  # a ValueError is one line (common.parse)
+    args.dag_list = parse_dags(args.dags)  # a UsageError is one line (common.parse)
     for key, value in DEFAULTS[args.model].items():
         if getattr(args, key) is None:
             setattr(args, key, value)
@@ -229,7 +238,7 @@ def run_record(args) -> dict:
 
 def read_partial(path: Path) -> list[dict]:
     """The DAGs a partial file holds, each once (the first line of an index; every line of one run), sorted
-    by index; one ValueError if it mixes runs of different settings."""
+    by index; one UsageError if it mixes runs of different settings."""
     runs: dict[int, dict] = {}
     settings = []
     for n, line in enumerate(Path(path).read_text().splitlines(), 1):
@@ -239,12 +248,12 @@ def read_partial(path: Path) -> list[dict]:
             r = json.loads(line)
             index = r["index"]
         except (json.JSONDecodeError, KeyError, TypeError):
-            raise ValueError(f"{path}: line {n} is not a DAG's result of analyses.{NAME}") from None
+            raise UsageError(f"{path}: line {n} is not a DAG's result of analyses.{NAME}") from None
         if r.get("run") not in settings:
             settings.append(r.get("run"))
         runs.setdefault(index, r)
     if len(settings) > 1:
-        raise ValueError(
+        raise UsageError(
             f"{path} mixes the DAGs of {len(settings)} runs of different settings ({settings[0]} and {settings[1]}); "
             "expected one run's: re-plot each run's own file"
         )
@@ -252,13 +261,13 @@ def read_partial(path: Path) -> list[dict]:
 
 
 def finished(partial: Path, run: dict) -> dict[int, dict]:
-    """The DAGs a stopped run of these settings finished in ``partial`` ({} if none); one ValueError if it
+    """The DAGs a stopped run of these settings finished in ``partial`` ({} if none); one UsageError if it
     holds another run's DAGs (nothing is mixed into it)."""
     if not partial.exists():
         return {}
     done = read_partial(partial)
     if done and done[0].get("run") != run:
-        raise ValueError(
+        raise UsageError(
             f"{partial} holds the DAGs of another run ({done[0].get('run')}), not of these settings ({run}); "
             "choose another --out, or re-plot it with --sweep"
         )
@@ -301,7 +310,7 @@ def read_sweep(path: str) -> dict:
     if path.endswith(".jsonl"):
         runs = read_partial(Path(path))
         if not runs:
-            raise ValueError(f"--sweep {path}: no finished DAG in it")
+            raise UsageError(f"--sweep {path}: no finished DAG in it")
         record = runs[0].get("run") or {}
         return {"model": runs[0].get("model", "gpt2"), **record, "runs": runs, **aggregate(runs), "source": path}
     try:
@@ -310,7 +319,7 @@ def read_sweep(path: str) -> dict:
         res = res["sweeps"][0] if "sweeps" in res else {"model": "gpt2", **res}  # the GPT-2 sweep's first layout
         runs = res["runs"]
     except (json.JSONDecodeError, KeyError, TypeError, IndexError):
-        raise ValueError(f"--sweep {path}: not the JSON of analyses.{NAME} (results.sweeps or results.runs)") from None
+        raise UsageError(f"--sweep {path}: not the JSON of analyses.{NAME} (results.sweeps or results.runs)") from None
     keep = {k: v for k, v in res.items() if k not in ("runs", "sweep", "source", "theirs", "trained_by")}
     return {**keep, "runs": runs, **aggregate(runs), "source": path, "trained_by": d.get("command")}
 
@@ -384,6 +393,4 @@ def summary(res: dict) -> str:
     return "\n".join(lines)
 
 
-REQUIRES = None  # its own synthetic tasks: no --checkpoint
-N_CONTEXTS = None  # its own --n-contexts (held-out contexts of the attention)
 ANALYSIS = common.register(globals())

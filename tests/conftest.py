@@ -35,6 +35,7 @@ SLOW = {
     "test_every_family.py::test_each_analysis_runs_or_refuses_in_one_line",  # 64 s
     "test_formats_pipelines.py::test_every_gpt2_config_flag_matches_transformers_own_forward",  # 22 s
     "test_formats_pipelines.py::test_inspect_runs_on_every_format",  # 49 s
+    "test_import_effects.py::test_importing_our_packages_reads_no_argv_no_environment_and_never_exits",  # 11 s
     "test_layering.py::test_the_checks_catch_the_cycles_that_were_there",  # 21 s
     "test_newcomer.py::test_an_analysis_of_another_checkpoint_leaves_the_committed_figures_alone",  # 39 s
     "test_optim.py::test_freed_memory_is_reused_without_faulting_in_fresh_pages",  # 50 s
@@ -85,7 +86,7 @@ SLOW = {
     "test_inspect_standard.py::test_same_numbers_as_inspect_under_its_own_file_names",  # 22 s
     "test_logpi_recovery.py::test_cli_theorem1_writes_numbers",  # 12 s
     "test_messages.py::test_every_entry_point_makes_the_missing_parents_of_out_and_json",  # 10 s
-    "test_messages.py::test_the_summary_is_alone_on_stdout_and_no_bar_reaches_a_log",  # 61 s
+    "test_messages.py::test_the_summary_is_alone_on_stdout_and_a_log_gets_plain_progress_lines",  # 61 s
     "test_nichani_dags.py::test_bad_dags_are_one_line_and_exit_2",  # 68 s
     "test_paper.py::test_analyses_fix_the_thread_count_and_reject_a_bad_one",  # 10 s
     "test_phase_diagram.py::test_a_replot_reads_a_trained_sweep_back_unchanged",  # 11 s

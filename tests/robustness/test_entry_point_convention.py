@@ -1,4 +1,4 @@
-"""The third robustness catalogue (issue 23): every entry point on the one convention of ``models.plumbing.cli``.
+"""The third robustness catalogue (issue 23): every entry point on the one convention of ``models.cli``.
 ``models.standard``, ``bench``, ``analyses.scale``, ``analyses.attention_view`` and
 ``analyses.linear_probes`` beside ``models.train`` and ``models.evaluate``: flags validated before any
 work, no file written over an input or another format's checkpoint, no set written half, messages that
@@ -23,13 +23,13 @@ import pytest
 import torch
 from test_cli_bad_input import HUGE, TINY, _evaluate, _out, _train, assert_one_line
 from test_formats import file_config, hf_folder, small_model
-from tqdm.auto import tqdm
 
 import bench.__main__ as bench
 import models
 from analyses import attention_view, linear_probes, scale
 from models.loading import checkpoint
 from models.plumbing.io import run_cli
+from models.plumbing.progress import progress
 from models.training import standard, train
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -109,9 +109,9 @@ def _interrupted(main, target: str):
 
     def run(argv):
         def quiet(*a, **kw):  # the progress bar is not part of the error
-            return tqdm(*a, **{**kw, "disable": True})
+            return progress(*a, **{**kw, "enabled": False})
 
-        with mock.patch(target, side_effect=KeyboardInterrupt), mock.patch("models.training.standard.tqdm", quiet):
+        with mock.patch(target, side_effect=KeyboardInterrupt), mock.patch("models.training.standard.progress_bar", quiet):
             main(argv)
 
     return run

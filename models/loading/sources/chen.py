@@ -21,7 +21,7 @@ from models.loading.sources import files
 from models.loading.sources.files import Found, Source
 from models.loading.sources.task_json import read_task
 from models.nets.chen import ChenConfig, ChenTransformer, all_degrees, n_kept, their_key
-from models.plumbing.io import check_memory
+from models.plumbing.io import UsageError, check_memory
 
 NAME = "Chen et al. TwoLayerTransformer"
 FULL = ("layer1.W", "layer1.q_proj", "layer1.k_proj", "layer1.o_v_proj", "layer1.norm.weight", "layer2.C_alpha_list")
@@ -42,7 +42,7 @@ def shape_of(state: dict) -> str:
         return "simplified"
     layer1 = sorted(k for k in state if k.startswith("layer1."))
     missing = [k for k in FULL if k not in state]
-    raise ValueError(
+    raise UsageError(
         f"a state dict of neither of their shapes: it has {', '.join(layer1) or 'no layer1 tensor'} in layer 1 "
         f"and lacks {', '.join(missing)} of TwoLayerTransformer's (trained with --q-k-o-v-list False, q_proj, "
         f"k_proj or o_v_proj are fixed tensors their state_dict() leaves out); expected all of {', '.join(FULL)}, "
@@ -57,18 +57,18 @@ def config_of(state: dict, where: str, d_vocab: int | None = None) -> ChenConfig
     try:
         kind = shape_of(state)
     except ValueError as e:
-        raise ValueError(f"{where}: {e}") from None
+        raise UsageError(f"{where}: {e}") from None
     W = state["layer1.W"]
     if W.ndim != 2 or min(W.shape) < 1:
-        raise ValueError(f"{where}: layer1.W has shape {tuple(W.shape)}; expected [T, H] (their W: T rows, one column a head)")
+        raise UsageError(f"{where}: layer1.W has shape {tuple(W.shape)}; expected [T, H] (their W: T rows, one column a head)")
     T, H = W.shape
     if kind == "full":
         d_vocab = state["layer1.norm.weight"].shape[0] if state["layer1.norm.weight"].ndim == 1 else 0
         if d_vocab < 1:
-            raise ValueError(f"{where}: layer1.norm.weight has shape {tuple(state['layer1.norm.weight'].shape)}; expected [S]")
+            raise UsageError(f"{where}: layer1.norm.weight has shape {tuple(state['layer1.norm.weight'].shape)}; expected [S]")
     C = state["layer2.C_alpha_list"]
     if C.ndim != 2 or C.shape[0] != 1:
-        raise ValueError(f"{where}: layer2.C_alpha_list has shape {tuple(C.shape)}; expected [1, n] (one head)")
+        raise UsageError(f"{where}: layer2.C_alpha_list has shape {tuple(C.shape)}; expected [1, n] (one head)")
     n = C.shape[-1]
     # layer 2's degree table (2^(H+1) rows of H+1: built from int64 bits, kept as float32 in the model, in the
     # file and in the check of the file's; 24 bytes an entry) and one context's features (T^2 n, 3 float32 copies)
@@ -79,7 +79,7 @@ def config_of(state: dict, where: str, d_vocab: int | None = None) -> ChenConfig
     )
     low = next((D for D in [*range(H + 2), -1] if n_kept(H, D) == n and D != H + 1), None)
     if low is None:
-        raise ValueError(f"{where}: layer2.C_alpha_list has {n} alphas; H={H} heads allow C(H+1, <=D) of them")
+        raise UsageError(f"{where}: layer2.C_alpha_list has {n} alphas; H={H} heads allow C(H+1, <=D) of them")
     return ChenConfig(d_vocab=d_vocab, n_ctx=T, n_heads=H, low_degree=low, simplified=kind == "simplified")
 
 
@@ -95,7 +95,7 @@ def read(found: Found, device: str | None = None, *, weights: bool = True) -> So
     model = ChenTransformer(cfg)
     degree = state.pop("layer2.mydegree", None)
     if degree is not None and not torch.equal(degree.float().cpu(), all_degrees(cfg.n_heads)):
-        raise ValueError(f"{found.where}: layer2.mydegree is not their itertools.product degree table")
+        raise UsageError(f"{found.where}: layer2.mydegree is not their itertools.product degree table")
     files.load_their_names(model, state, their_key, found.where, skip={"blocks.1.attn.mydegree"})
     name = "Chen et al. SimplifiedTwoLayerTransformer" if cfg.simplified else NAME
     return Source(model.to(cfg.device).eval(), task, layout, found.where, found.digest(), name)
