@@ -356,7 +356,7 @@ def figures(res: dict, args):
 
     sweeps = res["sweeps"]
     width = 0.8 / (len(sweeps) + 1)
-    fig, ax = plt.subplots(figsize=(9, 4))
+    fig, ax = plt.subplots(figsize=(9, 5), layout="constrained")
     ax.bar(np.arange(20) - 0.4 + width / 2, THEIRS_PER_DAG, width, color="tab:orange",
            label=f"theirs (CatFormer, their notebook): {THEIRS['mean']:.3f} ± {THEIRS['std']:.3f} (sd), 20 DAGs")  # fmt: skip
     for k, s in enumerate(sweeps):
@@ -367,9 +367,9 @@ def figures(res: dict, args):
     ax.set(xlabel="their DAG (index into many_graphs.ipynb's 20)", ylabel="attention from i on its parent p(i)",
            ylim=(0, 1.02), xticks=range(20), xlim=(-0.6, 19.6))  # fmt: skip
     steps = ", ".join(f"{s['model']} {s.get('steps', '?')} steps x {s.get('batch_size', '?')}" for s in sweeps)
-    ax.set_title(f"Layer-1 attention from each position to its parent, their 20 DAGs ({steps}; theirs 16384 x 1024)",
-                 fontsize=9)  # fmt: skip
-    ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.14), ncol=1, fontsize=8, frameon=False)
+    ax.set_title(f"Layer-1 attention from each position to its parent, their 20 DAGs\n({steps}; theirs 16384 x 1024)",
+                 fontsize=10)  # fmt: skip
+    fig.legend(loc="outside lower center", ncol=1, fontsize=9, frameon=False)
     return {NAME: fig}
 
 
