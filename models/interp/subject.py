@@ -36,7 +36,7 @@ from models.nets.catformer import CatFormer
 from models.nets.causal_transformer import CausalTransformer
 from models.nets.chen import ChenTransformer
 from models.plumbing.io import UsageError
-from probes import MarkovTreeTask
+from probes import MarkovTreeTask, oracles
 from probes.graph_task import GraphTask
 from probes.layout import Layout
 
@@ -54,6 +54,18 @@ def check_finite(out: Tensor, what: str) -> Tensor:
             f"near 0, a huge beta or weights); no metric is computed from it"
         )
     return out
+
+
+def has_bayes(task) -> bool:
+    """Whether ``task`` has an exact Bayes oracle (``probes.oracles.check_bayes``): ours and the family's, except
+    roots drawn from each context's own stationary distribution and random trees too long to sum over."""
+    if not isinstance(task, MarkovTreeTask | GraphTask):
+        return False
+    try:
+        oracles.check_bayes(task)
+    except ValueError:
+        return False
+    return True
 
 
 def head_label(layer: int, head: int) -> str:
@@ -205,7 +217,7 @@ class DisentangledSubject(Subject):
         caps = {DISENTANGLED, CONTENT_FREE_COPYERS, BILINEAR}
         if isinstance(task, MarkovTreeTask):
             caps.add(MARKOV_TASK)
-        if isinstance(task, MarkovTreeTask | GraphTask):
+        if has_bayes(task):
             caps.add(BAYES_TASK)
         self.capabilities = frozenset(caps)
 
@@ -243,7 +255,7 @@ class StandardSubject(Subject):
         per_layer = getattr(model, "n_heads", None)  # a family whose layers differ (Edelman et al.'s)
         self.n_heads = list(per_layer) if isinstance(per_layer, list) else [model.cfg.n_heads] * model.cfg.n_layers
         caps = {MARKOV_TASK} if isinstance(task, MarkovTreeTask) else set()
-        self.capabilities = frozenset(caps | ({BAYES_TASK} if isinstance(task, MarkovTreeTask | GraphTask) else set()))
+        self.capabilities = frozenset(caps | ({BAYES_TASK} if has_bayes(task) else set()))
 
     def _log_probs(self, tokens, fwd_hooks):
         ids = self.layout.encode(tokens).to(self.model.cfg.device)
@@ -269,7 +281,7 @@ class CatFormerSubject(Subject):
         super().__init__(model, task, layout, name, digest)
         self.n_heads = model.n_heads
         caps = {BILINEAR} | ({MARKOV_TASK} if isinstance(task, MarkovTreeTask) else set())
-        self.capabilities = frozenset(caps | ({BAYES_TASK} if isinstance(task, MarkovTreeTask | GraphTask) else set()))
+        self.capabilities = frozenset(caps | ({BAYES_TASK} if has_bayes(task) else set()))
 
     def _log_probs(self, tokens, fwd_hooks):
         T, d = self.model.cfg.n_ctx, self.task.d_vocab

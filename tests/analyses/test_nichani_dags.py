@@ -143,3 +143,17 @@ def test_the_saved_catformer_opens_with_its_training_positions(tmp_path):
     ids = torch.randint(0, 3, (4, 20), generator=torch.Generator().manual_seed(0))
     with torch.no_grad():
         assert torch.allclose(subject.model(ids)[:, -1], subject.model.last_logits(ids), atol=1e-6)
+
+
+def test_inspect_refuses_a_saved_dag_model_in_one_line(tmp_path, capsys):
+    """Their task draws roots from each context's stationary distribution, which has no exact Bayes predictive
+    here: inspect refuses the saved model by what it needs, not with an error inside the oracle."""
+    from analyses import inspect
+
+    nichani_dags.main(["--dags", "0", *TINY, "--out", str(tmp_path / "sweep")])
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as e:
+        inspect.main(["--checkpoint", str(tmp_path / "sweep" / "models" / "dag_00" / "catformer.npz"),
+                      "--n-contexts", "16", "--out", str(tmp_path / "inspect")])  # fmt: skip
+    err = capsys.readouterr().err.strip().splitlines()
+    assert e.value.code == 2 and len(err) == 1 and "task with a Bayes oracle" in err[0], err
