@@ -9,11 +9,11 @@ from html.parser import HTMLParser
 
 import pytest
 import torch
+from conftest import build_task
+from test_layout import assemble
 
 import models
 from analyses import attention_view
-from conftest import build_task
-from test_layout import assemble
 
 VOID = {"meta", "br", "img", "input", "link", "hr", "col", "area", "base", "embed", "source", "track", "wbr"}
 

@@ -8,9 +8,8 @@ are checked before any training."""
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 
+import inproc
 import numpy as np
 import pytest
 import torch
@@ -128,8 +127,7 @@ def test_n_contexts_is_sized_before_any_training(tmp_path, capsys):
 
 @pytest.mark.parametrize("dags", ["20", "a-b", "3,3"])
 def test_bad_dags_are_one_line_and_exit_2(dags, tmp_path):
-    r = subprocess.run([sys.executable, "-m", "analyses.nichani_dags", "--dags", dags, "--out", str(tmp_path)],
-                       capture_output=True, text=True)  # fmt: skip
+    r = inproc.run("analyses.nichani_dags", "--dags", dags, "--out", str(tmp_path), cwd=tmp_path)
     assert r.returncode == 2 and "--dags" in r.stderr and len(r.stderr.strip().splitlines()) <= 2
 
 

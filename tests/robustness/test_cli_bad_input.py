@@ -9,11 +9,10 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import subprocess
-import sys
 import warnings
 from pathlib import Path
 
+import forked
 import pytest
 import safetensors.torch
 import torch
@@ -465,8 +464,9 @@ def test_a_bug_is_its_traceback_exit_1_and_bad_input_one_line_exit_2(capsys):
 
 def test_an_internal_error_in_an_analysis_exits_1_with_its_traceback(tmp_path):
     """A deliberately raised internal error inside an analysis's compute, through the analysis's own entry
-    (``common.run`` of its ``main``, as ``python -m`` runs it), in a fresh interpreter: exit code 1, the
-    traceback naming where it was raised, the bug line last, and no file written."""
+    (``common.run`` of its ``main``, as ``python -m`` runs it), in a process of its own (forked from the
+    suite's server, tests/helpers/forked.py): exit code 1, the traceback naming where it was raised, the bug
+    line last, and no file written."""
     code = (
         "import sys\n"
         "from analyses import common, copyers\n"
@@ -476,18 +476,14 @@ def test_an_internal_error_in_an_analysis_exits_1_with_its_traceback(tmp_path):
         "common.run(copyers.ANALYSIS.main, sys.argv[1:])\n"
     )
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
-    proc = subprocess.run(
-        [sys.executable, "-c", code, "--out", str(tmp_path / "out")], env=env, capture_output=True, text=True, cwd=ROOT
-    )
+    proc = forked.run("-c", code, "--out", str(tmp_path / "out"), cwd=ROOT, env=env)
     err = proc.stderr.strip().splitlines()
     assert proc.returncode == 1, proc.stderr[-2000:]
     assert "Traceback (most recent call last):" in err and "RuntimeError: an invariant of the analysis broke" in err
     assert err[-1].startswith("python -m analyses.copyers: error: this is a bug in causal-icl-probes")
     assert not (tmp_path / "out" / "copyers.json").exists()
     # the same entry with bad input: one line, exit 2
-    proc = subprocess.run(
-        [sys.executable, "-c", code, "--n-contexts", "0"], env=env, capture_output=True, text=True, cwd=ROOT
-    )
+    proc = forked.run("-c", code, "--n-contexts", "0", cwd=ROOT, env=env)
     assert proc.returncode == 2 and proc.stderr.splitlines() == [
         "python -m analyses.copyers: error: --n-contexts must be >= 1, got 0"
     ], proc.stderr

@@ -30,7 +30,7 @@ from analyses import attention_view, linear_probes, scale
 from models.loading import checkpoint
 from models.plumbing.io import run_cli
 from models.plumbing.progress import progress
-from models.training import standard, train
+from models.training import standard
 
 ROOT = Path(__file__).resolve().parents[2]
 BOUND_S = forked.HANG_S  # a hang, not a time limit: each case takes seconds alone, longer on a busy machine
@@ -42,7 +42,7 @@ STANDARD = [
 
 
 @pytest.fixture(scope="module")
-def lab(tmp_path_factory) -> Path:
+def lab(tmp_path_factory, trained) -> Path:
     """Checkpoints of two formats, a training run, histories and files, made once (cases must not change them)."""
     t = tmp_path_factory.mktemp("lab")
     model, task = small_model()
@@ -53,7 +53,7 @@ def lab(tmp_path_factory) -> Path:
     shutil.copytree(t / "hf", t / "hf_other_shapes")
     config = json.loads((t / "hf_other_shapes" / checkpoint.CONFIG).read_text())
     (t / "hf_other_shapes" / checkpoint.CONFIG).write_text(json.dumps({**config, "n_embd": 2 * config["n_embd"]}))
-    train.main([*TINY, "--steps", "2", "--eval-every", "2", "--out", str(t / "run")])
+    trained(("models.train", *TINY, "--steps", "2", "--eval-every", "2"), t / "run")  # test_each_rule_everywhere's TRAIN
     shutil.copytree(t / "run", t / "empty_run")
     config = json.loads((t / "empty_run" / checkpoint.CONFIG).read_text())
     config["training"]["history"] = []

@@ -459,11 +459,7 @@ def test_a_large_file_beside_the_weights_is_never_read(tmp_path):
         "import sys; from models.loading.sources import resolve; "
         "print(resolve(sys.argv[1]).digest, resolve(sys.argv[2]).digest)"
     )
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    proc = subprocess.run(
-        [sys.executable, "-c", code, str(folder), str(pt)],
-        capture_output=True, text=True, timeout=TIMEOUT_S, preexec_fn=_limit, env=env,
-    )  # fmt: skip
+    proc = forked.run("-c", code, str(folder), str(pt), cwd=tmp_path, limit=LIMIT_BYTES, timeout=TIMEOUT_S)
     assert proc.returncode == 0, proc.stderr[-2000:]
     hf_digest, tl_digest = proc.stdout.split()
     assert hf_digest == _sha(folder / "config.json", folder / "task.json", folder / "model.safetensors")

@@ -11,6 +11,7 @@ import re
 import sys
 from pathlib import Path
 
+import forked
 import pytest
 import torch
 from conftest import build_task
@@ -157,11 +158,8 @@ def test_the_notebook_call_on_the_shipped_gpt2_equals_the_command_lines_json(tmp
     """``discover(models.load_subject("standard"), CircuitConfig(...))`` in this process, as a notebook calls
     it (no eval(), no flags), against ``python -m analyses.circuit`` with the same options in another one:
     every number of the JSON within 1e-9; and docs/results/circuit.md's example runs (quick sizes)."""
-    import subprocess
-
     flags = ["--n-contexts", "8", "--n-held-out", "16", "--curve-points", "2", "--corruption", "demonstrations"]
-    done = subprocess.run([sys.executable, "-m", "analyses.circuit", "--checkpoint", "standard", *flags, "--out",
-                           str(tmp_path)], cwd=ROOT, capture_output=True, text=True, timeout=1800)  # fmt: skip
+    done = forked.run("analyses.circuit", "--checkpoint", "standard", *flags, "--out", str(tmp_path), cwd=ROOT)
     assert done.returncode == 0, done.stderr[-2000:]
     cli = json.loads((tmp_path / "circuit.json").read_text())["results"]
     config = CircuitConfig(n_contexts=8, n_held_out=16, curve_points=2, corruptions=("demonstrations",))

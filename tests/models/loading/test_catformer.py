@@ -8,13 +8,12 @@ from __future__ import annotations
 import json
 import os
 import pickle
-import subprocess
-import sys
 
 import numpy as np
 import pytest
 import safetensors.numpy
 import torch
+from inproc import analysis
 
 import models
 from probes.graph_task import make_task
@@ -123,18 +122,13 @@ def test_bad_shapes_are_one_line(folder):
         models.load_subject(folder / "catformer.npz")
 
 
-def run_analysis(name, path, out, *extra):
-    cmd = [sys.executable, "-m", f"analyses.{name}", "--checkpoint", str(path), "--out", str(out), *extra]
-    return subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
-
-
 def test_analyses_run_or_refuse_in_one_line(folder):
     leaves = random_leaves([1, 1])
     np.savez(folder / "catformer.npz", **leaves)
     path = folder / "catformer.npz"
-    ok = run_analysis("inspect", path, folder / "inspect", "--n-contexts", "64")
+    ok = analysis("inspect", path, folder / "inspect", "--n-contexts", "64")
     assert ok.returncode == 0, ok.stderr
-    bs = run_analysis("block_structure", path, folder / "bs")
+    bs = analysis("block_structure", path, folder / "bs")
     assert bs.returncode == 0, bs.stderr
     res = json.loads((folder / "bs" / "block_structure.json").read_text())["results"]
     assert [h["blocks"] for h in res["heads"]] == [["token", "position"], ["token", "position", "L0H0 copy"]]
@@ -148,7 +142,7 @@ def test_analyses_run_or_refuse_in_one_line(folder):
     edges = [(i, ps[0]) for i, ps in enumerate(task.parents[:T]) if ps]
     assert res["parent_attention"] == pytest.approx(np.mean([soft[i, p] for i, p in edges]))
     for name in ("circuit", "head_ablation", "logpi_recovery"):
-        r = run_analysis(name, path, folder / name)
+        r = analysis(name, path, folder / name)
         assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1, (name, r.stderr)
         assert "CatFormer model" in r.stderr
     assert "its A holds no log pi" in r.stderr  # logpi_recovery says why (Nichani et al.'s construction)
