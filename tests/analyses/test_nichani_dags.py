@@ -83,8 +83,7 @@ def test_a_partial_file_counts_each_dag_once_and_refuses_mixed_runs(tmp_path):
     nichani_dags.main(["--sweep", str(partial), "--out", str(tmp_path / "a")])
     assert json.loads((tmp_path / "a" / "nichani_dags.json").read_text())["results"]["sweeps"][0]["n_dags"] == 1
     partial.write_text(line(0, 0.8) + "\n" + line(0, 0.6, seed=1) + "\n")
-    r = subprocess.run([sys.executable, "-m", "analyses.nichani_dags", "--sweep", str(partial), "--out",
-                        str(tmp_path / "b")], capture_output=True, text=True)  # fmt: skip
+    r = inproc.run("analyses.nichani_dags", "--sweep", str(partial), "--out", str(tmp_path / "b"), cwd=tmp_path)
     assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1 and "mixes" in r.stderr, r.stderr
     assert not (tmp_path / "b" / "nichani_dags.json").exists()
 
@@ -94,8 +93,7 @@ def test_a_replot_never_writes_over_the_record_it_reads(tmp_path):
     out = tmp_path / "out"
     nichani_dags.main(["--dags", "1", *TINY, "--out", str(out)])
     before = (out / "nichani_dags.json").read_bytes()
-    r = subprocess.run([sys.executable, "-m", "analyses.nichani_dags", "--sweep", str(out / "nichani_dags.json"),
-                        "--out", str(out)], capture_output=True, text=True)  # fmt: skip
+    r = inproc.run("analyses.nichani_dags", "--sweep", str(out / "nichani_dags.json"), "--out", str(out), cwd=tmp_path)
     assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1 and "write over" in r.stderr, r.stderr
     assert (out / "nichani_dags.json").read_bytes() == before
 
