@@ -52,7 +52,7 @@ from models.interp.subject import head_label
 from models.plumbing.progress import progress as progress_bar
 from models.training.short_run import find_snapshots, train_short_run
 from probes import head_assignment
-from probes.metrics import block_norms, off_diagonal_ratio
+from probes.metrics import block_norms, dag_parent_mass, off_diagonal_ratio
 
 FIGURES = {
     "block_structure.png": (
@@ -198,13 +198,9 @@ def catformer_blocks(model, parents: list[list[int]] | None) -> dict:
             heads.append({"head": head_label(layer, h), "blocks": [n for n, _, _ in names], "norms": norms})
     out = {"family": "CatFormer", "heads": heads, "parent_attention": None}
     if parents is not None:
-        d, T = model.cfg.d_vocab, model.cfg.n_ctx
-        P = model.blocks[0].attn.A[0, d:, d:].detach().double().cpu()
-        soft = P.masked_fill(~torch.ones(T, T, dtype=torch.bool).tril(), float("-inf")).softmax(-1)
-        edges = [(i, ps[0]) for i, ps in enumerate(parents[:T]) if len(ps) == 1]
-        if edges:
-            out["parent_attention"] = sum(soft[i, p].item() for i, p in edges) / len(edges)
-            out["parent_edges"] = len(edges)
+        out["parent_attention"] = dag_parent_mass(model.positional_attention(0, 0), parents)
+        if out["parent_attention"] is not None:
+            out["parent_edges"] = sum(len(ps) == 1 for ps in parents[: model.cfg.n_ctx])
     return out
 
 

@@ -3,7 +3,7 @@ PNG + PDF + JSON as one set, printing a summary, and errors.
 
 An analysis module defines ``NAME``, ``compute``, ``figures`` and ``summary``, declares ``REQUIRES``, and ends
 with one line, ``ANALYSIS = common.register(globals())`` (optional names: ``N_CONTEXTS``, ``add_flags``,
-``check_flags``, ``record``); being a module of ``analyses/`` is its registration (``analysis_names``). What its
+``check_flags``, ``record``, ``WHY_NOT``: a family's reason, added to its refusal); being a module of ``analyses/`` is its registration (``analysis_names``). What its
 command line needs (``NAME``, ``REQUIRES``, ``N_CONTEXTS``, ``add_flags``) comes first, then
 ``common.parse_first(globals())``, then the heavy imports: run as ``python -m``, it parses its flags there, so that
 ``--help`` and a mistyped flag answer before torch is imported:
@@ -63,7 +63,8 @@ ORDER = [
 ]  # fmt: skip
 NOT_ANALYSES = ("common", "paper")  # the shared main and the paper run
 # The names Analysis.from_module reads; a module-level name within a typo of one (add_flag) is refused.
-HOOKS = ("NAME", "REQUIRES", "compute", "figures", "summary", "N_CONTEXTS", "add_flags", "check_flags", "record")
+HOOKS = ("NAME", "REQUIRES", "compute", "figures", "summary", "N_CONTEXTS", "add_flags", "check_flags", "record",
+         "WHY_NOT")
 OTHER_NAMES = ("FIGURES", "PAPER_ARGS", "QUICK_ARGS", "ANALYSIS")  # read by analyses.paper and the tests
 
 
@@ -89,9 +90,10 @@ def check_requirements(analysis: Analysis, subject: Subject) -> None:
     missing = sorted((analysis.requires or frozenset()) - subject.capabilities)
     if missing:
         others = ", ".join(applicable(subject)) or "none"
+        why = analysis.why_not.get(subject.family)
         raise UsageError(
             f"analyses.{analysis.name} needs a model with {' and '.join(missing)}; --checkpoint {subject.name} is a "
-            f"{subject.describe()}. Analyses that apply to it: {others}"
+            f"{subject.describe()}{f' ({why})' if why else ''}. Analyses that apply to it: {others}"
         )
 
 
@@ -109,6 +111,7 @@ class Analysis:
     add_flags: Callable | None = None  # (parser) -> None: flags of its own
     check_flags: Callable | None = None  # (parser, args) -> None: validate them (parser.error, or a ValueError)
     record: Callable = field(default=lambda result: result)  # result -> what the JSON keeps
+    why_not: dict[str, str] = field(default_factory=dict)  # family -> why the analysis does not apply to it
 
     @classmethod
     def from_module(cls, ns: dict) -> Analysis:
@@ -135,6 +138,7 @@ def optional_hooks(ns: dict) -> dict:
         "add_flags": "add_flags",
         "check_flags": "check_flags",
         "record": "record",
+        "why_not": "WHY_NOT",
     }
     return {key: ns[name] for key, name in optional.items() if name in ns}
 
@@ -211,6 +215,29 @@ def report_written(paths: list[Path]) -> None:
     """The one line that ends a run: where its files went."""
     folder = str(paths[0].parent) if paths else "?"  # --out as given (relpath would turn /tmp/x into ../x)
     print(f"wrote {len(paths)} files to {folder}/: {', '.join(p.name for p in paths)}")
+
+
+def add_positions_flag(p: argparse.ArgumentParser, what: str) -> None:
+    """``--positions``: the target positions ``what`` average(s) over (``probes.metrics.POSITIONS``), by default
+    those the model's loss used (``Subject.trained_on``)."""
+    p.add_argument(
+        "--positions", choices=("trained", "all", "last"), default="trained",  # probes.metrics.POSITIONS, spelled out: it loads torch
+        help=f"the target positions {what} average over: trained (those its loss used: the last token for a CatFormer "
+        "or a model trained with --loss-on last, else all), all (every h >= 1) or last (default: trained)",
+    )  # fmt: skip
+
+
+def positions(args: argparse.Namespace, subject: Subject) -> str:
+    """What ``--positions`` names for ``subject``: its trained positions unless another was chosen."""
+    return subject.trained_on if getattr(args, "positions", "trained") == "trained" else args.positions
+
+
+def positions_words(chosen: str, trained_on: str) -> str:
+    """``over the last token (the positions it was trained on)``: for a summary."""
+    which = "the last token" if chosen == "last" else "every target position h >= 1"
+    trained = "the last token" if trained_on == "last" else "every position"
+    why = "the positions it was trained on" if chosen == trained_on else f"chosen with --positions; trained on {trained}"
+    return f"over {which} ({why})"
 
 
 def check_out(p: argparse.ArgumentParser, out: str) -> None:

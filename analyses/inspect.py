@@ -61,6 +61,11 @@ NAME = "inspect"
 N_CONTEXTS = 512  # default --n-contexts: the attention statistics and the progress
 REQUIRES = frozenset({common.BAYES_TASK})  # what it needs of its subject
 
+
+def add_flags(parser) -> None:
+    common.add_positions_flag(parser, "NLL, progress, ablation and patching")
+
+
 common.parse_first(globals())  # python -m: --help and a mistyped flag answer here, before torch is imported
 
 import json
@@ -246,6 +251,7 @@ def link_words(link: dict | None) -> str | None:
 
 def summary(r: dict) -> str:
     lines = [
+        f"NLL, progress, ablation and patching {common.positions_words(r['positions'], r['trained_on'])}",
         f"{'':16s}{'NLL':>8s}{'gap':>9s}{'parent acc':>12s}{'TV to BMA':>11s}",
         f"{'model':16s}{r['nll']:8.4f}{r['nll'] - r['nll_bma']:+9.4f}{'':>12s}{'':>11s}",
         f"{'BMA':16s}{r['nll_bma']:8.4f}{0:+9.4f}{r['acc_bma']:12.3f}{0:11.3f}",
@@ -511,7 +517,7 @@ def _roles_figure(r: dict, n: int):
 
 def compute(subject, args) -> dict:
     """The measurement (``models.interp.inspection.inspect_subject``) and where this model's circuit is."""
-    r = inspect_subject(subject, args.n_contexts, args.seed)
+    r = inspect_subject(subject, args.n_contexts, args.seed, positions=common.positions(args, subject))
     r["circuit_link"] = circuit_link(getattr(args, "checkpoint", None), subject.hash)
     return r
 

@@ -258,4 +258,10 @@ def summary(res: dict) -> str:
     return "\n".join(lines)
 
 
+WHY_NOT = {  # why log pi cannot be read from these families' weights (added to their one-line refusal)
+    "CatFormer": "its A holds no log pi: in Nichani et al.'s construction layer 1's A matches the test token "
+    "against each key's copy of its parent's token, an identity block, and the transition enters as counts "
+    "through the values; with a fixed kernel the Bayes prediction pi(. | x_T) needs no attention and can sit in "
+    "the read-out W",
+}
 ANALYSIS = common.register(globals())

@@ -46,6 +46,7 @@ N_CONTEXTS = 256  # default --n-contexts: every snapshot is measured on them
 
 
 def add_flags(parser) -> None:
+    common.add_positions_flag(parser, "NLL, KL to each strategy and progress")
     parser.add_argument(
         "--train-steps", type=int, default=0,
         help="train a short run of --checkpoint's training config (models.train) with snapshots and read those "
@@ -78,6 +79,7 @@ from models.plumbing.progress import progress as progress_bar
 from models.training.short_run import find_snapshots, train_short_run
 from probes import MarkovTreeTask, demonstration_mass, oracles, target_nll
 from probes.graph_task import context_order
+from probes.metrics import scored_rows
 from probes.oracles import uniform_parent_predictive
 from probes.roles import role_profile, sequence_scores
 
@@ -123,22 +125,23 @@ def merge_identical(strats: dict[str, Tensor]) -> dict[str, Tensor]:
     return {"=".join(names): lp for names, lp in groups}
 
 
-def kl_from(strategy: Float[Tensor, "batch H d"], model: Float[Tensor, "batch H d"]) -> float:
-    """Mean KL(strategy || model) over contexts and positions h >= 1 (nats)."""
+def kl_from(strategy: Float[Tensor, "batch H d"], model: Float[Tensor, "batch H d"], positions: str = "all") -> float:
+    """Mean KL(strategy || model) over contexts and the target ``positions`` (``scored_rows``: h >= 1) (nats)."""
     p, q = strategy.double(), model.double()
     terms = torch.where(p > -torch.inf, p.exp() * (p - q), 0.0)  # 0 log 0 = 0
-    return terms.sum(-1)[:, 1:].mean().item()
+    return terms.sum(-1)[:, scored_rows(p.shape[1], positions)].mean().item()
 
 
 # One snapshot -----------------------------------------------------------------------------------------
 @torch.no_grad()
-def measure(subject, tokens, parents, strats: dict[str, Tensor], base: dict) -> dict:
+def measure(subject, tokens, parents, strats: dict[str, Tensor], base: dict, positions: str = "all") -> dict:
     """Every number of one snapshot (module docstring) on ``tokens`` (parents ``parents``); ``strats``
-    (``merge_identical``) and ``base`` (``models.interp.baselines.baselines``) are shared by the snapshots."""
+    (``merge_identical``) and ``base`` (``models.interp.baselines.baselines``) are shared by the snapshots; NLL,
+    KL and progress over the target ``positions``."""
     task = subject.task
     L, H = task.n_examples, task.seq_len
     lp = subject.log_probs(tokens).cpu()
-    nll = target_nll(lp, tokens)
+    nll = target_nll(lp, tokens, positions)
     layers = []
     for att in subject.attention(tokens):
         rows = att.target_rows(L, H).cpu()
@@ -161,7 +164,7 @@ def measure(subject, tokens, parents, strats: dict[str, Tensor], base: dict) -> 
     gap = base["nll_uniform"] - base["nll_bma"]
     return {
         "nll": nll,
-        "kl": {name: kl_from(s, lp) for name, s in strats.items()},
+        "kl": {name: kl_from(s, lp, positions) for name, s in strats.items()},
         "progress": (base["nll_uniform"] - nll) / gap if gap > 0 else float("nan"),
         "layers": layers,
         "copyer_purity": sum(layers[0]["purity"]) / len(layers[0]["purity"]),
@@ -235,12 +238,14 @@ def run_snapshots(checkpoint: str) -> list[tuple[int, Path]]:
 
 
 def trajectory(subject, snapshots: list[tuple[int, Path]], n_contexts: int, seed: int, min_phase: int = 1,
-               device: str = "cpu", progress: bool = True) -> dict:  # fmt: skip
-    """Every snapshot measured on the same contexts of ``subject``'s task, and the phases."""
+               device: str = "cpu", progress: bool = True, positions: str | None = None) -> dict:  # fmt: skip
+    """Every snapshot measured on the same contexts of ``subject``'s task, and the phases; NLL, KL and progress
+    over the target ``positions`` (default: those ``subject`` was trained on)."""
     task = subject.task
+    positions = positions or subject.trained_on
     tokens, parents = common.sample_contexts(task, n_contexts, seed)
     strats = merge_identical(strategies(task, tokens))
-    base = baselines(task, tokens, parents)
+    base = baselines(task, tokens, parents, positions)
     rows = []
     for step, path in progress_bar(snapshots, "snapshots", enabled=progress):
         snap = load_subject(path, device)
@@ -248,16 +253,18 @@ def trajectory(subject, snapshots: list[tuple[int, Path]], n_contexts: int, seed
             raise UsageError(f"snapshot {path} was trained on another task than --checkpoint's; expected one run")
         if hasattr(snap.model, "eval"):
             snap.model.eval()
-        rows.append({"step": step, **measure(snap, tokens, parents, strats, base)})
+        rows.append({"step": step, **measure(snap, tokens, parents, strats, base, positions)})
     steps = [r["step"] for r in rows]
     found = phases(steps, {s: [r["kl"][s] for r in rows] for s in strats}, [r["nll"] for r in rows], min_phase)
     return {
         "family": subject.family,
+        "positions": positions,  # the target positions every NLL, KL and progress here averages over
+        "trained_on": subject.trained_on,
         "task": task.to_dict().get("spec") or task.to_dict().get("kind", "markov_tree"),
         "plateau": "uniform-parent" if isinstance(task, MarkovTreeTask) else "unigram",
         "n_contexts": n_contexts,
         "n_examples": task.n_examples,
-        "strategies": {s: target_nll(lp, tokens) for s, lp in strats.items()},
+        "strategies": {s: target_nll(lp, tokens, positions) for s, lp in strats.items()},
         "nll_bma": base["nll_bma"],
         "nll_uniform": base["nll_uniform"],
         "acc_bma": base["acc_bma"],
@@ -269,15 +276,18 @@ def trajectory(subject, snapshots: list[tuple[int, Path]], n_contexts: int, seed
 
 
 def compute(subject, args) -> dict:
+    positions = common.positions(args, subject)
     if not args.train_steps:
         return trajectory(
-            subject, run_snapshots(args.checkpoint), args.n_contexts, args.seed, args.min_phase, args.device
+            subject, run_snapshots(args.checkpoint), args.n_contexts, args.seed, args.min_phase, args.device,
+            positions=positions,
         )
     with tempfile.TemporaryDirectory() as tmp:
         print(f"training a {args.train_steps}-step run with snapshots every {args.snapshot_every} steps ...")
         run = train_short_run(Path(tmp), args.checkpoint, args.train_steps, args.snapshot_every, args.seed)
         snaps = find_snapshots(run / "snapshots")
-        return trajectory(subject, snaps, args.n_contexts, args.seed, args.min_phase, args.device, progress=False)
+        return trajectory(subject, snaps, args.n_contexts, args.seed, args.min_phase, args.device, progress=False,
+                          positions=positions)
 
 
 
@@ -289,7 +299,8 @@ def check_flags(parser, args) -> None:
 
 
 def summary(r: dict) -> str:
-    lines = [f"{r['family']} model, {len(r['snapshots'])} snapshots, {r['n_contexts']} contexts"]
+    over = common.positions_words(r.get("positions", "all"), r.get("trained_on", "all"))
+    lines = [f"{r['family']} model, {len(r['snapshots'])} snapshots, {r['n_contexts']} contexts; NLL and KL {over}"]
     lines.append("strategies' NLL: " + ", ".join(f"{s} {v:.4f}" for s, v in r["strategies"].items()))
     lines.append(f"{'step':>7s}{'NLL':>9s}{'progress':>9s}{'purity':>8s}{'demos':>6s}{'sel TV':>8s}  closest")
     for row, c in zip(r["snapshots"], r["closest"]):

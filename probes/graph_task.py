@@ -106,7 +106,9 @@ def fixed_graph(
 ) -> list[list[int]]:
     """The parents lists of a fixed graph: ``chain``, ``ngram`` (n), ``random_dag`` (n_parents, seed), ``given``,
     ``nichani_dag`` (index, seed: ``probes.jax_random.nichani_dags(20, seed, seq_len - 1)[index]`` on positions
-    0..H-3, their DAG at their T = H - 1; then their test token H - 2, a root, and its child H - 1)."""
+    0..H-3, their DAG at their T = H - 1; then their test token H - 2, a root, and its child H - 1). The test
+    token is drawn from ``root`` (uniform) also under ``root=stationary`` with a Dirichlet kernel, as their
+    ``jr.choice(vocab_size)``; the DAG's own roots from the context's stationary distribution, as theirs."""
     H = seq_len
     if kind == "nichani_dag":
         i = check_int(index, "nichani_dag index", 0, N_NICHANI_DAGS - 1)
@@ -271,14 +273,15 @@ class GraphTask:
         x = torch.empty(batch, L1, H, dtype=torch.long)
         u = torch.rand(batch, L1, H, dtype=torch.float64, generator=generator)
         cdfs = {k: t.cumsum(-1) for k, t in tables.items()}
-        root_cdf = self.root.cumsum(0).expand(batch, L1, -1)
+        root_cdf = plain_cdf = self.root.cumsum(0).expand(batch, L1, -1)
         if self.stationary_root:  # Edelman's and Nichani's roots: the context's own chain, at equilibrium
             root_cdf = stationary_batch(tables[1]).cumsum(-1).unsqueeze(1).expand(-1, L1, -1)
+        test = H - 2 if self.graph == "nichani_dag" else None  # their test token: from root (fixed_graph)
         for h in range(H):
             ps = parents[:, h]  # [batch, P]
             k = self._counts[h]
             if k == 0:
-                x[:, :, h] = _inverse_cdf(root_cdf, u[:, :, h])
+                x[:, :, h] = _inverse_cdf(plain_cdf if h == test else root_cdf, u[:, :, h])
                 continue
             row = parent_rows(x, ps[:, :k], d)  # [batch, L1]
             cdf = cdfs[k].gather(1, row.unsqueeze(-1).expand(-1, -1, d))  # [batch, L1, d]

@@ -54,6 +54,15 @@ def parent_accuracy(attention: Float[Tensor, "batch H H"], parents: Int[Tensor, 
     return parent_hits(attention, parents).mean().item()
 
 
+def dag_parent_mass(attention: Float[Tensor, "T T"], parents: list[list[int]]) -> float | None:
+    """Nichani et al.'s measure of a fixed graph (``many_graphs.ipynb``): the mass a ``[query, key]`` attention
+    puts from each position i with exactly one parent on that parent p(i), averaged over those positions
+    (their ``1 - sum(deltas) / n_edges``); positions beyond the attention's T rows are left out. None: no edge."""
+    T = attention.shape[0]
+    edges = [(i, ps[0]) for i, ps in enumerate(parents[:T]) if len(ps) == 1]
+    return sum(attention[i, p].item() for i, p in edges) / len(edges) if edges else None
+
+
 def parent_set_accuracy(attention: Float[Tensor, "batch H H"], parents: Int[Tensor, "batch H *P"]) -> float:
     """Fraction of (context, h >= 1 with a parent) where the argmax of the attention is one of h's parents;
     ``parents`` ``[batch, H]`` or ``[batch, H, P]``, -1 for none. ``parent_accuracy`` on a tree."""
@@ -65,19 +74,31 @@ def parent_set_accuracy(attention: Float[Tensor, "batch H H"], parents: Int[Tens
     return (hit & has).double().sum().item() / max(int(has.sum()), 1)
 
 
-def target_nll(log_probs: Float[Tensor, "batch H d"], tokens: Int[Tensor, "batch T"]) -> float:
-    """Mean negative log-likelihood (nats) of the target tokens x_h, h >= 1.
+POSITIONS = ("all", "last")  # the target positions an NLL averages over: every h >= 1, or the last one only
+
+
+def scored_rows(H: int, positions: str = "all") -> slice:
+    """The rows of ``[batch, H, d]`` log-probabilities an NLL averages over: ``all`` h >= 1 (row 0, the root,
+    has nothing to predict it from), or ``last`` (h = H - 1: the loss of a model trained on the last token)."""
+    if positions not in POSITIONS:
+        raise ValueError(f"positions {positions!r}: expected one of {', '.join(POSITIONS)}")
+    return slice(1, None) if positions == "all" else slice(H - 1, None)
+
+
+def target_nll(log_probs: Float[Tensor, "batch H d"], tokens: Int[Tensor, "batch T"], positions: str = "all") -> float:
+    """Mean negative log-likelihood (nats) of the target tokens x_h at ``positions``.
 
     Args:
         log_probs: the model's log-probabilities of the target tokens ``[batch, H, d]`` (``Subject.log_probs``).
         tokens: the contexts ``[batch, (L+1)*H]`` they were computed on; the target is the last H.
+        positions: ``all`` (every h >= 1) or ``last`` (h = H - 1 only): ``scored_rows``.
 
     Returns:
-        The mean NLL in nats over contexts and positions h >= 1 (x_0, the root, is left out).
+        The mean NLL in nats over contexts and those positions (x_0, the root, is always left out).
     """
     H = log_probs.shape[1]
     target = tokens[:, -H:].to(log_probs.device)
-    return -log_probs.double().gather(-1, target.unsqueeze(-1))[:, 1:].mean().item()
+    return -log_probs.double().gather(-1, target.unsqueeze(-1))[:, scored_rows(H, positions)].mean().item()
 
 
 def last_token_nll(log_probs: Float[Tensor, "batch H d"], tokens: Int[Tensor, "batch T"]) -> float:
@@ -85,11 +106,13 @@ def last_token_nll(log_probs: Float[Tensor, "batch H d"], tokens: Int[Tensor, "b
     return -log_probs[:, -1].double().gather(-1, tokens[:, -1:].to(log_probs.device)).mean().item()
 
 
-def per_context_nll(log_probs: Float[Tensor, "batch H d"], tokens: Int[Tensor, "batch T"]) -> Float[Tensor, " batch"]:
-    """Target NLL of each context (x_1..x_{H-1}, as ``target_nll``), float64, differentiable."""
+def per_context_nll(
+    log_probs: Float[Tensor, "batch H d"], tokens: Int[Tensor, "batch T"], positions: str = "all"
+) -> Float[Tensor, " batch"]:
+    """Target NLL of each context (at ``positions``, as ``target_nll``: x_1..x_{H-1}), float64, differentiable."""
     H = log_probs.shape[1]
     target = tokens[:, -H:].to(log_probs.device)
-    return -log_probs.double().gather(-1, target.unsqueeze(-1))[:, 1:, 0].mean(-1)
+    return -log_probs.double().gather(-1, target.unsqueeze(-1))[:, scored_rows(H, positions), 0].mean(-1)
 
 
 def demonstration_mass(pattern: Float[Tensor, "K H T"], n_examples: int) -> Float[Tensor, "K L+1"]:

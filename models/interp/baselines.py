@@ -32,23 +32,24 @@ def head_attention_stats(rows, parents, posterior, n_examples: int, seq_len: int
     }
 
 
-def per_context_baselines(task, tokens) -> tuple[torch.Tensor, torch.Tensor]:
+def per_context_baselines(task, tokens, positions: str = "all") -> tuple[torch.Tensor, torch.Tensor]:
     """Per context (``[batch]`` each), the uniform-parent plateau's NLL and Bayes' (BMA's; for a task of the
-    family, its own oracle's): the two ends of the progress."""
-    plateau = per_context_nll(uniform_parent_predictive(task, tokens), tokens)
+    family, its own oracle's) at ``positions`` (``probes.metrics.scored_rows``): the two ends of the progress."""
+    plateau = per_context_nll(uniform_parent_predictive(task, tokens), tokens, positions)
     if isinstance(task, GraphTask):
         bayes = oracles.bayes(task, tokens)[0]
     else:
         bayes = bma_predictive(task.pi, tokens, task.n_examples, task.seq_len, task.root, log=True)
-    return plateau, per_context_nll(bayes, tokens)
+    return plateau, per_context_nll(bayes, tokens, positions)
 
 
-def baselines(task, tokens, parents) -> dict:
-    """NLL, TV and parent accuracy of BMA and the uniform-parent mixture on the same contexts (a task of
-    the family: ``family_baselines``), with BMA's posterior and the two predictions they score
-    (``log_bayes``, ``log_plateau``: ``[batch, H, d]`` log-probabilities, as ``per_context_baselines`` reads them)."""
+def baselines(task, tokens, parents, positions: str = "all") -> dict:
+    """NLL (at ``positions``: ``probes.metrics.scored_rows``), TV and parent accuracy of BMA and the
+    uniform-parent mixture on the same contexts (a task of the family: ``family_baselines``), with BMA's
+    posterior and the two predictions they score (``log_bayes``, ``log_plateau``: ``[batch, H, d]``
+    log-probabilities, as ``per_context_baselines`` reads them)."""
     if isinstance(task, GraphTask):
-        return family_baselines(task, tokens, parents)
+        return family_baselines(task, tokens, parents, positions)
     L, H = task.n_examples, task.seq_len
     posterior = bma_posterior(task.pi, tokens, L, H)
     uniform = bma_posterior(task.pi, tokens, L, H, demonstrations=[])  # uniform over h' < h
@@ -58,15 +59,15 @@ def baselines(task, tokens, parents) -> dict:
         "posterior": posterior,
         "log_bayes": log_bayes,
         "log_plateau": log_plateau,
-        "nll_bma": target_nll(log_bayes, tokens),
-        "nll_uniform": target_nll(log_plateau, tokens),
+        "nll_bma": target_nll(log_bayes, tokens, positions),
+        "nll_uniform": target_nll(log_plateau, tokens, positions),
         "acc_bma": parent_set_accuracy(posterior, parents),
         "acc_uniform": parent_set_accuracy(uniform, parents),
         "tv_uniform": total_variation(uniform, posterior)[:, 1:].mean().item(),
     }
 
 
-def family_baselines(task, tokens, parents) -> dict:
+def family_baselines(task, tokens, parents, positions: str = "all") -> dict:
     """``baselines`` for a task of the family (``probes.graph_task``), against its own Bayes oracle
     (``probes.oracles.bayes``: the predictive and the posterior over each position's parents; a fixed graph's
     is the graph) and its plateau (``probes.oracles.uniform_parent_predictive``: the unigram strategy); the
@@ -80,8 +81,8 @@ def family_baselines(task, tokens, parents) -> dict:
         "posterior": posterior,
         "log_bayes": predictive,
         "log_plateau": log_plateau,
-        "nll_bma": target_nll(predictive, tokens),
-        "nll_uniform": target_nll(log_plateau, tokens),
+        "nll_bma": target_nll(predictive, tokens, positions),
+        "nll_uniform": target_nll(log_plateau, tokens, positions),
         "acc_bma": parent_set_accuracy(posterior, parents),
         "acc_uniform": parent_set_accuracy(uniform, parents),
         "tv_uniform": total_variation(uniform, posterior)[:, 1:].mean().item(),

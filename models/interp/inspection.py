@@ -10,6 +10,7 @@ wording, the printed summary and the figures live there and only format this res
 from __future__ import annotations
 
 import json
+from functools import partial
 
 import torch
 
@@ -190,16 +191,16 @@ def head_role(head: dict, selecting: list[str], copyers: dict[str, int]) -> str:
 
 
 @torch.no_grad()
-def interventions(subject, tokens, corrupted, clean_lp=None) -> dict:
+def interventions(subject, tokens, corrupted, clean_lp=None, positions: str = "all") -> dict:
     """Per head: NLL change under mean ablation of its ``hook_z`` (mean over the contexts, with its standard
     error), and the share of the clean-vs-corrupted NLL difference restored by patching its clean ``hook_z``
     into the corrupted run, with its standard error (None for every head when that difference is below
     ``min_patch_effect`` or within 2 SE of zero: ``patching_refused`` says so). ``clean_lp``:
-    ``subject.log_probs(tokens)``, if the caller has it."""
+    ``subject.log_probs(tokens)``, if the caller has it. NLLs over the target ``positions``."""
     clean_z = head_outputs(subject, tokens)
     clean_lp = subject.log_probs(tokens) if clean_lp is None else clean_lp
-    clean_values = per_context_nll(clean_lp, tokens)
-    corrupt_values = per_context_nll(subject.log_probs(corrupted), corrupted)
+    clean_values = per_context_nll(clean_lp, tokens, positions)
+    corrupt_values = per_context_nll(subject.log_probs(corrupted), corrupted, positions)
     nll_clean, nll_corrupt = clean_values.mean().item(), corrupt_values.mean().item()
     effect, effect_se = mean_se(corrupt_values - clean_values)
     ablation, ablation_se, patching, patching_se, log = [], [], [], [], []
@@ -210,11 +211,12 @@ def interventions(subject, tokens, corrupted, clean_lp=None) -> dict:
         refused = (f"corrupting the demonstrations changes the NLL by {effect:+.4f} +- {effect_se:.4f} nats, not "
                    f"beyond 2 SE of zero and {th('min_patch_effect'):g} nats: no share of it to restore")  # fmt: skip
     for i, j in progress_bar(jobs, "ablate/patch heads", leave=False):
-        cost, se = mean_se(per_context_nll(subject.log_probs(tokens, ablate(subject, i, [j], "mean", log=log)), tokens)
-                           - clean_values)  # fmt: skip
+        ablated = subject.log_probs(tokens, ablate(subject, i, [j], "mean", log=log))
+        cost, se = mean_se(per_context_nll(ablated, tokens, positions) - clean_values)
         ablation.append(cost)
         ablation_se.append(se)
-        patched = per_context_nll(subject.log_probs(corrupted, patch_heads(subject, i, [j], clean_z, log)), corrupted)
+        patched_lp = subject.log_probs(corrupted, patch_heads(subject, i, [j], clean_z, log))
+        patched = per_context_nll(patched_lp, corrupted, positions)
         share, share_se = (None, None) if refused else ratio_se(corrupt_values - patched, corrupt_values - clean_values)
         patching.append(share)
         patching_se.append(share_se)
@@ -231,7 +233,7 @@ def interventions(subject, tokens, corrupted, clean_lp=None) -> dict:
 
 
 @torch.no_grad()
-def input_costs(subject, tokens, corrupted) -> dict | None:
+def input_costs(subject, tokens, corrupted, positions: str = "all") -> dict | None:
     """Per head of the last layer, ``{q, k, v: cost, se, share, share_se}``, ``cost``, ``se`` and ``through``:
     the NLL change when every edge into that input carries its value on ``corrupted`` (``models.interp.circuit``,
     exact), its share of the three inputs' summed cost (``cost``), with standard errors over the contexts (the
@@ -243,7 +245,8 @@ def input_costs(subject, tokens, corrupted) -> dict | None:
     if not all(f"blocks.{last}.attn.hook_{x}" in hooks for x in INPUTS):
         return None
     graph = build_graph(subject)
-    runner = Runner(subject, graph, tokens, sender_writes(subject, graph, corrupted)[0])
+    runner = Runner(subject, graph, tokens, sender_writes(subject, graph, corrupted)[0],
+                    partial(per_context_nll, positions=positions))
     out = {}
     for j in range(subject.n_heads[last]):
         label = head_label(last, j)
@@ -277,17 +280,20 @@ def corrupt(task, tokens, seed: int):
 
 
 @torch.no_grad()
-def inspect_subject(subject, n_contexts: int = 512, seed: int = 0, batch: int = 256) -> dict:
-    """Every number of the report (see the module docstring)."""
+def inspect_subject(subject, n_contexts: int = 512, seed: int = 0, batch: int = 256, positions: str | None = None) -> dict:
+    """Every number of the report (see the module docstring). NLL, progress, ablation, patching and
+    sufficiency average over the target ``positions`` (``probes.metrics.scored_rows``; default: those the
+    subject was trained on, ``Subject.trained_on``): a model trained on the last token is judged on it."""
+    positions = positions or subject.trained_on
     stages = progress_bar(desc="inspect", total=4)  # off a terminal a line every 30 s, whichever stage runs
     stages.set_postfix(stage="attention")
     task = subject.task
     L, H = task.n_examples, task.seq_len
     tokens, parents = task.sample(n_contexts, torch.Generator().manual_seed(seed))
     order = context_order(task)  # 2 on a 3-gram: the generalized induction head matches two tokens
-    base = baselines(task, tokens, parents)  # BMA's and the plateau's predictions: once, for the progress's SE too
+    base = baselines(task, tokens, parents, positions)  # BMA's and the plateau's predictions: once, for the SEs too
     lp = torch.cat([subject.log_probs(tokens[i : i + batch]) for i in range(0, n_contexts, batch)])
-    nll = target_nll(lp, tokens)
+    nll = target_nll(lp, tokens, positions)
     stats = None
     for i in range(0, n_contexts, batch):
         part_tokens, part_parents = tokens[i : i + batch], parents[i : i + batch]
@@ -318,12 +324,14 @@ def inspect_subject(subject, n_contexts: int = 512, seed: int = 0, batch: int = 
     stages.set_postfix(stage="ablation and patching")
     inter_corrupted = corrupt(task, inter_tokens, seed)
     inter_clean = subject.log_probs(inter_tokens)  # the clean run of every intervention below, once
-    inter = interventions(subject, inter_tokens, inter_corrupted, inter_clean)
+    inter = interventions(subject, inter_tokens, inter_corrupted, inter_clean, positions)
     for h, a, se, p, p_se in zip(per_head, *(inter[k] for k in ("ablation_dnll", "ablation_se", "patching_restored",
                                                                  "patching_se"))):  # fmt: skip
         h.update(ablation_dnll=a, ablation_se=se, patching_restored=p, patching_se=p_se)
     out = {
         "kind": subject.family,
+        "positions": positions,  # the target positions every NLL here averages over
+        "trained_on": subject.trained_on,
         "nll": nll,
         **{k: v for k, v in base.items() if k not in ("posterior", "log_bayes", "log_plateau")},
         "heads": per_head,
@@ -335,11 +343,11 @@ def inspect_subject(subject, n_contexts: int = 512, seed: int = 0, batch: int = 
         "patching_refused": inter["patching_refused"],
         "interventions": inter["interventions"],
         "layout": layout_words(subject.layout),
-        **verdict(nll, base, per_head, inter, *progress_errors(tokens, lp, base)),
+        **verdict(nll, base, per_head, inter, *progress_errors(tokens, lp, base, positions)),
     }
     stages.update()
     stages.set_postfix(stage="inputs of the last layer")
-    out["inputs"] = input_costs(subject, inter_tokens, inter_corrupted)
+    out["inputs"] = input_costs(subject, inter_tokens, inter_corrupted, positions)
     for c in out["carriers"] if out["inputs"] else []:
         if out["inputs"].get(c, {}).get("through") == "values" and c not in out["parent_selecting"]:
             out["roles"][c] = f"{POOLING} ({out['roles'][c]})"
@@ -349,9 +357,10 @@ def inspect_subject(subject, n_contexts: int = 512, seed: int = 0, batch: int = 
     named = {"paper_circuit": sorted(set(out["parent_selecting"]) | set(out["copyers"])), "carriers": out["carriers"]}
     stages.update()
     stages.set_postfix(stage="sufficiency")
-    clean, plateau = per_context_nll(inter_clean, inter_tokens), per_context_nll(base["log_plateau"][:n_int], inter_tokens)
+    clean = per_context_nll(inter_clean, inter_tokens, positions)
+    plateau = per_context_nll(base["log_plateau"][:n_int], inter_tokens, positions)
     out["sufficiency"] = {
-        name: sufficiency(subject, inter_tokens, heads, out["interventions"], clean, plateau)
+        name: sufficiency(subject, inter_tokens, heads, out["interventions"], clean, plateau, positions)
         for name, heads in named.items()
         if heads
     }
@@ -366,11 +375,12 @@ def inspect_subject(subject, n_contexts: int = 512, seed: int = 0, batch: int = 
     return out
 
 
-def progress_errors(tokens, log_probs, base: dict) -> tuple[float, float]:
-    """The standard errors over the contexts of the progress (delta method on per-context NLLs) and of the
-    plateau-to-BMA gap it divides by, from the predictions of ``baselines`` (``base``) on the same contexts."""
-    plateau, bayes = per_context_nll(base["log_plateau"], tokens), per_context_nll(base["log_bayes"], tokens)
-    return ratio_se(plateau - per_context_nll(log_probs, tokens), plateau - bayes)[1], mean_se(plateau - bayes)[1]
+def progress_errors(tokens, log_probs, base: dict, positions: str = "all") -> tuple[float, float]:
+    """The standard errors over the contexts of the progress (delta method on per-context NLLs at ``positions``)
+    and of the plateau-to-BMA gap it divides by, from the predictions of ``baselines`` (``base``) on the same
+    contexts."""
+    plateau, bayes = (per_context_nll(base[k], tokens, positions) for k in ("log_plateau", "log_bayes"))
+    return ratio_se(plateau - per_context_nll(log_probs, tokens, positions), plateau - bayes)[1], mean_se(plateau - bayes)[1]
 
 
 def layout_words(layout) -> str:
@@ -380,13 +390,13 @@ def layout_words(layout) -> str:
 
 
 @torch.no_grad()
-def sufficiency(subject, tokens, heads: list[str], log: list, clean=None, plateau=None) -> dict:
+def sufficiency(subject, tokens, heads: list[str], log: list, clean=None, plateau=None, positions: str = "all") -> dict:
     """The share of the model's progress over the uniform-parent plateau kept with every head NOT in
     ``heads`` (``ablated``) mean-ablated (its ``hook_z`` at the mean over ``tokens``), and its standard error
     over the contexts: ``(plateau - ablated) / (plateau - model)`` per-context means, delta method. No share
     (``share`` None, ``refused`` the reason: ``SENTENCES["sufficiency"]``) when no head is ablated, or when the
     model's gain over the plateau on ``tokens`` is not beyond 2 SE of zero. ``clean`` and ``plateau``: the
-    model's and the plateau's per-context NLLs on ``tokens``, if the caller has them."""
+    model's and the plateau's per-context NLLs on ``tokens`` (at the target ``positions``), if the caller has them."""
     task = subject.task
     keep = set(heads)
     ablated = [head_label(i, j) for i, n in enumerate(subject.n_heads) for j in range(n) if head_label(i, j) not in keep]
@@ -394,8 +404,9 @@ def sufficiency(subject, tokens, heads: list[str], log: list, clean=None, platea
     if not ablated:
         out["refused"] = "every head of the model is among them, so none is ablated: no sufficiency to measure"
         return out
-    plateau = per_context_nll(uniform_parent_predictive(task, tokens), tokens) if plateau is None else plateau
-    clean = per_context_nll(subject.log_probs(tokens), tokens) if clean is None else clean
+    nll = partial(per_context_nll, tokens=tokens, positions=positions)
+    plateau = nll(uniform_parent_predictive(task, tokens)) if plateau is None else plateau
+    clean = nll(subject.log_probs(tokens)) if clean is None else clean
     gain = plateau - clean
     gain_mean, gain_se = mean_se(gain)
     if not beyond_2se(gain_mean, gain_se):
@@ -404,7 +415,7 @@ def sufficiency(subject, tokens, heads: list[str], log: list, clean=None, platea
         return out
     ivs = [head_ablation(subject, i, [j for j in range(n) if head_label(i, j) not in keep], "mean")
            for i, n in enumerate(subject.n_heads) if any(head_label(i, j) not in keep for j in range(n))]  # fmt: skip
-    kept = plateau - per_context_nll(subject.log_probs(tokens, hooks(ivs, log)), tokens)
+    kept = plateau - nll(subject.log_probs(tokens, hooks(ivs, log)))
     out["share"], out["se"] = ratio_se(kept, gain)
     return out
 

@@ -22,6 +22,7 @@ whose bilinear ``A`` blocks block_structure reads) and ``ChenSubject`` (Chen et 
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -35,7 +36,7 @@ from models.nets.catformer import CatFormer
 from models.nets.causal_transformer import CausalTransformer
 from models.nets.chen import ChenTransformer
 from models.plumbing.io import UsageError
-from probes import MarkovTreeTask
+from probes import MarkovTreeTask, oracles
 from probes.graph_task import GraphTask
 from probes.layout import Layout
 
@@ -53,6 +54,18 @@ def check_finite(out: Tensor, what: str) -> Tensor:
             f"near 0, a huge beta or weights); no metric is computed from it"
         )
     return out
+
+
+def has_bayes(task) -> bool:
+    """Whether ``task`` has an exact Bayes oracle (``probes.oracles.check_bayes``): ours and the family's, except
+    roots drawn from each context's own stationary distribution and random trees too long to sum over."""
+    if not isinstance(task, MarkovTreeTask | GraphTask):
+        return False
+    try:
+        oracles.check_bayes(task)
+    except ValueError:
+        return False
+    return True
 
 
 def head_label(layer: int, head: int) -> str:
@@ -111,6 +124,9 @@ class Subject:
     def __init__(self, model, task, layout: Layout, name: str, digest: str):
         self.model, self.task, self.layout, self.name, self.hash = model, task, layout, name, digest
         self.n_heads: list[int] = []
+        # the target positions its training loss used (models.loading.sources.files.POSITIONS): "all" (every next
+        # token) or "last" (the last token only); what the analyses average NLL and progress over unless told
+        self.trained_on = "all"
 
     @property
     def n_layers(self) -> int:
@@ -201,7 +217,7 @@ class DisentangledSubject(Subject):
         caps = {DISENTANGLED, CONTENT_FREE_COPYERS, BILINEAR}
         if isinstance(task, MarkovTreeTask):
             caps.add(MARKOV_TASK)
-        if isinstance(task, MarkovTreeTask | GraphTask):
+        if has_bayes(task):
             caps.add(BAYES_TASK)
         self.capabilities = frozenset(caps)
 
@@ -218,6 +234,16 @@ class DisentangledSubject(Subject):
         return [LayerAttention(store[0], queries, all_keys), LayerAttention(store[1], queries, target_keys)]
 
 
+def read_out(logits: Float[Tensor, "batch pos vocab"], layout: Layout, d: int) -> Float[Tensor, "batch H d"]:
+    """The target's log-probabilities from a next-token model's logits: row h from position
+    ``layout.prediction_positions()[h]``; a row that nothing predicts (x_0 of a lone target, position -1) is the
+    uniform distribution, in every family."""
+    pos = layout.prediction_positions().to(logits.device)
+    first = layout.token_offset
+    out = logits[:, pos.clamp_min(0), first : first + d].double().log_softmax(-1)
+    return torch.where((pos < 0).view(1, -1, 1), torch.full_like(out, -math.log(d)), out)  # no in-place: autograd
+
+
 class StandardSubject(Subject):
     """A decoder-only LM (TransformerLens hook names, ``model(ids) -> logits``) read with the ordinary
     next-token shift through its ``Layout``: the logits at position p predict the id at p + 1."""
@@ -229,16 +255,13 @@ class StandardSubject(Subject):
         per_layer = getattr(model, "n_heads", None)  # a family whose layers differ (Edelman et al.'s)
         self.n_heads = list(per_layer) if isinstance(per_layer, list) else [model.cfg.n_heads] * model.cfg.n_layers
         caps = {MARKOV_TASK} if isinstance(task, MarkovTreeTask) else set()
-        self.capabilities = frozenset(caps | ({BAYES_TASK} if isinstance(task, MarkovTreeTask | GraphTask) else set()))
+        self.capabilities = frozenset(caps | ({BAYES_TASK} if has_bayes(task) else set()))
 
     def _log_probs(self, tokens, fwd_hooks):
         ids = self.layout.encode(tokens).to(self.model.cfg.device)
         with self.model.hooks(fwd_hooks=list(fwd_hooks)):
             logits = self.model(ids)
-        logits = logits if isinstance(logits, Tensor) else logits.logits
-        first = self.layout.token_offset
-        picked = logits[:, self.layout.prediction_positions().to(logits.device), first : first + self.task.d_vocab]
-        return picked.double().log_softmax(-1)
+        return read_out(logits if isinstance(logits, Tensor) else logits.logits, self.layout, self.task.d_vocab)
 
     def attention(self, tokens, fwd_hooks=()):
         _, store = self._run_capturing(tokens, fwd_hooks, range(self.n_layers))
@@ -258,18 +281,13 @@ class CatFormerSubject(Subject):
         super().__init__(model, task, layout, name, digest)
         self.n_heads = model.n_heads
         caps = {BILINEAR} | ({MARKOV_TASK} if isinstance(task, MarkovTreeTask) else set())
-        self.capabilities = frozenset(caps | ({BAYES_TASK} if isinstance(task, MarkovTreeTask | GraphTask) else set()))
+        self.capabilities = frozenset(caps | ({BAYES_TASK} if has_bayes(task) else set()))
 
     def _log_probs(self, tokens, fwd_hooks):
         T, d = self.model.cfg.n_ctx, self.task.d_vocab
         ids = self.layout.encode(tokens).to(self.model.cfg.device)[:, :T]
         with self.model.hooks(fwd_hooks=list(fwd_hooks)):
-            logits = self.model(ids)
-        first = self.layout.token_offset
-        pos = self.layout.prediction_positions().to(logits.device)
-        out = logits[:, pos.clamp_min(0), first : first + d].double().log_softmax(-1)
-        out[:, pos < 0] = -torch.log(torch.tensor(float(d), dtype=out.dtype))
-        return out
+            return read_out(self.model(ids), self.layout, d)
 
     def attention(self, tokens, fwd_hooks=()):
         _, store = self._run_capturing(tokens, fwd_hooks, range(self.n_layers))
@@ -293,8 +311,14 @@ class ChenSubject(CatFormerSubject):
 # Resolving --checkpoint ---------------------------------------------------------------------------------
 
 
-def subject_of(model, task, layout: Layout | None, name: str, digest: str) -> Subject:
-    """Wrap a loaded model in the Subject of its family."""
+def subject_of(model, task, layout: Layout | None, name: str, digest: str, trained_on: str = "all") -> Subject:
+    """Wrap a loaded model in the Subject of its family (``trained_on``: the positions its loss used)."""
+    subject = _family(model, task, layout, name, digest)
+    subject.trained_on = trained_on
+    return subject
+
+
+def _family(model, task, layout: Layout | None, name: str, digest: str) -> Subject:
     if isinstance(model, CausalTransformer):
         return DisentangledSubject(model, task, name, digest)
     if layout is None:
@@ -331,4 +355,4 @@ def load_subject(
         ValueError: as ``models.load``: one line saying what was wrong and what was expected.
     """
     source = resolve(spec, device, dtype=dtype, key_map=key_map, config=config)
-    return subject_of(source.model, source.task, source.layout, source.name, source.digest)
+    return subject_of(source.model, source.task, source.layout, source.name, source.digest, source.trained_on or "all")

@@ -106,6 +106,44 @@ class CatFormer(HookedRootModule):
             x = block(x)
         return self.hook_logits(x @ self.W)
 
+    def last_logits(self, ids: Int[Tensor, "batch pos"]) -> Float[Tensor, "batch d"]:
+        """Their ``__call__``'s logits (the last position's, before the softmax) without hooks, for training:
+        ``forward(ids)[:, -1]`` computed in fewer operations. Layer 0 reads the one-hot structure of x_0 (the
+        token part of a key through a d-wide product, its position part read off the scores: x_l's position
+        block is e_l); the last layer reads the last query only (nothing after it reads the others)."""
+        T, d = self.cfg.n_ctx, self.cfg.d_vocab
+        if ids.shape[-1] != T:
+            raise ValueError(f"a CatFormer of T = {T} one-hot positions reads exactly {T} tokens, got {ids.shape[-1]}")
+        b, dtype = ids.shape[0], self.W.dtype
+        onehot = F.one_hot(ids, d).to(dtype)  # [b, T, d]
+        x = torch.cat([onehot, torch.eye(T, dtype=dtype, device=ids.device).expand(b, T, T)], -1)
+        future = ~torch.ones(T, T, dtype=torch.bool, device=ids.device).tril()
+        for i, block in enumerate(self.blocks):
+            last = i == len(self.blocks) - 1
+            q = x[:, -1:] if last else x  # [b, Q, d_i]
+            qa = torch.einsum("bqd,hde->bhqe", q, block.attn.A)  # [b, head, Q, d_i]
+            if i == 0:
+                scores = torch.matmul(qa[..., :d], onehot.unsqueeze(1).transpose(-1, -2)) + qa[..., d : d + T]
+            else:
+                scores = torch.matmul(qa, x.unsqueeze(1).transpose(-1, -2))  # [b, head, Q, T]
+            if not last:
+                scores = scores.masked_fill(future, float("-inf"))
+            pattern = scores.softmax(-1)
+            if i == 0:  # pattern @ x_0 = [pattern @ onehot | pattern]
+                z = torch.cat([torch.matmul(pattern, onehot.unsqueeze(1)), pattern], -1)
+            else:
+                z = torch.matmul(pattern, x.unsqueeze(1))  # [b, head, Q, d_i]
+            x = torch.cat([q, z.transpose(1, 2).flatten(2)], -1)  # head-major, as forward
+        return x[:, -1] @ self.W
+
+    @torch.no_grad()
+    def positional_attention(self, layer: int = 0, head: int = 0) -> Float[Tensor, "T T"]:
+        """Nichani et al.'s reading of a head: the softmax of the causally masked position-position block of
+        its A alone (``many_graphs.ipynb``: ``softmax(where(tri(T), A[d:, d:], -inf))``), float64, ``[query, key]``."""
+        d, T = self.cfg.d_vocab, self.cfg.n_ctx
+        P = self.blocks[layer].attn.A[head, d : d + T, d : d + T].detach().double().cpu()
+        return P.masked_fill(~torch.ones(T, T, dtype=torch.bool).tril(), float("-inf")).softmax(-1)
+
     def residual_blocks(self, layer: int) -> list[tuple[str, int, int]]:
         """The named blocks of the residual entering ``layer``: (name, start, stop), in order: ``token``,
         ``position``, then each earlier layer's heads' copies ``L{i}H{j} copy`` (each a whole d_i residual)."""

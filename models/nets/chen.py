@@ -23,11 +23,20 @@ row that would follow tokens 0..p (on all T tokens, its last row is their output
 
 The kept alphas are those with |alpha| <= low_degree (all when low_degree is -1), in ``itertools.product``
 order, as their ``degrees``.
+
+Their ``SimplifiedTwoLayerTransformer`` (``RPE/model.py``, trained by ``RPE/train_simplified.py``, which their
+``jobs/3-gram.sh`` runs; ``ChenConfig.simplified``) has the same layer 2 and a first layer of positions only
+(``SimplifiedRPEAttention``): no content score, no self score (b_h(0) = -inf, so a row with no key in its
+window, s <= h, is all -inf: its softmax's NaN is their ``nan_to_num`` 0), no ``o_v_proj``, and instead of the
+LayerNorm their ``SimplifiedLayerNorm``, z / (||z|| + 1e-7)::
+
+    key rows s:   A_h[s, r] = softmax_r(b_h(s - r)),  u_h[s] = n(sum_r A_h[s, r] x_r)
+    query row p:  P_h[p, r] = softmax over r <= p of b_h(p + 1 - r),  v_h[p] = n(sum_r P_h[p, r] x_r)
 """
 
 from __future__ import annotations
 
-import itertools
+import math
 from dataclasses import dataclass
 
 import torch
@@ -48,11 +57,19 @@ class ChenConfig:
     low_degree: int = -1
     device: str = "cpu"
     n_layers: int = 2
+    simplified: bool = False  # their SimplifiedTwoLayerTransformer (module docstring)
 
 
 def all_degrees(n_heads: int) -> Tensor:
-    """Their ``mydegree``: every alpha in {0,1}^(H+1), ``itertools.product`` order. [2^(H+1), H+1]"""
-    return torch.tensor(list(itertools.product(range(2), repeat=n_heads + 1)), dtype=torch.float32)
+    """Their ``mydegree``: every alpha in {0,1}^(H+1), ``itertools.product`` order (row i: the bits of i, the
+    first component the most significant). [2^(H+1), H+1]"""
+    bits = torch.arange(n_heads, -1, -1)
+    return ((torch.arange(2 ** (n_heads + 1)).unsqueeze(1) >> bits) & 1).float()
+
+
+def n_kept(n_heads: int, low_degree: int) -> int:
+    """How many alphas ``kept`` keeps, counted without building them: sum over k <= low_degree of C(H+1, k)."""
+    return 2 ** (n_heads + 1) if low_degree == -1 else sum(math.comb(n_heads + 1, k) for k in range(low_degree + 1))
 
 
 def kept(n_heads: int, low_degree: int) -> Tensor:
@@ -61,15 +78,17 @@ def kept(n_heads: int, low_degree: int) -> Tensor:
     return d if low_degree == -1 else d[d.sum(1) <= low_degree]
 
 
-class ChenLayer1(nn.Module):
+class RelativePositions(nn.Module):
+    """What both first layers share: W [T, H], the positional bias b_h and the hooks of layer 1."""
+
+    SELF_SCORE = 1e-6  # b_h(0), the score of a row on itself (their TwoLayerTransformer's diagonal fill)
+
     def __init__(self, cfg: ChenConfig):
         super().__init__()
-        d, T, H = cfg.d_vocab, cfg.n_ctx, cfg.n_heads
+        T, H = cfg.n_ctx, cfg.n_heads
         if 2 * H - 1 > T:
             raise ValueError(f"n_heads={H} needs seq_length >= {2 * H - 1} (their W has T rows), got {T}")
         self.W = nn.Parameter(torch.zeros(T, H))
-        self.q_proj, self.k_proj, self.o_v_proj = (nn.Parameter(torch.zeros(d, d, H)) for _ in range(3))
-        self.norm = nn.LayerNorm(d)
         self.H = H
         self.hook_key_pattern = HookPoint()  # [batch, head, pos, pos]
         self.hook_z = HookPoint()  # [batch, pos, head, d_vocab]
@@ -83,7 +102,30 @@ class ChenLayer1(nn.Module):
         window = (k > h) & (k <= h + self.H)
         w = self.W[(k - 1).clamp(0, self.W.shape[0] - 1).expand(self.H, n, n), h.expand(self.H, n, n)]
         out = torch.where(window, w, torch.full_like(w, float("-inf")))
-        return torch.where(k == 0, torch.full_like(out, 1e-6), out)
+        return torch.where(k == 0, torch.full_like(out, self.SELF_SCORE), out)
+
+
+class ChenSimplifiedLayer1(RelativePositions):
+    """Their ``SimplifiedRPEAttention`` (module docstring): positions only, no self score, z / (||z|| + 1e-7)."""
+
+    SELF_SCORE = float("-inf")
+
+    def forward(self, x: Float[Tensor, "batch pos d"]) -> tuple[Tensor, Tensor]:
+        """(key copies u [batch, pos, head, d], query copies v [batch, pos, head, d])."""
+        B, T, _ = x.shape
+        bias = self.bias(T + 1).to(x)
+        key, query = (bias[:, rows, :T].softmax(-1).nan_to_num(0.0) for rows in (slice(0, T), slice(1, T + 1)))
+        z = self.hook_z(torch.einsum("bhsr,brd->bshd", self.hook_key_pattern(key.expand(B, -1, -1, -1)), x))
+        zq = self.hook_query_z(torch.einsum("bhpr,brd->bphd", self.hook_pattern(query.expand(B, -1, -1, -1)), x))
+        return tuple(t / (t.norm(dim=-1, keepdim=True) + 1e-7) for t in (z, zq))
+
+
+class ChenLayer1(RelativePositions):
+    def __init__(self, cfg: ChenConfig):
+        super().__init__(cfg)
+        d, H = cfg.d_vocab, cfg.n_heads
+        self.q_proj, self.k_proj, self.o_v_proj = (nn.Parameter(torch.zeros(d, d, H)) for _ in range(3))
+        self.norm = nn.LayerNorm(d)
 
     def forward(self, x: Float[Tensor, "batch pos d"]) -> tuple[Tensor, Tensor]:
         """(key copies u [batch, pos, head, d], query copies v [batch, pos, head, d])."""
@@ -138,7 +180,8 @@ class ChenTransformer(HookedRootModule):
     def __init__(self, cfg: ChenConfig):
         super().__init__()
         self.cfg = cfg
-        self.blocks = nn.ModuleList([Block(ChenLayer1(cfg)), Block(ChenLayer2(cfg))])
+        layer1 = ChenSimplifiedLayer1(cfg) if cfg.simplified else ChenLayer1(cfg)
+        self.blocks = nn.ModuleList([Block(layer1), Block(ChenLayer2(cfg))])
         self.hook_embed = HookPoint()  # [batch, pos, d_vocab]: the one-hot tokens
         self.setup()
 

@@ -471,8 +471,8 @@ def run_cli(main, argv: list[str] | None = None, prog: str | None = None):
                 raise  # another pipe (a child process's): an error like any other
             _quiet_stdout()
             return None
-    except KeyboardInterrupt:
-        print(f"{error} interrupted", file=sys.stderr)
+    except KeyboardInterrupt as e:  # its message, if any, says what was kept
+        print(f"{error} interrupted{': ' + str(e) if str(e) else ''}", file=sys.stderr)
         raise SystemExit(130) from None
     except Exception as e:
         if not_a_bug(e):

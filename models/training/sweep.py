@@ -24,8 +24,9 @@ depend on the engine, the number of jobs or the order the jobs ran in (tests/mod
 
 from __future__ import annotations
 
+import signal
 from collections.abc import Callable
-from concurrent.futures import ProcessPoolExecutor, as_completed
+from concurrent.futures import ProcessPoolExecutor, as_completed, wait
 from multiprocessing import get_context
 from pathlib import Path
 
@@ -159,19 +160,40 @@ def _call(fn: Callable, kwargs: dict, threads: int):
 
 
 def _pool(fn, kwargs_list, jobs, threads, on_done) -> list:
-    """The local engine: a pool of spawned processes (no state shared with this one), in submission order."""
+    """The local engine: a pool of spawned processes (no state shared with this one), in submission order.
+    The workers ignore SIGINT: Ctrl-C (to this process, or to the terminal's whole group) is this process's
+    ``KeyboardInterrupt``, which stops the workers at once, after ``on_done`` for every job that finished.
+    A job's error cancels the jobs still waiting and lets the running ones finish (``on_done`` for each)."""
     results = [None] * len(kwargs_list)
-    with ProcessPoolExecutor(min(jobs, len(kwargs_list)), mp_context=get_context("spawn")) as pool:
-        futures = {pool.submit(_call, fn, kwargs, threads): i for i, kwargs in enumerate(kwargs_list)}
-        try:
-            for future in as_completed(futures):
-                i = futures[future]
-                results[i] = future.result()
-                on_done(i, results[i])
-        except BaseException:
-            pool.shutdown(wait=True, cancel_futures=True)
-            raise
+    reported: set[int] = set()
+    pool = ProcessPoolExecutor(min(jobs, len(kwargs_list)), mp_context=get_context("spawn"), initializer=_ignore_sigint)
+    futures = {pool.submit(_call, fn, kwargs, threads): i for i, kwargs in enumerate(kwargs_list)}
+    try:
+        for future in as_completed(futures):
+            i = futures[future]
+            results[i] = future.result()
+            reported.add(i)
+            on_done(i, results[i])
+    except BaseException as e:
+        for future in futures:
+            future.cancel()
+        if isinstance(e, KeyboardInterrupt):
+            for process in list((pool._processes or {}).values()):  # the executor has no public way to stop them
+                process.terminate()
+        else:
+            wait(futures)
+        for future, i in futures.items():  # what finished meanwhile is kept
+            if i not in reported and future.done() and not future.cancelled() and future.exception() is None:
+                on_done(i, future.result())
+        raise
+    finally:
+        pool.shutdown(wait=True, cancel_futures=True)
     return results
+
+
+def _ignore_sigint() -> None:
+    """A pool worker's start: SIGINT is the main process's to handle (``_pool``)."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
 def _submitit(ex, fn, kwargs_list, wave: int, threads, on_done) -> list:

@@ -30,7 +30,7 @@ from models.interp.subject import DisentangledSubject, load_subject  # noqa: E40
 
 FIGURES = Path(common.FIGURES_DIR)
 REDRAWN = ["circuit", "inspect", "inspect_standard", "copyers", "standard_circuit", "cape_downstream",
-           "phase_diagram", "bma_agreement"]  # fmt: skip
+           "phase_diagram", "bma_agreement", "nichani_dags"]  # fmt: skip
 
 
 def draw(name: str, results: dict, command: str | None, checkpoint: str | None) -> dict:

@@ -378,10 +378,9 @@ COMMANDS = [
     ),
     (r"python -m [\w.]+( --\S+ \S+)* --device cuda( --\S+ \S+)*", "needs a GPU"),
     (
-        r"python -m analyses\.nichani_dags( --\S+ \S+)*",
-        "trains one GPT-2 per DAG ("
-        + LONG
-        + ": tests/analyses/test_nichani_dags.py, which also re-plots with --sweep)",
+        r"python -m analyses\.nichani_dags( \S+)*",
+        "trains one CatFormer (or GPT-2) per DAG (" + LONG + ": tests/analyses/test_nichani_dags.py, which also re-plots "
+        "with --sweep)",
     ),
     (
         r"KILL9_TRIALS=20 python -m pytest tests/(test_robustness_work|robustness/test_work_never_lost)\.py -k kill9 -s",

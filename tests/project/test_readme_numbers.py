@@ -210,7 +210,44 @@ def _gap(d):
     return d["results"]["nll"] - d["results"]["nll_bma"]
 
 
+CATFORMER = REPRO + "nichani_dags_catformer.json"
+
+
+def _sweep(d, i=None, key="parent_attention"):
+    """nichani_dags' first sweep; with ``i``, its i-th DAG's ``key``."""
+    s = d["results"]["sweeps"][0]
+    return s if i is None else s["runs"][i][key]
+
+
+def _at_step(d, step, i=0):
+    """nichani_dags' i-th DAG's measure at ``step`` of its training history."""
+    return {h["step"]: h["parent_attention"] for h in _sweep(d)["runs"][i]["history"]}[step]
+
+
+def _per_dag(d):
+    from analyses.nichani_dags import THEIRS_PER_DAG
+
+    return [x for r in _sweep(d)["runs"] for x in (r["parent_attention"], THEIRS_PER_DAG[r["index"]])]
+
+
 TRAJECTORY_CLAIMS = [
+    ("the CatFormer's attention on the parent {:.3f} +- {:.3f} (sd) over their 20 DAGs, SE {:.3f}, beside their 0.837 "
+     "+- 0.054; DAG by DAG, ours minus theirs {:+.3f} +- {:.3f} (SE)", CATFORMER,
+     lambda d: (_sweep(d)["mean"], _sweep(d)["std"], _sweep(d)["se"], _sweep(d)["minus_theirs"]["mean"],
+                _sweep(d)["minus_theirs"]["se"])),
+    ("Per DAG (theirs in brackets): " + ", ".join(f"{i}: {{:.3f}} ({{:.3f}})" for i in range(20)), CATFORMER, _per_dag),
+    ("Each DAG took {:.0f} to {:.0f} s of CPU (mean {:.0f} s) and {:.0f} to {:.0f} s of wall time, {:.0f} min for the 20",
+     CATFORMER, lambda d: (min(r["cpu_seconds"] for r in _sweep(d)["runs"]), max(r["cpu_seconds"] for r in _sweep(d)["runs"]),
+                           sum(r["cpu_seconds"] for r in _sweep(d)["runs"]) / 20, min(r["seconds"] for r in _sweep(d)["runs"]),
+                           max(r["seconds"] for r in _sweep(d)["runs"]), sum(r["seconds"] for r in _sweep(d)["runs"]) / 60)),
+    ("their measure after 16384 steps was {:.3f} with their batch of 1024", REPRO + "nichani_dags_catformer_b1024.json",
+     lambda d: (_sweep(d, 0),)),
+    ("{:.3f} with 256 and", REPRO + "nichani_dags_catformer_b256.json", lambda d: (_sweep(d, 0),)),
+    ("(DAG 1: {:.3f} with 256,", REPRO + "nichani_dags_catformer_b256.json", lambda d: (_sweep(d, 1),)),
+    ("{:.3f} with 128 (DAG 1:", CATFORMER, lambda d: (_sweep(d, 0),)),
+    ("with 256, {:.3f} with 128;", CATFORMER, lambda d: (_sweep(d, 1),)),
+    ("at step 8192, {:.3f} with 1024", REPRO + "nichani_dags_catformer_b1024.json", lambda d: (_at_step(d, 8192),)),
+    ("and {:.3f} with 128 (each run's JSON", CATFORMER, lambda d: (_at_step(d, 8192),)),
     ("layer 0's attention on the parent {:.3f} +- {:.3f} over those {} DAGs", REPRO + "nichani_dags.json",
      lambda d: (d["results"]["mean"], d["results"]["std"], d["results"]["n_dags"])),
     ("closest to the stationary distribution (steps {}-{}), then to the uniform-parent plateau ({}), then to Bayes "

@@ -87,7 +87,8 @@ def resolve(
     form = next(f for f in FORMATS if f.detect(found))
     with input_errors():  # the networks' and tasks' own checks of what the files hold
         source = form.read(found, device, weights=weights)
-    return dataclasses.replace(_convert(source, dtype, str(path)), name=spec)
+        trained_on = source.trained_on or found.trained_on() or "all"  # the format's, else the training record's
+    return dataclasses.replace(_convert(source, dtype, str(path)), name=spec, trained_on=trained_on)
 
 
 def missing(spec: str, path: Path) -> str:

@@ -7,7 +7,8 @@
 ``safetensors.numpy.save_file`` into a ``.safetensors`` file. The leaves are ``A.{i}`` and ``W`` (also read:
 the names ``jax.tree_util.keystr`` gives, ``.A[0]`` and ``.W``). Their sizes give the vocabulary (W's
 columns), T (``d_0 - d``) and the heads. The task's sequence is T + 1 tokens (their T inputs, then the
-token their read-out predicts), so task.json's ``(L + 1) H`` must be T + 1.
+token their read-out predicts), so task.json's ``(L + 1) H`` must be T + 1. Its training positions are the
+last token's (``Source.trained_on``): their read-out is the last position's, the only one a loss can use.
 
 Nothing is unpickled: a ``.pkl``/``.pickle`` is refused unread, with the line above (a pickle of NumPy arrays
 names ``numpy.dtype``, whose state can place fields anywhere in memory). A ``.npz`` is read as a zip of
@@ -196,4 +197,4 @@ def read(found: Found, device: str | None = None, *, weights: bool = True) -> So
             f"{found.where}: a CatFormer of T = {model.cfg.n_ctx} positions and {model.cfg.d_vocab} tokens reads "
             f"contexts of T + 1 = {model.cfg.n_ctx + 1} tokens; the task has {layout.n_positions} of {layout.min_vocab}"
         )
-    return Source(model, task, layout, found.where, found.digest(), NAME)
+    return Source(model, task, layout, found.where, found.digest(), NAME, trained_on="last")  # their read-out's

@@ -30,6 +30,7 @@ from probes.layout import Layout
 TORCH_SUFFIXES = (".pt", ".pth", ".bin")
 SAFETENSORS_SUFFIX = ".safetensors"
 TASK_JSON = "task.json"
+TRAINING_JSON = "training.json"  # the suite's trainers' record beside the weights (config, loss_on, history)
 PREFIXES = ("_orig_mod.", "module.")
 HF_WEIGHTS = ("model.safetensors", "pytorch_model.bin")  # a Hugging Face folder's weights, in from_pretrained's order
 HASH_CHUNK = 2**20
@@ -47,6 +48,7 @@ class Source:
     name: str
     digest: str
     format: str
+    trained_on: str | None = None  # probes.metrics.POSITIONS its loss used (None: not known to the format; resolve)
 
 
 class Found:
@@ -113,6 +115,18 @@ class Found:
                 f"{self.path} is a {kind} model; its task (and layout) must be in {file}, which does not exist"
             )
         return self.json(file, "task.json"), str(file)
+
+    def trained_on(self) -> str | None:
+        """The positions its training loss used, from the training.json beside the weights (``loss_on`` at its
+        top or in its ``config``, as the suite's trainers write it): ``last`` for the last token only, ``all``
+        for any other loss; None when there is no such record."""
+        file = self.beside / TRAINING_JSON
+        if not file.is_file():
+            return None
+        record = self.json(file, "training.json")
+        config = record.get("config") if isinstance(record, dict) else None
+        loss_on = record.get("loss_on", config.get("loss_on") if isinstance(config, dict) else None)
+        return None if loss_on is None else "last" if loss_on == "last" else "all"
 
     def key_map_spec(self) -> dict[str, dict]:
         """The validated key map (``models.loading.sources.key_map``); {} when none was given."""

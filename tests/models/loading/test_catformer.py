@@ -145,3 +145,4 @@ def test_analyses_run_or_refuse_in_one_line(folder):
         r = analysis(name, path, folder / name)
         assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1, (name, r.stderr)
         assert "CatFormer model" in r.stderr
+    assert "its A holds no log pi" in r.stderr  # logpi_recovery says why (Nichani et al.'s construction)

@@ -39,6 +39,18 @@ def their_state(S=3, T=12, H=3, low_degree=2, seed=0) -> dict[str, torch.Tensor]
     }
 
 
+def their_W_h(W: np.ndarray, h: int, T: int) -> np.ndarray:
+    """Head h's [T+1, T+1] positional scores: W[j + h, h] on the (j + h + 1)-th lower diagonal for j < H, -inf
+    elsewhere (the diagonal too: their TwoLayerTransformer then fills it with 1e-6)."""
+    H = W.shape[1]
+    Wh = np.full((T + 1, T + 1), -np.inf)
+    for j in range(H):
+        if j + h + 1 <= T:
+            idx = np.arange(T + 1 - (j + h + 1))
+            Wh[idx + j + h + 1, idx] = W[j + h, h]
+    return Wh
+
+
 def their_forward(state, X: np.ndarray, low_degree=2) -> np.ndarray:
     """Their TwoLayerTransformer.forward on one-hot X [batch, T', S] (T' <= T), in float64: [batch, S]."""
     p = {k: v.double().numpy() for k, v in state.items()}
@@ -47,11 +59,7 @@ def their_forward(state, X: np.ndarray, low_degree=2) -> np.ndarray:
     Xt = np.concatenate([X, np.zeros((B, 1, S))], 1)  # X_tilde [B, T+1, S]
     V = [Xt]
     for h in range(H):
-        Wh = np.full((T + 1, T + 1), -np.inf)
-        for j in range(H):
-            if j + h + 1 <= T:
-                idx = np.arange(T + 1 - (j + h + 1))
-                Wh[idx + j + h + 1, idx] = p["layer1.W"][j + h, h]
+        Wh = their_W_h(p["layer1.W"], h, T)
         Wh[np.arange(T + 1), np.arange(T + 1)] = 1e-6
         QK = p["layer1.q_proj"][:, :, h] @ p["layer1.k_proj"][:, :, h].T
         s = Xt @ QK @ Xt.transpose(0, 2, 1) + Wh
@@ -60,12 +68,42 @@ def their_forward(state, X: np.ndarray, low_degree=2) -> np.ndarray:
         v = A @ Xt @ p["layer1.o_v_proj"][:, :, h]
         mu, var = v.mean(-1, keepdims=True), v.var(-1, keepdims=True)
         V.append((v - mu) / np.sqrt(var + 1e-5) * p["layer1.norm.weight"] + p["layer1.norm.bias"])
-    V = np.stack(V, 2)  # [B, T+1, H+1, S]
-    q, k = V[:, -1], V[:, :-1]  # [B, H+1, S], [B, T, H+1, S]
+    return _layer2(p, np.stack(V, 2), X, low_degree)  # V: [B, T+1, H+1, S]
+
+
+def their_simplified_state(T=12, H=3, low_degree=2, seed=0) -> dict[str, torch.Tensor]:
+    """What ``torch.save(model.state_dict())`` of their SimplifiedTwoLayerTransformer(S, T, H, ...) holds (no
+    tensor of S entries: its first layer is W alone), moved off their initialisation."""
+    full = their_state(3, T, H, low_degree, seed)
+    return {k: full[k] for k in ("layer1.W", "layer2.C_alpha_list", "layer2.a", "layer2.mydegree")}
+
+
+def their_simplified_forward(state, X: np.ndarray, low_degree=2) -> np.ndarray:
+    """Their SimplifiedTwoLayerTransformer.forward on one-hot X [batch, T', S], float64: [batch, S]. Layer 1 is
+    their SimplifiedRPEAttention: W_h's diagonals only (no self score: the diagonal stays -inf, and a row that
+    is all -inf gives NaN, which their nan_to_num makes 0), then x / (||x|| + 1e-7); layer 2 as the full model's."""
+    p = {k: v.double().numpy() for k, v in state.items()}
+    B, T, S = X.shape
+    H = p["layer1.W"].shape[1]
+    Xt = np.concatenate([X, np.zeros((B, 1, S))], 1)
+    V = [Xt]
+    for h in range(H):
+        Wh = their_W_h(p["layer1.W"], h, T)
+        with np.errstate(invalid="ignore"):
+            A = np.exp(Wh - Wh.max(-1, keepdims=True))
+            A = np.nan_to_num(A / A.sum(-1, keepdims=True), nan=0.0)
+        v = A @ Xt
+        V.append(v / (np.linalg.norm(v, axis=-1, keepdims=True) + 1e-7))
+    return _layer2(p, np.stack(V, 2), X, low_degree)
+
+
+def _layer2(p, V, X, low_degree) -> np.ndarray:
+    """Their PolyKernelMultiHeadAttention on V [B, T+1, H+1, S] (query: the last row; keys: the others)."""
+    q, k = V[:, -1], V[:, :-1]
     e = np.maximum(np.einsum("bcd,bscd->bsc", q, k), 0)
     deg = p["layer2.mydegree"]
     deg = deg if low_degree == -1 else deg[deg.sum(1) <= low_degree]
-    feats = np.prod((e[:, :, None, :] + 1e-24) ** deg, -1)  # [B, T, n]
+    feats = np.prod((e[:, :, None, :] + 1e-24) ** deg, -1)
     C2 = p["layer2.C_alpha_list"][0] ** 2
     shift = feats @ C2 / C2[deg[:, 0] == 0].sum() * p["layer2.a"][0]
     w = np.exp(shift - shift.max(-1, keepdims=True))
@@ -73,8 +111,8 @@ def their_forward(state, X: np.ndarray, low_degree=2) -> np.ndarray:
     return np.einsum("bs,bsd->bd", w, X)
 
 
-def write_checkpoint(folder, S=3, T=12, H=3, low_degree=2, seed=0):
-    state = their_state(S, T, H, low_degree, seed)
+def write_checkpoint(folder, S=3, T=12, H=3, low_degree=2, seed=0, simplified=False):
+    state = their_simplified_state(T, H, low_degree, seed) if simplified else their_state(S, T, H, low_degree, seed)
     torch.save(state, folder / "model.pt")
     task = make_task("ngram:kernel=dirichlet:n=3", S, 0, T + 1, alpha=1.0)
     (folder / "task.json").write_text(json.dumps(task.to_dict()))
@@ -95,6 +133,50 @@ def test_their_state_dict_loads_and_matches_their_forward(tmp_path, kw):
     for t in (1, 2, H, T - 1, T):  # their forward on the first t tokens is our position t - 1
         theirs = their_forward(state, X[:, :t], kw.get("low_degree", 2))
         np.testing.assert_allclose(ours[:, t - 1], theirs, atol=2e-6, rtol=0)
+
+
+@pytest.mark.parametrize("kw", [{}, {"H": 2, "low_degree": -1}, {"S": 4, "H": 4, "low_degree": 1}])
+def test_their_simplified_state_dict_loads_and_matches_their_forward(tmp_path, kw):
+    """Their jobs/3-gram.sh trains SimplifiedTwoLayerTransformer (RPE/train_simplified.py): its state dict opens
+    (S from the task) and matches their forward on prefixes, the first rows (no key in a head's window) included."""
+    path, state = write_checkpoint(tmp_path, **kw, simplified=True)
+    subject = models.load_subject(path)
+    S, T, H = kw.get("S", 3), 12, kw.get("H", 3)
+    assert subject.n_heads == [H, 1] and subject.model.cfg.simplified and subject.model.cfg.d_vocab == S
+    ids = torch.randint(0, S, (5, T), generator=torch.Generator().manual_seed(1))
+    X = np.eye(S)[ids.numpy()]
+    with torch.no_grad():
+        ours = subject.model(ids).double().numpy()
+    for t in (1, 2, H, T - 1, T):
+        theirs = their_simplified_forward(state, X[:, :t], kw.get("low_degree", 2))
+        np.testing.assert_allclose(ours[:, t - 1], theirs, atol=2e-6, rtol=0)
+
+
+def test_a_state_dict_of_neither_shape_names_what_it_found(tmp_path):
+    path, state = write_checkpoint(tmp_path)
+    torch.save({k: v for k, v in state.items() if k not in ("layer1.q_proj", "layer1.k_proj")}, path)
+    with pytest.raises(ValueError, match="neither of their shapes") as e:
+        models.load_subject(path)
+    msg = str(e.value)
+    assert "\n" not in msg and str(path) in msg and "layer1.o_v_proj" in msg and "lacks layer1.q_proj" in msg
+
+
+def test_a_flat_or_huge_W_is_one_line_before_anything_is_built(tmp_path):
+    """A flat layer1.W once gave "not enough values to unpack"; a [60, 26] one (26 heads: 2^27 degree rows)
+    ran out of memory at 2.5 GB building layer 2's degree table."""
+    import resource
+
+    path, state = write_checkpoint(tmp_path, simplified=True)
+    torch.save({**state, "layer1.W": torch.zeros(36)}, path)
+    with pytest.raises(ValueError, match=r"layer1.W has shape \(36,\); expected \[T, H\]") as e:
+        models.load_subject(path)
+    assert str(path) in str(e.value) and "\n" not in str(e.value)
+    torch.save({**state, "layer1.W": torch.zeros(60, 26)}, path)
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    with pytest.raises(ValueError, match=r"layer1.W of shape \[60, 26\].*would need about") as e:
+        models.load_subject(path)
+    assert "\n" not in str(e.value)
+    assert resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before < 200_000  # KB: nothing of 2.5 GB was built
 
 
 def test_missing_or_misshapen_keys_are_one_line(tmp_path):

@@ -76,6 +76,18 @@ def test_their_checkpoint_loads_and_matches_their_forward(tmp_path, theirs, kw):
     assert len(softmaxed) == kw.get("n_layer", 2)
 
 
+def test_row_0_which_nothing_predicts_is_uniform_as_in_the_other_families(tmp_path, theirs):
+    """The target's x_0 of a lone sequence has no position before it; its row was the log-softmax of the last
+    position's logits (a prediction position of -1 wrapping around). As the CatFormer's and Chen's: uniform."""
+    path, model = write_checkpoint(tmp_path, theirs)
+    subject = models.load_subject(path)
+    ids = torch.randint(0, 3, (4, 50), generator=torch.Generator().manual_seed(0))
+    lp = subject.log_probs(ids)
+    assert torch.allclose(lp[:, 0], torch.full((4, 3), -torch.log(torch.tensor(3.0)).item(), dtype=lp.dtype))
+    with torch.no_grad():
+        assert not torch.allclose(lp[:, 0], model(ids)[0][:, -1].double().log_softmax(-1), atol=1e-3)
+
+
 def test_hook_z_is_what_the_output_projection_reads(tmp_path, theirs):
     path, _ = write_checkpoint(tmp_path, theirs, n_head=2)
     model = models.load_subject(path).model

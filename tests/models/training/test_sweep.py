@@ -184,3 +184,77 @@ def test_bad_sweep_flags_exit_2_before_any_work(argv, message, tmp_path, capsys)
     err = capsys.readouterr().err
     assert e.value.code == 2 and message in err and len(err.strip().splitlines()) == 1
     assert not list(tmp_path.iterdir())
+
+
+JOBS = '''
+import os, time
+
+
+def job(i, folder):
+    """Job 0 ends at once; the others sleep for minutes, writing their pid first."""
+    with open(os.path.join(folder, f"pid_{i}"), "w") as f:
+        f.write(str(os.getpid()))
+    if i:
+        time.sleep(300)
+    return i
+'''
+MAIN = '''
+import sys
+
+from models.plumbing.io import run_cli
+from models.training import sweep
+import slow_jobs
+
+
+def main(argv):
+    folder = argv[0]
+    with open(folder + "/done", "a") as done:
+        try:
+            sweep.run_jobs(slow_jobs.job, [dict(i=i, folder=folder) for i in range(3)], "local", 2, threads=1,
+                           on_done=lambda i, r: (done.write(f"{r}\\n"), done.flush()))
+        except KeyboardInterrupt:
+            raise KeyboardInterrupt("the finished jobs are kept") from None
+
+
+if __name__ == "__main__":
+    run_cli(main, sys.argv[1:], "prog")
+'''
+
+
+def alive(pid: int) -> bool:
+    """Whether process ``pid`` runs (a zombie, whose parent has gone, does not)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split(")")[-1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+def test_ctrl_c_to_the_main_process_stops_the_workers_and_keeps_what_finished(tmp_path):
+    """A SIGINT to the main process of a pool was ignored while the workers trained on (it waited for them), and
+    what finished meanwhile was never reported: now the workers stop at once, every finished job is kept, exit 130."""
+    import signal
+    import subprocess
+    import sys
+
+    (tmp_path / "slow_jobs.py").write_text(JOBS)
+    (tmp_path / "main.py").write_text(MAIN)
+    env = {**os.environ, "PYTHONPATH": f"{tmp_path}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
+    proc = subprocess.Popen([sys.executable, str(tmp_path / "main.py"), str(tmp_path)], env=env,
+                            stderr=subprocess.PIPE, text=True)  # fmt: skip
+    deadline = time.monotonic() + 240  # the workers start (spawned: they import torch) on a busy machine
+    while not ((tmp_path / "pid_1").exists() and (tmp_path / "pid_2").exists()):
+        assert proc.poll() is None and time.monotonic() < deadline, "the pool did not start its jobs"
+        time.sleep(0.2)
+    time.sleep(0.5)
+    proc.send_signal(signal.SIGINT)
+    try:
+        _, err = proc.communicate(timeout=120)  # the sleeping jobs would hold it for 300 s
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        raise AssertionError("the main process waited for its workers after SIGINT") from None
+    assert proc.returncode == 130 and err.strip().splitlines() == ["prog: error: interrupted: the finished jobs are kept"]
+    assert (tmp_path / "done").read_text().split() == ["0"]
+    workers = [int((tmp_path / f"pid_{i}").read_text()) for i in (1, 2)]
+    time.sleep(1)
+    assert not any(alive(pid) for pid in workers)
