@@ -8,13 +8,29 @@ wording, the printed summary and the figures live there and only format this res
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
-from tqdm.auto import tqdm
+from jaxtyping import Float
+from torch import Tensor
 
 from models.interp.baselines import baselines, head_attention_stats, per_context_baselines
-from models.interp.circuit import INPUTS, Runner, build_graph, mean_se, per_context_nll, ratio_se, sender_writes
-from models.interp.interventions import ablate, corrupted_contexts, head_ablation, head_outputs, hooks, patch_heads
+from models.interp.circuit import INPUTS, build_graph, mean_se, per_context_nll, ratio_se
+from models.interp.interventions import (
+    Intervention,
+    activation_grads,
+    corrupted_contexts,
+    head_ablation,
+    head_patch,
+    hooks,
+    log_intervention,
+    recorded_run,
+    rows_per_pass,
+    run_copies,
+)
 from models.interp.subject import head_label
+from models.plumbing.cli import context_bytes, forward_bytes
+from models.plumbing.progress import Progress
 from models.training.standard import uniform_parent_predictive
 from probes import target_nll
 from probes.graph_task import context_order
@@ -139,54 +155,168 @@ def head_role(head: dict, selecting: list[str], copyers: dict[str, int]) -> str:
     return attention_role({k: torch.tensor(v) for k, v in head["role_profile"].items()})
 
 
+# The clean and corrupted runs every per-head stage starts from, and the bound on exact work ------------------
+WORK_BOUND = 1.2e13  # FLOPs (flops_per_context x context runs) a stage may spend on exact runs: the per-head
+# ablation and patching, the inputs of the last layer. Beyond it the stage says so, estimates every head by
+# attribution patching and re-measures exactly the heads it ranks first, as many as the rest of the bound allows
+# (a GPT-2 small: 12 layers of width 768, 42 positions: about 3 heads; the shipped models: every head, exactly).
+GRAD_PASS = 3  # a pass with gradients costs about three forward passes (the backward pass: two)
+
+
+def flops_per_context(subject) -> float:
+    """Floating-point operations of one forward pass on one context, from the weights: 2 x the parameters of
+    the model's blocks x the positions it reads (the attention's own products, which grow with the square of
+    the positions, left out: small at these lengths; the embeddings and the unembedding, which the task's
+    read-out touches in a few columns only, left out)."""
+    blocks = getattr(subject.model, "blocks", subject.model)
+    return 2.0 * sum(p.numel() for p in blocks.parameters()) * subject.layout.n_positions
+
+
+@dataclass
+class Runs:
+    """The intervention contexts ``tokens`` and ``corrupted`` (the same targets, demonstrations from another
+    tree), each run once: log-probs ``[batch, H, d]``, every layer's ``hook_z`` and the last layer's
+    q, k, v inputs (``capture_hooks``) recorded, and with ``grads`` the gradient of each context's NLL at them
+    (``models.interp.interventions.activation_grads``), which attribution patching multiplies by a change."""
+
+    tokens: Tensor
+    corrupted: Tensor
+    lp_clean: Tensor
+    lp_bad: Tensor
+    clean: dict
+    bad: dict
+    grad_clean: dict | None = None
+    grad_bad: dict | None = None
+    rows: int = 1  # rows (contexts x copies) a pass of exact runs takes (models.interp.interventions.rows_per_pass)
+
+    @property
+    def clean_values(self) -> Tensor:
+        return per_context_nll(self.lp_clean, self.tokens)
+
+
+def record_runs(subject, tokens, corrupted, names: list[str], grads: bool) -> Runs:
+    """Both runs of ``Runs``, the activations at ``names`` recorded (with ``grads``: passes with gradients,
+    a few contexts at a time)."""
+    rows = rows_per_pass(context_bytes(subject)[1], str(subject.model.cfg.device), factor=2.0)
+    if not grads:
+        with Progress("clean and corrupted runs", 2 * len(tokens), "contexts") as bar:
+            lp_clean, clean = recorded_run(subject, tokens, names)
+            bar.advance(len(tokens))
+            lp_bad, bad = recorded_run(subject, corrupted, names)
+            bar.advance(len(tokens))
+        return Runs(tokens, corrupted, lp_clean, lp_bad, clean, bad, rows=rows)
+    kept = forward_bytes(subject.log_probs, subject.task, 1)  # a pass with gradients keeps every activation
+    grad_rows = rows_per_pass(kept, str(subject.model.cfg.device), factor=2.0)
+    with Progress("clean and corrupted runs with gradients", 2 * len(tokens), "contexts") as bar:
+        lp_clean, _, clean, grad_clean = activation_grads(subject, tokens, names, per_context_nll, grad_rows, bar)
+        lp_bad, _, bad, grad_bad = activation_grads(subject, corrupted, names, per_context_nll, grad_rows, bar)
+    return Runs(tokens, corrupted, lp_clean, lp_bad, clean, bad, grad_clean, grad_bad, rows)
+
+
+def _head_sum(x: Tensor, head: int) -> Float[Tensor, " batch"]:
+    """``x[:, :, head]`` summed over everything but the batch (a gradient times a change: the first-order
+    change of each context's metric)."""
+    return x[:, :, head].double().flatten(1).sum(1)
+
+
 @torch.no_grad()
-def interventions(subject, tokens, corrupted) -> dict:
-    """Per head: NLL change under mean ablation of its ``hook_z`` (mean over the contexts, with its standard
-    error), and the fraction of the clean-vs-
-    corrupted NLL difference restored by patching its clean ``hook_z`` into the corrupted run."""
-    clean_z = head_outputs(subject, tokens)
-    nll_clean = target_nll(subject.log_probs(tokens), tokens)
-    nll_corrupt = target_nll(subject.log_probs(corrupted), corrupted)
-    clean_values = per_context_nll(subject.log_probs(tokens), tokens)
-    ablation, ablation_se, patching, log = [], [], [], []
-    jobs = [(i, j) for i, n in enumerate(subject.n_heads) for j in range(n)]
+def interventions(subject, runs: Runs, bound: float = WORK_BOUND) -> dict:
+    """Per head: NLL change under mean ablation of its ``hook_z`` (at its mean over the contexts, with its
+    standard error), and the fraction of the clean-vs-corrupted NLL difference restored by patching its clean
+    ``hook_z`` into the corrupted run. The heads' runs are stacked along the batch dimension
+    (``run_copies``). When exact runs of every head would take more than ``bound`` FLOPs, each head is
+    estimated by attribution patching (``runs`` then has gradients: the gradient at the clean run times
+    mean - value; at the corrupted run times clean - corrupted value, per context) and the heads ranked first
+    (largest estimate of either, each relative to the largest) are re-measured exactly, as many as the rest of
+    the bound allows; ``estimated`` lists the heads left with estimates."""
+    tokens, corrupted, n = runs.tokens, runs.corrupted, len(runs.tokens)
+    nll_clean, nll_corrupt = target_nll(runs.lp_clean, tokens), target_nll(runs.lp_bad, corrupted)
+    clean_values = runs.clean_values
+    jobs = [(i, j) for i, k in enumerate(subject.n_heads) for j in range(k)]
+    names = [subject.head_output(i) for i in range(subject.n_layers)]
+    mean_z = {name: runs.clean[name].mean(0, keepdim=True) for name in names}
+    ablations = [Intervention(names[i], "mean", heads=(j,), source="mean over the batch", value=mean_z[names[i]])
+                 for i, j in jobs]  # fmt: skip  (the mean over these contexts, the batch each head's run had)
+    patches = [head_patch(subject, i, [j], {i: runs.clean[names[i]]}) for i, j in jobs]
+    log: list = []
+    for a, p in zip(ablations, patches):
+        log_intervention(log, a)
+        log_intervention(log, p)
+    cost_values = torch.zeros(len(jobs), n, dtype=torch.float64)
+    patched = torch.zeros(len(jobs), n, dtype=torch.float64)
+    exact_flops = 2 * len(jobs) * n * flops_per_context(subject)
+    todo, estimated = list(range(len(jobs))), []
+    if exact_flops > bound:  # every head estimated first; the first-ranked re-measured below
+        for h, (i, j) in enumerate(jobs):
+            cost_values[h] = _head_sum(runs.grad_clean[names[i]] * (mean_z[names[i]] - runs.clean[names[i]]), j)
+            patched[h] = per_context_nll(runs.lp_bad, corrupted) + _head_sum(
+                runs.grad_bad[names[i]] * (runs.clean[names[i]] - runs.bad[names[i]]), j)
+        spent = 2 * GRAD_PASS * n * flops_per_context(subject)
+        room = int(max(0.0, bound - spent) // (2 * n * flops_per_context(subject)))
+        abl, pat = cost_values.mean(1).abs(), (patched.mean(1) - nll_corrupt).abs()
+        rank = torch.maximum(abl / abl.max().clamp_min(1e-300), pat / pat.max().clamp_min(1e-300))
+        todo = sorted(rank.argsort(descending=True)[:room].tolist())
+        estimated = [h for h in range(len(jobs)) if h not in todo]
+    with Progress("per-head ablation and patching" + (" (exact, first-ranked heads)" if estimated else ""),
+                  2 * len(todo) * n, "context runs") as bar:  # fmt: skip
+        if todo:
+            lp = run_copies(subject, tokens, [[ablations[h]] for h in todo], runs.rows, bar)
+            cost_values[todo] = per_context_nll(lp.flatten(0, 1), tokens.repeat(len(todo), 1)).view(len(todo), n) \
+                - clean_values  # fmt: skip
+            lp = run_copies(subject, corrupted, [[patches[h]] for h in todo], runs.rows, bar)
+            patched[todo] = per_context_nll(lp.flatten(0, 1), corrupted.repeat(len(todo), 1)).view(len(todo), n)
     # Undefined when the demonstrations make no difference (a model on the plateau): None.
     usable = abs(nll_corrupt - nll_clean) >= th("min_patch_effect")
-    for i, j in tqdm(jobs, desc="ablate/patch heads", leave=False, disable=len(jobs) < 8 or None):
-        cost, se = mean_se(per_context_nll(subject.log_probs(tokens, ablate(subject, i, [j], "mean", log=log)), tokens)
-                           - clean_values)  # fmt: skip
-        ablation.append(cost)
-        ablation_se.append(se)
-        patched = target_nll(subject.log_probs(corrupted, patch_heads(subject, i, [j], clean_z, log)), corrupted)
-        patching.append((nll_corrupt - patched) / (nll_corrupt - nll_clean) if usable else None)
-    return {
+    ablation, ablation_se = zip(*(mean_se(c) for c in cost_values)) if jobs else ((), ())
+    out = {
         "nll_clean": nll_clean,
         "nll_corrupted": nll_corrupt,
-        "ablation_dnll": ablation,
-        "ablation_se": ablation_se,
-        "patching_restored": patching,
+        "ablation_dnll": list(ablation),
+        "ablation_se": list(ablation_se),
+        "patching_restored": [(nll_corrupt - p.mean().item()) / (nll_corrupt - nll_clean) if usable else None
+                              for p in patched],  # fmt: skip
         "interventions": log,
     }
+    if estimated:
+        labels = subject.head_labels()
+        out["estimated"] = {
+            "heads": [labels[h] for h in estimated],
+            "exactly": [labels[h] for h in todo],
+            "exact_flops": exact_flops,
+            "bound_flops": bound,
+            "method": "attribution patching: per context, the gradient of the NLL at the head's hook_z times "
+                      "(mean - value) at the clean run, times (clean - corrupted value) at the corrupted run",
+        }
+    return out
 
 
 @torch.no_grad()
-def input_costs(subject, tokens, corrupted) -> dict | None:
+def input_costs(subject, runs: Runs, bound: float = WORK_BOUND) -> dict | None:
     """Per head of the last layer, ``{q, k, v: cost, se, share, share_se}`` and ``through``: the NLL change
-    when every edge into that input carries its value on ``corrupted`` (``models.interp.circuit``, exact), its share
-    of the three inputs' summed cost (``cost``), with standard errors over the contexts; ``through`` is
-    ``values``, ``keys/queries`` or None (no verdict: that sum within two standard errors of zero, or
-    neither share reached). None when the model lacks a hook the circuit graph needs."""
-    try:
-        graph = build_graph(subject)
-    except ValueError:
+    when every edge into that input carries its value on the corrupted contexts (``models.interp.circuit``'s
+    receivers: the input reads the corrupted run's residual, so its activation is the corrupted run's, patched
+    in for that head alone), its share of the three inputs' summed cost (``cost``), with standard errors over
+    the contexts; ``through`` is ``values``, ``keys/queries`` or None (no verdict: that sum within two
+    standard errors of zero, or neither share reached). Exact runs stacked along the batch; beyond ``bound``
+    FLOPs estimated by attribution patching (the gradient at the clean run times corrupted - clean), and
+    ``estimated`` is True. None when the model lacks a hook the circuit graph needs."""
+    receivers = last_layer_receivers(subject)
+    if receivers is None:
         return None
-    runner = Runner(subject, graph, tokens, sender_writes(subject, graph, corrupted)[0])
-    last = subject.n_layers - 1
+    tokens, n = runs.tokens, len(runs.tokens)
+    estimate = len(receivers) * n * flops_per_context(subject) > bound
+    if estimate:
+        values = {r: _head_sum(runs.grad_clean[r.capture] * (runs.bad[r.capture] - runs.clean[r.capture]), r.head)
+                  for r in receivers}  # fmt: skip
+    else:
+        copies = [[Intervention(r.capture, "patch", heads=(r.head,), value=runs.bad[r.capture])] for r in receivers]
+        with Progress("inputs of the last layer's heads", len(copies) * n, "context runs") as bar:
+            lp = run_copies(subject, tokens, copies, runs.rows, bar)
+        nll = per_context_nll(lp.flatten(0, 1), tokens.repeat(len(copies), 1)).view(len(copies), n)
+        values = {r: nll[c] - runs.clean_values for c, r in enumerate(receivers)}
     out = {}
-    for j in range(subject.n_heads[last]):
-        label = head_label(last, j)
-        costs = {x: runner.run_values([e for e in graph.edges if (e.receiver, e.input) == (label, x)])
-                 - runner.clean_values for x in INPUTS}  # fmt: skip
+    for label in dict.fromkeys(r.node for r in receivers):
+        costs = {r.input: values[r] for r in receivers if r.node == label}
         total = sum(costs.values())
         if not total.abs().max() > 0:  # nothing the corruption changes reaches it
             out[label] = {**{x: {"cost": 0.0, "se": 0.0, "share": None, "share_se": None} for x in INPUTS},
@@ -206,8 +336,21 @@ def input_costs(subject, tokens, corrupted) -> dict | None:
             else "keys/queries" if selecting >= th("select_share")
             else None
         )  # fmt: skip
+        if estimate:
+            head["estimated"] = True
         out[label] = head
     return out
+
+
+def last_layer_receivers(subject) -> list | None:
+    """The q, k, v receivers of the last layer's heads in the circuit graph (``build_graph``), in the graph's
+    order; None when the model lacks a hook the graph needs."""
+    try:
+        graph = build_graph(subject)
+    except ValueError:
+        return None
+    last = {head_label(subject.n_layers - 1, j) for j in range(subject.n_heads[-1])}
+    return [r for r in graph.receivers if r.node in last and r.input in INPUTS]
 
 
 def corrupt(task, tokens, seed: int):
@@ -216,31 +359,37 @@ def corrupt(task, tokens, seed: int):
 
 
 @torch.no_grad()
-def inspect_subject(subject, n_contexts: int = 512, seed: int = 0, batch: int = 256) -> dict:
-    """Every number of the report (see the module docstring)."""
+def inspect_subject(subject, n_contexts: int = 512, seed: int = 0, batch: int = 256, bound: float = WORK_BOUND) -> dict:
+    """Every number of the report (see the module docstring); ``bound``: the FLOPs a per-head stage may spend on
+    exact runs (``WORK_BOUND``; beyond it, attribution patching and the first-ranked heads exactly)."""
     task = subject.task
     L, H = task.n_examples, task.seq_len
     tokens, parents = task.sample(n_contexts, torch.Generator().manual_seed(seed))
     order = context_order(task)  # 2 on a 3-gram: the generalized induction head matches two tokens
     base = baselines(task, tokens, parents)
-    lp = torch.cat([subject.log_probs(tokens[i : i + batch]) for i in range(0, n_contexts, batch)])
+    lps, stats = [], None
+    with Progress("log-probs and attention", n_contexts, "contexts") as bar:
+        for i in range(0, n_contexts, batch):
+            part_tokens, part_parents = tokens[i : i + batch], parents[i : i + batch]
+            part_lp, layers = subject.log_probs_and_attention(part_tokens)
+            lps.append(part_lp)
+            part = []
+            for att in layers:
+                layer = head_attention_stats(
+                    att.target_rows(L, H).cpu(), part_parents, base["posterior"][i : i + batch], L, H
+                )
+                prof = role_profile(att.pattern, att.query_predicts, att.key_token, part_parents, L)
+                layer.update({f"role:{k}": v.tolist() for k, v in prof.items()})
+                seq = sequence_scores(att.pattern, att.query_predicts, att.key_token, part_tokens, part_parents, H, order)
+                layer.update({f"seq:{k}": v.tolist() for k, v in seq.items()})
+                part.append(layer)
+            del layers
+            w = len(part_tokens) / n_contexts
+            part = [{k: torch.tensor(v, dtype=torch.float64) * w for k, v in layer.items()} for layer in part]
+            stats = part if stats is None else [{k: a[k] + b[k] for k in a} for a, b in zip(stats, part)]
+            bar.advance(len(part_tokens))
+    lp = torch.cat(lps)
     nll = target_nll(lp, tokens)
-    stats = None
-    for i in range(0, n_contexts, batch):
-        part_tokens, part_parents = tokens[i : i + batch], parents[i : i + batch]
-        part = []
-        for att in subject.attention(part_tokens):
-            layer = head_attention_stats(
-                att.target_rows(L, H).cpu(), part_parents, base["posterior"][i : i + batch], L, H
-            )
-            prof = role_profile(att.pattern, att.query_predicts, att.key_token, part_parents, L)
-            layer.update({f"role:{k}": v.tolist() for k, v in prof.items()})
-            seq = sequence_scores(att.pattern, att.query_predicts, att.key_token, part_tokens, part_parents, H, order)
-            layer.update({f"seq:{k}": v.tolist() for k, v in seq.items()})
-            part.append(layer)
-        w = len(part_tokens) / n_contexts
-        part = [{k: torch.tensor(v, dtype=torch.float64) * w for k, v in layer.items()} for layer in part]
-        stats = part if stats is None else [{k: a[k] + b[k] for k in a} for a, b in zip(stats, part)]
     per_head = []
     for i, layer in enumerate(stats):
         for j in range(subject.n_heads[i]):
@@ -251,7 +400,12 @@ def inspect_subject(subject, n_contexts: int = 512, seed: int = 0, batch: int = 
             per_head.append(head)
     n_int = min(n_contexts, INTERVENTION_CONTEXTS)
     inter_tokens = tokens[:n_int]
-    inter = interventions(subject, inter_tokens, corrupt(task, inter_tokens, seed))
+    receivers = last_layer_receivers(subject) or []
+    names = [subject.head_output(i) for i in range(subject.n_layers)] + sorted({r.capture for r in receivers})
+    n_heads, flops = sum(subject.n_heads), flops_per_context(subject) * n_int
+    grads = max(2 * n_heads, len(receivers)) * flops > bound  # some stage estimates: the runs carry gradients
+    runs = record_runs(subject, inter_tokens, corrupt(task, inter_tokens, seed), names, grads)
+    inter = interventions(subject, runs, bound)
     for h, a, se, p in zip(per_head, inter["ablation_dnll"], inter["ablation_se"], inter["patching_restored"]):
         h.update(ablation_dnll=a, ablation_se=se, patching_restored=p)
     out = {
@@ -267,7 +421,9 @@ def inspect_subject(subject, n_contexts: int = 512, seed: int = 0, batch: int = 
         "interventions": inter["interventions"],
         **verdict(nll, base, per_head, inter, progress_error(task, tokens, lp)),
     }
-    out["inputs"] = input_costs(subject, inter_tokens, corrupt(task, inter_tokens, seed))
+    if "estimated" in inter:
+        out["estimated"] = inter["estimated"]
+    out["inputs"] = input_costs(subject, runs, bound)
     for c in out["carriers"] if out["inputs"] else []:
         if out["inputs"].get(c, {}).get("through") == "values" and c not in out["parent_selecting"]:
             out["roles"][c] = f"{POOLING} ({out['roles'][c]})"
@@ -275,11 +431,13 @@ def inspect_subject(subject, n_contexts: int = 512, seed: int = 0, batch: int = 
         h["role"] = out["roles"][h["label"]]
     out["sequence_heads"] = sequence_heads(per_head)
     named = {"paper_circuit": sorted(set(out["parent_selecting"]) | set(out["copyers"])), "carriers": out["carriers"]}
-    out["sufficiency"] = {
-        name: sufficiency(subject, inter_tokens, heads, out["interventions"])
-        for name, heads in named.items()
-        if heads
-    }
+    with Progress("sufficiency", len(named), "head sets") as bar:
+        out["sufficiency"] = {}
+        for name, heads in named.items():
+            if heads:
+                out["sufficiency"][name] = sufficiency(subject, inter_tokens, heads, out["interventions"],
+                                                       runs.clean_values)  # fmt: skip
+            bar.advance()
     # The paper's circuit is named only if its heads alone, every other head mean-ablated, keep the progress.
     kept = out["sufficiency"].get("paper_circuit", {}).get("share")
     out["paper_circuit"] = out["paper_circuit_attention"] and kept is not None and kept >= th("sufficient")
@@ -293,18 +451,19 @@ def progress_error(task, tokens, log_probs) -> float:
 
 
 @torch.no_grad()
-def sufficiency(subject, tokens, heads: list[str], log: list) -> dict:
+def sufficiency(subject, tokens, heads: list[str], log: list, clean_values: Tensor | None = None) -> dict:
     """The share of the model's progress over the uniform-parent plateau kept with every head NOT in
     ``heads`` mean-ablated (its ``hook_z`` at the mean over ``tokens``), and its standard error over
-    the contexts: ``(plateau - ablated) / (plateau - model)`` per-context means, delta method."""
+    the contexts: ``(plateau - ablated) / (plateau - model)`` per-context means, delta method.
+    ``clean_values``: the model's per-context NLL on ``tokens``, if known (else one more pass)."""
     task = subject.task
     keep = set(heads)
     ivs = [head_ablation(subject, i, [j for j in range(n) if head_label(i, j) not in keep], "mean")
            for i, n in enumerate(subject.n_heads) if any(head_label(i, j) not in keep for j in range(n))]  # fmt: skip
     plateau = uniform_parent_predictive(task, tokens)
     nll = lambda lp: per_context_nll(lp, tokens)  # noqa: E731
-    share, se = ratio_se(nll(plateau) - nll(subject.log_probs(tokens, hooks(ivs, log))),
-                         nll(plateau) - nll(subject.log_probs(tokens)))  # fmt: skip
+    clean = nll(subject.log_probs(tokens)) if clean_values is None else clean_values
+    share, se = ratio_se(nll(plateau) - nll(subject.log_probs(tokens, hooks(ivs, log))), nll(plateau) - clean)
     return {"heads": sorted(keep), "share": share, "se": se, "contexts": len(tokens)}
 
 

@@ -131,6 +131,11 @@ class Subject:
         raise NotImplementedError
 
     def attention(self, tokens: Int[Tensor, "batch n_tokens"], fwd_hooks=()) -> list[LayerAttention]:
+        return self.log_probs_and_attention(tokens, fwd_hooks)[1]
+
+    def log_probs_and_attention(self, tokens: Int[Tensor, "batch n_tokens"], fwd_hooks=()
+                                ) -> tuple[Float[Tensor, "batch H d"], list[LayerAttention]]:  # fmt: skip
+        """``log_probs`` and ``attention`` of one forward pass."""
         raise NotImplementedError
 
     def _run_capturing(self, tokens, fwd_hooks, layers) -> tuple[Tensor, dict[int, Tensor]]:
@@ -163,13 +168,13 @@ class DisentangledSubject(Subject):
         with self.model.hooks(fwd_hooks=list(fwd_hooks)):
             return self.model(tokens).double()
 
-    def attention(self, tokens, fwd_hooks=()):
+    def log_probs_and_attention(self, tokens, fwd_hooks=()):
         L, H = self.task.n_examples, self.task.seq_len
-        _, store = self._run_capturing(tokens, fwd_hooks, range(2))
+        lp, store = self._run_capturing(tokens, fwd_hooks, range(2))
         queries = torch.stack([torch.full((H,), L), torch.arange(H)], 1)
         all_keys = torch.stack([torch.arange(L + 1).repeat_interleave(H), torch.arange(H).repeat(L + 1)], 1)
         target_keys = queries.clone()
-        return [LayerAttention(store[0], queries, all_keys), LayerAttention(store[1], queries, target_keys)]
+        return lp, [LayerAttention(store[0], queries, all_keys), LayerAttention(store[1], queries, target_keys)]
 
 
 class StandardSubject(Subject):
@@ -187,18 +192,74 @@ class StandardSubject(Subject):
 
     def _log_probs(self, tokens, fwd_hooks):
         ids = self.layout.encode(tokens).to(self.model.cfg.device)
-        with self.model.hooks(fwd_hooks=list(fwd_hooks)):
-            logits = self.model(ids)
-        logits = logits if isinstance(logits, Tensor) else logits.logits
         first = self.layout.token_offset
-        picked = logits[:, self.layout.prediction_positions().to(logits.device), first : first + self.task.d_vocab]
+        with self.model.hooks(fwd_hooks=list(fwd_hooks)):
+            picked = task_logits(self.model, ids, self.layout.prediction_positions(), slice(first, first + self.task.d_vocab))
         return picked.double().log_softmax(-1)
 
-    def attention(self, tokens, fwd_hooks=()):
-        _, store = self._run_capturing(tokens, fwd_hooks, range(self.n_layers))
+    def log_probs_and_attention(self, tokens, fwd_hooks=()):
+        lp, store = self._run_capturing(tokens, fwd_hooks, range(self.n_layers))
         keys = self.layout.key_tokens()
         predicts = torch.cat([keys[1:], torch.full((1, 2), -1, dtype=torch.long)])  # position p predicts p + 1
-        return [LayerAttention(store[i], predicts, keys) for i in range(self.n_layers)]
+        return lp, [LayerAttention(store[i], predicts, keys) for i in range(self.n_layers)]
+
+
+# Hugging Face model types whose logits are ``lm_head(final hidden state)`` (an ``nn.Linear``) with nothing after
+# it (no soft-capping, no logit scale): their task logits are read from lm_head's rows for the task's ids alone.
+# Any other type reads the full logits (the same numbers, memory growing with its vocabulary).
+COLUMN_READOUT_TYPES = ("gpt2",)
+
+
+class _Unembedding(Exception):
+    """Ends a forward pass at the input of the unembedding (``task_logits``), carrying it."""
+
+    def __init__(self, resid: Tensor):
+        super().__init__()
+        self.resid = resid
+
+
+def task_logits(model, ids: Int[Tensor, "batch pos"], positions: Int[Tensor, " P"], columns: slice
+                ) -> Float[Tensor, "batch P C"]:  # fmt: skip
+    """``model(ids)``'s logits at ``positions`` over the vocabulary ``columns`` (the task's ids), computed for
+    those only where the family allows: the unembedding's columns for the task's ids at the positions read, so
+    that a read-out's memory and work grow with the task, not with the vocabulary. A net with ``logits_at``
+    (``models.nets.hooked_transformer``, ``models.nets.edelman``) computes them itself; a ``TransformerBridge``
+    over a model type of ``COLUMN_READOUT_TYPES`` runs to its unembedding's input (every hook before it fires
+    as in a full pass) and applies lm_head's rows ``columns``; any other model runs in full and is sliced.
+    The log-softmax over the task's ids (``Subject.log_probs``) reads these columns only, so the result is the
+    full-vocabulary computation's, to float rounding."""
+    if hasattr(model, "logits_at"):
+        return model.logits_at(ids, positions, columns)
+    head = _column_readout(model)
+    if head is None:
+        logits = model(ids)
+        logits = logits if isinstance(logits, Tensor) else logits.logits
+        return logits[:, positions.to(logits.device), columns]
+
+    def stop(module, args, kwargs):
+        raise _Unembedding(args[0] if args else kwargs["hidden_states"])
+
+    handle = model.unembed.register_forward_pre_hook(stop, with_kwargs=True)
+    try:
+        model(ids)
+    except _Unembedding as e:
+        resid = e.resid[:, positions.to(e.resid.device)]
+    else:
+        raise RuntimeError("the forward pass never reached the unembedding")
+    finally:
+        handle.remove()
+    bias = None if head.bias is None else head.bias[columns]
+    return torch.nn.functional.linear(resid, head.weight[columns], bias)
+
+
+def _column_readout(model) -> torch.nn.Linear | None:
+    """The ``nn.Linear`` unembedding of a ``TransformerBridge`` whose model type reads its task's columns
+    directly (``COLUMN_READOUT_TYPES``); None for any other model."""
+    config = getattr(getattr(model, "original_model", None), "config", None)
+    head = getattr(getattr(model, "unembed", None), "original_component", None)
+    if getattr(config, "model_type", None) in COLUMN_READOUT_TYPES and type(head) is torch.nn.Linear:
+        return head
+    return None
 
 
 class CatFormerSubject(Subject):
@@ -225,11 +286,11 @@ class CatFormerSubject(Subject):
         out[:, pos < 0] = -torch.log(torch.tensor(float(d), dtype=out.dtype))
         return out
 
-    def attention(self, tokens, fwd_hooks=()):
-        _, store = self._run_capturing(tokens, fwd_hooks, range(self.n_layers))
+    def log_probs_and_attention(self, tokens, fwd_hooks=()):
+        lp, store = self._run_capturing(tokens, fwd_hooks, range(self.n_layers))
         keys = self.layout.key_tokens()
         T = self.model.cfg.n_ctx
-        return [LayerAttention(store[i], keys[1 : T + 1], keys[:T]) for i in range(self.n_layers)]
+        return lp, [LayerAttention(store[i], keys[1 : T + 1], keys[:T]) for i in range(self.n_layers)]
 
 
 class ChenSubject(CatFormerSubject):
