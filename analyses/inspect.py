@@ -199,6 +199,14 @@ def summary(r: dict) -> str:
                      f"{r.get('progress_se', 0.0):.3f} ({r['n_contexts']} contexts, seed {r.get('seed', 0)}; ablation, patching "
                      f"and sufficiency on the first {r['intervention_contexts']}; analyses.circuit samples its own, "
                      "so the two agree within their standard errors, not to the digit)")  # fmt: skip
+    est = r.get("estimated")
+    if est:
+        lines.append(
+            f"per-head ablation and patching: exact runs of all {len(r['heads'])} heads would take "
+            f"{est['exact_flops']:.2g} FLOPs, more than the bound of {est['bound_flops']:.2g} "
+            f"(models.interp.inspection.WORK_BOUND): {len(est['heads'])} heads are first-order estimates "
+            f"({est['method']}); measured exactly: {', '.join(est['exactly']) or 'none'}"
+        )
     lines.append(circuit_text(r))
     lines.append("thresholds behind the verdict: " + ", ".join(f"{k} {v:g}" for k, v in r["thresholds"].items()))
     if r["on_plateau"] is False:
@@ -215,9 +223,10 @@ def summary(r: dict) -> str:
             f"(the MLPs kept) keeps {suff['share']:.3f} +- {suff['se']:.3f} of the progress ({suff['contexts']} contexts)"
         )
     if r.get("inputs"):
+        estimated = any(h.get("estimated") for h in r["inputs"].values())
         lines.append(
             "through which input each last-layer head acts (every edge into it patched from the corrupted run, "
-            f"{r['intervention_contexts']} contexts):"
+            f"{r['intervention_contexts']} contexts{'; estimated by attribution patching' if estimated else ''}):"
         )
         for label, h in r["inputs"].items():
             verdict_ = {"values": POOLING, "keys/queries": "selects through its keys/queries"}.get(h["through"], "")
@@ -311,12 +320,17 @@ def figures(r: dict, args) -> dict:
     axes[1].axhline(0, color="k", lw=0.8)
     axes[1].set(ylabel="restored (corrupted 0, clean 1)")
     axes[1].set_title("patching its clean output into a corrupted run", fontsize=10)
+    estimated = set(r.get("estimated", {}).get("heads", []))
     for ax in axes:
         ax.set_xticks(x, labels, rotation=90, fontsize=8)
         ax.set_xlabel("head", fontsize=9)
+        for bar, label in zip(ax.patches, labels):
+            if label in estimated:  # beyond the work bound: a first-order estimate, not a run
+                bar.set(hatch="////", alpha=0.5)
+    note = " (hatched: estimated by attribution patching)" if estimated else ""
     fig.suptitle(
         f"Interventions per head, {r['intervention_contexts']} contexts "
-        f"(clean NLL {r['nll_clean']:.4f}, corrupted {r['nll_corrupted']:.4f})",
+        f"(clean NLL {r['nll_clean']:.4f}, corrupted {r['nll_corrupted']:.4f}){note}",
         fontsize=12,
     )
     out["inspect_interventions"] = fig

@@ -1,8 +1,9 @@
 """Benchmark the suite side by side, in one run, on this machine: ``python -m bench``.
 
-    python -m bench                       # every row (about 3 minutes on 2 cores, plus the figures)
+    python -m bench                       # every row but scale (about 3 minutes on 2 cores, plus the figures)
+    python -m bench --only scale          # inspect on a GPT-2-small shape beside the shipped GPT-2
     python -m bench --quick               # small sizes, one repeat: a smoke run in seconds
-    python -m bench --only step cache     # a subset: step cache bma memory train large figures circuit
+    python -m bench --only step cache     # a subset: step cache bma memory train large figures circuit scale
     python -m bench --device cuda         # time on the GPU (memory row: torch.cuda peak allocation)
 
 Rows: a training step of our model against ``bench.reference`` (the full ((L+1)H)^2 copyer score
@@ -13,7 +14,9 @@ the recipe it replaced; the time to regenerate every paper figure; on the shippe
 ``models.interp.circuit``'s exact edge patching and keep-only runs against the implementation they replaced
 (``bench.circuit_reference``, about 3 minutes), and exact edge patching against EAP and EAP-IG (time, and
 the Spearman rank correlation of their edge scores with the exact ones). Each time is the median of a few
-repeats after a warm-up (the circuit rows: one run). It measures; it asserts nothing about speed.
+repeats after a warm-up (the circuit rows: one run); ``scale`` (``bench.scale``, about 10 minutes on a
+quiet core): ``analyses.inspect`` with its default flags on a GPT-2-small-shaped model beside the same on the
+shipped GPT-2, wall and CPU time and peak memory of each process. It measures; it asserts nothing about speed.
 """
 
 from __future__ import annotations
@@ -37,6 +40,7 @@ import torch
 
 from bench.circuit_reference import exact_values_per_edge, keep_only_values_per_receiver
 from bench.reference import bma_posterior_loop, reference_model
+from bench.scale import scale_rows
 from models import DEFAULT_CHECKPOINT, STANDARD_CHECKPOINT, CausalTransformer, load_subject
 from models.interp.circuit import (
     Runner,
@@ -56,7 +60,8 @@ from models.training.optim import keep_freed_memory, sample_batch
 from models.training.train import PRESETS, TrainConfig, init_copyers, step_loss, train
 from probes import bma_posterior, bma_predictive
 
-ROWS = ("step", "cache", "bma", "memory", "train", "large", "figures", "circuit")
+ROWS = ("step", "cache", "bma", "memory", "train", "large", "figures", "circuit", "scale")
+DEFAULT_ROWS = ROWS[:-1]  # scale (minutes of a GPT-2 small) runs when named: --only scale
 # (name, d, L = K, H, batch): the reference's full score matrix outgrows the default batch at scale.
 SIZES = [("small", 5, 10, 12, 256), ("medium", 10, 32, 24, 64), ("large", 20, 64, 32, 8)]
 MEMORY_SIZE = (20, 64, 32, 256)  # d, L = K, H, batch of the cached forward
@@ -543,7 +548,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     """The flags, checked before any work (``models.plumbing.cli``: threads, device, a ``--json`` in an existing
     writable folder that is none of the checkpoints the rows read)."""
     parser = cli.parser("python -m bench", __doc__)
-    parser.add_argument("--only", nargs="+", choices=ROWS, help=f"measure only these rows (default: all of {ROWS})")
+    parser.add_argument("--only", nargs="+", choices=ROWS,
+                        help=f"measure only these rows (default: all of {DEFAULT_ROWS}; scale only when named)")  # fmt: skip
     parser.add_argument(
         "--quick",
         action="store_true",
@@ -563,7 +569,7 @@ def main(argv: list[str] | None = None) -> None:
 
 def _main(argv: list[str]) -> None:
     args = parse_args(argv)
-    only = set(args.only or (ROWS if not args.quick else ("step", "cache", "bma", "train")))
+    only = set(args.only or (DEFAULT_ROWS if not args.quick else ("step", "cache", "bma", "train")))
     repeat = 1 if args.quick else 3
     print(f"machine: {machine(args.device)}", flush=True)
     rows: list[dict] = []
@@ -584,6 +590,8 @@ def _main(argv: list[str]) -> None:
     if "circuit" in only:
         rows += circuit_speed_rows(16 if args.quick else CIRCUIT_CONTEXTS)
         rows += circuit_rows(8 if args.quick else 32)
+    if "scale" in only:
+        rows += scale_rows(args.device, args.threads, args.quick)
     print(table(rows))
     if args.json:
         record = {

@@ -4,7 +4,13 @@ profile and sequence scores; mean-ablation cost and patching share, each with it
 contexts; the progress from the uniform-parent plateau to BMA with its standard error; the sufficiency of
 the named heads (every other head mean-ablated); and through which input each last-layer head acts. The
 verdict's rules and thresholds (``THRESHOLDS``, one table) are ``analyses.inspect``'s docstring's; its
-wording, the printed summary and the figures live there and only format this result."""
+wording, the printed summary and the figures live there and only format this result.
+
+Work that grows with the model: the heads' interventions run stacked along the batch (``run_copies``), each
+stage reports its progress (``models.plumbing.progress``), and a stage whose exact runs would take more than
+``WORK_BOUND`` FLOPs (a GPT-2 small's 144 heads: about 20 times the bound) says so in the result
+(``estimated``), estimates every head by attribution patching and re-measures exactly the heads it ranks
+first, as many as the bound allows."""
 
 from __future__ import annotations
 
@@ -175,8 +181,8 @@ def flops_per_context(subject) -> float:
 @dataclass
 class Runs:
     """The intervention contexts ``tokens`` and ``corrupted`` (the same targets, demonstrations from another
-    tree), each run once: log-probs ``[batch, H, d]``, every layer's ``hook_z`` and the last layer's
-    q, k, v inputs (``capture_hooks``) recorded, and with ``grads`` the gradient of each context's NLL at them
+    tree), each run once: log-probs ``[batch, H, d]``, every layer's ``hook_z`` and the last layer's q, k, v
+    (``last_layer_receivers``) recorded, and with ``grads`` the gradient of each context's NLL at them
     (``models.interp.interventions.activation_grads``), which attribution patching multiplies by a change."""
 
     tokens: Tensor
@@ -215,8 +221,8 @@ def record_runs(subject, tokens, corrupted, names: list[str], grads: bool) -> Ru
 
 def _head_sum(x: Tensor, head: int) -> Float[Tensor, " batch"]:
     """``x[:, :, head]`` summed over everything but the batch (a gradient times a change: the first-order
-    change of each context's metric)."""
-    return x[:, :, head].double().flatten(1).sum(1)
+    change of each context's metric), on the CPU."""
+    return x[:, :, head].double().flatten(1).sum(1).cpu()
 
 
 @torch.no_grad()
@@ -231,7 +237,7 @@ def interventions(subject, runs: Runs, bound: float = WORK_BOUND) -> dict:
     the bound allows; ``estimated`` lists the heads left with estimates."""
     tokens, corrupted, n = runs.tokens, runs.corrupted, len(runs.tokens)
     nll_clean, nll_corrupt = target_nll(runs.lp_clean, tokens), target_nll(runs.lp_bad, corrupted)
-    clean_values = runs.clean_values
+    clean_values = runs.clean_values.cpu()
     jobs = [(i, j) for i, k in enumerate(subject.n_heads) for j in range(k)]
     names = [subject.head_output(i) for i in range(subject.n_layers)]
     mean_z = {name: runs.clean[name].mean(0, keepdim=True) for name in names}
@@ -243,17 +249,16 @@ def interventions(subject, runs: Runs, bound: float = WORK_BOUND) -> dict:
         log_intervention(log, a)
         log_intervention(log, p)
     cost_values = torch.zeros(len(jobs), n, dtype=torch.float64)
-    patched = torch.zeros(len(jobs), n, dtype=torch.float64)
+    patched = [nll_corrupt] * len(jobs)  # the patched run's NLL
     exact_flops = 2 * len(jobs) * n * flops_per_context(subject)
     todo, estimated = list(range(len(jobs))), []
     if exact_flops > bound:  # every head estimated first; the first-ranked re-measured below
         for h, (i, j) in enumerate(jobs):
             cost_values[h] = _head_sum(runs.grad_clean[names[i]] * (mean_z[names[i]] - runs.clean[names[i]]), j)
-            patched[h] = per_context_nll(runs.lp_bad, corrupted) + _head_sum(
-                runs.grad_bad[names[i]] * (runs.clean[names[i]] - runs.bad[names[i]]), j)
+            patched[h] += _head_sum(runs.grad_bad[names[i]] * (runs.clean[names[i]] - runs.bad[names[i]]), j).mean().item()
         spent = 2 * GRAD_PASS * n * flops_per_context(subject)
         room = int(max(0.0, bound - spent) // (2 * n * flops_per_context(subject)))
-        abl, pat = cost_values.mean(1).abs(), (patched.mean(1) - nll_corrupt).abs()
+        abl, pat = cost_values.mean(1).abs(), (torch.tensor(patched, dtype=torch.float64) - nll_corrupt).abs()
         rank = torch.maximum(abl / abl.max().clamp_min(1e-300), pat / pat.max().clamp_min(1e-300))
         todo = sorted(rank.argsort(descending=True)[:room].tolist())
         estimated = [h for h in range(len(jobs)) if h not in todo]
@@ -261,10 +266,11 @@ def interventions(subject, runs: Runs, bound: float = WORK_BOUND) -> dict:
                   2 * len(todo) * n, "context runs") as bar:  # fmt: skip
         if todo:
             lp = run_copies(subject, tokens, [[ablations[h]] for h in todo], runs.rows, bar)
-            cost_values[todo] = per_context_nll(lp.flatten(0, 1), tokens.repeat(len(todo), 1)).view(len(todo), n) \
-                - clean_values  # fmt: skip
+            nll = per_context_nll(lp.flatten(0, 1), tokens.repeat(len(todo), 1)).view(len(todo), n).cpu()
+            cost_values[todo] = nll - clean_values
             lp = run_copies(subject, corrupted, [[patches[h]] for h in todo], runs.rows, bar)
-            patched[todo] = per_context_nll(lp.flatten(0, 1), corrupted.repeat(len(todo), 1)).view(len(todo), n)
+            for c, h in enumerate(todo):
+                patched[h] = target_nll(lp[c], corrupted)
     # Undefined when the demonstrations make no difference (a model on the plateau): None.
     usable = abs(nll_corrupt - nll_clean) >= th("min_patch_effect")
     ablation, ablation_se = zip(*(mean_se(c) for c in cost_values)) if jobs else ((), ())
@@ -273,8 +279,7 @@ def interventions(subject, runs: Runs, bound: float = WORK_BOUND) -> dict:
         "nll_corrupted": nll_corrupt,
         "ablation_dnll": list(ablation),
         "ablation_se": list(ablation_se),
-        "patching_restored": [(nll_corrupt - p.mean().item()) / (nll_corrupt - nll_clean) if usable else None
-                              for p in patched],  # fmt: skip
+        "patching_restored": [(nll_corrupt - p) / (nll_corrupt - nll_clean) if usable else None for p in patched],
         "interventions": log,
     }
     if estimated:
@@ -359,15 +364,17 @@ def corrupt(task, tokens, seed: int):
 
 
 @torch.no_grad()
-def inspect_subject(subject, n_contexts: int = 512, seed: int = 0, batch: int = 256, bound: float = WORK_BOUND) -> dict:
+def inspect_subject(subject, n_contexts: int = 512, seed: int = 0, batch: int = 256, bound: float | None = None) -> dict:
     """Every number of the report (see the module docstring); ``bound``: the FLOPs a per-head stage may spend on
-    exact runs (``WORK_BOUND``; beyond it, attribution patching and the first-ranked heads exactly)."""
+    exact runs (None: ``WORK_BOUND``; beyond it, attribution patching and the first-ranked heads exactly)."""
+    bound = WORK_BOUND if bound is None else bound
     task = subject.task
     L, H = task.n_examples, task.seq_len
     tokens, parents = task.sample(n_contexts, torch.Generator().manual_seed(seed))
     order = context_order(task)  # 2 on a 3-gram: the generalized induction head matches two tokens
     base = baselines(task, tokens, parents)
     lps, stats = [], None
+    batch = min(batch, attention_rows(subject))
     with Progress("log-probs and attention", n_contexts, "contexts") as bar:
         for i in range(0, n_contexts, batch):
             part_tokens, part_parents = tokens[i : i + batch], parents[i : i + batch]
@@ -442,6 +449,15 @@ def inspect_subject(subject, n_contexts: int = 512, seed: int = 0, batch: int = 
     kept = out["sufficiency"].get("paper_circuit", {}).get("share")
     out["paper_circuit"] = out["paper_circuit_attention"] and kept is not None and kept >= th("sufficient")
     return out
+
+
+def attention_rows(subject) -> int:
+    """Contexts a pass of ``log_probs_and_attention`` may take: its forward pass's own peak and every layer's
+    pattern kept in float64, a context each (``rows_per_pass``; 256 and more on the shipped models, about 120 on
+    a GPT-2 small reading 43 positions)."""
+    T = subject.layout.n_positions
+    patterns = sum(subject.n_heads) * T * T * 8
+    return rows_per_pass(context_bytes(subject)[1] + patterns, str(subject.model.cfg.device), factor=2.0)
 
 
 def progress_error(task, tokens, log_probs) -> float:

@@ -19,8 +19,11 @@ entries are replaced (``torch.where`` on a mask), so the rest of the activation 
 "record" puts the activation itself (not a copy: gradients flow through it) into ``store[hook]`` and
 passes it on unchanged; it selects nothing (no heads, positions or dims).
 
-The helpers below (``ablate``, ``patch_heads``, ``ablate_subspace``) build Interventions; ``head_outputs``
-and ``corrupted_contexts`` make the runs they patch from.
+The helpers below (``ablate``, ``patch_heads``, ``ablate_subspace``) build Interventions; ``head_outputs``,
+``recorded_run`` and ``corrupted_contexts`` make the runs they patch from. Many small interventions (one head
+each) run at once with ``run_copies``: the contexts repeated once per intervention along the batch, as many
+rows a pass as fit in the memory a pass may take (``rows_per_pass``); ``activation_grads`` gives the gradient
+of each context's metric at any hooks, what attribution patching multiplies by a change.
 """
 
 from __future__ import annotations

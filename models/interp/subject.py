@@ -4,9 +4,12 @@ A ``Subject`` holds a hooked model, the task it was trained on and the ``Layout`
 answers the questions analyses ask of any model family:
 
 - ``log_probs(tokens, fwd_hooks)``: the target's log-probabilities ``[batch, H, d]`` (row 0: the root),
-  the quantity BMA predicts, under optional TransformerLens forward hooks;
+  the quantity BMA predicts, under optional TransformerLens forward hooks; a model with an unembedding
+  computes the logits of the task's d ids alone, at the positions read (``task_logits``), so that its memory
+  and work grow with the task, not with the vocabulary;
 - ``attention(tokens)``: per layer, every head's pattern with each query labelled by the task token it
-  predicts and each key by the task token it reads (``LayerAttention``);
+  predicts and each key by the task token it reads (``LayerAttention``); ``log_probs_and_attention``: both,
+  from one pass;
 - ``n_heads``, ``head_labels()``, ``head_output(layer)``: its heads by layer, with the hook name of each
   layer's per-head outputs (``hook_z``), for ablation and patching (``models.interp.interventions``);
 - ``capabilities``: what this family has beyond that (the bilinear ``W_KQ``, a content-free copyer

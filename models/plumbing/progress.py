@@ -14,6 +14,7 @@ estimate of the time left, and a last line when such a stage ends::
 from __future__ import annotations
 
 import sys
+import threading
 import time
 
 from tqdm.auto import tqdm
@@ -35,26 +36,43 @@ def duration(seconds: float) -> str:
 class Progress:
     """One stage's progress (module docstring). ``advance(n)`` after each piece of work, ``n`` in the
     stage's unit (pieces of unequal cost advance by their cost, so that the estimate stays honest).
-    ``stream`` (default stderr) and ``clock`` are for tests; ``terminal`` None: whether ``stream`` is one."""
+    Off a terminal a daemon thread checks every second whether a line is due, so that lines come while one
+    long piece of work runs (``ticking=False``: only ``advance`` and ``tick`` print). ``stream`` (default
+    stderr) and ``clock`` are for tests; ``terminal`` None: whether ``stream`` is one."""
 
     def __init__(self, stage: str, total: float, unit: str = "it", stream=None, clock=time.monotonic,
-                 terminal: bool | None = None):  # fmt: skip
+                 terminal: bool | None = None, ticking: bool = True):  # fmt: skip
         self.stage, self.total, self.unit, self.clock = stage, total, unit, clock
+        self._lock = threading.RLock()
         self.stream = sys.stderr if stream is None else stream
         if terminal is None:
             terminal = bool(getattr(self.stream, "isatty", lambda: False)())
         self.bar = tqdm(total=total, desc=stage, unit=unit, leave=False, file=self.stream) if terminal else None
         self.done, self.start, self.printed = 0.0, clock(), None
+        self._stop = threading.Event()
+        self._ticker = None
+        if self.bar is None and ticking:  # a line is due even while one long piece of work runs
+            self._ticker = threading.Thread(target=self._tick_until_closed, daemon=True)
+            self._ticker.start()
 
-    def advance(self, n: float = 1) -> None:
-        self.done += n
-        if self.bar is not None:
-            self.bar.update(n)
-            return
+    def _tick_until_closed(self) -> None:
+        while not self._stop.wait(1.0):
+            self.tick()
+
+    def tick(self) -> None:
+        """Print the plain line if one is due (``FIRST_LINE`` into the stage, then every ``EVERY`` s)."""
         now = self.clock()
         due = self.start + FIRST_LINE if self.printed is None else self.printed + EVERY
         if now >= due and self.done < self.total:
             self._line(now)
+
+    def advance(self, n: float = 1) -> None:
+        with self._lock:
+            self.done += n
+        if self.bar is not None:
+            self.bar.update(n)
+        else:
+            self.tick()
 
     def line(self, now: float | None = None) -> str:
         """The plain line for the work done so far."""
@@ -66,10 +84,16 @@ class Progress:
                 f"{duration(elapsed)} elapsed, {estimate}")  # fmt: skip
 
     def _line(self, now: float) -> None:
-        print(self.line(now), file=self.stream, flush=True)
-        self.printed = now
+        with self._lock:
+            if self.printed is not None and now < self.printed + EVERY:
+                return  # the ticker and the caller both found it due
+            print(self.line(now), file=self.stream, flush=True)
+            self.printed = now
 
     def close(self) -> None:
+        self._stop.set()
+        if self._ticker is not None:
+            self._ticker.join()
         if self.bar is not None:
             self.bar.close()
         elif self.printed is not None:  # a stage that printed says when it ended
@@ -87,11 +111,3 @@ class Progress:
 def _count(x: float) -> str:
     return str(int(x)) if float(x).is_integer() else f"{x:.1f}"
 
-
-def progress(iterable, stage: str, total: int | None = None, unit: str = "it"):
-    """``for x in progress(items, stage): ...``: a ``Progress`` advanced by one per item."""
-    items = list(iterable) if total is None and not hasattr(iterable, "__len__") else iterable
-    with Progress(stage, len(items) if total is None else total, unit) as bar:
-        for x in items:
-            yield x
-            bar.advance()
