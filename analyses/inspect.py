@@ -223,10 +223,11 @@ def summary(r: dict) -> str:
             f"(the MLPs kept) keeps {suff['share']:.3f} +- {suff['se']:.3f} of the progress ({suff['contexts']} contexts)"
         )
     if r.get("inputs"):
-        estimated = any(h.get("estimated") for h in r["inputs"].values())
+        estimated = [k for k, h in r["inputs"].items() if h.get("estimated")]
+        note = f"; estimated by attribution patching: {', '.join(estimated)}" if estimated else ""
         lines.append(
             "through which input each last-layer head acts (every edge into it patched from the corrupted run, "
-            f"{r['intervention_contexts']} contexts{'; estimated by attribution patching' if estimated else ''}):"
+            f"{r['intervention_contexts']} contexts{note}):"
         )
         for label, h in r["inputs"].items():
             verdict_ = {"values": POOLING, "keys/queries": "selects through its keys/queries"}.get(h["through"], "")

@@ -178,6 +178,32 @@ def recorded_run(subject: Subject, tokens: Int[Tensor, "batch n_tokens"], names:
     return lp, store
 
 
+def head_patch(subject: Subject, layer: int, heads, source: dict[int, Tensor], name: str = "clean run") -> Intervention:
+    """Replace ``heads`` of ``layer`` by their outputs in ``source`` (``head_outputs`` of the run ``name``)."""
+    return Intervention(subject.head_output(layer), "patch", heads=tuple(heads), source=name, value=source[layer])
+
+
+def patch_heads(subject: Subject, layer: int, heads: list[int], source: dict[int, Tensor], log=None, name="clean run"):
+    """Hooks of ``head_patch``."""
+    return hooks([head_patch(subject, layer, heads, source, name)], log)
+
+
+def subspace_ablation(name: str, dims: slice, kind: str = "zero", mean: Tensor | None = None) -> Intervention:
+    """Zero-ablate (``kind="zero"``) or mean-ablate (``"mean"``) the last-axis slice ``dims`` of
+    activation ``name`` at every position and head (one residual subspace of ``blocks.1.attn.hook_q``, say).
+    Mean ablation uses ``mean`` (the activation averaged over contexts, without the batch axis) when given,
+    else the mean over the batch being run."""
+    if kind not in ("zero", "mean"):
+        raise ValueError(f"ablation kind must be 'zero' or 'mean', got {kind!r}")
+    source = None if kind == "zero" else ("mean over the batch" if mean is None else "mean over contexts")
+    return Intervention(name, kind, dims=(dims.start or 0, dims.stop), source=source, value=mean)
+
+
+def ablate_subspace(name: str, dims: slice, kind: str = "zero", mean: Tensor | None = None, log=None):
+    """Hooks of ``subspace_ablation``."""
+    return hooks([subspace_ablation(name, dims, kind, mean)], log)
+
+
 # Many interventions at once --------------------------------------------------------------------------------
 BATCH_MEMORY = 2**30  # bytes a batched pass may hold on a CPU (the suite's memory bound, if lower)
 MAX_ROWS = {"cpu": 512, "cuda": 8192}  # contexts x copies a pass: on a CPU, larger passes spend their time
@@ -257,55 +283,36 @@ def activation_grads(subject: Subject, tokens: Int[Tensor, "batch n_tokens"], na
     context's ``metric(log_probs, tokens)`` [batch], {name: the activation}, {name: d metric / d activation})``
     for the hooks ``names``, each context's metric differentiated with respect to its own activations (the
     gradient of their sum; every activation is read where it is, so it is the total derivative through every
-    later layer). What attribution patching multiplies by a change of the activation."""
-    lps, values, acts, grads = [], [], {k: [] for k in names}, {k: [] for k in names}
-    for first in range(0, len(tokens), rows):
-        part = tokens[first : first + rows]
+    later layer). What attribution patching multiplies by a change of the activation. The results are filled
+    in part by part (no second copy of them at the end)."""
+    n = len(tokens)
+    lps = values = None
+    acts: dict[str, Tensor] = {}
+    grads: dict[str, Tensor] = {}
+    for first in range(0, n, rows):
+        part = slice(first, min(first + rows, n))
         store: dict = {}
         hooks = [(name, lambda act, hook=None: act.detach().requires_grad_(True))
                  for name in ("hook_embed", "hook_pos_embed") if name in subject.model.hook_dict]  # fmt: skip
         hooks += [Intervention(name, "record", store=store).fwd_hook() for name in names]
         with torch.enable_grad():
-            lp = subject.log_probs(part, hooks)
-            value = metric(lp, part)
+            lp = subject.log_probs(tokens[part], hooks)
+            value = metric(lp, tokens[part])
             found = [name for name in names if name in store and store[name].requires_grad]
             got = torch.autograd.grad(value.sum(), [store[k] for k in found], allow_unused=True) if found else []
         by_name = dict(zip(found, got))
+        if lps is None:
+            lps, values = lp.new_empty((n, *lp.shape[1:])), value.new_empty(n)
+        lps[part], values[part] = lp.detach(), value.detach()
         for name in names:
             if name not in store:
                 raise ValueError(f"the forward pass never reached {name}")
-            acts[name].append(store[name].detach())
-            g = by_name.get(name)
-            grads[name].append(torch.zeros_like(store[name]).detach() if g is None else g.detach())
-        lps.append(lp.detach())
-        values.append(value.detach())
+            act, grad = store[name].detach(), by_name.get(name)
+            if name not in acts:
+                acts[name], grads[name] = act.new_empty((n, *act.shape[1:])), act.new_empty((n, *act.shape[1:]))
+            acts[name][part] = act
+            grads[name][part] = 0 if grad is None else grad
+        del store, lp, value, got, by_name
         if bar is not None:
-            bar.advance(len(part))
-    cat = lambda d: {k: torch.cat(v) for k, v in d.items()}  # noqa: E731
-    return torch.cat(lps), torch.cat(values), cat(acts), cat(grads)
-
-
-def head_patch(subject: Subject, layer: int, heads, source: dict[int, Tensor], name: str = "clean run") -> Intervention:
-    """Replace ``heads`` of ``layer`` by their outputs in ``source`` (``head_outputs`` of the run ``name``)."""
-    return Intervention(subject.head_output(layer), "patch", heads=tuple(heads), source=name, value=source[layer])
-
-
-def patch_heads(subject: Subject, layer: int, heads: list[int], source: dict[int, Tensor], log=None, name="clean run"):
-    """Hooks of ``head_patch``."""
-    return hooks([head_patch(subject, layer, heads, source, name)], log)
-
-
-def subspace_ablation(name: str, dims: slice, kind: str = "zero", mean: Tensor | None = None) -> Intervention:
-    """Zero-ablate (``kind="zero"``) or mean-ablate (``"mean"``) the last-axis slice ``dims`` of
-    activation ``name`` at every position and head (one residual subspace of ``blocks.1.attn.hook_q``, say).
-    Mean ablation uses ``mean`` (the activation averaged over contexts, without the batch axis) when given,
-    else the mean over the batch being run."""
-    if kind not in ("zero", "mean"):
-        raise ValueError(f"ablation kind must be 'zero' or 'mean', got {kind!r}")
-    source = None if kind == "zero" else ("mean over the batch" if mean is None else "mean over contexts")
-    return Intervention(name, kind, dims=(dims.start or 0, dims.stop), source=source, value=mean)
-
-
-def ablate_subspace(name: str, dims: slice, kind: str = "zero", mean: Tensor | None = None, log=None):
-    """Hooks of ``subspace_ablation``."""
-    return hooks([subspace_ablation(name, dims, kind, mean)], log)
+            bar.advance(part.stop - part.start)
+    return lps, values, acts, grads

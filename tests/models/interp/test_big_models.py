@@ -219,7 +219,9 @@ def test_beyond_the_work_bound_heads_are_estimated_by_attribution_and_the_first_
     est = r["estimated"]
     assert [(stage, done) for stage, total, done in Stages.seen if total == done] == [
         ("log-probs and attention", 64), ("clean and corrupted runs with gradients", 128),
-        ("per-head ablation and patching (exact, first-ranked heads)", 3 * 2 * 64), ("sufficiency", 2)]  # fmt: skip
+        ("per-head ablation and patching (exact, first-ranked heads)", 3 * 2 * 64),
+        ("inputs of the last layer's heads", 0), ("sufficiency", 2)]  # fmt: skip  (no carrier: no input exactly)
+    assert r["carriers"] == [] and all(h.get("estimated") for h in r["heads"] if h["label"] in est["heads"])
     assert len(est["exactly"]) == 3 and len(est["heads"]) == 29 and est["bound_flops"] < est["exact_flops"]
     assert all(h["estimated"] for h in r["inputs"].values())
     tokens, _ = task.sample(64, torch.Generator().manual_seed(0))
@@ -244,3 +246,46 @@ def test_beyond_the_work_bound_heads_are_estimated_by_attribution_and_the_first_
         assert (ends[0] - clean).abs().max() < 1  # the difference is of the run, not of a broken hook
         checked += 1
     assert checked >= 4
+
+
+def test_beyond_the_bound_the_named_heads_inputs_are_exact_and_the_others_estimated(stand_in):
+    """input_costs with a bound that holds the three inputs of one head: that head's (a carrier the verdict
+    names) exactly, equal to the exact costs of every head's; the others' by attribution, each against the
+    derivative of Hugging Face's NLL along v + e (v_corrupted - v), by central differences in float64."""
+    folder, hf, task, layout = stand_in
+    subject = load_subject(folder)
+    tokens, _ = task.sample(32, torch.Generator().manual_seed(3))
+    bad = inspection.corrupt(task, tokens, 3)
+    receivers = inspection.last_layer_receivers(subject)
+    names = sorted({r.capture for r in receivers})
+    runs = inspection.record_runs(subject, tokens, bad, names, grads=True)
+    f = inspection.flops_per_context(subject)
+    exact = inspection.input_costs(subject, runs, bound=float("inf"))
+    mixed = inspection.input_costs(subject, runs, bound=3.5 * 32 * f, named=["L3H5"])
+    assert "estimated" not in mixed["L3H5"] and all(mixed[h].get("estimated") for h in mixed if h != "L3H5")
+    assert all(abs(mixed["L3H5"][x]["cost"] - exact["L3H5"][x]["cost"]) < 1e-9 for x in "qkv")
+    # The estimate of L3H2's value input: d/de NLL at v + e (v_corrupted - v), v = c_attn's value columns of head 2
+    hf = copy.deepcopy(hf).double()
+    C, e = SHAPE["n_embd"], SHAPE["n_embd"] // SHAPE["n_head"]
+    cols = slice(2 * C + 2 * e, 2 * C + 3 * e)
+    attn = hf.transformer.h[SHAPE["n_layer"] - 1].attn.c_attn
+    store = {}
+    handle = attn.register_forward_hook(lambda m, args, out: store.update(v=out[..., cols].clone()))
+    hf_log_probs(hf, layout, bad)
+    handle.remove()
+
+    def nll_at(eps):
+        def move(m, args, out):
+            out = out.clone()
+            out[..., cols] += eps * (store["v"] - out[..., cols])
+            return out
+
+        handle = attn.register_forward_hook(move)
+        try:
+            return per_context_nll(hf_log_probs(hf, layout, tokens), tokens)
+        finally:
+            handle.remove()
+
+    slope = ((nll_at(1e-4) - nll_at(-1e-4)) / 2e-4).mean().item()
+    assert abs(mixed["L3H2"]["v"]["cost"] - slope) < 1e-6 + 1e-3 * abs(slope)
+    assert abs(slope) > 1e-5  # a derivative that is there to be matched
