@@ -34,7 +34,8 @@ def gpt2_folder(folder: Path, shape: dict, seed: int = 0) -> Path:
     import transformers
 
     torch.manual_seed(seed)
-    cfg = transformers.GPT2Config(**shape, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)
+    special = {} if shape.get("vocab_size", 50257) > 50256 else {"bos_token_id": 0, "eos_token_id": 0}  # in range
+    cfg = transformers.GPT2Config(**shape, **special, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)
     transformers.logging.disable_progress_bar()
     transformers.GPT2LMHeadModel(cfg).save_pretrained(folder)
     shutil.copy(STANDARD_CHECKPOINT / "task.json", folder / "task.json")

@@ -177,17 +177,22 @@ def flops_per_context(subject) -> float:
     """Floating-point operations of one forward pass on one context, from the weights: 2 x the parameters of
     the model's blocks x the positions it reads (the attention's own products, which grow with the square of
     the positions, left out: small at these lengths; the embeddings and the unembedding, which the task's
-    read-out touches in a few columns only, left out)."""
+    read-out touches in a few columns only, left out). A weight held twice (a TransformerBridge's W_Q, W_K, W_V
+    are views of GPT-2's joint c_attn) counts once."""
     blocks = getattr(subject.model, "blocks", subject.model)
-    return 2.0 * sum(p.numel() for p in blocks.parameters()) * subject.layout.n_positions
+    storages = {p.untyped_storage().data_ptr(): p.untyped_storage().nbytes() // p.element_size() for p in blocks.parameters()}
+    return 2.0 * sum(storages.values()) * subject.layout.n_positions
 
 
 @dataclass
 class Runs:
     """The intervention contexts ``tokens`` and ``corrupted`` (the same targets, demonstrations from another
-    tree), each run once: log-probs ``[batch, H, d]``, every layer's ``hook_z`` and the last layer's q, k, v
-    (``last_layer_receivers``) recorded, and with ``grads`` the gradient of each context's NLL at them
-    (``models.interp.interventions.activation_grads``), which attribution patching multiplies by a change."""
+    tree), each run once (``record_runs``): the log-probs ``[batch, H, d]`` of both, every layer's ``hook_z`` on
+    ``tokens`` (``clean``), the last layer's q, k, v (``last_layer_receivers``) on both (``clean``, ``bad``);
+    with gradients, also the first-order estimates of attribution patching, per head and context
+    ``[head, batch]``: of mean-ablating the head (``ablation``, the NLL change) and of patching its clean
+    ``hook_z`` into the corrupted run (``patching``, the change of that run's NLL), and the gradient of the
+    NLL at the last layer's q, k, v (``grad_clean``)."""
 
     tokens: Tensor
     corrupted: Tensor
@@ -195,8 +200,9 @@ class Runs:
     lp_bad: Tensor
     clean: dict
     bad: dict
+    ablation: Tensor | None = None
+    patching: Tensor | None = None
     grad_clean: dict | None = None
-    grad_bad: dict | None = None
     rows: int = 1  # rows (contexts x copies) a pass of exact runs takes (models.interp.interventions.rows_per_pass)
 
     @property
@@ -204,23 +210,33 @@ class Runs:
         return per_context_nll(self.lp_clean, self.tokens)
 
 
-def record_runs(subject, tokens, corrupted, names: list[str], grads: bool) -> Runs:
-    """Both runs of ``Runs``, the activations at ``names`` recorded (with ``grads``: passes with gradients,
-    a few contexts at a time)."""
+def record_runs(subject, tokens, corrupted, captures: list[str], grads: bool) -> Runs:
+    """Both runs of ``Runs`` (``captures``: the hooks of the last layer's q, k, v); with ``grads``, passes with
+    gradients a few contexts at a time, each head's estimates taken from them and the gradients then dropped
+    but those at ``captures``."""
     rows = rows_per_pass(context_bytes(subject)[1], str(subject.model.cfg.device), factor=2.0)
+    z = [subject.head_output(i) for i in range(subject.n_layers)]
     if not grads:
         with Progress("clean and corrupted runs", 2 * len(tokens), "contexts") as bar:
-            lp_clean, clean = recorded_run(subject, tokens, names)
+            lp_clean, clean = recorded_run(subject, tokens, z + captures)
             bar.advance(len(tokens))
-            lp_bad, bad = recorded_run(subject, corrupted, names)
+            lp_bad, bad = recorded_run(subject, corrupted, captures)
             bar.advance(len(tokens))
         return Runs(tokens, corrupted, lp_clean, lp_bad, clean, bad, rows=rows)
     kept = forward_bytes(subject.log_probs, subject.task, 1)  # a pass with gradients keeps every activation
     grad_rows = rows_per_pass(kept, str(subject.model.cfg.device), factor=2.0)
+    jobs = [(i, j) for i, k in enumerate(subject.n_heads) for j in range(k)]
     with Progress("clean and corrupted runs with gradients", 2 * len(tokens), "contexts") as bar:
-        lp_clean, _, clean, grad_clean = activation_grads(subject, tokens, names, per_context_nll, grad_rows, bar)
-        lp_bad, _, bad, grad_bad = activation_grads(subject, corrupted, names, per_context_nll, grad_rows, bar)
-    return Runs(tokens, corrupted, lp_clean, lp_bad, clean, bad, grad_clean, grad_bad, rows)
+        lp_clean, _, clean, grad = activation_grads(subject, tokens, z + captures, per_context_nll, grad_rows, bar)
+        mean = {name: clean[name].mean(0, keepdim=True) for name in z}
+        ablation = torch.stack([_head_sum(grad[z[i]] * (mean[z[i]] - clean[z[i]]), j) for i, j in jobs])
+        grad_clean = {name: grad[name] for name in captures}
+        del grad
+        lp_bad, _, bad, grad = activation_grads(subject, corrupted, z + captures, per_context_nll, grad_rows, bar)
+        patching = torch.stack([_head_sum(grad[z[i]] * (clean[z[i]] - bad[z[i]]), j) for i, j in jobs])
+        bad = {name: bad[name] for name in captures}
+        del grad
+    return Runs(tokens, corrupted, lp_clean, lp_bad, clean, bad, ablation, patching, grad_clean, rows)
 
 
 def _head_sum(x: Tensor, head: int) -> Float[Tensor, " batch"]:
@@ -235,7 +251,7 @@ def interventions(subject, runs: Runs, bound: float = WORK_BOUND) -> dict:
     standard error), and the fraction of the clean-vs-corrupted NLL difference restored by patching its clean
     ``hook_z`` into the corrupted run. The heads' runs are stacked along the batch dimension
     (``run_copies``). When exact runs of every head would take more than ``bound`` FLOPs, each head is
-    estimated by attribution patching (``runs`` then has gradients: the gradient at the clean run times
+    estimated by attribution patching (``runs`` then holds the estimates: the gradient at the clean run times
     mean - value; at the corrupted run times clean - corrupted value, per context) and the heads ranked first
     (largest estimate of either, each relative to the largest) are re-measured exactly, as many as the rest of
     the bound allows; ``estimated`` lists the heads left with estimates."""
@@ -256,10 +272,9 @@ def interventions(subject, runs: Runs, bound: float = WORK_BOUND) -> dict:
     patched = [nll_corrupt] * len(jobs)  # the patched run's NLL
     exact_flops = 2 * len(jobs) * n * flops_per_context(subject)
     todo, estimated = list(range(len(jobs))), []
-    if exact_flops > bound:  # every head estimated first; the first-ranked re-measured below
-        for h, (i, j) in enumerate(jobs):
-            cost_values[h] = _head_sum(runs.grad_clean[names[i]] * (mean_z[names[i]] - runs.clean[names[i]]), j)
-            patched[h] += _head_sum(runs.grad_bad[names[i]] * (runs.clean[names[i]] - runs.bad[names[i]]), j).mean().item()
+    if exact_flops > bound:  # every head estimated first (record_runs); the first-ranked re-measured below
+        cost_values[:] = runs.ablation
+        patched = [nll_corrupt + p.mean().item() for p in runs.patching]
         spent = 2 * GRAD_PASS * n * flops_per_context(subject)
         room = int(max(0.0, bound - spent) // (2 * n * flops_per_context(subject)))
         abl, pat = cost_values.mean(1).abs(), (torch.tensor(patched, dtype=torch.float64) - nll_corrupt).abs()
@@ -416,10 +431,10 @@ def inspect_subject(subject, n_contexts: int = 512, seed: int = 0, batch: int = 
     n_int = min(n_contexts, INTERVENTION_CONTEXTS)
     inter_tokens = tokens[:n_int]
     receivers = last_layer_receivers(subject) or []
-    names = [subject.head_output(i) for i in range(subject.n_layers)] + sorted({r.capture for r in receivers})
+    captures = sorted({r.capture for r in receivers})
     n_heads, flops = sum(subject.n_heads), flops_per_context(subject) * n_int
     grads = max(2 * n_heads, len(receivers)) * flops > bound  # some stage estimates: the runs carry gradients
-    runs = record_runs(subject, inter_tokens, corrupt(task, inter_tokens, seed), names, grads)
+    runs = record_runs(subject, inter_tokens, corrupt(task, inter_tokens, seed), captures, grads)
     inter = interventions(subject, runs, bound)
     for h, a, se, p in zip(per_head, inter["ablation_dnll"], inter["ablation_se"], inter["patching_restored"]):
         h.update(ablation_dnll=a, ablation_se=se, patching_restored=p)

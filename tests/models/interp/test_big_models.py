@@ -8,14 +8,16 @@ or against the derivative taken by finite differences in float64."""
 
 from __future__ import annotations
 
+import argparse
 import copy
 import json
 
+import matplotlib.pyplot as plt
 import pytest
 import torch
 from test_formats_pipelines import save_random_gpt2
 
-from analyses import inspect
+from analyses import common, inspect
 from models import STANDARD_CHECKPOINT, load_subject
 from models.interp import inspection
 from models.interp.circuit import Runner, build_graph, sender_writes
@@ -61,7 +63,7 @@ def hf_log_probs(hf, layout: Layout, tokens, edits=None) -> torch.Tensor:
                for i, f in (edits or {}).items()]  # fmt: skip
     try:
         with torch.no_grad():
-            logits = hf(layout.encode(tokens)).logits.double()
+            logits = hf(layout.encode(tokens), use_cache=False).logits.double()
     finally:
         for h in handles:
             h.remove()
@@ -162,15 +164,18 @@ def run_inspect(folder, out, monkeypatch, bound=None) -> dict:
     return inspect.main(["--checkpoint", str(folder), "--n-contexts", "64", "--out", str(out)])
 
 
-def exact_heads(hf, layout, tokens, bad):
-    """Per head, with Hugging Face's forward pass and one head at a time: each context's NLL change under mean
-    ablation (the mean over ``tokens``) and the patched corrupted run's NLL, ``{label: (cost, patched)}``."""
+def exact_heads(hf, layout, tokens, bad, only=None):
+    """Per head (of ``only``; None: every one), with Hugging Face's forward pass and one head at a time: each
+    context's NLL change under mean ablation (the mean over ``tokens``) and the patched corrupted run's NLL,
+    ``{label: (cost, patched)}``."""
     nll = lambda lp, t: per_context_nll(lp, t)  # noqa: E731
     clean, z_clean = nll(hf_log_probs(hf, layout, tokens), tokens), merged_z(hf, layout, tokens)
     out = {}
     for i in range(SHAPE["n_layer"]):
         mean = z_clean[i].mean(0, keepdim=True)
         for j in range(SHAPE["n_head"]):
+            if only is not None and head_label(i, j) not in only:
+                continue
             ablated = hf_log_probs(hf, layout, tokens, {i: lambda z, j=j, m=mean: with_head(z, j, m.expand_as(z))})
             patched = hf_log_probs(hf, layout, bad, {i: lambda z, j=j, c=z_clean[i]: with_head(z, j, c)})
             out[head_label(i, j)] = (nll(ablated, tokens) - clean, nll(patched, bad))
@@ -209,14 +214,23 @@ def test_inspect_on_the_stand_in_equals_one_head_at_a_time_over_the_full_vocabul
         ("inputs of the last layer's heads", 24 * 64), ("sufficiency", 2)]  # fmt: skip
 
 
-def test_beyond_the_work_bound_heads_are_estimated_by_attribution_and_the_first_ranked_measured(stand_in, tmp_path,
-                                                                                                monkeypatch):  # fmt: skip
+def test_beyond_the_work_bound_heads_are_estimated_by_attribution_and_the_first_ranked_measured(stand_in, monkeypatch):
+    """The library call (the command line's path is the test above; its figures, hatched where estimated, are
+    drawn here without being saved)."""
     folder, hf, task, layout = stand_in
     subject = load_subject(folder)
     n, f = 64, inspection.flops_per_context(subject)
     spent = 2 * inspection.GRAD_PASS * n * f  # the two passes with gradients
-    r = run_inspect(folder, tmp_path / "out", monkeypatch, bound=spent + 3.5 * 2 * n * f)  # room for 3 heads
+    monkeypatch.setattr(inspection, "Progress", Stages)
+    Stages.seen = []
+    r = inspection.inspect_subject(subject, n, 0, bound=spent + 3.5 * 2 * n * f)  # room for 3 heads
     est = r["estimated"]
+    assert "29 heads are first-order estimates" in inspect.summary({**r, "circuit_link": None})
+    common.style()
+    figures = inspect.figures(r, argparse.Namespace(n_contexts=n))
+    hatched = [b.get_hatch() for b in figures["inspect_interventions"].axes[0].patches]
+    assert [h == "////" for h in hatched] == [h["label"] in est["heads"] for h in r["heads"]]
+    plt.close("all")
     assert [(stage, done) for stage, total, done in Stages.seen if total == done] == [
         ("log-probs and attention", 64), ("clean and corrupted runs with gradients", 128),
         ("per-head ablation and patching (exact, first-ranked heads)", 3 * 2 * 64),
@@ -227,7 +241,7 @@ def test_beyond_the_work_bound_heads_are_estimated_by_attribution_and_the_first_
     tokens, _ = task.sample(64, torch.Generator().manual_seed(0))
     bad = inspection.corrupt(task, tokens, 0)
     by_label = {h["label"]: h for h in r["heads"]}
-    want = exact_heads(hf, layout, tokens, bad)
+    want = exact_heads(hf, layout, tokens, bad, only=est["exactly"])
     for label in est["exactly"]:
         assert abs(by_label[label]["ablation_dnll"] - want[label][0].mean().item()) < 1e-6
     # The estimates: d/de of the NLL at z + e (mean - z), by central differences in float64 (Hugging Face's pass)
