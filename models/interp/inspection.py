@@ -26,6 +26,7 @@ from models.interp.interventions import (
     Intervention,
     activation_grads,
     corrupted_contexts,
+    even_parts,
     head_ablation,
     head_patch,
     hooks,
@@ -397,7 +398,7 @@ def inspect_subject(subject, n_contexts: int = 512, seed: int = 0, batch: int = 
     order = context_order(task)  # 2 on a 3-gram: the generalized induction head matches two tokens
     base = baselines(task, tokens, parents)
     lps, stats = [], None
-    batch = min(batch, attention_rows(subject))
+    batch = even_parts(n_contexts, min(batch, attention_rows(subject)))
     with Progress("log-probs and attention", n_contexts, "contexts") as bar:
         for i in range(0, n_contexts, batch):
             part_tokens, part_parents = tokens[i : i + batch], parents[i : i + batch]
@@ -478,8 +479,8 @@ def inspect_subject(subject, n_contexts: int = 512, seed: int = 0, batch: int = 
 
 def attention_rows(subject) -> int:
     """Contexts a pass of ``log_probs_and_attention`` may take: its forward pass's own peak and every layer's
-    pattern kept in float64, a context each (``rows_per_pass``; 256 and more on the shipped models, about 120 on
-    a GPT-2 small reading 43 positions)."""
+    pattern kept in float64, a context each (``rows_per_pass``; 256 and more on the shipped models, about 60 on
+    a GPT-2 small reading 42 positions)."""
     T = subject.layout.n_positions
     patterns = sum(subject.n_heads) * T * T * 8
     return rows_per_pass(context_bytes(subject)[1] + patterns, str(subject.model.cfg.device), factor=2.0)

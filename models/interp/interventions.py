@@ -205,7 +205,8 @@ def ablate_subspace(name: str, dims: slice, kind: str = "zero", mean: Tensor | N
 
 
 # Many interventions at once --------------------------------------------------------------------------------
-BATCH_MEMORY = 2**30  # bytes a batched pass may hold on a CPU (the suite's memory bound, if lower)
+BATCH_MEMORY = 2**29  # bytes a batched pass may hold on a CPU (the suite's memory bound, if lower): with a GPT-2
+# small's weights and what analyses.inspect keeps, its run stays within 3 GB
 MAX_ROWS = {"cpu": 512, "cuda": 8192}  # contexts x copies a pass: on a CPU, larger passes spend their time
 # faulting in fresh memory (bench's circuit rows); on a GPU, what fits
 
@@ -220,6 +221,12 @@ def rows_per_pass(per_context: int, device: str = "cpu", factor: float = 1.0) ->
     available, _ = memory_limit(device)
     budget = MEMORY_FRACTION * available if kind == "cuda" else min(BATCH_MEMORY, MEMORY_FRACTION * available)
     return int(max(1, min(MAX_ROWS[kind], budget // max(factor * per_context, 1))))
+
+
+def even_parts(n: int, rows: int) -> int:
+    """The size of the parts that split ``n`` contexts into passes of at most ``rows``, all but the last
+    equal and as few as possible (128 contexts at 116 rows a pass: two passes of 64, not 116 and 12)."""
+    return -(-n // -(-n // max(1, rows)))
 
 
 def _on_contexts(iv: Intervention, rows: slice) -> Intervention:
@@ -260,7 +267,7 @@ def run_copies(subject: Subject, tokens: Int[Tensor, "batch n_tokens"], copies: 
     (a ``models.plumbing.progress.Progress``) advances by one per copy and context run."""
     n = len(tokens)
     per = max(1, rows // n)  # copies a pass
-    step = n if per > 1 or rows >= n else rows  # contexts a pass
+    step = n if per > 1 or rows >= n else even_parts(n, rows)  # contexts a pass
     out = []
     for start in range(0, len(copies), per):
         group = copies[start : start + per]
@@ -289,8 +296,8 @@ def activation_grads(subject: Subject, tokens: Int[Tensor, "batch n_tokens"], na
     lps = values = None
     acts: dict[str, Tensor] = {}
     grads: dict[str, Tensor] = {}
-    for first in range(0, n, rows):
-        part = slice(first, min(first + rows, n))
+    for first in range(0, n, even_parts(n, rows)):
+        part = slice(first, min(first + even_parts(n, rows), n))
         store: dict = {}
         hooks = [(name, lambda act, hook=None: act.detach().requires_grad_(True))
                  for name in ("hook_embed", "hook_pos_embed") if name in subject.model.hook_dict]  # fmt: skip
