@@ -398,7 +398,8 @@ def inspect_subject(subject, n_contexts: int = 512, seed: int = 0, batch: int = 
     order = context_order(task)  # 2 on a 3-gram: the generalized induction head matches two tokens
     base = baselines(task, tokens, parents)
     lps, stats = [], None
-    batch = even_parts(n_contexts, min(batch, attention_rows(subject)))
+    fits = attention_rows(subject)
+    batch = batch if fits >= batch else even_parts(n_contexts, fits)  # a big model: as many as fit, evenly
     with Progress("log-probs and attention", n_contexts, "contexts") as bar:
         for i in range(0, n_contexts, batch):
             part_tokens, part_parents = tokens[i : i + batch], parents[i : i + batch]
@@ -479,10 +480,10 @@ def inspect_subject(subject, n_contexts: int = 512, seed: int = 0, batch: int = 
 
 def attention_rows(subject) -> int:
     """Contexts a pass of ``log_probs_and_attention`` may take: its forward pass's own peak and every layer's
-    pattern kept in float64, a context each (``rows_per_pass``; 256 and more on the shipped models, about 60 on
-    a GPT-2 small reading 42 positions)."""
-    T = subject.layout.n_positions
-    patterns = sum(subject.n_heads) * T * T * 8
+    pattern kept in float64 (measured on one context), a context each (``rows_per_pass``; 256 and more on the
+    shipped models, about 60 on a GPT-2 small reading 42 positions)."""
+    tokens, _ = subject.task.sample(1, torch.Generator().manual_seed(0))
+    patterns = sum(a.pattern.numel() * a.pattern.element_size() for a in subject.log_probs_and_attention(tokens)[1])
     return rows_per_pass(context_bytes(subject)[1] + patterns, str(subject.model.cfg.device), factor=2.0)
 
 
