@@ -42,26 +42,28 @@ Where ``transformer_lens.patching`` fits, and where it does not:
 
 from __future__ import annotations
 
+from analyses import common
+from models.plumbing.io import UsageError
+
+NAME = "activation_patching"
+N_CONTEXTS = 512  # default --n-contexts
+REQUIRES = frozenset({common.DISENTANGLED, common.MARKOV_TASK})  # what it needs of its subject
+
+common.parse_first(globals())  # python -m: --help and a mistyped flag answer here, before torch is imported
+
 import numpy as np
 import pandas as pd
 import torch
 from jaxtyping import Float, Int
 from torch import Tensor
-from transformer_lens.patching import (
-    generic_activation_patch,
-    layer_head_vector_patch_setter,
-    layer_pos_head_vector_patch_setter,
-)
+from transformer_lens.patching import layer_head_vector_patch_setter, layer_pos_head_vector_patch_setter
 from transformer_lens.utilities import get_act_name
 
-from analyses import common
 from models.interp.interventions import Intervention, corrupted_contexts, description, hooks, log_intervention
-from models.interp.patching import index_df, subspace_patch_setter
+from models.interp.patching import generic_activation_patch, index_df, subspace_patch_setter
 from models.interp.subject import DisentangledSubject, head_label
 from probes import head_assignment
 
-NAME = "activation_patching"
-N_CONTEXTS = 512  # default --n-contexts
 PATTERN = "blocks.1.attn.hook_pattern"  # [batch, 1, H, H]
 CLEAN = "clean run, patched into the run on another tree's demonstrations"
 METRICS = ("logprob", "parent_mass")
@@ -145,7 +147,7 @@ class Patcher:
         self.equal_share = ((clean - corrupted).abs() < EQUAL_TOL).double().mean((1, 2))
         for name, den in zip(self.metrics, self.denominator.tolist()):
             if abs(den) < 1e-9:
-                raise ValueError(
+                raise UsageError(
                     f"clean and corrupted runs give the same mean {name} ({den:.2g} apart); "
                     "expected corrupted demonstrations that change the model's output"
                 )
@@ -162,7 +164,7 @@ class Patcher:
         self, activation: str, setter, cells: pd.DataFrame, tokens: Tensor | None = None
     ) -> Float[Tensor, "metric cells"]:
         """Normalised effect of each patch in ``cells`` (an index_df), run on the corrupted tokens
-        (or on ``tokens``), through ``transformer_lens.patching.generic_activation_patch``."""
+        (or on ``tokens``), through ``models.interp.patching.generic_activation_patch`` (TransformerLens's, checked)."""
         tokens = self.corrupted_tokens if tokens is None else tokens
         log_intervention(self.log, {**description(get_act_name(activation, int(cells["layer"].iloc[0])), "patch", CLEAN),
                           "one_forward_pass_per": [c for c in cells.columns if c != "layer"] or "sweep",
@@ -238,18 +240,33 @@ def subspace_labels(K: int) -> list[str]:
     return ["token"] + [f"{head_label(0, k)} copy" for k in range(K)]
 
 
-def _heatmap(fig, ax, values: np.ndarray, rows: list[str], cols: list, title: str, annotate: bool = False):
-    """A diverging heatmap centred at 0 (symmetric limits) with its own colour bar."""
-    m = max(float(np.abs(values).max()), 1e-12)
-    im = ax.imshow(values, cmap="RdBu_r", vmin=-m, vmax=m, aspect="auto")
+def _heatmap(ax, values: np.ndarray, rows: list[str], cols: list, title: str, limit: float, annotate: bool = False):
+    """A diverging heatmap centred at 0 on the figure's one scale (+-``limit``, shared by every heatmap of
+    the figure, so that a small effect looks small beside a large one); returns the image for the colour bar."""
+    im = ax.imshow(values, cmap="RdBu_r", vmin=-limit, vmax=limit, aspect="auto")
     ax.set(yticks=range(len(rows)), yticklabels=rows, xticks=range(len(cols)), xticklabels=cols)
     ax.set_title(title, fontsize=10)
     ax.tick_params(labelsize=9)
     ax.grid(False)
     if annotate:
         for (i, j), v in np.ndenumerate(values):
-            ax.text(j, i, f"{v:.3f}", ha="center", va="center", fontsize=8, color="w" if abs(v) > 0.6 * m else "k")
-    fig.colorbar(im, ax=ax, fraction=0.08, pad=0.02)
+            ax.text(j, i, f"{round(v, 3) + 0.0:.3f}", ha="center", va="center", fontsize=8,
+                    color="w" if abs(v) > 0.6 * limit else "k")  # fmt: skip
+    return im
+
+
+def _shared_limit(*arrays) -> float:
+    """The one colour limit of a kind of heatmap (at one position, or at all): their largest |value|."""
+    return max(max(float(np.abs(np.asarray(a)).max()) for a in arrays), 1e-12)
+
+
+def _colour_bars(fig, by_position: tuple, all_positions: tuple) -> None:
+    """Two colour bars, each (image, axes) shared by every heatmap of its kind: at one position (below) and
+    at all positions (right)."""
+    fig.colorbar(by_position[0], ax=by_position[1], location="bottom", fraction=0.04, pad=0.01, aspect=60,
+                 label="share restored by a patch at one position p (one scale for these heatmaps)")  # fmt: skip
+    fig.colorbar(all_positions[0], ax=all_positions[1], fraction=0.25, pad=0.04, aspect=40,
+                 label="share restored at all positions (one scale)")  # fmt: skip
 
 
 def _headline(ax, bars: dict[str, Tensor], title: str):
@@ -281,19 +298,17 @@ def _by_position_figure(
     fig = plt.figure(figsize=(13, 3.4 + len(METRICS) * tall), layout="constrained")
     grid = fig.add_gridspec(1 + len(METRICS), 2, width_ratios=[H, 2.5], height_ratios=[3.0] + [tall] * len(METRICS))
     _headline(fig.add_subplot(grid[0, :]), bars, claim)
+    limits, maps = (_shared_limit(by_pos), _shared_limit(all_pos)), ([], [])
     for i, metric in enumerate(METRICS):
         ax = fig.add_subplot(grid[1 + i, 0])
-        _heatmap(
-            fig,
-            ax,
-            by_pos[i].numpy(),
-            rows,
-            list(range(H)),
-            f"{METRIC_LABELS[metric]}: patch one {what} at target position p",
-        )
+        one = _heatmap(ax, by_pos[i].numpy(), rows, list(range(H)),
+                       f"{METRIC_LABELS[metric]}: patch one {what} at target position p", limits[0])  # fmt: skip
         ax.set_xlabel("target position p (metric averaged over h >= 2)")
+        maps[0].append(ax)
         ax = fig.add_subplot(grid[1 + i, 1])
-        _heatmap(fig, ax, all_pos[i].numpy()[:, None], rows, ["all p"], "at all positions", annotate=True)
+        every = _heatmap(ax, all_pos[i].numpy()[:, None], rows, ["all p"], "at all positions", limits[1], annotate=True)
+        maps[1].append(ax)
+    _colour_bars(fig, (one, maps[0]), (every, maps[1]))
     fig.suptitle(title, fontsize=12)
     return fig
 
@@ -317,24 +332,23 @@ def _qk_figure(r: dict, title: str):
         fig.add_subplot(grid[0, :3]), bars,
         "the whole clean layer-2 input (all subspaces, all positions) patched on the query side, the key side, or both",
     )  # fmt: skip
+    limits = [_shared_limit(*(r[f"{side}_{where}"] for side in ("query", "key"))) for where in ("by_position", "all_positions")]
+    maps = ([], [])
     for i, metric in enumerate(METRICS):
         for j, side in enumerate(("query", "key")):
             ax = fig.add_subplot(grid[1 + i, 2 * j])
-            _heatmap(
-                fig, ax, r[f"{side}_by_position"][i].numpy(), rows, list(range(H)),
+            one = _heatmap(
+                ax, r[f"{side}_by_position"][i].numpy(), rows, list(range(H)),
                 f"{METRIC_LABELS[metric]}: one subspace on the {side} side (blocks.1.attn.hook_{side[0]}) at position p",
+                limits[0],
             )  # fmt: skip
             ax.set_xlabel("target position p")
+            maps[0].append(ax)
             ax = fig.add_subplot(grid[1 + i, 2 * j + 1])
-            _heatmap(
-                fig,
-                ax,
-                r[f"{side}_all_positions"][i].numpy()[:, None],
-                rows,
-                ["all p"],
-                "at all positions",
-                annotate=True,
-            )
+            every = _heatmap(ax, r[f"{side}_all_positions"][i].numpy()[:, None], rows, ["all p"], "at all positions",
+                             limits[1], annotate=True)  # fmt: skip
+            maps[1].append(ax)
+    _colour_bars(fig, (one, maps[0]), (every, maps[1]))
     fig.suptitle(title, fontsize=12)
     return fig
 
@@ -407,5 +421,4 @@ def figures(r: dict, args) -> dict:
     return {f"{NAME}_{name}": fig for name, fig in plot(r, args.n_contexts, args.subject_name).items()}
 
 
-REQUIRES = frozenset({common.DISENTANGLED, common.MARKOV_TASK})  # what it needs of its subject
 ANALYSIS = common.register(globals())

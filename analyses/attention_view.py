@@ -21,6 +21,21 @@ every label (a 49-position model's too): a narrow window scrolls rather than dro
 
 from __future__ import annotations
 
+from analyses import common
+
+NAME = "attention_view"
+N_CONTEXTS = None  # one context, --context of those --seed samples
+REQUIRES = frozenset({common.MARKOV_TASK})  # what it needs of its subject
+
+
+def add_flags(p) -> None:
+    p.add_argument(
+        "--context", type=int, default=0, help="which of the contexts sampled with --seed to show (default: 0)"
+    )
+
+
+common.parse_first(globals())  # python -m: --help and a mistyped flag answer here, before torch is imported
+
 import html
 import json
 from pathlib import Path
@@ -28,11 +43,9 @@ from pathlib import Path
 import circuitsvis
 import torch
 
-from analyses import common
-from models.plumbing import cli
-from models.plumbing.io import check_memory, write_json, write_set
+from models import cli
+from models.plumbing.io import UsageError, check_memory, write_json, write_set
 
-NAME = "attention_view"
 MAX_CELLS = 5_000_000  # numbers in the page's views: about 40 MB of HTML
 # Chart.js (circuitsvis's plots) skips tick labels closer than ~17 px: each view is made at least this many
 # pixels per row wide (plus room for the labels), so that every row and column keeps its label at any
@@ -86,7 +99,7 @@ def layer_view(pattern: torch.Tensor, query_labels: list[str], key_labels: list[
 def compute(subject, args) -> dict:
     """The patterns of context ``--context`` of those sampled with ``--seed``, with their labels."""
     task = subject.task
-    n = args.context + 1  # the contexts and their sampling buffers (int64), as cli.forward_bytes counts them
+    n = args.context + 1  # the contexts and their sampling buffers (int64), as models.interp.memory.forward_bytes counts them
     check_memory(3 * n * task.n_tokens * 8, f"--context {args.context} (samples {n} contexts of {task.n_tokens} tokens)")
     tokens, parents = common.sample_contexts(task, n, args.seed)
     tokens, parents = tokens[args.context :], parents[args.context]
@@ -109,7 +122,7 @@ def compute(subject, args) -> dict:
         start += n
     cells = sum(len(l["heads"]) * (len(l["queries"]) + len(l["keys"])) ** 2 for l in out)
     if cells > MAX_CELLS:
-        raise ValueError(
+        raise UsageError(
             f"the view of {subject.describe()} would hold {cells:,} numbers, more than a browser page holds "
             f"({MAX_CELLS:,}); view a smaller model, or summarise its patterns with analyses.copyers / bma_agreement"
         )
@@ -128,7 +141,7 @@ def _circuitsvis_js() -> str:
     """circuitsvis's browser bundle, as ``circuitsvis.utils.render.render_local`` inlines it."""
     bundle = Path(circuitsvis.__file__).parent / "dist" / "cdn" / "iife.js"
     if not bundle.is_file():
-        raise ValueError(
+        raise UsageError(
             f"circuitsvis {circuitsvis.__version__} has no {bundle.name} bundle; expected circuitsvis>=1.43"
         )
     return bundle.read_text(encoding="utf-8").replace("</script>", "")
@@ -273,18 +286,11 @@ def summary(result: dict) -> str:
     return f"{NAME}: context {result['context']}; " + "; ".join(parts)
 
 
-def _add_flags(p) -> None:
-    p.add_argument(
-        "--context", type=int, default=0, help="which of the contexts sampled with --seed to show (default: 0)"
-    )
-
-
 def _check_flags(p, args) -> None:
     if args.context < 0:
         p.error(f"--context must be >= 0, got {args.context}")
 
 
-REQUIRES = frozenset({common.MARKOV_TASK})  # what it needs of its subject
 ANALYSIS = common.Analysis(
     NAME,
     __doc__,
@@ -293,7 +299,7 @@ ANALYSIS = common.Analysis(
     summary,
     n_contexts=None,
     requires=REQUIRES,
-    add_flags=_add_flags,
+    add_flags=add_flags,
     check_flags=_check_flags,
 )
 

@@ -18,20 +18,42 @@ about 5 s unloaded) is trained into a temporary folder (skip with ``--train-step
 
 from __future__ import annotations
 
+from analyses import common
+
+NAME = "block_structure"
+
+
+def add_flags(parser) -> None:
+    parser.add_argument(
+        "--snapshots", default=None, help="run folder (or its snapshots/) of models.train --snapshot-every N"
+    )
+    parser.add_argument(
+        "--train-steps",
+        type=int,
+        default=500,
+        help="without --snapshots: steps of the short run to train (0: no emergence plot; default 500)",
+    )
+    parser.add_argument("--snapshot-every", type=int, default=50, help="snapshot interval of that run (default 50)")
+
+
+REQUIRES = frozenset({common.BILINEAR})  # what it needs of its subject (the disentangled model or a CatFormer)
+
+
+common.parse_first(globals())  # python -m: --help and a mistyped flag answer here, before torch is imported
+
 import tempfile
 from pathlib import Path
 
+import numpy as np
 import torch
-from tqdm.auto import tqdm
 
 import models
-from analyses import common
 from models.interp.subject import head_label
+from models.plumbing.progress import progress as progress_bar
 from models.training.short_run import find_snapshots, train_short_run
 from probes import head_assignment
 from probes.metrics import block_norms, off_diagonal_ratio
 
-NAME = "block_structure"
 FIGURES = {
     "block_structure.png": (
         "|W_KQ| as a (K+1) x (K+1) grid of d x d blocks and the norm of each block; the off-diagonal / diagonal ratio on the copy subspaces is in the title."
@@ -74,7 +96,7 @@ def block_structure(model) -> dict:
 def emergence(snapshots: list[tuple[int, Path]], progress: bool = True) -> list[dict]:
     """``block_structure`` of every snapshot, in step order (plus ``step``)."""
     out = []
-    for step, path in tqdm(snapshots, desc="snapshots", disable=not progress or None):
+    for step, path in progress_bar(snapshots, "snapshots", enabled=progress):
         out.append({"step": step, **block_structure(models.load(path))})
     return out
 
@@ -85,8 +107,8 @@ def _grid_axes(ax, K: int, d: int, labels: list[str]):
         ax.axvline(i * d - 0.5, color="k", lw=0.4)
     ax.grid(False)
     ticks = [d * i + (d - 1) / 2 for i in range(K + 1)]
-    ax.set_xticks(ticks, [lab.replace("\n", " ") for lab in labels], rotation=90, fontsize=6)
-    ax.set_yticks(ticks, [lab.replace("\n", " ") for lab in labels], fontsize=6)
+    ax.set_xticks(ticks, [lab.replace("\n", " ") for lab in labels], rotation=90, fontsize=8)
+    ax.set_yticks(ticks, [lab.replace("\n", " ") for lab in labels], fontsize=8)
 
 
 def _plot_structure(res: dict, name: str):
@@ -94,35 +116,28 @@ def _plot_structure(res: dict, name: str):
 
     K = res["norms"].shape[0] - 1
     d = res["w_kq_abs"].shape[0] // (K + 1)
-    fig, (a0, a1) = plt.subplots(1, 2, figsize=(11, 5))
+    # constrained: no empty band under the title; the norms' grid large enough for 8 pt cell labels
+    cell = 0.55  # inches per block of the norms' grid
+    fig, (a0, a1) = plt.subplots(1, 2, figsize=(2 * cell * (K + 1) + 3.5, cell * (K + 1) + 1.6), layout="constrained")
     im = a0.imshow(res["w_kq_abs"].numpy(), cmap="viridis")
     _grid_axes(a0, K, d, res["labels"])
     a0.set_xlabel("query subspace")
     a0.set_ylabel("key subspace")
-    a0.set_title("|W_KQ|", fontsize=9)
+    a0.set_title("|W_KQ|", fontsize=11)
     fig.colorbar(im, ax=a0, shrink=0.8)
     norms = res["norms"].numpy()
     im = a1.imshow(norms, cmap="viridis")
-    for i in range(K + 1):
-        for j in range(K + 1):
-            a1.text(
-                j,
-                i,
-                f"{norms[i, j]:.2f}",
-                ha="center",
-                va="center",
-                fontsize=5,
-                color="k" if norms[i, j] > norms.max() / 2 else "w",
-            )
-    a1.set_xticks(range(K + 1), res["labels"], rotation=90, fontsize=6)
-    a1.set_yticks(range(K + 1), res["labels"], fontsize=6)
-    a1.set_title("Frobenius norm of each d×d block", fontsize=9)
+    for (i, j), v in np.ndenumerate(norms):
+        a1.text(j, i, f"{v:.2f}", ha="center", va="center", fontsize=8, color="k" if v > norms.max() / 2 else "w")
+    a1.set_xticks(range(K + 1), res["labels"], rotation=90, fontsize=8)
+    a1.set_yticks(range(K + 1), res["labels"], fontsize=8)
+    a1.set_title("Frobenius norm of each d×d block", fontsize=11)
     a1.grid(False)
     fig.colorbar(im, ax=a1, shrink=0.8)
     fig.suptitle(
         f"{name}: W_KQ blocks; copy subspaces off/diag norm ratio {res['ratio']:.3g}, "
         f"key-token row / diag {res['token_key_row_mean_over_diag']:.3g}",
-        fontsize=10,
+        fontsize=12,
     )
     return fig
 
@@ -159,17 +174,6 @@ def _plot_emergence(series: list[dict], source: str):
     return fig
 
 
-def add_flags(parser) -> None:
-    parser.add_argument(
-        "--snapshots", default=None, help="run folder (or its snapshots/) of models.train --snapshot-every N"
-    )
-    parser.add_argument(
-        "--train-steps",
-        type=int,
-        default=500,
-        help="without --snapshots: steps of the short run to train (0: no emergence plot; default 500)",
-    )
-    parser.add_argument("--snapshot-every", type=int, default=50, help="snapshot interval of that run (default 50)")
 
 
 def check_flags(parser, args) -> None:
@@ -291,5 +295,4 @@ def summary(r: dict) -> str:
     return "\n".join(lines)
 
 
-REQUIRES = frozenset({common.BILINEAR})  # what it needs of its subject (the disentangled model or a CatFormer)
 ANALYSIS = common.register(globals())

@@ -14,18 +14,35 @@ TRAINED for each L in ``--train-L`` (short runs of the checkpoint's training con
 
 from __future__ import annotations
 
+from analyses import common
+
+NAME = "bma_agreement"
+BMA_LENGTHS = (1, 2, 4, 8, 16, 32, 64)
+
+
+def add_flags(parser) -> None:
+    parser.add_argument("--bma-L", default=",".join(map(str, BMA_LENGTHS)), help="L values for the BMA curve")
+    parser.add_argument(
+        "--train-L", default="1,4,16", help="L values to train a model for ('none': skip; default 1,4,16)"
+    )
+    parser.add_argument("--train-steps", type=int, default=300, help="training steps per L (default 300)")
+
+
+REQUIRES = frozenset({common.DISENTANGLED, common.MARKOV_TASK})  # what it needs of its subject
+
+common.parse_first(globals())  # python -m: --help and a mistyped flag answer here, before torch is imported
+
 import dataclasses
 import tempfile
 from pathlib import Path
 
 import numpy as np
 import torch
-from tqdm.auto import tqdm
 
 import models
-from analyses import common
 from analyses.common import sample_contexts
 from models.plumbing.io import check_memory
+from models.plumbing.progress import progress as progress_bar
 from models.training.evaluate import output_and_pattern
 from models.training.short_run import training_config
 from models.training.train import train
@@ -33,14 +50,12 @@ from probes import MarkovTreeTask, bma_posterior, bma_predictive, mean_tv, paren
 from probes.metrics import parent_mass
 from probes.tasks import MAX_N_EXAMPLES
 
-NAME = "bma_agreement"
 FIGURES = {
     "bma_agreement.png": (
         "Theorem 1: TV and NLL gap to BMA against beta (log-log, down to float64 precision); Theorem 2: BMA's and trained models' attention on the true parent and parent accuracy against L."
     ),
 }
 BETAS = tuple(float(b) for b in np.logspace(-1, 2, 13))
-BMA_LENGTHS = (1, 2, 4, 8, 16, 32, 64)
 
 
 @torch.no_grad()
@@ -57,7 +72,7 @@ def theorem1_sweep(task: MarkovTreeTask, tokens: torch.Tensor, betas=BETAS, prog
     posterior = bma_posterior(task.pi, tokens, L, H)
     nll_bma = target_nll(bma_predictive(task.pi, tokens, L, H, task.root, log=True), tokens)
     rows = []
-    for beta in tqdm(betas, desc="beta", disable=not progress or None):
+    for beta in progress_bar(betas, "beta", enabled=progress):
         attention, nll = attention_and_nll(models.theorem1_model(task.pi, L, H, beta, task.root), tokens)
         rows.append(
             {
@@ -87,7 +102,7 @@ def trained_vs_length(
     """Train one model per L (``train_config`` with ``n_examples = L``, K = L, ``steps`` steps) and
     measure its attention on the true parent, parent accuracy, TV and NLL gap to BMA on fresh contexts."""
     rows = []
-    for L in tqdm(lengths, desc="train per L", disable=not progress or None):
+    for L in progress_bar(lengths, "train per L", enabled=progress):
         cfg = dataclasses.replace(
             train_config,
             n_examples=L,
@@ -171,12 +186,6 @@ def _lengths(parser, text: str, flag: str) -> list[int]:
     return values
 
 
-def add_flags(parser) -> None:
-    parser.add_argument("--bma-L", default=",".join(map(str, BMA_LENGTHS)), help="L values for the BMA curve")
-    parser.add_argument(
-        "--train-L", default="1,4,16", help="L values to train a model for ('none': skip; default 1,4,16)"
-    )
-    parser.add_argument("--train-steps", type=int, default=300, help="training steps per L (default 300)")
 
 
 def check_flags(parser, args) -> None:
@@ -237,5 +246,4 @@ def summary(r: dict) -> str:
     return "\n".join(lines)
 
 
-REQUIRES = frozenset({common.DISENTANGLED, common.MARKOV_TASK})  # what it needs of its subject
 ANALYSIS = common.register(globals())

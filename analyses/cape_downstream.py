@@ -78,6 +78,7 @@ from cape.downstream import (
     tree_covariance,
     variant_parts,
 )
+from models.plumbing.io import UsageError
 
 NAME = "cape_downstream"
 N_CONTEXTS = 2000  # default --n-contexts
@@ -99,9 +100,9 @@ def measure(
     cfg.check()
     unknown = [v for v in variants if v not in ALL_VARIANTS]
     if unknown or not variants:
-        raise ValueError(f"unknown variants {unknown}; expected a non-empty subset of {', '.join(ALL_VARIANTS)}")
+        raise UsageError(f"unknown variants {unknown}; expected a non-empty subset of {', '.join(ALL_VARIANTS)}")
     if model_seeds < 1:
-        raise ValueError(f"model_seeds must be >= 1, got {model_seeds}")
+        raise UsageError(f"model_seeds must be >= 1, got {model_seeds}")
     t0 = time.perf_counter()
     task, parents, X = fixed_tree_data(cfg.M, cfg.d, cfg.rho, cfg.n_train + cfg.n_test, seed, seed + 1)
     Xtr, Xte = X[: cfg.n_train], X[cfg.n_train :]

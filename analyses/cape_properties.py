@@ -22,17 +22,31 @@ into angles ``phi = (pi/4) e`` and scored with ``cape.attention.rotary_scores``.
 
 from __future__ import annotations
 
-import numpy as np
-import torch
-from tqdm.auto import tqdm
-
 from analyses import common
-from cape.attention import CapeAttention, rotary_scores
-from cape.embedding import depth, embed, generality, hop_distance, initial_points, random_dag, random_tree
-from models.plumbing.io import check_memory
 
 NAME = "cape_properties"
 N_CONTEXTS = 40  # default --n-contexts
+
+
+def add_flags(parser) -> None:
+    parser.add_argument("--nodes", type=int, default=15, help="features (DAG nodes) per graph (default: 15)")
+    parser.add_argument("--dim", type=int, default=4, help="hyperbolic dimension n; d_head = 2n (default: 4)")
+    parser.add_argument("--n-queries", type=int, default=256, help="random q per score (default: 256)")
+    parser.add_argument("--n-perm", type=int, default=20, help="graphs that get the permutation test (default: 20)")
+
+
+REQUIRES = None  # its own synthetic tasks: no --checkpoint
+
+common.parse_first(globals())  # python -m: --help and a mistyped flag answer here, before torch is imported
+
+import numpy as np
+import torch
+
+from cape.attention import CapeAttention, rotary_scores
+from cape.embedding import depth, embed, generality, hop_distance, initial_points, random_dag, random_tree
+from models.plumbing.io import UsageError, check_memory
+from models.plumbing.progress import progress as progress_bar
+
 FIGURES = {
     "cape_distance.png": "CAPE property 1: rotary attention score (q = k, averaged over random q) against causal hop distance on random trees and DAGs, per-graph Spearman against a random-angle control.",
     "cape_generality.png": "CAPE property 2: Poincare norm of each feature's embedding against its depth and against its causal generality (reversed PageRank), per-graph Spearman.",
@@ -72,13 +86,13 @@ def measure(
     """The numbers of the three figures (see the module docstring); the sizes' defaults are the CLI's
     (``add_flags``)."""
     if n_graphs < 2 or nodes < 3 or dim < 1 or n_queries < 1 or n_perm < 0:
-        raise ValueError(
+        raise UsageError(
             f"need n_graphs >= 2, nodes >= 3, dim >= 1, n_queries >= 1, n_perm >= 0; got {n_graphs}, {nodes}, {dim}, {n_queries}, {n_perm}"
         )
     g = torch.Generator().manual_seed(seed)
     iu = np.triu_indices(nodes, 1)
     res = {"nodes": nodes, "dim": dim, "n_graphs": n_graphs, "n_queries": n_queries, "graphs": []}
-    for i in tqdm(range(n_graphs), desc="graphs", disable=not progress or None):
+    for i in progress_bar(range(n_graphs), "graphs", enabled=progress):
         kind = "tree" if i % 2 == 0 else "dag"
         A = random_tree(nodes, g) if kind == "tree" else random_dag(nodes, g)
         emb = embed(A, dim=dim, seed=seed + i)
@@ -286,11 +300,6 @@ def summary(res: dict) -> str:
     return "\n".join(lines)
 
 
-def add_flags(parser) -> None:
-    parser.add_argument("--nodes", type=int, default=15, help="features (DAG nodes) per graph (default: 15)")
-    parser.add_argument("--dim", type=int, default=4, help="hyperbolic dimension n; d_head = 2n (default: 4)")
-    parser.add_argument("--n-queries", type=int, default=256, help="random q per score (default: 256)")
-    parser.add_argument("--n-perm", type=int, default=20, help="graphs that get the permutation test (default: 20)")
 
 
 def check_flags(parser, args) -> None:
@@ -301,5 +310,4 @@ def check_flags(parser, args) -> None:
     check_memory(needed, f"--nodes {M} --dim {n} --n-queries {args.n_queries}")  # one line (common.parse)
 
 
-REQUIRES = None  # its own synthetic tasks: no --checkpoint
 ANALYSIS = common.register(globals())

@@ -30,12 +30,27 @@ selects the task and the model at its L.
 
 from __future__ import annotations
 
+from analyses import common
+
+NAME = "cape_structure"
+N_CONTEXTS = 128  # default --n-contexts
+
+
+def add_flags(parser) -> None:
+    parser.add_argument("--n-trees", type=int, default=3, help="fixed trees to average over (default: 3)")
+    parser.add_argument(
+        "--inner-steps", type=int, default=50, help="L-BFGS iterations per augmented-Lagrangian step (default: 50)"
+    )
+
+
+REQUIRES = frozenset({common.MARKOV_TASK})  # what it needs of its subject
+
+common.parse_first(globals())  # python -m: --help and a mistyped flag answer here, before torch is imported
+
 import numpy as np
 import torch
-from tqdm.auto import tqdm
 
 import models
-from analyses import common
 from cape.structure import (
     StructureConfig,
     continuous_data,
@@ -46,12 +61,11 @@ from cape.structure import (
 )
 from models.interp.subject import DisentangledSubject, Subject, head_label
 from models.plumbing.io import check_memory
+from models.plumbing.progress import progress as progress_bar
 from probes import MarkovTreeTask, bma_posterior, parent_accuracy
 from probes.continuous import ContinuousTask, gaussian_bma_posterior
 from probes.metrics import parent_mass
 
-NAME = "cape_structure"
-N_CONTEXTS = 128  # default --n-contexts
 FIGURES = {
     "cape_structure.png": (
         "CAPE step 1 (structure learning: SEM with a linear or an MLP f + NOTEARS constraint) against BMA and the "
@@ -116,7 +130,7 @@ def measure(
     # On one-hot features any function of a node is linear in it, so the MLP f adds parameters, not
     # expressiveness (measured: it overfits, SHD 52 vs 23 at N = 100); it is skipped there.
     jobs = [(kind, f) for kind in KINDS for f in encoders if (kind, f) != ("markov", "mlp")]
-    for kind, f in tqdm(jobs, desc="structure learning", disable=not progress or None):
+    for kind, f in progress_bar(jobs, "structure learning", enabled=progress):
         rows = []
         for N in Ns:
             per_tree = []
@@ -127,7 +141,7 @@ def measure(
             rows.append({"N": N, **_mean(per_tree, METRICS), "per_tree": per_tree})
         res["structure"][f"{kind}/{f}"] = rows
     res["bma"] = {"markov": [], "continuous": []}
-    for L in tqdm(Ls, desc="BMA and model", disable=not progress or None):
+    for L in progress_bar(Ls, "BMA and model", enabled=progress):
         markov, gauss, model, source, heads = [], [], [], "", set()
         for t, parents in enumerate(trees):
             fixed = parents.view(1, -1).expand(n_contexts, -1)
@@ -252,17 +266,11 @@ def summary(res: dict) -> str:
     return "\n".join(lines)
 
 
-def add_flags(parser) -> None:
-    parser.add_argument("--n-trees", type=int, default=3, help="fixed trees to average over (default: 3)")
-    parser.add_argument(
-        "--inner-steps", type=int, default=50, help="L-BFGS iterations per augmented-Lagrangian step (default: 50)"
-    )
 
 
 def check_flags(parser, args) -> None:
     common.check_at_least(parser, args, n_trees=1, inner_steps=1)
 
 
-REQUIRES = frozenset({common.MARKOV_TASK})  # what it needs of its subject
 QUICK_ARGS = ["--n-trees", "1", "--inner-steps", "5"]  # tests/analyses/test_every_family.py: runs, on one tree
 ANALYSIS = common.register(globals())

@@ -1,9 +1,12 @@
 """What every analysis shares: one ``main`` for parsing, loading the subject, seeding, computing, saving
 PNG + PDF + JSON as one set, printing a summary, and errors.
 
-An analysis module defines ``NAME``, ``compute``, ``figures`` and ``summary`` and declares
-``REQUIRES`` and registers itself in one line, ``ANALYSIS = common.register(globals())`` (optional names: ``N_CONTEXTS``, ``add_flags``,
-``check_flags``, ``record``):
+An analysis module defines ``NAME``, ``compute``, ``figures`` and ``summary``, declares ``REQUIRES``, and ends
+with one line, ``ANALYSIS = common.register(globals())`` (optional names: ``N_CONTEXTS``, ``add_flags``,
+``check_flags``, ``record``); being a module of ``analyses/`` is its registration (``analysis_names``). What its
+command line needs (``NAME``, ``REQUIRES``, ``N_CONTEXTS``, ``add_flags``) comes first, then
+``common.parse_first(globals())``, then the heavy imports: run as ``python -m``, it parses its flags there, so that
+``--help`` and a mistyped flag answer before torch is imported:
 ``compute(subject, args) -> result`` (plain data; ``subject`` is a ``models.Subject``, or None for an
 analysis of its own synthetic tasks), ``figures(result, args) -> {stem: matplotlib figure}`` (or one
 figure, filed under ``NAME``), and ``summary(result) -> str``; ``FIGURES`` describes each file for the gallery. ``main`` does the rest:
@@ -12,8 +15,8 @@ figure, filed under ``NAME``), and ``summary(result) -> str``; ``FIGURES`` descr
                               [--device cpu] [--threads 1] [--key-map MAP.json] [--config CONFIG.json]
 
 What an analysis needs of its subject beyond the common interface is its module's ``REQUIRES`` (capabilities
-of ``models.interp.subject``; every analysis is named once more, in order, in ``ANALYSES``); a subject that lacks one is refused with one line naming the need and the analyses
-that do apply to it (exit code 2).
+of ``models.interp.capabilities``); a subject that lacks one is refused with one line naming the need and the
+analyses that do apply to it (exit code 2). Importing this module imports no torch.
 """
 
 from __future__ import annotations
@@ -23,38 +26,57 @@ import difflib
 import hashlib
 import importlib
 import os
+import pkgutil
 import re
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import torch
+from models import cli
+from models.interp.capabilities import (  # noqa: F401 (analyses declare REQUIRES with them)
+    BAYES_TASK,
+    BILINEAR,
+    CONTENT_FREE_COPYERS,
+    DISENTANGLED,
+    MARKOV_TASK,
+)
+from models.loading.named import NAMED
+from models.plumbing.io import UsageError, write_json, write_set
+from models.plumbing.progress import progress as progress_bar
 
-from models.interp.subject import BAYES_TASK, BILINEAR, CONTENT_FREE_COPYERS, DISENTANGLED, MARKOV_TASK, Subject  # noqa: F401 (analyses declare REQUIRES with them)
-from models.loading.sources import NAMED
-from models.plumbing import cli
-from models.plumbing.io import write_json, write_set
+if TYPE_CHECKING:
+    from models.interp.subject import Subject
 
 FIGURES_DIR = Path(__file__).resolve().parent.parent / "figures"  # the paper's figures: analyses.paper only
 RUNS_DIR = Path("runs") / "figures"  # every other run's, relative to the working folder
 
-# Every analysis, in the order of the paper's argument (mechanism, theory, other models, scale, CAPE). What
-# each needs of its subject is its module's REQUIRES (None: it studies synthetic tasks of its own and takes no
-# --checkpoint); tests/analyses/test_registration.py fails if a module of analyses/ is missing here.
-ANALYSES = [
+# The analyses in the order of the paper's argument (mechanism, theory, other models, scale, CAPE): the paper run's
+# and the gallery's order. Not a registration: a module of analyses/ is an analysis (``analysis_names``); one
+# missing here comes after these, by name.
+ORDER = [
     "head_ablation", "activation_patching", "copyers", "logpi_recovery", "block_structure", "bma_agreement",
     "init_gradient", "information", "continuous", "inspect", "inspect_standard", "linear_probes", "standard_circuit", "circuit",
     "standard_vs_disentangled", "trajectory", "phase_diagram", "nichani_dags", "attention_view", "scale", "cape_structure", "cape_properties",
     "cape_downstream",
 ]  # fmt: skip
+NOT_ANALYSES = ("common", "paper")  # the shared main and the paper run
 # The names Analysis.from_module reads; a module-level name within a typo of one (add_flag) is refused.
 HOOKS = ("NAME", "REQUIRES", "compute", "figures", "summary", "N_CONTEXTS", "add_flags", "check_flags", "record")
 OTHER_NAMES = ("FIGURES", "PAPER_ARGS", "QUICK_ARGS", "ANALYSIS")  # read by analyses.paper and the tests
 
 
+def analysis_names() -> list[str]:
+    """Every analysis: each module of ``analyses/`` but ``NOT_ANALYSES``, in ``ORDER``, then any other by name
+    (found by listing the folder: nothing is imported)."""
+    found = {m.name for m in pkgutil.iter_modules([str(Path(__file__).parent)])} - set(NOT_ANALYSES)
+    return [n for n in ORDER if n in found] + sorted(found - set(ORDER))
+
+
 def registry() -> dict[str, Analysis]:
-    """Every analysis of ``ANALYSES``, in order (its module imported on first use)."""
-    return {name: importlib.import_module(f"analyses.{name}").ANALYSIS for name in ANALYSES}
+    """Every analysis of ``analysis_names``, in order (its module imported on first use)."""
+    return {name: importlib.import_module(f"analyses.{name}").ANALYSIS for name in analysis_names()}
 
 
 def applicable(subject: Subject) -> list[str]:
@@ -63,11 +85,11 @@ def applicable(subject: Subject) -> list[str]:
 
 
 def check_requirements(analysis: Analysis, subject: Subject) -> None:
-    """One-line ``ValueError`` if ``subject`` lacks what ``analysis`` needs."""
+    """One-line ``UsageError`` if ``subject`` lacks what ``analysis`` needs."""
     missing = sorted((analysis.requires or frozenset()) - subject.capabilities)
     if missing:
         others = ", ".join(applicable(subject)) or "none"
-        raise ValueError(
+        raise UsageError(
             f"analyses.{analysis.name} needs a model with {' and '.join(missing)}; --checkpoint {subject.name} is a "
             f"{subject.describe()}. Analyses that apply to it: {others}"
         )
@@ -98,19 +120,35 @@ class Analysis:
             raise ValueError(f"analyses.{ns.get('NAME')}: unknown names {typos} (did you mean them?); expected {HOOKS}")
         if "REQUIRES" not in ns:
             raise ValueError(f"analyses.{ns.get('NAME')} declares no REQUIRES (its needs, or None: no --checkpoint)")
-        optional = {
-            "requires": "REQUIRES",
-            "n_contexts": "N_CONTEXTS",
-            "add_flags": "add_flags",
-            "check_flags": "check_flags",
-            "record": "record",
-        }
-        given = {key: ns[name] for key, name in optional.items() if name in ns}
-        return cls(ns["NAME"], ns["__doc__"], ns["compute"], ns["figures"], ns["summary"], **given)
+        return cls(ns["NAME"], ns["__doc__"], ns["compute"], ns["figures"], ns["summary"], **optional_hooks(ns))
 
     def main(self, argv: list[str] | None = None) -> dict:
         """``python -m analyses.<name> [flags]``, or from Python with ``argv``; returns the result."""
         return main(self, argv)
+
+
+def optional_hooks(ns: dict) -> dict:
+    """The ``Analysis`` fields a module's optional names give (``N_CONTEXTS`` -> ``n_contexts``, ...)."""
+    optional = {
+        "requires": "REQUIRES",
+        "n_contexts": "N_CONTEXTS",
+        "add_flags": "add_flags",
+        "check_flags": "check_flags",
+        "record": "record",
+    }
+    return {key: ns[name] for key, name in optional.items() if name in ns}
+
+
+def parse_first(ns: dict) -> None:
+    """The line of an analysis module between what its command line needs (``NAME``, its docstring,
+    ``REQUIRES``, and ``N_CONTEXTS`` and ``add_flags`` if it has them) and its heavy imports. Run as ``python -m
+    analyses.<name>``, it checks the environment and parses the flags there, before torch is imported: ``--help``
+    prints and exits 0, a mistyped flag or a malformed ``OMP_NUM_THREADS`` is one line and exit 2 (``main``
+    parses them again with the module whole). Imported, the module runs nothing here."""
+    if ns.get("__name__") != "__main__":
+        return
+    analysis = Analysis(ns["NAME"], ns["__doc__"], compute=None, figures=None, summary=None, **optional_hooks(ns))
+    cli.run_cli(lambda argv: parser_for(analysis).parse_args(argv), None, f"python -m analyses.{analysis.name}")
 
 
 def parser_for(analysis: Analysis) -> argparse.ArgumentParser:
@@ -160,9 +198,18 @@ def parse(analysis: Analysis, argv: list[str] | None) -> tuple[argparse.Argument
     return p, args
 
 
+def title_name(name: str | None) -> str:
+    """A model's name as a figure's title shows it: a path by its last part (a user's path would fill the line),
+    its bytes that are not UTF-8 escaped (``ck\\xff``: matplotlib draws text, not bytes). Every analysis's title
+    reads it as ``args.subject_name``."""
+    name = str(name or "model").rstrip("/")
+    short = name.rsplit("/", 1)[-1] or name
+    return os.fsencode(short).decode("utf-8", "backslashreplace")
+
+
 def report_written(paths: list[Path]) -> None:
     """The one line that ends a run: where its files went."""
-    folder = os.path.relpath(paths[0].parent) if paths else "?"
+    folder = str(paths[0].parent) if paths else "?"  # --out as given (relpath would turn /tmp/x into ../x)
     print(f"wrote {len(paths)} files to {folder}/: {', '.join(p.name for p in paths)}")
 
 
@@ -191,23 +238,31 @@ def check_at_most(p: argparse.ArgumentParser, args: argparse.Namespace, **maximu
 
 
 def main(analysis: Analysis, argv: list[str] | None = None) -> dict:
-    """Parse, load, compute, save the figures and JSON as one set, print the summary; returns the result."""
+    """Parse, load, compute, save the figures and JSON as one set, print the summary; returns the result.
+    Off a terminal, a line every 30 s says which stage runs (``models.plumbing.progress``)."""
+    import torch
+
     p, args = parse(analysis, argv)
-    subject = None
-    if analysis.requires is not None:
-        subject = cli.subject_or_exit(p, args)
-        with cli.flag_errors(p):
-            check_requirements(analysis, subject)
-        if hasattr(subject.model, "eval"):
-            subject.model.eval()
-    args.subject_name = None if subject is None else subject.name
-    torch.manual_seed(args.seed)
-    result = analysis.compute(subject, args)
-    style()
-    figs = analysis.figures(result, args)
-    if not isinstance(figs, dict):
-        figs = {analysis.name: figs}
-    written = save_set(args.out, analysis.name, figs, analysis.record(result), args, subject)
+    with progress_bar(desc=f"analyses.{analysis.name}", leave=False) as run:
+        subject = None
+        if analysis.requires is not None:
+            run.set_postfix(stage="load")
+            subject = cli.subject_or_exit(p, args)
+            with cli.flag_errors(p):
+                check_requirements(analysis, subject)
+            if hasattr(subject.model, "eval"):
+                subject.model.eval()
+        args.subject_name = None if subject is None else title_name(subject.name)  # for titles; the JSON has subject.name
+        torch.manual_seed(args.seed)
+        run.set_postfix(stage="compute")
+        result = analysis.compute(subject, args)
+        run.set_postfix(stage="figures")
+        style()
+        figs = analysis.figures(result, args)
+        if not isinstance(figs, dict):
+            figs = {analysis.name: figs}
+        run.set_postfix(stage="save")
+        written = save_set(args.out, analysis.name, figs, analysis.record(result), args, subject)
     print(analysis.summary(result))
     report_written(written)
     return result
@@ -225,10 +280,20 @@ def register(ns: dict, analysis: Analysis | None = None) -> Analysis:
 
 
 def run(main_fn, argv: list[str] | None = None):
-    """``python -m analyses.<name>``: a ValueError becomes one line and exit code 2."""
+    """``python -m analyses.<name>``: bad input is one line and exit code 2, a bug its traceback and exit code 1
+    (``models.plumbing.io.run_cli``), each begun with the entry point as the user typed it."""
     analysis = getattr(main_fn, "__self__", None)  # Analysis.main, bound; else a module's own main
-    name = analysis.name if isinstance(analysis, Analysis) else main_fn.__module__.removeprefix("analyses.")
-    return cli.run_cli(main_fn, argv, f"python -m analyses.{name}")
+    name = f"analyses.{analysis.name}" if isinstance(analysis, Analysis) else module_of(main_fn)
+    return cli.run_cli(main_fn, argv, f"python -m {name}")
+
+
+def module_of(fn) -> str:
+    """The dotted name of ``fn``'s module, also when it runs as ``__main__`` (``python -m analyses.NAME``:
+    its spec keeps the name the user typed)."""
+    if fn.__module__ != "__main__":
+        return fn.__module__
+    spec = getattr(sys.modules.get("__main__"), "__spec__", None)
+    return spec.name if spec is not None else "__main__"
 
 
 # Saving -----------------------------------------------------------------------------------------------
@@ -274,6 +339,8 @@ def save_set(out: str | Path, name: str, figures: dict, results, args, subject: 
 
 def sample_contexts(task, n: int, seed: int):
     """``n`` fresh contexts from the task, a function of ``seed`` only."""
+    import torch
+
     return task.sample(n, torch.Generator().manual_seed(seed))
 
 
@@ -292,8 +359,12 @@ class single_thread:
     calling an analysis's ``compute`` from Python (its CLI sets ``--threads``, default 1, itself)."""
 
     def __enter__(self):
+        import torch
+
         self.previous = torch.get_num_threads()
         torch.set_num_threads(1)
 
     def __exit__(self, *exc):
+        import torch
+
         torch.set_num_threads(self.previous)

@@ -22,13 +22,27 @@ It takes no ``--checkpoint`` (the task is synthetic); the JSON records the task 
 
 from __future__ import annotations
 
+from analyses import common
+
+NAME = "continuous"
+N_CONTEXTS = 1024  # default --n-contexts
+
+
+def add_flags(parser) -> None:
+    parser.add_argument("--rho", type=float, default=0.5, help="parent-to-child correlation rho of the Gaussian task (default: 0.5)")
+    parser.add_argument("--steps", type=int, default=300, help="training steps per L (default: 300)")
+
+
+REQUIRES = None  # its own synthetic tasks: no --checkpoint
+
+common.parse_first(globals())  # python -m: --help and a mistyped flag answer here, before torch is imported
+
 import tempfile
 
 import numpy as np
 import torch
-from tqdm.auto import tqdm
 
-from analyses import common
+from models.plumbing.progress import progress as progress_bar
 from models.training.evaluate import output_and_pattern
 from models.training.train import TrainConfig, train
 from probes import mean_tv, parent_accuracy
@@ -41,8 +55,6 @@ from probes.continuous import (
     target_mse,
 )
 
-NAME = "continuous"
-N_CONTEXTS = 1024  # default --n-contexts
 FIGURES = {
     "continuous.png": (
         "Proposition 2: parent accuracy and prediction error of BMA, the best bilinear score and the trained model against L; the bilinear residual to BMA (bounded away from 0 at small L); the fitted W against A."
@@ -164,7 +176,7 @@ def measure(
         "quadratic_control": [],
         "trained": [],
     }
-    for L in tqdm(Ls, desc="L", disable=not progress or None):
+    for L in progress_bar(Ls, "L", enabled=progress):
         task = ContinuousTask.random(d, L, seq_len, rho, seed)  # the same A for every L (seed only)
         x, parents = task.sample(n_eval, torch.Generator().manual_seed(seed + 1))
         x_fit, _ = task.sample(n_fit, torch.Generator().manual_seed(seed + 2))
@@ -277,9 +289,6 @@ def summary(res: dict) -> str:
     return "\n".join(lines)
 
 
-def add_flags(parser) -> None:
-    parser.add_argument("--rho", type=float, default=0.5, help="parent-to-child correlation rho of the Gaussian task (default: 0.5)")
-    parser.add_argument("--steps", type=int, default=300, help="training steps per L (default: 300)")
 
 
 def check_flags(parser, args) -> None:
@@ -288,5 +297,4 @@ def check_flags(parser, args) -> None:
     common.check_at_least(parser, args, steps=1)
 
 
-REQUIRES = None  # its own synthetic tasks: no --checkpoint
 ANALYSIS = common.register(globals())

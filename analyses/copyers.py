@@ -12,13 +12,18 @@ that mass on the SAME position h (``probes.copy_mass``: an exact copy of x_h^l).
 
 from __future__ import annotations
 
+from analyses import common
+
+NAME = "copyers"
+REQUIRES = frozenset({common.CONTENT_FREE_COPYERS})  # what it needs of its subject
+
+common.parse_first(globals())  # python -m: --help and a mistyped flag answer here, before torch is imported
+
 import numpy as np
 import torch
 
-from analyses import common
 from probes import copy_mass, demonstration_mass, head_assignment
 
-NAME = "copyers"
 FIGURES = {
     "copyers.png": (
         "w^H and w^L per copyer head, attention mass per example and same-position copy mass, heads labelled with the demonstration they copy; heads that duplicate one demonstration are drawn in red."
@@ -131,5 +136,4 @@ def summary(res: dict) -> str:
     return "\n".join(lines)
 
 
-REQUIRES = frozenset({common.CONTENT_FREE_COPYERS})  # what it needs of its subject
 ANALYSIS = common.register(globals())

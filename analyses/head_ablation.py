@@ -34,21 +34,27 @@ ablated demonstrations.
 
 from __future__ import annotations
 
+from analyses import common
+from models.plumbing.io import UsageError
+
+NAME = "head_ablation"
+REQUIRES = frozenset({common.DISENTANGLED, common.MARKOV_TASK})  # what it needs of its subject
+
+common.parse_first(globals())  # python -m: --help and a mistyped flag answer here, before torch is imported
+
 import math
 
 import numpy as np
 import torch
 from jaxtyping import Int
 from torch import Tensor
-from tqdm.auto import tqdm
 
-from analyses import common
 from models.interp.interventions import ablate, ablate_subspace
 from models.interp.subject import DisentangledSubject, head_label
+from models.plumbing.progress import progress as progress_bar
 from models.training.evaluate import output_and_pattern
 from probes import bma_posterior, bma_predictive, head_assignment, mean_tv, parent_accuracy, target_nll
 
-NAME = "head_ablation"
 HOOK_Z = "blocks.0.attn.hook_z"  # [batch, H, K, d]
 HOOK_Q, HOOK_K = "blocks.1.attn.hook_q", "blocks.1.attn.hook_k"  # [batch, H, 1, (K+1)d]
 PATTERN = "blocks.1.attn.hook_pattern"  # [batch, 1, H, H]
@@ -58,7 +64,8 @@ FIGURES = {
     "demonstration the head copies) and TV of the layer-2 attention to BMA with and without that demonstration; "
     "controls: the token subspace of the layer-2 query (changes nothing) and key",
     f"{NAME}_cumulative.png": "copyer heads ablated cumulatively, most important first: NLL, parent-identification "
-    "accuracy and attention TV of the model against BMA conditioned on the demonstrations still copied",
+    "accuracy and attention TV of the model against BMA conditioned on the demonstrations still copied (mean ablation "
+    "follows that BMA; zero ablation's NLL drifts above it), and the attention's TV to full BMA beside it",
 }
 CLAIM_THEOREM1_TV = 1e-4  # zero-ablated Theorem 1 model vs BMA without the demonstration
 CLAIM_MARGIN = 0.02  # trained model: TV to BMA-without <= intact TV to BMA + this
@@ -132,7 +139,7 @@ def head_ablation(
     cfg = model.cfg
     K, L, d = cfg.n_copy_heads, cfg.n_examples, cfg.d_vocab
     if (task.n_examples, task.seq_len, task.d_vocab) != (L, cfg.seq_len, d):
-        raise ValueError(
+        raise UsageError(
             f"task (L={task.n_examples}, H={task.seq_len}, d={task.d_vocab}) does not match the model "
             f"(L={L}, H={cfg.seq_len}, d={d})"
         )
@@ -148,7 +155,7 @@ def head_ablation(
         out = run_ablated(subject, tokens, ablate(subject, 0, heads, kind, means[HOOK_Z], log))
         return measure(*out, tokens, parents, bma, frozenset(demos[k] for k in heads))
 
-    bar = tqdm(total=2 * K + 2 * (K + 1) + 4, desc="ablations", disable=not progress or None, leave=False)
+    bar = progress_bar(desc="ablations", total=2 * K + 2 * (K + 1) + 4, enabled=progress, leave=False)
     heads = []
     for k in range(K):
         heads.append({"head": head_label(0, k), "demonstration": demos[k], "purity": purity[k]})
@@ -257,7 +264,8 @@ def plot(r: dict, n: int, subject_name: str):
     ax = axes[1]
     ax.bar(x - w, [h["zero"]["tv_without"] for h in heads], w, label="zero abl. vs BMA without demo")
     ax.bar(x, [h["mean"]["tv_without"] for h in heads], w, label="mean abl. vs BMA without demo")
-    ax.bar(x + w, [h["zero"]["tv"] for h in heads], w, color="k", alpha=0.6, label="zero abl. vs full BMA")
+    ax.bar(x + w, [h["zero"]["tv"] for h in heads], w, color="w", edgecolor="C0", hatch="///",
+           label="zero abl. vs full BMA")  # not grey: grey is the left panel's BMA  # fmt: skip
     ax.axhline(intact["tv"], color="C3", ls="--", lw=1, label=f"intact vs full BMA ({intact['tv']:.3f})")
     ax.axhline(intact["tv"] + CLAIM_MARGIN, color="C3", ls=":", lw=1, label="intact + 0.02 (claim bound)")
     tvs = [h[kind][key] for h in heads for kind in KINDS for key in ("tv", "tv_without")]
@@ -281,9 +289,9 @@ def plot(r: dict, n: int, subject_name: str):
     ax = axes[2]
     names = list(r["controls"])
     vals = [r["controls"][c]["tv_to_intact"] for c in names]
-    ax.bar(range(len(names)), vals, color=["C7", "C7", "C4", "C4"])
-    for i, v in enumerate(vals):
-        ax.annotate(f"{v:.1e}", (i, v), ha="center", va="bottom", fontsize=7)
+    ax.bar(range(len(names)), vals, color=["C2" if c.startswith("query") else "C4" for c in names])
+    for i, v in enumerate(vals):  # the query side is exactly 0 by construction: say so, not "0.0e+00"
+        ax.annotate("exactly 0" if v == 0 else f"{v:.2g}", (i, v), ha="center", va="bottom", fontsize=8)
     ax.set_ylim(0, 1.3 * max(vals) if max(vals) > 0 else 1e-3)
     ax.set(
         xticks=range(len(names)),
@@ -297,28 +305,39 @@ def plot(r: dict, n: int, subject_name: str):
 
     cum = r["cumulative"]
     ns = [c["n_heads"] for c in cum]
-    fig2, axes = plt.subplots(1, 3, figsize=(15, 4.2))
-    for ax, key, ylabel in ((axes[0], "nll", "NLL (nats)"), (axes[1], "parent_acc", "parent-identification accuracy")):
-        ax.plot(ns, [c["zero"][key] for c in cum], "o-", label="model, zero ablation")
-        ax.plot(ns, [c["mean"][key] for c in cum], "s-", label="model, mean ablation")
+    # Four panels, each on its own linear scale: the attention's TV to the BMA it should follow (0.01-0.05)
+    # apart from its TV to full BMA (up to ~0.6), so that neither flattens the other; one legend below.
+    fig2, axes = plt.subplots(2, 2, figsize=(12, 8.6), layout="constrained")
+    axes = axes.ravel()
+    xlabel = "copyer heads ablated (most important first)"
+    for ax, key, ylabel, title in ((axes[0], "nll", "NLL (nats)", "NLL of the target tokens"),
+                                   (axes[1], "parent_acc", "parent-identification accuracy", "Parent identification")):  # fmt: skip
+        ax.plot(ns, [c["zero"][key] for c in cum], "o-", color="C0", label="model, zero ablation")
+        ax.plot(ns, [c["mean"][key] for c in cum], "s-", color="C1", label="model, mean ablation")
         ax.plot(ns, [c["bma"][key] for c in cum], "k--", label="BMA with the remaining demonstrations")
-        ax.set(xlabel="copyer heads ablated (most important first)", ylabel=ylabel)
-        ax.legend(fontsize=8)
-    axes[0].set_title("NLL of the target tokens")
-    axes[1].set_title("Parent identification")
+        ax.set(xlabel=xlabel, ylabel=ylabel, title=title)
     ax = axes[2]
-    ax.plot(ns, [c["zero"]["tv_without"] for c in cum], "o-", label="zero abl. vs BMA with remaining demos")
-    ax.plot(ns, [c["mean"]["tv_without"] for c in cum], "s-", label="mean abl. vs BMA with remaining demos")
-    ax.plot(ns, [c["zero"]["tv"] for c in cum], "k:", label="zero abl. vs full BMA")
-    ax.set(
-        xlabel="copyer heads ablated (most important first)",
-        ylabel="mean TV of blocks.1 attention (log scale)",
-        yscale="log",
-        title="Attention vs BMA with fewer demonstrations",
-    )
-    ax.legend(fontsize=8, loc="center right")
+    zero, mean = [c["zero"]["tv_without"] for c in cum], [c["mean"]["tv_without"] for c in cum]
+    ax.plot(ns, zero, "o-", color="C0")
+    ax.plot(ns, mean, "s-", color="C1")
+    ax.axhline(intact["tv"], color="C3", ls="--", lw=1, label=f"intact model vs full BMA ({intact['tv']:.3f})")
+    ax.axhline(intact["tv"] + CLAIM_MARGIN, color="C3", ls=":", lw=1, label=f"intact + {CLAIM_MARGIN} (claim bound)")
+    ax.set_ylim(0, 1.25 * max(*zero, *mean, intact["tv"] + CLAIM_MARGIN))
+    if zero[-1] < 1e-4:  # every copy zeroed: BMA with no demonstration, which the construction meets exactly
+        ax.annotate(f"{zero[-1]:.0e}: no demonstration left", (ns[-1], zero[-1]), xytext=(-6, 8),
+                    textcoords="offset points", ha="right", fontsize=8)  # fmt: skip
+    ax.set(xlabel=xlabel, ylabel="mean TV of blocks.1 attention", title="Attention vs BMA with the remaining demos")
+    ax = axes[3]
+    ax.plot(ns, [c["zero"]["tv"] for c in cum], "o:", color="C0", ms=8, mfc="none", label="zero ablation vs full BMA")
+    ax.plot(ns, [c["mean"]["tv"] for c in cum], "s:", color="C1", ms=4, label="mean ablation vs full BMA")
+    ax.plot(ns, zero, "o-", color="C0", alpha=0.4)
+    ax.plot(ns, mean, "s-", color="C1", alpha=0.4)
+    ax.set_ylim(0, None)
+    ax.set(xlabel=xlabel, ylabel="mean TV of blocks.1 attention",
+           title="... and vs full BMA (dotted), the left panel's curves solid")  # fmt: skip
+    handles = [h for a in (axes[0], axes[2], axes[3]) for h in a.get_legend_handles_labels()[0]]
+    fig2.legend(handles=handles, loc="outside lower center", ncol=3, fontsize=9, frameon=False)
     fig2.suptitle(f"Cumulative copyer-head ablation ({subject_name}, {n} contexts)")
-    fig2.tight_layout()
     return fig1, fig2
 
 
@@ -388,5 +407,4 @@ def figures(r: dict, args) -> dict:
 record = _strip
 
 
-REQUIRES = frozenset({common.DISENTANGLED, common.MARKOV_TASK})  # what it needs of its subject
 ANALYSIS = common.register(globals())

@@ -15,17 +15,22 @@ E log pi(x_h | x_h') on that kernel. No --checkpoint: the kernel is ``models.DEF
 
 from __future__ import annotations
 
-import numpy as np
-import torch
-from tqdm.auto import tqdm
-
-import models
 from analyses import common
-from probes import MarkovTreeTask
-from probes.information import expected_log_likelihood, mutual_information, pair_joints, sdpi_report, tree_distance
 
 NAME = "information"
 N_CONTEXTS = 200  # default --n-contexts
+REQUIRES = None  # its own synthetic tasks: no --checkpoint
+
+common.parse_first(globals())  # python -m: --help and a mistyped flag answer here, before torch is imported
+
+import numpy as np
+import torch
+
+import models
+from models.plumbing.progress import progress as progress_bar
+from probes import MarkovTreeTask
+from probes.information import expected_log_likelihood, mutual_information, pair_joints, sdpi_report, tree_distance
+
 FIGURES = {
     "information.png": (
         "exact mutual information against tree distance; the strong-DPI contraction against the Dobrushin coefficient and the 1 - delta*gamma bound for kernels of different floors (no DPI violation); Lemma 4 margins, all positive."
@@ -60,7 +65,7 @@ def measure(
     d = base.d_vocab
     dist_all, mi_all, margins = [], [], []
     violations, checked = 0, 0
-    for parents in tqdm(_trees(base, n_trees, seed), desc="shipped kernel", disable=not progress or None):
+    for parents in progress_bar(_trees(base, n_trees, seed), "shipped kernel", enabled=progress):
         mi = mutual_information(pair_joints(base.pi, base.root, parents))
         dist = tree_distance(parents)
         off = ~torch.eye(seq_len, dtype=torch.bool)
@@ -78,7 +83,7 @@ def measure(
         for key, f in (("mean", torch.mean), ("min", torch.min), ("max", torch.max)):
             by_dist[key].append(f(sel).item() if sel.numel() else float("nan"))
     kernels = []
-    bar = tqdm(total=len(gammas) * kernels_per_gamma, desc="kernels", disable=not progress or None)
+    bar = progress_bar(desc="kernels", total=len(gammas) * kernels_per_gamma, enabled=progress)
     for gamma in gammas:
         for j in range(kernels_per_gamma):
             task = MarkovTreeTask.random(d, 1, seq_len, alpha=0.5, gamma=gamma, seed=seed + 1000 * j + 1)
@@ -186,5 +191,4 @@ def summary(res: dict) -> str:
     return "\n".join(lines)
 
 
-REQUIRES = None  # its own synthetic tasks: no --checkpoint
 ANALYSIS = common.register(globals())

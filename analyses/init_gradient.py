@@ -26,23 +26,35 @@ where s is the blocks.1 attention score. We take the gradient by autograd throug
 
 from __future__ import annotations
 
+from analyses import common
+
+NAME = "init_gradient"
+
+
+def add_flags(parser) -> None:
+    parser.add_argument("--n-trees", type=int, default=32, help="random trees for the expected gradient (default: 32)")
+    parser.add_argument("--steps", type=int, default=300, help="Adam steps on W_KQ from 0 (default: 300)")
+
+
+REQUIRES = None  # its own synthetic tasks: no --checkpoint
+
+common.parse_first(globals())  # python -m: --help and a mistyped flag answer here, before torch is imported
+
 import math
 
 import numpy as np
 import torch
-from tqdm.auto import tqdm
 
 import models
-from analyses import common
 from analyses.common import sample_contexts
 from models import theorem1_model
 from models.interp.interventions import Intervention
 from models.plumbing.io import check_memory
+from models.plumbing.progress import progress as progress_bar
 from probes import bma_posterior, mean_tv, parent_accuracy
 from probes.information import chi2_mutual_information, pair_joints
 from probes.metrics import parent_mass
 
-NAME = "init_gradient"
 FIGURES = {
     "init_gradient.png": (
         "Theorem 3 at W_KQ = 0: expected score gradient against the exact chi-square mutual information; parent minus every other candidate with Bonferroni intervals (all above 0); single-context parent picks from one gradient step against L beside BMA; training W_KQ alone from 0."
@@ -97,7 +109,7 @@ def gradient_by_tree(task, n_trees: int, n_samples: int, seed: int, chunk: int =
     gen = torch.Generator().manual_seed(seed)
     trees = task.sample_parents(n_trees, gen)
     rows, worst, single_hits, single_total = [], 0.0, 0, 0
-    for parents in tqdm(trees, desc="trees", disable=not progress or None):
+    for parents in progress_bar(trees, "trees", enabled=progress):
         sums = torch.zeros(H, H, dtype=torch.float64)
         sq = torch.zeros(H, H, H, dtype=torch.float64)  # [h, h', h''] second moments for paired differences
         done = 0
@@ -161,7 +173,7 @@ def one_step_against_L(task, Ls, n_batch: int, n_eval: int, seed: int, progress:
     fraction of (context, h >= 2) whose largest Delta s (and largest per-context g) is at the parent,
     and BMA's parent accuracy at that L for reference."""
     out = {"L": list(Ls), "step_parent_acc": [], "score_grad_parent_acc": [], "bma_parent_acc": [], "step_margin": []}
-    for L in tqdm(Ls, desc="L", disable=not progress or None):
+    for L in progress_bar(Ls, "L", enabled=progress):
         model = init_model(task, L)
         lt = type(task)(task.pi, L, task.seq_len, task.root)
         tokens, _ = sample_contexts(lt, n_batch, seed)
@@ -211,7 +223,7 @@ def train_from_zero(
     posterior = bma_posterior(task.pi, eval_tokens, task.n_examples, task.seq_len)
     H = task.seq_len
     hist = {"step": [], "separation": [], "parent_mass": [], "parent_acc": [], "tv_to_bma": []}
-    for step in tqdm(range(steps + 1), desc="train W_KQ", disable=not progress or None):
+    for step in progress_bar(range(steps + 1), "train W_KQ", enabled=progress):
         if step % every == 0:
             with torch.no_grad():
                 _, cache = model.run_with_cache(eval_tokens, names_filter=[SCORES, "blocks.1.attn.hook_pattern"])
@@ -350,9 +362,6 @@ def summary(res: dict) -> str:
     )
 
 
-def add_flags(parser) -> None:
-    parser.add_argument("--n-trees", type=int, default=32, help="random trees for the expected gradient (default: 32)")
-    parser.add_argument("--steps", type=int, default=300, help="Adam steps on W_KQ from 0 (default: 300)")
 
 
 MAX_SAMPLES = 2**24  # --n-trees x --n-contexts target sequences (the default is 2**17): the work, chunked, is not memory
@@ -377,5 +386,4 @@ def record(res) -> dict:
     return {k: v for k, v in res.items() if k != "task"}
 
 
-REQUIRES = None  # its own synthetic tasks: no --checkpoint
 ANALYSIS = common.register(globals())

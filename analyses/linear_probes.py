@@ -14,24 +14,41 @@ next to a shuffled-label control:
 
 from __future__ import annotations
 
+from analyses import common
+from models.plumbing.io import UsageError
+
+NAME = "linear_probes"
+N_CONTEXTS = 256  # default --n-contexts
+
+
+def add_flags(parser) -> None:
+    parser.add_argument(
+        "--standard",
+        default=None,
+        metavar="HF_FOLDER",
+        help="a standard transformer folder (default: train a small one here, ~100 steps)",
+    )
+
+
+REQUIRES = frozenset({common.MARKOV_TASK})  # what it needs of its subject
+
+common.parse_first(globals())  # python -m: --help and a mistyped flag answer here, before torch is imported
+
 import tempfile
 from pathlib import Path
 
 import torch
 from torch import Tensor
-from tqdm.auto import tqdm
 
 import models
-from analyses import common
+from models import cli
 from models.interp.subject import DISENTANGLED, Subject, load_subject, subject_of
-from models.plumbing import cli
+from models.plumbing.progress import progress as progress_bar
 from models.training.standard import StandardConfig, train_standard
 from probes import bma_posterior
 from probes.linear import linear_probe
 from probes.metrics import parent_hits
 
-NAME = "linear_probes"
-N_CONTEXTS = 256  # default --n-contexts
 FIGURES = {
     "linear_probe_copyers.png": (
         "held-out accuracy decoding x_h^l from each copyer head's output, for every (head, demonstration) pair, beside the shuffled-label control."
@@ -58,7 +75,7 @@ def copyer_probes(model, task, n_contexts: int, seed: int) -> dict:
     demos = tokens.view(-1, task.n_examples + 1, task.seq_len)[:, : task.n_examples]  # [batch, L, H]
     K, L = z.shape[2], task.n_examples
     results = [[None] * L for _ in range(K)]
-    for k, l in tqdm([(k, l) for k in range(K) for l in range(L)], desc="copyer probes", leave=False, disable=None):
+    for k, l in progress_bar([(k, l) for k in range(K) for l in range(L)], "copyer probes", leave=False):
         results[k][l] = _probe(z[:, :, k].flatten(0, 1), demos[:, l].flatten(), task.d_vocab, seed)
     return _matrix(results)
 
@@ -71,7 +88,7 @@ def parent_probes(model, task, n_contexts: int, seed: int) -> dict:
     q = cache["blocks.1.attn.hook_q"][:, :, 0]  # [batch, H, D]
     bma = parent_hits(bma_posterior(task.pi, tokens, task.n_examples, task.seq_len), parents).mean(0)  # [H-1]
     out = {"h": [], "probe": [], "bma_acc": bma.tolist(), "chance": []}
-    for h in tqdm(range(1, task.seq_len), desc="parent probes", leave=False, disable=None):
+    for h in progress_bar(range(1, task.seq_len), "parent probes", leave=False):
         out["h"].append(h)
         out["probe"].append(_probe(q[:, h], parents[:, h], h, seed))
         out["chance"].append(1 / h)
@@ -91,7 +108,7 @@ def standard_probes(subject: Subject, n_contexts: int, seed: int) -> dict:
     demos = tokens.view(-1, task.n_examples + 1, task.seq_len)[:, : task.n_examples, 1:]  # [batch, L, H-1]
     results = [[None] * task.n_examples for _ in names]
     jobs = [(i, l) for i in range(len(names)) for l in range(task.n_examples)]
-    for i, l in tqdm(jobs, desc="standard probes", leave=False, disable=None):
+    for i, l in progress_bar(jobs, "standard probes", leave=False):
         resid = cache[names[i]][:, pos].double()
         results[i][l] = _probe(resid.flatten(0, 1), demos[:, l].flatten(), task.d_vocab, seed)
     return {"layers": ["embed"] + [f"after block {i}" for i in range(n_layers)], **_matrix(results)}
@@ -192,7 +209,7 @@ def compute(subject: Subject, args) -> dict:
             if args.standard is not None:
                 standard = load_subject(args.standard, args.device)
                 if DISENTANGLED in standard.capabilities:
-                    raise ValueError(
+                    raise UsageError(
                         f"--standard {args.standard!r} is a {standard.describe()}; expected a standard "
                         "transformer (a Hugging Face folder such as python -m models.standard writes)"
                     )
@@ -218,13 +235,6 @@ def summary(results: dict) -> str:
     return "\n".join(lines)
 
 
-def add_flags(parser) -> None:
-    parser.add_argument(
-        "--standard",
-        default=None,
-        metavar="HF_FOLDER",
-        help="a standard transformer folder (default: train a small one here, ~100 steps)",
-    )
 
 
 def check_flags(parser, args) -> None:
@@ -235,5 +245,4 @@ def check_flags(parser, args) -> None:
         cli.check_not_an_input(args.out, args, "--out")
 
 
-REQUIRES = frozenset({common.MARKOV_TASK})  # what it needs of its subject
 ANALYSIS = common.register(globals())

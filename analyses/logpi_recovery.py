@@ -20,15 +20,21 @@ W_OV is fitted as ``W_OV ~ c log pi + b 1^T`` (a constant per row) and compared 
 
 from __future__ import annotations
 
+from analyses import common
+from models.plumbing.io import UsageError
+
+NAME = "logpi_recovery"
+REQUIRES = frozenset({common.DISENTANGLED, common.MARKOV_TASK})  # what it needs of its subject
+
+common.parse_first(globals())  # python -m: --help and a mistyped flag answer here, before torch is imported
+
 import numpy as np
 import torch
 
-from analyses import common
 from models.interp.subject import head_label
 from probes import head_assignment
 from probes.metrics import column_softmax_error, fit_column_shift
 
-NAME = "logpi_recovery"
 FIGURES = {
     "logpi_recovery.png": (
         "Proposition 1 in four panels: log pi (column-centred) beside the worst-fitting diagonal W_KQ block (column-centred, divided by its fitted scale c, values printed); every entry of all diagonal blocks against log pi's (one colour per head and the demonstration it copies, y = x); the W_OV token block against log pi (row-centred), with the fitted c, correlation and softmax errors in the titles."
@@ -74,9 +80,9 @@ def logpi_recovery(model, pi: torch.Tensor) -> dict:
     log_pi = pi.double().log()
     d, K = model.cfg.d_vocab, model.cfg.n_copy_heads
     if tuple(log_pi.shape) != (d, d):
-        raise ValueError(f"pi has shape {tuple(pi.shape)}, expected ({d}, {d}) to match the model's d_vocab")
+        raise UsageError(f"pi has shape {tuple(pi.shape)}, expected ({d}, {d}) to match the model's d_vocab")
     if not torch.isfinite(log_pi).all():
-        raise ValueError("pi has zero entries, so log pi is not finite; expected a kernel with pi > 0")
+        raise UsageError("pi has zero entries, so log pi is not finite; expected a kernel with pi > 0")
     demos, purity = head_assignment(model.copyer_pattern().cpu(), model.cfg.n_examples)
     W = model.W_KQ.detach().cpu()
     blocks = []
@@ -252,5 +258,4 @@ def summary(res: dict) -> str:
     return "\n".join(lines)
 
 
-REQUIRES = frozenset({common.DISENTANGLED, common.MARKOV_TASK})  # what it needs of its subject
 ANALYSIS = common.register(globals())

@@ -17,6 +17,33 @@ standard GPT-2 with AdamW instead of a CatFormer with SGD, and the step budget (
 
 from __future__ import annotations
 
+from analyses import common
+from models.plumbing.io import UsageError
+from models.training import sweep
+
+NAME = "nichani_dags"
+
+
+def add_flags(p) -> None:
+    p.add_argument("--dags", default="0-19", help="which of their 20 DAGs to train: 0-19, 3 or 0,2,5 (default: 0-19)")
+    p.add_argument("--steps", type=int, default=6000, help="training steps per DAG (default: 6000)")
+    p.add_argument("--batch-size", type=int, default=512, help="sequences per step (default: 512)")
+    p.add_argument("--n-contexts", type=int, default=256, help="held-out contexts of the attention (default: 256)")
+    p.add_argument(
+        "--sweep",
+        default=None,
+        help="re-plot this JSON (what an earlier run wrote), or the "
+        f"{NAME}_partial.jsonl of a stopped one (with its --steps and --batch-size), instead of training",
+    )
+    sweep.add_flags(p)
+
+
+REQUIRES = None  # its own synthetic tasks: no --checkpoint
+N_CONTEXTS = None  # its own --n-contexts (held-out contexts of the attention)
+
+
+common.parse_first(globals())  # python -m: --help and a mistyped flag answer here, before torch is imported
+
 import json
 import time
 from pathlib import Path
@@ -24,11 +51,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from analyses import common
-from models.training import sweep
 from models.training.standard import StandardConfig, train_standard
 
-NAME = "nichani_dags"
 THEIRS = {"mean": 0.83663917, "std": 0.054017633, "n_dags": 20}  # many_graphs.ipynb's printed output
 TASK = dict(d_vocab=3, n_examples=0, seq_len=21, alpha=0.1)
 MODEL = dict(n_layers=2, n_heads=1, d_model=64, d_mlp=128, lr=1e-3, loss_on="last")
@@ -79,25 +103,13 @@ def parse_dags(text: str) -> list[int]:
     for part in text.split(","):
         a, dash, b = part.partition("-")
         if not (a.isdigit() and (not dash or b.isdigit())):
-            raise ValueError(f"--dags {text!r}: expected indices like 0-19, 3 or 0,2,5")
+            raise UsageError(f"--dags {text!r}: expected indices like 0-19, 3 or 0,2,5")
         out += list(range(int(a), int(b) + 1)) if dash else [int(a)]
     if not out or min(out) < 0 or max(out) > 19 or len(set(out)) != len(out):
-        raise ValueError(f"--dags {text!r}: expected distinct indices in 0..19 (their 20 DAGs)")
+        raise UsageError(f"--dags {text!r}: expected distinct indices in 0..19 (their 20 DAGs)")
     return out
 
 
-def add_flags(p) -> None:
-    p.add_argument("--dags", default="0-19", help="which of their 20 DAGs to train: 0-19, 3 or 0,2,5 (default: 0-19)")
-    p.add_argument("--steps", type=int, default=6000, help="training steps per DAG (default: 6000)")
-    p.add_argument("--batch-size", type=int, default=512, help="sequences per step (default: 512)")
-    p.add_argument("--n-contexts", type=int, default=256, help="held-out contexts of the attention (default: 256)")
-    p.add_argument(
-        "--sweep",
-        default=None,
-        help="re-plot this JSON (what an earlier run wrote), or the "
-        f"{NAME}_partial.jsonl of a stopped one (with its --steps and --batch-size), instead of training",
-    )
-    sweep.add_flags(p)
 
 
 def check_flags(p, args) -> None:
@@ -171,6 +183,4 @@ def summary(res: dict) -> str:
     return "\n".join(lines)
 
 
-REQUIRES = None  # its own synthetic tasks: no --checkpoint
-N_CONTEXTS = None  # its own --n-contexts (held-out contexts of the attention)
 ANALYSIS = common.register(globals())

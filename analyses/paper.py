@@ -3,7 +3,7 @@
     python -m analyses.paper [--out figures/] [--seed 0] [--only head_ablation copyers] [--jobs 2]
     python -m analyses.paper --cluster slurm:PARTITION --jobs 22       # every analysis a Slurm job
 
-The analyses are ``analyses.common.ANALYSES``; each runs as ``python -m analyses.<name> --out OUT --seed
+The analyses are ``analyses.common.analysis_names()`` (every module of ``analyses/``); each runs as ``python -m analyses.<name> --out OUT --seed
 SEED`` would, on its default subject, plus the module's ``PAPER_ARGS``. A name whose module does not
 exist (yet) is skipped, and said so. Each analysis is a job of ``models.training.sweep.run_jobs`` (``--cluster``,
 default local; ``--jobs`` at a time, default the number of CPU cores, at most 4), started longest first
@@ -11,7 +11,7 @@ default local; ``--jobs`` at a time, default the number of CPU cores, at most 4)
 the figures do not depend on the engine or on ``--jobs``.
 
 Each analysis module declares ``FIGURES``: a dict from file name to a one-line description; the gallery
-is built from those, in the order of ``ANALYSES`` (the paper's argument), so it lists exactly what the
+is built from those, in the order of ``analyses.common.ORDER`` (the paper's argument), so it lists exactly what the
 analyses write.
 """
 
@@ -26,11 +26,10 @@ from pathlib import Path
 from types import ModuleType
 
 from analyses import common
-from models.plumbing import cli
+from models import cli
 from models.plumbing.io import atomic_write
 from models.training import sweep
 
-ANALYSES = common.ANALYSES  # every analysis, in the order of the paper's argument
 # Wall seconds of each analysis in one `python -m analyses.paper --jobs 2` (2026-12-02, 2 cores shared with
 # other jobs, load average 1.5 at the end); only their order matters: the jobs start longest first, so that
 # the last ones to start are short and the jobs end together. An analysis not listed starts first (it may be long:
@@ -124,27 +123,30 @@ def check_gallery(parser, readme: Path) -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
+    analyses = common.analysis_names()  # every analysis, in the order of the paper's argument
     parser = cli.parser("python -m analyses.paper", __doc__)
     parser.add_argument("--out", default=str(common.FIGURES_DIR), help="folder for every figure, its JSON and the gallery README.md (default: figures/, the committed ones)")
     parser.add_argument("--seed", type=int, default=0, help="seed passed to every analysis (default: 0)")
-    parser.add_argument("--only", nargs="+", metavar="NAME", help=f"run only these analyses ({', '.join(ANALYSES)})")
+    parser.add_argument("--only", nargs="+", metavar="NAME", help=f"run only these analyses ({', '.join(analyses)})")
     parser.add_argument("--overwrite", action="store_true", help="let the gallery replace an OUT/README.md this command did not write")
     sweep.add_flags(parser, jobs=min(4, os.cpu_count() or 1))
     args = parser.parse_args(argv)
     sweep.check_flags(parser, args)
-    if not 0 <= args.seed <= cli.MAX_SEED:
+    from probes.tasks import MAX_SEED
+
+    if not 0 <= args.seed <= MAX_SEED:
         parser.error(f"--seed must be between 0 and 2**63 - 1, got {args.seed}")
     common.check_out(parser, args.out)
     if not args.only and not args.overwrite:
         check_gallery(parser, Path(args.out) / "README.md")
-    unknown = [name for name in args.only or () if name not in ANALYSES]
+    unknown = [name for name in args.only or () if name not in analyses]
     if unknown:
-        parser.error(f"--only {' '.join(unknown)}: not an analysis; expected names from {', '.join(ANALYSES)}")
+        parser.error(f"--only {' '.join(unknown)}: not an analysis; expected names from {', '.join(analyses)}")
     missing = [name for name in args.only or () if module_of(name) is None]
     if missing:
         parser.error(f"--only {' '.join(missing)}: no such module yet (analyses.{missing[0]})")
     out = Path(args.out)
-    modules = available(args.only or ANALYSES)
+    modules = available(args.only or analyses)
     names = list(modules)
     start = time.perf_counter()
     order = longest_first(names)

@@ -27,8 +27,42 @@ progress >= 0.5 (in each cell; '-' if never). Cells near the boundary (seed-0 pr
 
 from __future__ import annotations
 
-import dataclasses
 import os
+
+from analyses import common
+from models.training import sweep
+
+NAME = "phase_diagram"
+SWEEP = common.FIGURES_DIR / "phase_diagram_sweep.json"  # what `--full --out DIR` wrote as DIR/phase_diagram.json
+FAMILIES = ("gpt2", "attn_only", "disentangled")
+
+
+def add_flags(parser) -> None:
+    what = parser.add_mutually_exclusive_group()
+    what.add_argument(
+        "--quick", action="store_true", help="train a small grid now (3 kernels, L=6, all-token loss, 600 steps)"
+    )
+    what.add_argument(
+        "--full", action="store_true", help="train the full grid now (44 cells and the boundary cells' seeds)"
+    )
+    what.add_argument(
+        "--sweep",
+        metavar="FILE",
+        help=f"re-plot this phase_diagram.json of an earlier --full or --quick run (default without --quick or --full: "
+        f"{os.path.relpath(SWEEP, common.FIGURES_DIR.parent)}, the committed full sweep)",
+    )
+    parser.add_argument(
+        "--families", nargs="+", choices=FAMILIES, default=None, help="families to train (default: all)"
+    )
+    sweep.add_flags(parser)
+
+
+REQUIRES = None  # its own synthetic tasks: no --checkpoint
+N_CONTEXTS = None  # no --n-contexts
+
+common.parse_first(globals())  # python -m: --help and a mistyped flag answer here, before torch is imported
+
+import dataclasses
 import tempfile
 import time
 from dataclasses import dataclass, field
@@ -37,16 +71,11 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from analyses import common
-from models.plumbing.io import read_json
-from models.training import sweep
+from models.plumbing.io import UsageError, read_json
 from models.training.standard import StandardConfig, progress, reference_nlls, train_standard
 from models.training.train import TrainConfig, train
 
-NAME = "phase_diagram"
 PAPER_ARGS = []  # analyses.paper re-plots the committed full sweep (its 54 runs take far longer than the paper run)
-SWEEP = common.FIGURES_DIR / "phase_diagram_sweep.json"  # what `--full --out DIR` wrote as DIR/phase_diagram.json
-FAMILIES = ("gpt2", "attn_only", "disentangled")
 FIGURES = {
     "phase_diagram.png": (
         "progress from the uniform-parent plateau (0) to BMA (1) after a fixed step budget in one heatmap: a row per family (GPT-2, attention-only LayerNorm-free GPT-2, disentangled) and L and loss, a column per kernel (sharper to the right, with the plateau's gap to BMA); each cell prints the progress, the seeds averaged and the first step with progress >= 0.5; re-plotted from the committed full sweep, phase_diagram_sweep.json"
@@ -87,13 +116,13 @@ class Grid:
     def __post_init__(self):
         for name in ("steps", "disentangled_steps", "eval_every", "eval_contexts", "seq_len", "d_vocab"):
             if getattr(self, name) < 1:
-                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+                raise UsageError(f"{name} must be >= 1, got {getattr(self, name)}")
         bad = [f for f in self.families if f not in FAMILIES]
         if bad or not self.families:
-            raise ValueError(f"families must be among {', '.join(FAMILIES)}; got {self.families}")
+            raise UsageError(f"families must be among {', '.join(FAMILIES)}; got {self.families}")
         bad = [r for r in self.rows if len(r) != 2 or r[1] not in ("all", "target") or int(r[0]) < 1]
         if bad or not self.rows or not self.kernels:
-            raise ValueError(f"rows must be (L >= 1, 'all' or 'target') pairs and kernels non-empty; got {self.rows}")
+            raise UsageError(f"rows must be (L >= 1, 'all' or 'target') pairs and kernels non-empty; got {self.rows}")
         self.kernels = [tuple(k) for k in self.kernels]
         self.rows = [(int(L), loss) for L, loss in self.rows]
 
@@ -375,24 +404,6 @@ def summary(res: dict) -> list[str]:
     return lines
 
 
-def add_flags(parser) -> None:
-    what = parser.add_mutually_exclusive_group()
-    what.add_argument(
-        "--quick", action="store_true", help="train a small grid now (3 kernels, L=6, all-token loss, 600 steps)"
-    )
-    what.add_argument(
-        "--full", action="store_true", help="train the full grid now (44 cells and the boundary cells' seeds)"
-    )
-    what.add_argument(
-        "--sweep",
-        metavar="FILE",
-        help=f"re-plot this phase_diagram.json of an earlier --full or --quick run (default without --quick or --full: "
-        f"{os.path.relpath(SWEEP, common.FIGURES_DIR.parent)}, the committed full sweep)",
-    )
-    parser.add_argument(
-        "--families", nargs="+", choices=FAMILIES, default=None, help="families to train (default: all)"
-    )
-    sweep.add_flags(parser)
 
 
 def check_flags(parser, args) -> None:
@@ -426,7 +437,7 @@ def read_sweep(path: str | Path) -> dict:
     res = record.get("results") if isinstance(record, dict) else None
     keys = ("grid", "seed", "cells", "seconds", "mode")
     if not isinstance(res, dict) or any(k not in res for k in keys) or res["mode"] not in ("full", "quick"):
-        raise ValueError(
+        raise UsageError(
             f"--sweep {str(path)!r} holds no trained sweep; expected the {NAME}.json of python -m analyses.{NAME} --full"
         )
     plotted = ("seeds", "final_progress", "mean_progress", "steps_to_half", "plateau_gap", "runs")
@@ -434,10 +445,10 @@ def read_sweep(path: str | Path) -> dict:
         grid = Grid(**res["grid"])
         cells = {tuple(_key(c).values()) for c in res["cells"] if all(k in c for k in plotted)}
     except (TypeError, KeyError, ValueError, AttributeError) as e:
-        raise ValueError(f"--sweep {str(path)!r}: its grid or cells are malformed ({type(e).__name__}: {e})") from None
+        raise UsageError(f"--sweep {str(path)!r}: its grid or cells are malformed ({type(e).__name__}: {e})") from None
     missing = [c for c in cells_of(grid) if tuple(c.values()) not in cells]
     if missing:
-        raise ValueError(
+        raise UsageError(
             f"--sweep {str(path)!r} lacks {len(missing)} cells of its grid (with {', '.join(plotted)}), e.g. {missing[0]}"
         )
     where, root = Path(path).resolve(), common.FIGURES_DIR.parent
@@ -467,14 +478,13 @@ def describe_run(res: dict) -> str:
     return f"{NAME} ({trained}):"
 
 
-REQUIRES = None  # its own synthetic tasks: no --checkpoint
 ANALYSIS = common.register(globals(), common.Analysis(
     NAME,
     __doc__,
     compute_from_args,
     lambda res, args: {NAME: plot(res), f"{NAME}_curves": plot_curves(res)},
     lambda res: describe_run(res) + "\n" + "\n".join(summary(res)),
-    n_contexts=None,
+    n_contexts=N_CONTEXTS,
     requires=REQUIRES,
     add_flags=add_flags,
     check_flags=check_flags,

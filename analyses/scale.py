@@ -12,22 +12,39 @@ Retraining takes tens of minutes on 2 cores, so the figure reads the evaluation 
 
 from __future__ import annotations
 
-from pathlib import Path
-
 from analyses import common
-from models.loading.checkpoint import read_config
-from models.plumbing import cli
-from models.plumbing.io import exclusive_lock, read_json, what_is, write_json
 
 NAME = "scale"
 N_CONTEXTS = None  # no --n-contexts: it samples no contexts of a checkpoint
+HISTORIES = common.FIGURES_DIR / "scale_histories.json"
+
+
+def add_flags(parser) -> None:
+    parser.add_argument(
+        "--from-runs",
+        nargs="+",
+        metavar="LABEL=FOLDER",
+        help=f"collect these checkpoints' histories into {HISTORIES.name} first (added to the runs already there)",
+    )
+    parser.add_argument("--histories", default=str(HISTORIES), help="the collected histories (JSON)")
+
+
+REQUIRES = None  # its own synthetic tasks: no --checkpoint
+
+common.parse_first(globals())  # python -m: --help and a mistyped flag answer here, before torch is imported
+
+from pathlib import Path
+
+from models import cli
+from models.loading.checkpoint import read_config
+from models.plumbing.io import UsageError, exclusive_lock, read_json, what_is, write_json
+
 FIGURES = {
     "scale.png": "NLL gap to BMA, TV to the BMA posterior and the least pure copyer head over training "
     "steps at d=10, L=K=32, H=24 (the reference recipe of docs/paper.md section 5, the float32 scale recipe, "
     "`--preset medium` in bfloat16) and at d=20, L=K=64, H=32 (the float32 run of 3000 steps, "
     "`--preset large` in bfloat16, the first 300 steps at full copyer rate)"
 }
-HISTORIES = common.FIGURES_DIR / "scale_histories.json"
 KEPT = ("step", "seconds", "loss", "nll_gap", "tv_to_bma", "parent_acc", "parent_acc_bma", "distinct_demos")
 
 
@@ -39,14 +56,14 @@ def collect(runs: dict[str, str | Path]) -> dict:
         training = read_config(folder)["training"]
         where = f"--from-runs {label}={folder}"
         if not isinstance(training, dict) or not isinstance(training.get("history"), list):
-            raise ValueError(f"{where}: its config.json has no training history; expected a models.train run")
+            raise UsageError(f"{where}: its config.json has no training history; expected a models.train run")
         try:
             history = [
                 {**{k: m.get(k) for k in KEPT}, "min_purity": min(m["head_purity"]), "n_heads": len(m["head_purity"])}
                 for m in training["history"]
             ]
         except (TypeError, KeyError, ValueError, AttributeError):
-            raise ValueError(f"{where}: an evaluation of its history has no head_purity list") from None
+            raise UsageError(f"{where}: an evaluation of its history has no head_purity list") from None
         out[label] = check_run(where, {"config": training.get("config"), "history": history})
     return out
 
@@ -58,14 +75,14 @@ def check_run(where: str, run_: dict) -> dict:
     cfg, history = run_.get("config"), run_.get("history")
     sizes = ("d_vocab", "n_examples", "seq_len", "batch_size", "eval_contexts")
     if not isinstance(cfg, dict) or any(k not in cfg for k in sizes):
-        raise ValueError(f"{where}: no training config with {', '.join(sizes)}")
+        raise UsageError(f"{where}: no training config with {', '.join(sizes)}")
     if not isinstance(history, list) or not history:
-        raise ValueError(f"{where}: its history is empty; expected at least one evaluation")
+        raise UsageError(f"{where}: its history is empty; expected at least one evaluation")
     needed = ("step", "nll_gap", "tv_to_bma", "min_purity", "distinct_demos", "n_heads")
     for m in history:
         absent = [k for k in needed if not isinstance(m, dict) or not isinstance(m.get(k), (int, float))]
         if absent:
-            raise ValueError(f"{where}: an evaluation of its history has no number for {', '.join(absent)}")
+            raise UsageError(f"{where}: an evaluation of its history has no number for {', '.join(absent)}")
     return run_
 
 
@@ -122,10 +139,10 @@ def run_pairs(items: list[str]) -> list[tuple[str, str]]:
     for item in items:
         splits = [(item[:i], item[i + 1 :]) for i, c in enumerate(item) if c == "=" and i > 0]
         if not splits:
-            raise ValueError(f"--from-runs expects LABEL=FOLDER items, got {item!r}")
+            raise UsageError(f"--from-runs expects LABEL=FOLDER items, got {item!r}")
         folders = [(label, folder) for label, folder in splits if Path(folder).is_dir()]
         if len(folders) > 1:
-            raise ValueError(
+            raise UsageError(
                 f"--from-runs {item!r} is ambiguous: {' and '.join(repr(f) for _, f in folders)} are both folders; "
                 "rename one (LABEL=FOLDER)"
             )
@@ -153,7 +170,7 @@ def read_histories(path: Path) -> dict:
     """The collected histories at ``path``, every run checked (one line naming the file and the run)."""
     histories = read_json(path, "--histories")
     if not isinstance(histories, dict) or not histories:
-        raise ValueError(f"--histories {str(path)!r} holds no runs; expected {{label: {{config, history}}}}")
+        raise UsageError(f"--histories {str(path)!r} holds no runs; expected {{label: {{config, history}}}}")
     for label, run_ in histories.items():
         check_run(f"--histories {str(path)!r}, run {label!r}", run_)
     return histories
@@ -170,14 +187,6 @@ def summary(result: dict) -> str:
     return "\n".join(lines)
 
 
-def add_flags(parser) -> None:
-    parser.add_argument(
-        "--from-runs",
-        nargs="+",
-        metavar="LABEL=FOLDER",
-        help=f"collect these checkpoints' histories into {HISTORIES.name} first (added to the runs already there)",
-    )
-    parser.add_argument("--histories", default=str(HISTORIES), help="the collected histories (JSON)")
 
 
 def check_flags(parser, args) -> None:
@@ -189,10 +198,9 @@ def check_flags(parser, args) -> None:
         cli.check_out_file(args.histories, "--histories")
         cli.check_not_an_input(args.histories, args, "--histories")
     elif not Path(args.histories).is_file():
-        raise ValueError(
+        raise UsageError(
             f"--histories {args.histories!r} {what_is(args.histories)}; collect it with --from-runs LABEL=FOLDER ..."
         )
 
 
-REQUIRES = None  # its own synthetic tasks: no --checkpoint
 ANALYSIS = common.register(globals())

@@ -33,6 +33,20 @@ queries, on the demonstrations; how much of it on position h is reported). Then,
 
 from __future__ import annotations
 
+from analyses import common
+
+NAME = "standard_circuit"
+N_CONTEXTS = 512  # default --n-contexts
+
+
+def add_flags(parser) -> None:
+    parser.set_defaults(checkpoint="standard")  # this analysis is about the shipped standard GPT-2
+
+
+REQUIRES = frozenset({common.MARKOV_TASK})  # what it needs of its subject
+
+common.parse_first(globals())  # python -m: --help and a mistyped flag answer here, before torch is imported
+
 import warnings
 from pathlib import Path
 
@@ -40,19 +54,16 @@ import torch
 import torch.nn.functional as F
 from jaxtyping import Float
 from torch import Tensor
-from tqdm.auto import tqdm
 
-from analyses import common
 from models.interp.interventions import ablate, corrupted_contexts, head_outputs, patch_heads
 from models.interp.path_patching import bma_without, kl_rows, path_patch
 from models.interp.subject import Subject, head_label
+from models.plumbing.progress import progress as progress_bar
 from probes import bma_predictive, target_nll
 from probes.linear import linear_probe
 from probes.metrics import column_softmax_error, fit_column_shift
 from probes.roles import ROLE_MASS, role_profile
 
-NAME = "standard_circuit"
-N_CONTEXTS = 512  # default --n-contexts
 FIGURES = {
     "standard_circuit.png": (
         "causal tests of the transposed circuit on a standard transformer, one prediction per panel: patching restores / mean ablation costs (as a share of the gain over the plateau) per head group; corruption of one demonstration's earlier tokens / token at h / later tokens, model vs BMA, per target position h; path patching from each layer-0 head into each layer-1 head's keys and values (values printed); whether zeroing what layer 1 reads from demonstration l moves the model like BMA without l (slope, correlation)."
@@ -164,7 +175,7 @@ def path_patching(subject: Subject, tokens, corrupted, log: list | None = None) 
     for key, mlp in (("share", False), ("share_through_mlp", True)):
         out[key] = [[None] * n1 for _ in range(n0)]
         pairs = [(s, r) for s in range(n0) for r in range(n1)]
-        for s, r in tqdm(pairs, desc="path patching", leave=False, disable=None):  # None: no bar off a terminal
+        for s, r in progress_bar(pairs, "path patching", leave=False):
             out[key][s][r] = share_of(
                 path_patch(subject, tokens, corrupted, [s], [r], positions, mlp, log), nll_clean, nll_bad
             )
@@ -610,8 +621,6 @@ def figures(r: dict, args) -> dict:
     return {"standard_circuit": fig, "standard_circuit_logpi": fig2}
 
 
-def add_flags(parser) -> None:
-    parser.set_defaults(checkpoint="standard")  # this analysis is about the shipped standard GPT-2
 
 
 def check_flags(parser, args) -> None:
@@ -619,5 +628,4 @@ def check_flags(parser, args) -> None:
         parser.error(f"--n-contexts must be >= 16 for the probes' train/test split, got {args.n_contexts}")
 
 
-REQUIRES = frozenset({common.MARKOV_TASK})  # what it needs of its subject
 ANALYSIS = common.register(globals())

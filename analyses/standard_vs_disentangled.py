@@ -12,18 +12,34 @@ seed and count as the standard run), so the two curves and the uniform-parent pl
 
 from __future__ import annotations
 
+from analyses import common
+from models.plumbing.io import UsageError
+
+NAME = "standard_vs_disentangled"
+N_CONTEXTS = None  # no --n-contexts: it samples no contexts of a checkpoint
+
+
+def add_flags(parser) -> None:
+    parser.add_argument("--retrain", action="store_true", help="train the standard recipe here instead of reading it")
+    parser.add_argument(
+        "--disentangled-steps", type=int, default=1000, help="training steps of the disentangled model (default: 1000)"
+    )
+    parser.add_argument("--eval-every", type=int, default=100, help="its steps between evaluations (default: 100)")
+
+
+REQUIRES = None  # its own synthetic tasks: no --checkpoint
+
+common.parse_first(globals())  # python -m: --help and a mistyped flag answer here, before torch is imported
+
 import dataclasses
 import json
 import tempfile
 from pathlib import Path
 
-from analyses import common
 from models.loading.checkpoint import STANDARD_CHECKPOINT
 from models.training.standard import TRAINING_JSON, StandardConfig, train_standard
 from models.training.train import TrainConfig, train
 
-NAME = "standard_vs_disentangled"
-N_CONTEXTS = None  # no --n-contexts: it samples no contexts of a checkpoint
 FIGURES = {
     "standard_vs_disentangled.png": (
         "training curves (NLL gap to BMA on held-out contexts) of the shipped standard GPT-2 recipe and of the disentangled model on the same task, with BMA and the uniform-parent plateau as horizontal lines"
@@ -36,7 +52,7 @@ def shipped_history(folder: Path = STANDARD_CHECKPOINT) -> tuple[StandardConfig,
     """The config and evaluation history that the shipped standard checkpoint was trained with."""
     path = Path(folder) / TRAINING_JSON
     if not path.is_file():
-        raise ValueError(f"{path} does not exist; regenerate it with python -m models.standard --out {folder}")
+        raise UsageError(f"{path} does not exist; regenerate it with python -m models.standard --out {folder}")
     training = json.loads(path.read_text())
     return StandardConfig(**training["config"]), training["history"]
 
@@ -61,7 +77,7 @@ def curves(cfg: StandardConfig, standard: list[dict], disentangled_steps: int, e
         )
         _, disentangled = train(tcfg, progress=False)
     if abs(disentangled[-1]["nll_bma"] - standard[-1]["nll_bma"]) > 1e-9:
-        raise ValueError("the two runs were not evaluated on the same held-out contexts (their BMA NLLs differ)")
+        raise UsageError("the two runs were not evaluated on the same held-out contexts (their BMA NLLs differ)")
     return {
         "task": {k: getattr(cfg, k) for k in ("d_vocab", "n_examples", "seq_len", "alpha", "gamma", "task_seed")},
         "standard_config": dataclasses.asdict(cfg),
@@ -115,12 +131,6 @@ def summary(res: dict) -> str:
     )
 
 
-def add_flags(parser) -> None:
-    parser.add_argument("--retrain", action="store_true", help="train the standard recipe here instead of reading it")
-    parser.add_argument(
-        "--disentangled-steps", type=int, default=1000, help="training steps of the disentangled model (default: 1000)"
-    )
-    parser.add_argument("--eval-every", type=int, default=100, help="its steps between evaluations (default: 100)")
 
 
 def check_flags(parser, args) -> None:
@@ -133,5 +143,4 @@ def check_flags(parser, args) -> None:
 figures = plot  # one figure, filed under NAME
 
 
-REQUIRES = None  # its own synthetic tasks: no --checkpoint
 ANALYSIS = common.register(globals())

@@ -14,7 +14,7 @@ Every snapshot is loaded as a ``Subject`` and measured on the same ``--n-context
   the predictive distributions over contexts and positions h >= 1; strategies that agree to 1e-9 on
   these contexts are one (``bigram=bayes``);
 - PROGRESS from the plateau (0: the uniform-parent mixture on our task, the unigram strategy on the
-  family's, ``models.training.standard.uniform_parent_predictive``) to Bayes (1),
+  family's, ``probes.oracles.uniform_parent_predictive``) to Bayes (1),
   ``(NLL_plateau - NLL) / (NLL_plateau - NLL_Bayes)``;
 - COPYING (layer 0): each head's attention from the query predicting x_h of the target, by
   demonstration (its purity: the largest mass on one demonstration; ``probes.demonstration_mass``) and
@@ -38,6 +38,32 @@ times the median decrease per step over the run.
 
 from __future__ import annotations
 
+from analyses import common
+from models.plumbing.io import UsageError
+
+NAME = "trajectory"
+N_CONTEXTS = 256  # default --n-contexts: every snapshot is measured on them
+
+
+def add_flags(parser) -> None:
+    parser.add_argument(
+        "--train-steps", type=int, default=0,
+        help="train a short run of --checkpoint's training config (models.train) with snapshots and read those "
+        "instead of --checkpoint's snapshots/ (default 0: read them)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--snapshot-every", type=int, default=20, help="with --train-steps: the snapshot interval (default 20)"
+    )
+    parser.add_argument(
+        "--min-phase", type=int, default=1,
+        help="a phase lasts at least this many snapshots; shorter runs join the phase before (default: 1)",
+    )  # fmt: skip
+
+
+REQUIRES = frozenset({common.BAYES_TASK})  # what it needs of its subject
+
+common.parse_first(globals())  # python -m: --help and a mistyped flag answer here, before torch is imported
+
 import math
 import tempfile
 from pathlib import Path
@@ -45,19 +71,16 @@ from pathlib import Path
 import torch
 from jaxtyping import Float, Int
 from torch import Tensor
-from tqdm.auto import tqdm
 
-from analyses import common
 from models.interp.baselines import baselines, head_attention_stats
 from models.interp.subject import load_subject
+from models.plumbing.progress import progress as progress_bar
 from models.training.short_run import find_snapshots, train_short_run
-from models.training.standard import uniform_parent_predictive
 from probes import MarkovTreeTask, demonstration_mass, oracles, target_nll
 from probes.graph_task import context_order
+from probes.oracles import uniform_parent_predictive
 from probes.roles import role_profile, sequence_scores
 
-NAME = "trajectory"
-N_CONTEXTS = 256  # default --n-contexts: every snapshot is measured on them
 PAPER_ARGS = ["--train-steps", "200", "--snapshot-every", "25", "--n-contexts", "128"]  # about 10 s of CPU
 FIGURES = {
     "trajectory_loss.png": (
@@ -204,7 +227,7 @@ def run_snapshots(checkpoint: str) -> list[tuple[int, Path]]:
     """The ``(step, folder)`` snapshots of a run folder (``--checkpoint RUN``); one line if it has none."""
     folder = Path(checkpoint) / "snapshots"
     if not folder.is_dir():
-        raise ValueError(
+        raise UsageError(
             f"--checkpoint {checkpoint} has no snapshots/ folder; expected the folder of a run trained with "
             f"models.train (or models.standard) --snapshot-every N"
         )
@@ -219,10 +242,10 @@ def trajectory(subject, snapshots: list[tuple[int, Path]], n_contexts: int, seed
     strats = merge_identical(strategies(task, tokens))
     base = baselines(task, tokens, parents)
     rows = []
-    for step, path in tqdm(snapshots, desc="snapshots", disable=not progress or None):
+    for step, path in progress_bar(snapshots, "snapshots", enabled=progress):
         snap = load_subject(path, device)
         if snap.task.to_dict() != task.to_dict():
-            raise ValueError(f"snapshot {path} was trained on another task than --checkpoint's; expected one run")
+            raise UsageError(f"snapshot {path} was trained on another task than --checkpoint's; expected one run")
         if hasattr(snap.model, "eval"):
             snap.model.eval()
         rows.append({"step": step, **measure(snap, tokens, parents, strats, base)})
@@ -257,19 +280,6 @@ def compute(subject, args) -> dict:
         return trajectory(subject, snaps, args.n_contexts, args.seed, args.min_phase, args.device, progress=False)
 
 
-def add_flags(parser) -> None:
-    parser.add_argument(
-        "--train-steps", type=int, default=0,
-        help="train a short run of --checkpoint's training config (models.train) with snapshots and read those "
-        "instead of --checkpoint's snapshots/ (default 0: read them)",
-    )  # fmt: skip
-    parser.add_argument(
-        "--snapshot-every", type=int, default=20, help="with --train-steps: the snapshot interval (default 20)"
-    )
-    parser.add_argument(
-        "--min-phase", type=int, default=1,
-        help="a phase lasts at least this many snapshots; shorter runs join the phase before (default: 1)",
-    )  # fmt: skip
 
 
 def check_flags(parser, args) -> None:
@@ -387,5 +397,4 @@ def figures(r: dict, args) -> dict:
     return out
 
 
-REQUIRES = frozenset({common.BAYES_TASK})  # what it needs of its subject
 ANALYSIS = common.register(globals())

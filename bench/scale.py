@@ -18,7 +18,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from models import STANDARD_CHECKPOINT
+from models.loading.named import STANDARD_CHECKPOINT
 
 GPT2_SMALL = {"n_layer": 12, "n_head": 12, "n_embd": 768}  # GPT2Config's other defaults: vocab 50257, 1024 positions
 STAND_IN = {"n_layer": 4, "n_head": 8, "n_embd": 64, "vocab_size": 1000}

@@ -4,33 +4,34 @@ Theorem 1 construction, standard transformers, loading every format, training an
 Public names: ``models.load``, ``models.save``, ``models.load_task``, ``models.load_layout``,
 ``models.load_subject`` (what every analysis probes), ``models.theorem1_model``, and the shipped
 checkpoints ``models.DEFAULT_CHECKPOINT`` and ``models.STANDARD_CHECKPOINT``.
+
+Importing ``models`` only defines these names: each is imported from its module on first use (PEP 562), so
+that ``import models`` loads no torch, reads no argument and changes no environment variable.
+
+Its rooms, each importing only the rooms below it (``tests/project/test_layering.py``): ``plumbing`` (files,
+JSON, locks, the error convention), ``nets`` (the networks), ``loading`` (a ``--checkpoint`` to a model),
+``interp`` (what the analyses do to a model), ``cli`` (the command-line convention), ``training``.
 """
 
-from models.plumbing.fast_help import exit_if_help_asked, exit_if_refused
-from models.plumbing.io import drop_bad_thread_variables
+from __future__ import annotations
 
-exit_if_help_asked()  # `python -m ... --help` answers here, before torch is imported
-exit_if_refused()  # and an unknown flag, or an analysis on a shipped model of the wrong family
-drop_bad_thread_variables()  # before torch loads: a malformed OMP_NUM_THREADS would make libgomp print
+from models.plumbing.lazy import lazy_names
 
-from models.interp.subject import DisentangledSubject, StandardSubject, Subject, load_subject
-from models.loading.checkpoint import DEFAULT_CHECKPOINT, STANDARD_CHECKPOINT, save
-from models.loading.loading import load, load_layout, load_task
-from models.nets.causal_transformer import CausalTransformer, CausalTransformerConfig
-from models.nets.theorem1 import theorem1_model
+_PUBLIC = {  # name -> the module that defines it
+    "DEFAULT_CHECKPOINT": "models.loading.named",
+    "STANDARD_CHECKPOINT": "models.loading.named",
+    "CausalTransformer": "models.nets.causal_transformer",
+    "CausalTransformerConfig": "models.nets.causal_transformer",
+    "DisentangledSubject": "models.interp.subject",
+    "StandardSubject": "models.interp.subject",
+    "Subject": "models.interp.subject",
+    "load": "models.loading.loading",
+    "load_layout": "models.loading.loading",
+    "load_subject": "models.interp.subject",
+    "load_task": "models.loading.loading",
+    "save": "models.loading.checkpoint",
+    "theorem1_model": "models.nets.theorem1",
+}
+__all__ = sorted(_PUBLIC)
 
-__all__ = [
-    "DEFAULT_CHECKPOINT",
-    "STANDARD_CHECKPOINT",
-    "CausalTransformer",
-    "CausalTransformerConfig",
-    "DisentangledSubject",
-    "StandardSubject",
-    "Subject",
-    "load",
-    "load_layout",
-    "load_subject",
-    "load_task",
-    "save",
-    "theorem1_model",
-]
+__getattr__, __dir__ = lazy_names(globals(), _PUBLIC)

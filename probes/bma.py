@@ -18,7 +18,20 @@ from probes.tasks import check_distribution, check_kernel
 
 
 def check_tokens(tokens: Tensor, d_vocab: int, n_examples: int, seq_len: int) -> Int[Tensor, "batch T"]:
-    """Validate a batch of flat contexts: integer ids in [0, d) and length (L+1)*H."""
+    """Validate a batch of flat contexts: integer ids in [0, d) and length (L+1)*H.
+
+    Args:
+        tokens: the contexts, ``[batch, (L+1)*H]`` (anything ``torch.as_tensor`` takes).
+        d_vocab: d, the number of task tokens.
+        n_examples: L, the number of demonstrations.
+        seq_len: H, the tokens in a sequence.
+
+    Returns:
+        The tokens as int64.
+
+    Raises:
+        ValueError: a float, bool or complex dtype, a wrong shape, or an id outside [0, d), in one line.
+    """
     tokens = torch.as_tensor(tokens)
     n_tokens = (n_examples + 1) * seq_len
     if tokens.dtype.is_floating_point or tokens.dtype == torch.bool or tokens.is_complex():
@@ -46,7 +59,15 @@ def bma_scores(
 ) -> Float[Tensor, "batch H H"]:
     """Lemma 1 logits ``sum_l log pi(x_h^l | x_h'^l)`` at [b, h, h'], -inf where h' >= h.
 
-    ``demonstrations`` restricts the sum to those demonstration indices (default: all L).
+    Args:
+        pi: the task's Markov kernel, ``pi[a, b] = pi(b | a)``, rows summing to 1 (zeros allowed).
+        tokens: flat contexts, L demonstrations then the target, example-major (index ``l * H + h``).
+        n_examples: L, the number of demonstrations.
+        seq_len: H, the tokens in a sequence.
+        demonstrations: the demonstration indices to condition on (default: all L).
+
+    Returns:
+        The scores ``[batch, H, H]``, query h first, candidate parent h' second.
     """
     log_pi = check_kernel(pi).log()
     tokens = check_tokens(tokens, log_pi.shape[0], n_examples, seq_len).to(log_pi.device)
@@ -70,7 +91,18 @@ def bma_log_posterior(
     demonstrations: Sequence[int] | None = None,
 ) -> Float[Tensor, "batch H H"]:
     """log P(pa(h) = h' | demos); -inf where h' >= h and on row 0, and on every candidate of a row
-    in which all candidates have zero likelihood (data impossible under pi)."""
+    in which all candidates have zero likelihood (data impossible under pi).
+
+    Args:
+        pi: the kernel ``[d, d]`` (as ``bma_scores``).
+        tokens: the contexts ``[batch, (L+1)*H]``.
+        n_examples: L.
+        seq_len: H.
+        demonstrations: the demonstrations conditioned on (default: all).
+
+    Returns:
+        The log-posterior ``[batch, H, H]``, query h first, candidate parent h' second.
+    """
     scores = bma_scores(pi, tokens, n_examples, seq_len, demonstrations)
     norm = scores.logsumexp(-1, keepdim=True)
     # Rows with no finite candidate (row 0; impossible data) stay -inf instead of -inf - -inf = NaN.
@@ -86,8 +118,16 @@ def bma_posterior(
 ) -> Float[Tensor, "batch H H"]:
     """P(pa(h) = h' | demos) at [b, h, h'] (float64); row 0 is all zeros.
 
-    ``demonstrations`` selects which demonstrations the posterior conditions on (default: all),
-    e.g. ``[l for l in range(L) if l != k]`` for BMA without demonstration k.
+    Args:
+        pi: the task's Markov kernel, ``pi[a, b] = pi(b | a)``, rows summing to 1 (zeros allowed).
+        tokens: flat contexts, L demonstrations then the target, example-major (index ``l * H + h``).
+        n_examples: L, the number of demonstrations.
+        seq_len: H, the tokens in a sequence.
+        demonstrations: the demonstration indices to condition on (default: all L), e.g.
+            ``[l for l in range(L) if l != k]`` for BMA without demonstration k.
+
+    Returns:
+        The posterior ``[batch, H, H]`` (float64): row h sums to 1 over the candidates h' < h.
     """
     return bma_log_posterior(pi, tokens, n_examples, seq_len, demonstrations).exp()
 
@@ -103,7 +143,18 @@ def bma_predictive(
 ) -> Float[Tensor, "batch H d"]:
     """BMA predictive distribution of the target token at every position (float64).
 
-    Row 0 is the root distribution (uniform if ``root`` is None); with ``log=True`` the log of it all.
+    Args:
+        pi: the task's Markov kernel, ``pi[a, b] = pi(b | a)``, rows summing to 1 (zeros allowed).
+        tokens: flat contexts, L demonstrations then the target, example-major (index ``l * H + h``).
+        n_examples: L, the number of demonstrations.
+        seq_len: H, the tokens in a sequence.
+        root: the distribution of the root token x_1, ``[d]`` (default: uniform).
+        demonstrations: the demonstration indices to condition on (default: all L).
+        log: return log-probabilities instead.
+
+    Returns:
+        ``[batch, H, d]`` (float64): row h is ``P(x_h = s | demonstrations, x_<h)`` of the target; row 0 the
+        root distribution.
     """
     log_pi = check_kernel(pi).log()
     d = log_pi.shape[0]

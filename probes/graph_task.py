@@ -133,7 +133,22 @@ def fixed_graph(
 @dataclass
 class GraphTask:
     """A member of the family (module docstring). ``parents`` is the fixed graph (None for
-    ``random_tree``), ``tables`` the fixed kernel by parent count (None for ``kernel='dirichlet'``)."""
+    ``random_tree``), ``tables`` the fixed kernel by parent count (None for ``kernel='dirichlet'``).
+    Build one with ``make_task``.
+
+    Attributes:
+        d_vocab: d, the number of tokens.
+        n_examples: L, the number of demonstrations (0: one sequence per context).
+        seq_len: H, the tokens in a sequence.
+        graph: ``random_tree``, ``chain``, ``ngram``, ``random_dag``, ``given`` or ``nichani_dag``.
+        kernel: ``fixed`` (tables drawn once) or ``dirichlet`` (each context draws its own rows).
+        parents: the fixed graph, each position's parents (None for ``random_tree``).
+        tables: the fixed kernel's rows by parent count k, ``[d**k, d]`` (None for ``dirichlet``).
+        alpha: the Dirichlet concentration of the per-context kernel.
+        root: the distribution of parentless tokens ``[d]``; uniform if None.
+        spec: the ``--task-kind`` value that built it.
+        stationary_root: roots drawn from each context's own stationary distribution.
+    """
 
     d_vocab: int
     n_examples: int  # L demonstrations; 0 allowed (one sequence per context)
@@ -406,8 +421,24 @@ def make_task(
     spec: str, d_vocab: int, n_examples: int, seq_len: int, alpha: float = 1.0, gamma: float = 0.2, task_seed: int = 0
 ) -> MarkovTreeTask | GraphTask:
     """The task ``spec`` names (``markov_tree``: ours, exactly ``MarkovTreeTask.random``; else ``parse_spec``).
-    A fixed kernel draws its tables from ``task_seed`` (the single-parent one is ours for the same seed);
-    ``alpha`` is the Dirichlet concentration of either kernel, ``gamma`` the fixed kernel's floor."""
+    A fixed kernel draws its tables from ``task_seed`` (the single-parent one is ours for the same seed).
+
+    Args:
+        spec: ``markov_tree`` or ``GRAPH[:key=value...]`` (``--task-kind``; e.g. ``ngram:n=3``,
+            ``random_dag:parents=2,seed=1``, ``chain:kernel=fixed``).
+        d_vocab: d, the number of tokens.
+        n_examples: L, the number of demonstrations.
+        seq_len: H, the tokens in a sequence.
+        alpha: the Dirichlet concentration of either kernel.
+        gamma: the fixed kernel's uniform floor.
+        task_seed: the seed of a fixed kernel's tables.
+
+    Returns:
+        A ``MarkovTreeTask`` (ours) or a ``GraphTask``.
+
+    Raises:
+        ValueError: an unknown kind, a graph that is not a DAG, or a bad size, in one line.
+    """
     if spec == "markov_tree":
         return MarkovTreeTask.random(d_vocab, n_examples, seq_len, alpha, gamma, task_seed)
     seq_len = check_int(seq_len, "seq_len", 2, MAX_SEQ_LEN)

@@ -27,6 +27,17 @@ LAYOUT_KEYS = ("order", "bos", "sep", "token_offset")
 
 @dataclass(frozen=True)
 class Layout:
+    """Where a model's input ids hold the task's tokens (module docstring).
+
+    Attributes:
+        n_examples: L, the number of demonstrations (0: the target alone).
+        seq_len: H, the tokens in a sequence.
+        d_vocab: d, the task's vocabulary.
+        bos: the id at position 0, before every sequence (None: no BOS).
+        sep: the id between consecutive sequences, after each demonstration (None: none).
+        token_offset: task token s is input id ``s + token_offset``.
+    """
+
     n_examples: int  # L (0: the target alone)
     seq_len: int  # H
     d_vocab: int  # d, the task's vocabulary
@@ -93,7 +104,14 @@ class Layout:
         return out
 
     def encode(self, tokens: Int[Tensor, "batch n_tokens"]) -> Int[Tensor, "batch T"]:
-        """Task tokens in the task's flat layout -> the model's input ids."""
+        """Task tokens in the task's flat layout -> the model's input ids.
+
+        Args:
+            tokens: task tokens ``[batch, (L+1)*H]``, example-major (``MarkovTreeTask.sample``).
+
+        Returns:
+            The model's input ids ``[batch, n_positions]``: BOS, separators and shifted task tokens.
+        """
         if self.is_plain:
             return tokens
         ids = torch.full((tokens.shape[0], self.n_positions), -1, dtype=tokens.dtype, device=tokens.device)

@@ -11,12 +11,28 @@ from torch import Tensor
 
 
 def total_variation(p: Float[Tensor, "batch H H"], q: Float[Tensor, "batch H H"]) -> Float[Tensor, "batch H"]:
-    """TV distance 0.5 * sum_h' |p - q| per (context, query position)."""
+    """TV distance 0.5 * sum_h' |p - q| per (context, query position).
+
+    Args:
+        p: attention or posterior rows ``[batch, H, H]``, query h first, candidate parent h' second.
+        q: the same shape (e.g. ``probes.bma_posterior``).
+
+    Returns:
+        ``[batch, H]``: the TV distance of each row.
+    """
     return 0.5 * (p.double() - q.double()).abs().sum(-1)
 
 
 def mean_tv(p: Float[Tensor, "batch H H"], q: Float[Tensor, "batch H H"]) -> float:
-    """Mean TV over contexts and query positions h >= 1."""
+    """Mean TV over contexts and query positions h >= 1 (row 0, the root, has no candidate parent).
+
+    Args:
+        p: attention or posterior rows ``[batch, H, H]``, query h first, candidate parent h' second.
+        q: the same shape (e.g. ``probes.bma_posterior``).
+
+    Returns:
+        The mean TV distance, in [0, 1].
+    """
     return total_variation(p, q)[:, 1:].mean().item()
 
 
@@ -26,7 +42,15 @@ def parent_hits(attention: Float[Tensor, "batch H H"], parents: Int[Tensor, "bat
 
 
 def parent_accuracy(attention: Float[Tensor, "batch H H"], parents: Int[Tensor, "batch H"]) -> float:
-    """Fraction of (context, h >= 1) where the argmax of the attention is the true parent."""
+    """Fraction of (context, h >= 1) where the argmax of the attention is the true parent.
+
+    Args:
+        attention: rows ``[batch, H, H]`` over the candidate parents (attention, or a posterior).
+        parents: the true parents ``[batch, H]`` (``task.sample``'s second output; -1 for the root).
+
+    Returns:
+        The accuracy, in [0, 1].
+    """
     return parent_hits(attention, parents).mean().item()
 
 
@@ -42,7 +66,15 @@ def parent_set_accuracy(attention: Float[Tensor, "batch H H"], parents: Int[Tens
 
 
 def target_nll(log_probs: Float[Tensor, "batch H d"], tokens: Int[Tensor, "batch T"]) -> float:
-    """Mean negative log-likelihood (nats) of the target tokens x_h, h >= 1."""
+    """Mean negative log-likelihood (nats) of the target tokens x_h, h >= 1.
+
+    Args:
+        log_probs: the model's log-probabilities of the target tokens ``[batch, H, d]`` (``Subject.log_probs``).
+        tokens: the contexts ``[batch, (L+1)*H]`` they were computed on; the target is the last H.
+
+    Returns:
+        The mean NLL in nats over contexts and positions h >= 1 (x_0, the root, is left out).
+    """
     H = log_probs.shape[1]
     target = tokens[:, -H:].to(log_probs.device)
     return -log_probs.double().gather(-1, target.unsqueeze(-1))[:, 1:].mean().item()
@@ -62,20 +94,47 @@ def per_context_nll(log_probs: Float[Tensor, "batch H d"], tokens: Int[Tensor, "
 
 def demonstration_mass(pattern: Float[Tensor, "K H T"], n_examples: int) -> Float[Tensor, "K L+1"]:
     """Attention mass each copyer head puts on each example (L demonstrations, then the target),
-    averaged over query positions. ``pattern`` is one context's ``blocks.0`` pattern."""
+    averaged over query positions.
+
+    Args:
+        pattern: one context's layer-1 (``blocks.0``) pattern ``[K, H, (L+1)*H]``: each head's attention from
+            the target rows (``CausalTransformer.copyer_pattern``).
+        n_examples: L, the number of demonstrations.
+
+    Returns:
+        ``[K, L+1]``: head k's mean mass on each example.
+    """
     K, H, T = pattern.shape
     return pattern.double().view(K, H, n_examples + 1, T // (n_examples + 1)).sum(-1).mean(1)
 
 
 def copy_mass(pattern: Float[Tensor, "K H T"], n_examples: int) -> Float[Tensor, "K L+1"]:
-    """Attention mass on the SAME position h of each example: the exact-copy share of each head."""
+    """Attention mass on the SAME position h of each example: the exact-copy share of each head.
+
+    Args:
+        pattern: one context's layer-1 (``blocks.0``) pattern ``[K, H, (L+1)*H]``: each head's attention from
+            the target rows (``CausalTransformer.copyer_pattern``).
+        n_examples: L, the number of demonstrations.
+
+    Returns:
+        ``[K, L+1]``: head k's mean mass on position h of each example, from the query at h.
+    """
     K, H, T = pattern.shape
     same = pattern.double().view(K, H, n_examples + 1, H).diagonal(dim1=1, dim2=3)  # [K, L+1, H]
     return same.mean(-1)
 
 
 def head_assignment(pattern: Float[Tensor, "K H T"], n_examples: int) -> tuple[list[int], list[float]]:
-    """For each copyer head, the demonstration it attends to most and the mass it puts there."""
+    """For each copyer head, the demonstration it attends to most and the mass it puts there.
+
+    Args:
+        pattern: one context's layer-1 (``blocks.0``) pattern ``[K, H, (L+1)*H]``: each head's attention from
+            the target rows (``CausalTransformer.copyer_pattern``).
+        n_examples: L, the number of demonstrations.
+
+    Returns:
+        ``(demonstration, mass)``: two lists of K, the demonstration each head copies and its mass there.
+    """
     if n_examples == 0:  # no demonstration to copy: every head reads the target's prefix
         return [-1] * pattern.shape[0], [0.0] * pattern.shape[0]
     mass = demonstration_mass(pattern, n_examples)[:, :n_examples]

@@ -166,7 +166,19 @@ def _graph_posterior(parents: Int[Tensor, "batch H P"], H: int) -> Float[Tensor,
 
 def bayes(task, tokens: Int[Tensor, "batch T"]) -> tuple[Float[Tensor, "batch H d"], Float[Tensor, "batch H H"]]:
     """The exact Bayes predictive (log, float64) at the target positions and the posterior over each
-    position's parents ``[b, h, h']`` (a fixed graph: 1/k on its k parents), for any task of the family."""
+    position's parents ``[b, h, h']`` (a fixed graph: 1/k on its k parents), for any task of the family.
+
+    Args:
+        task (MarkovTreeTask | GraphTask): Lemma 1's BMA for ours, the exact Bayes predictive for the family.
+        tokens: the contexts ``[batch, (L+1)*H]``.
+
+    Returns:
+        ``(log_predictive, posterior)``: ``[batch, H, d]`` and ``[batch, H, H]``, float64.
+
+    Raises:
+        ValueError: a task with no exact oracle (a random tree with Dirichlet kernels above H = 7, a
+            continuous task), in one line.
+    """
     L, H, d = task.n_examples, task.seq_len, task.d_vocab
     tokens = check_tokens(tokens, d, L, H)
     check_bayes(task)
@@ -189,13 +201,32 @@ def bayes(task, tokens: Int[Tensor, "batch T"]) -> tuple[Float[Tensor, "batch H 
     return out, posterior
 
 
+def uniform_parent_predictive(task: MarkovTreeTask | GraphTask, tokens, log: bool = True) -> Float[Tensor, "batch H d"]:
+    """The plateau: attention spread evenly over the candidate parents, mean over h' < h of pi(. | x_h').
+    It is BMA conditioned on no demonstration at all. On a family task (``GraphTask``), the plateau is the
+    unigram strategy (add-one token counts, ``strategies``): the first phase of in-context Markov chains."""
+    if isinstance(task, GraphTask):
+        b, H = len(tokens), task.seq_len
+        lp = count_log_predictive(tokens, task.n_examples, H, task.d_vocab, graph_tensor([[]] * H, b), 1.0)
+        return lp if log else lp.exp()
+    return bma_predictive(task.pi, tokens, task.n_examples, task.seq_len, task.root, demonstrations=[], log=log)
+
+
 def stationary(pi: Float[Tensor, "d d"]) -> Float[Tensor, " d"]:
     """The stationary distribution of a row-stochastic kernel (the left eigenvector for eigenvalue 1)."""
     return stationary_batch(pi)
 
 
 def strategies(task, tokens: Int[Tensor, "batch T"]) -> dict[str, Float[Tensor, "batch H d"]]:
-    """Every strategy's log-probabilities (float64) at the target positions (module docstring)."""
+    """Every strategy's log-probabilities (float64) at the target positions (module docstring).
+
+    Args:
+        task (MarkovTreeTask | GraphTask): a task of the family.
+        tokens: the contexts ``[batch, (L+1)*H]``.
+
+    Returns:
+        By name (``uniform``, ``unigram``, ``bigram``, ``3-gram``, ...): log-probabilities ``[batch, H, d]``.
+    """
     L, H, d = task.n_examples, task.seq_len, task.d_vocab
     tokens = check_tokens(tokens, d, L, H)
     b = len(tokens)
@@ -221,7 +252,17 @@ def distances(
     kind: str = "kl",
 ) -> dict[str, Float[Tensor, " H"]]:
     """Per target position, the mean over contexts of ``kl``: KL(reference || model), or ``nll_gap``: the
-    model's NLL of x_h minus the reference's. Position 0 (the root) included; averages elsewhere skip it."""
+    model's NLL of x_h minus the reference's. Position 0 (the root) included; averages elsewhere skip it.
+
+    Args:
+        log_probs: the model's log-probabilities ``[batch, H, d]``.
+        references: log-probabilities by name, each ``[batch, H, d]`` (``bayes``, ``strategies``).
+        tokens: the contexts ``[batch, (L+1)*H]`` they were computed on.
+        kind: ``kl`` or ``nll_gap``.
+
+    Returns:
+        By reference name: ``[H]``, the mean over contexts at each target position.
+    """
     if kind not in DISTANCES:
         raise ValueError(f"distance kind must be one of {', '.join(DISTANCES)}, got {kind!r}")
     model = log_probs.double().cpu()

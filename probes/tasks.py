@@ -104,7 +104,17 @@ def check_distribution(p: Tensor, d: int, name: str = "root") -> Tensor:
 def dirichlet_kernel(
     d_vocab: int, alpha: float = 1.0, gamma: float = 0.2, generator: torch.Generator | None = None
 ) -> Float[Tensor, "d d"]:
-    """Rows ``(1 - gamma) * Dirichlet(alpha) + gamma / d``: a kernel minorised by gamma / d (Lemma 3)."""
+    """Rows ``(1 - gamma) * Dirichlet(alpha) + gamma / d``: a kernel minorised by gamma / d (Lemma 3).
+
+    Args:
+        d_vocab: d, the number of tokens (2 to 4096).
+        alpha: the Dirichlet concentration (> 0; small is sharp).
+        gamma: the uniform floor's weight, in [0, 1].
+        generator: the random source (default: torch's global one).
+
+    Returns:
+        The kernel ``pi`` ``[d, d]`` (float64), ``pi[a, b] = pi(b | a)``, rows summing to 1.
+    """
     d_vocab = check_int(d_vocab, "d_vocab", 2, MAX_D_VOCAB)
     return dirichlet_rows(d_vocab, d_vocab, alpha, gamma, generator)
 
@@ -172,6 +182,12 @@ class MarkovTreeTask:
 
     ``sample`` returns tokens ``Int[batch, (L+1)*H]`` in the layout of the module docstring and
     parents ``Int[batch, H]`` with ``parents[:, 0] = -1``.
+
+    Attributes:
+        pi: the Markov kernel ``[d, d]``, ``pi[a, b] = pi(b | a)``, rows summing to 1.
+        n_examples: L, the number of demonstrations.
+        seq_len: H, the tokens in a sequence.
+        root: the distribution of x_1 ``[d]``; uniform if None.
     """
 
     pi: Float[Tensor, "d d"]
@@ -199,7 +215,16 @@ class MarkovTreeTask:
     def random(
         cls, d_vocab: int, n_examples: int, seq_len: int, alpha: float = 1.0, gamma: float = 0.2, seed: int = 0
     ) -> MarkovTreeTask:
-        """A task with a Dirichlet kernel (``dirichlet_kernel``) drawn from ``seed``, uniform root."""
+        """A task with a Dirichlet kernel (``dirichlet_kernel``) drawn from ``seed``, uniform root.
+
+        Args:
+            d_vocab: d, the number of tokens.
+            n_examples: L, the number of demonstrations.
+            seq_len: H, the tokens in a sequence.
+            alpha: the kernel rows' Dirichlet concentration.
+            gamma: the kernel rows' uniform floor.
+            seed: the seed the kernel is drawn from.
+        """
         check_sizes(d_vocab, n_examples, seq_len)
         g = torch.Generator().manual_seed(check_int(seed, "task seed", 0, MAX_SEED))
         return cls(dirichlet_kernel(d_vocab, alpha, gamma, g), n_examples, seq_len)
@@ -215,7 +240,17 @@ class MarkovTreeTask:
     def sample(
         self, batch: int, generator: torch.Generator | None = None, parents: Int[Tensor, "batch H"] | None = None
     ) -> tuple[Int[Tensor, "batch T"], Int[Tensor, "batch H"]]:
-        """Sample ``batch`` contexts (fresh tree each unless ``parents`` is given), vectorised over the batch."""
+        """Sample ``batch`` contexts (fresh tree each unless ``parents`` is given), vectorised over the batch.
+
+        Args:
+            batch: the number of contexts.
+            generator: the random source (default: torch's global one); the same seed gives the same contexts.
+            parents: the trees to use, ``[batch, H]`` (default: drawn, ``sample_parents``).
+
+        Returns:
+            ``(tokens, parents)``: tokens ``[batch, (L+1)*H]``, example-major (flat index ``l * H + h``, the target
+            last), and each context's tree ``[batch, H]`` (``parents[:, h]`` is x_h's parent; -1 for the root).
+        """
         if parents is None:
             parents = self.sample_parents(batch, generator)
         L1, H = self.n_examples + 1, self.seq_len

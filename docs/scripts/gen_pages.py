@@ -2,24 +2,19 @@
 
 - reference/api/: one page per public module (every ``.py`` under the packages whose name does not start with
   ``_``, packages by their ``__init__``), found by walking the packages, so a moved module moves its page;
-- reference/cli.md: every entry point's ``--help``, from ``cli_help.json`` (in ``models/``);
-- tutorials/: each tutorial executed and rendered with its output and figures (``tutorials.py``). With
-  ``DOCS_TUTORIALS_RENDERED=DIR`` the pages already rendered into DIR are taken instead (the test suite renders
-  them once, at its smaller sizes, and builds the site from those).
+
+Nothing is executed: the tutorials are served from their committed renders (``docs/tutorials/rendered/``, written
+by ``python docs/scripts/tutorials.py``), and reference/cli.md, every entry point's ``--help``, is committed as
+``python docs/scripts/entry_points.py`` writes it from the parsers (a test keeps it equal to them), so the site
+builds in seconds.
 """
 
-import json
-import os
-import sys
-import tempfile
 from pathlib import Path
 
 import mkdocs_gen_files
 
 ROOT = Path(__file__).resolve().parents[2]
 PACKAGES = ["probes", "models", "cape", "analyses", "bench"]
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import tutorials  # noqa: E402
 
 
 def public_modules() -> list[str]:
@@ -51,33 +46,4 @@ def api_pages() -> None:
         page.write("\n".join(index) + "\n")
 
 
-def cli_page() -> None:
-    (help_file,) = ROOT.glob("models/**/cli_help.json")  # wherever the package keeps it
-    helps = json.loads(help_file.read_text())
-    text = [
-        "# Entry points\n",
-        "Every entry point's flags, as `python -m NAME --help` prints them (read from "
-        f"`{help_file.relative_to(ROOT)}`, which a test keeps equal to the parsers).\n",
-    ]
-    for name, usage in helps.items():
-        text.append(f"## `{name}`\n\n```text\n{usage.rstrip()}\n```\n")
-    with mkdocs_gen_files.open("reference/cli.md", "w") as page:
-        page.write("\n".join(text))
-
-
-def tutorial_pages() -> None:
-    ready = os.environ.get("DOCS_TUTORIALS_RENDERED")
-    with tempfile.TemporaryDirectory() as scratch:
-        for source in sorted((ROOT / "docs" / "tutorials").glob("*.md")):
-            folder = Path(ready) if ready else Path(scratch)
-            if not ready:
-                tutorials.run(source, folder, fast=False)
-            for made in [folder / source.name, *sorted(folder.glob(f"{source.stem}_*.png"))]:
-                mode = "w" if made.suffix == ".md" else "wb"
-                with mkdocs_gen_files.open(f"tutorials/{made.name}", mode) as out:
-                    out.write(made.read_text() if mode == "w" else made.read_bytes())
-
-
 api_pages()
-cli_page()
-tutorial_pages()

@@ -1,8 +1,15 @@
-"""Launcher: ``python -m models.evaluate`` runs ``models.training.evaluate`` (held-out metrics live there).
-Only this file is here, so that the command reads as the docs have always written it."""
+"""Launcher: ``python -m models.evaluate`` runs ``models.training.evaluate`` (the code lives there). Only this file is here,
+so that the command reads as the docs have always written it. The environment is checked before that module
+(and torch) is imported: a malformed ``OMP_NUM_THREADS`` is one line, not libgomp's."""
 
-from models.plumbing.cli import run_cli
-from models.training.evaluate import main
+from models import cli
+
+
+def main(argv: list[str]) -> None:
+    from models.training.evaluate import main
+
+    main(argv)
+
 
 if __name__ == "__main__":
-    run_cli(main, prog="python -m models.evaluate")
+    cli.run_cli(main, prog="python -m models.evaluate")

@@ -7,10 +7,10 @@ from __future__ import annotations
 
 import torch
 
-from models.training.standard import uniform_parent_predictive
 from probes import bma_posterior, bma_predictive, oracles, target_nll, total_variation
 from probes.graph_task import GraphTask
 from probes.metrics import parent_set_accuracy, per_context_nll
+from probes.oracles import uniform_parent_predictive
 
 
 def head_attention_stats(rows, parents, posterior, n_examples: int, seq_len: int) -> dict:
@@ -45,18 +45,21 @@ def per_context_baselines(task, tokens) -> tuple[torch.Tensor, torch.Tensor]:
 
 def baselines(task, tokens, parents) -> dict:
     """NLL, TV and parent accuracy of BMA and the uniform-parent mixture on the same contexts (a task of
-    the family: ``family_baselines``)."""
+    the family: ``family_baselines``), with BMA's posterior and the two predictions they score
+    (``log_bayes``, ``log_plateau``: ``[batch, H, d]`` log-probabilities, as ``per_context_baselines`` reads them)."""
     if isinstance(task, GraphTask):
         return family_baselines(task, tokens, parents)
     L, H = task.n_examples, task.seq_len
     posterior = bma_posterior(task.pi, tokens, L, H)
     uniform = bma_posterior(task.pi, tokens, L, H, demonstrations=[])  # uniform over h' < h
+    log_bayes = bma_predictive(task.pi, tokens, L, H, task.root, log=True)
+    log_plateau = uniform_parent_predictive(task, tokens)
     return {
         "posterior": posterior,
-        "nll_bma": target_nll(bma_predictive(task.pi, tokens, L, H, task.root, log=True), tokens),
-        "nll_uniform": target_nll(
-            bma_predictive(task.pi, tokens, L, H, task.root, demonstrations=[], log=True), tokens
-        ),
+        "log_bayes": log_bayes,
+        "log_plateau": log_plateau,
+        "nll_bma": target_nll(log_bayes, tokens),
+        "nll_uniform": target_nll(log_plateau, tokens),
         "acc_bma": parent_set_accuracy(posterior, parents),
         "acc_uniform": parent_set_accuracy(uniform, parents),
         "tv_uniform": total_variation(uniform, posterior)[:, 1:].mean().item(),
@@ -66,16 +69,19 @@ def baselines(task, tokens, parents) -> dict:
 def family_baselines(task, tokens, parents) -> dict:
     """``baselines`` for a task of the family (``probes.graph_task``), against its own Bayes oracle
     (``probes.oracles.bayes``: the predictive and the posterior over each position's parents; a fixed graph's
-    is the graph) and its plateau (``models.training.standard.uniform_parent_predictive``: the unigram strategy); the
+    is the graph) and its plateau (``probes.oracles.uniform_parent_predictive``: the unigram strategy); the
     uniform baseline spreads each position's attention evenly over h' < h."""
     H = task.seq_len
     predictive, posterior = oracles.bayes(task, tokens)
+    log_plateau = uniform_parent_predictive(task, tokens)
     uniform = torch.ones(H, H, dtype=torch.float64).tril(-1)
     uniform = (uniform / uniform.sum(-1, keepdim=True).clamp_min(1)).expand_as(posterior)
     return {
         "posterior": posterior,
+        "log_bayes": predictive,
+        "log_plateau": log_plateau,
         "nll_bma": target_nll(predictive, tokens),
-        "nll_uniform": target_nll(uniform_parent_predictive(task, tokens), tokens),
+        "nll_uniform": target_nll(log_plateau, tokens),
         "acc_bma": parent_set_accuracy(posterior, parents),
         "acc_uniform": parent_set_accuracy(uniform, parents),
         "tv_uniform": total_variation(uniform, posterior)[:, 1:].mean().item(),

@@ -3,24 +3,28 @@ dict (``inspect_subject``). Per head of every layer: the attention against the B
 profile and sequence scores; mean-ablation cost and patching share, each with its standard error over the
 contexts; the progress from the uniform-parent plateau to BMA with its standard error; the sufficiency of
 the named heads (every other head mean-ablated); and through which input each last-layer head acts. The
-verdict's rules and thresholds (``THRESHOLDS``, one table) are ``analyses.inspect``'s docstring's; its
+verdict's rules and thresholds (``THRESHOLDS``, one table), and what each sentence of the report needs of the
+numbers (``SENTENCES``: a share only of a denominator beyond 2 SE of zero), are ``analyses.inspect``'s docstring's; its
 wording, the printed summary and the figures live there and only format this result.
 
-Work that grows with the model: the heads' interventions run stacked along the batch (``run_copies``), each
-stage reports its progress (``models.plumbing.progress``), and a stage whose exact runs would take more than
-``WORK_BOUND`` FLOPs (a GPT-2 small's 144 heads: about 20 times the bound) says so in the result
-(``estimated``), estimates every head by attribution patching and re-measures exactly the heads it ranks
-first, as many as the bound allows."""
+Work that grows with the model: the log-probs and the attention come from one pass, in batches that fit in memory;
+the clean and corrupted runs of the intervention contexts are made once; the heads' interventions run stacked along
+the batch (``models.interp.interventions.run_copies``); each stage reports its progress
+(``models.plumbing.progress``). A stage whose exact runs would take more than ``WORK_BOUND`` FLOPs (a GPT-2
+small's 144 heads: 13 times the bound) says so in the result (``estimated``), estimates every head by attribution
+patching and re-measures exactly the heads it ranks first, as many as the bound allows; only heads measured
+exactly are named."""
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 
 import torch
 from jaxtyping import Float
 from torch import Tensor
 
-from models.interp.baselines import baselines, head_attention_stats, per_context_baselines
+from models.interp.baselines import baselines, head_attention_stats
 from models.interp.circuit import INPUTS, build_graph, mean_se, per_context_nll, ratio_se
 from models.interp.interventions import (
     Intervention,
@@ -35,12 +39,12 @@ from models.interp.interventions import (
     rows_per_pass,
     run_copies,
 )
+from models.interp.memory import forward_bytes, forward_peak
 from models.interp.subject import head_label
-from models.plumbing.cli import context_bytes, forward_bytes
-from models.plumbing.progress import Progress
-from models.training.standard import uniform_parent_predictive
+from models.plumbing.progress import progress as progress_bar
 from probes import target_nll
 from probes.graph_task import context_order
+from probes.oracles import uniform_parent_predictive
 from probes.roles import attention_role, role_profile, sequence_scores
 
 INTERVENTION_CONTEXTS = 128  # ablation, patching and sufficiency: the first of the contexts, as many as
@@ -50,7 +54,7 @@ THRESHOLDS = {  # name: (value, what it decides). Every verdict prints the ones 
     "plateau_progress": (0.1, "ON THE UNIFORM-PARENT PLATEAU: progress below this by more than 2 SE"),
     "off_plateau_progress": (0.5, "off the plateau: progress at least this (between the two: leaving it)"),
     "min_plateau_gap": (0.005, "nats between the plateau's and BMA's NLL below which no verdict is possible"),
-    "worse_margin": (1e-6, "nats above the plateau's NLL (beyond float rounding): worse than the plateau"),
+    "rounding": (1e-6, "a difference (nats) or share at most this is float rounding, whatever its SE: no measurement"),
     "select_fraction": (0.5, "a parent-selecting head closes this share of the uniform -> BMA parent-accuracy gap"),
     "min_candidate_mass": (0.5, "a parent-selecting head puts this attention mass on the candidate parents"),
     "copy_mass": (0.5, "a copyer of demonstration l puts this attention on position h of it"),
@@ -74,6 +78,37 @@ def th(name: str) -> float:
     return THRESHOLDS[name][0]
 
 
+SENTENCES = {  # what inspect's report may say, and the numbers that must hold for it to say it (else, what it says)
+    "progress": "the progress (a share of the plateau-to-BMA gap) only when that gap is >= min_plateau_gap and beyond "
+                "2 SE of zero; else: no verdict, no head credited",
+    "worse": "WORSE THAN THE UNIFORM-PARENT PLATEAU only when the progress is below 0 by more than 2 SE (and the NLL "
+             "above the plateau's by more than rounding); then it names what to check first (task.json's layout, the token "
+             "offset) and credits no head, nor says what any head computes",
+    "plateau": "ON THE UNIFORM-PARENT PLATEAU only when the progress is below plateau_progress by more than 2 SE",
+    "no_progress": "NO PROGRESS BEYOND ITS STANDARD ERROR when the progress is within 2 SE of zero and not below "
+                   "plateau_progress by 2 SE: no head credited",
+    "leaving": "LEAVING THE PLATEAU: the progress beyond 2 SE of zero and below off_plateau_progress",
+    "plateau_heads": "heads that 'compute the plateau's own prediction': on the plateau (not below it), each with a mean "
+                     "ablation costing > cost_z SE",
+    "carrier": "a head carries the computation only off the plateau: its ablation costs >= carry_fraction of the gain "
+               "and beyond 2 SE, or its patching restores >= carry_fraction beyond 2 SE (or it costs > cost_z SE)",
+    "share": "every share printed (patching, an input's share of a head's cost, sufficiency) has its denominator's mean "
+             "beyond 2 SE of zero, and positive; else no share, and the reason in one line and in the JSON",
+    "sufficiency": "a sufficiency only when some head was mean-ablated and the model's gain over the plateau (its "
+                   "denominator) is beyond 2 SE of zero",
+    "paper_circuit": "THE PAPER'S CIRCUIT: copyers and a parent-selecting head off the plateau, and its heads alone keep "
+                     ">= sufficient of the progress (or they are every head: nothing else to ablate)",
+    "circuit_link": "a path to the discovered circuit only when the file exists, absolute or relative to the current "
+                    "folder; else the command that writes it",
+}  # fmt: skip
+
+
+def beyond_2se(mean: float, se: float) -> bool:
+    """A share's denominator is worth dividing by: its mean beyond 2 standard errors of zero, positive, and
+    more than float rounding (``SENTENCES["share"]``)."""
+    return mean > 2 * se and mean > th("rounding")
+
+
 POOLING = "evidence pooled through the values at fixed positions"
 
 
@@ -85,38 +120,53 @@ def costly(heads: list[dict]) -> list[str]:
             and h["ablation_dnll"] > th("cost_z") * h["ablation_se"]]  # fmt: skip
 
 
-def carriers(heads: list[dict], gain: float, nll_clean: float, nll_corrupted: float) -> tuple[list[str], bool]:
-    """The heads that carry the computation (module docstring), largest ablation first, and whether it
-    is distributed (no single head reached the bar). Every head whose mean ablation costs more than
+def carriers(heads: list[dict], gain: float) -> tuple[list[str], bool]:
+    """The heads that carry the computation (``SENTENCES["carrier"]``), largest ablation first, and whether
+    it is distributed (no single head reached the bar). Every head whose mean ablation costs more than
     ``cost_z`` standard errors is among them. Only heads measured exactly are named (``estimated`` ones, beyond
     the work bound, are first-order estimates: on the shipped GPT-2 their ablation costs rank the heads with a
     Spearman correlation of 0.04 to the exact ones; see ``WORK_BOUND``)."""
     order = sorted((h for h in heads if not h.get("estimated")), key=lambda h: -h["ablation_dnll"])
-    patch_bar = abs(nll_corrupted - nll_clean) >= th("min_patch_effect")
-    chosen = [
-        h["label"]
-        for h in order
-        if h["ablation_dnll"] >= th("carry_fraction") * gain
-        or (patch_bar and h["patching_restored"] is not None and h["patching_restored"] >= th("carry_fraction"))
-    ]
+
+    def carries(h: dict) -> bool:
+        cost, se = h["ablation_dnll"], h.get("ablation_se") or 0.0
+        restored, restored_se = h["patching_restored"], h.get("patching_se") or 0.0
+        return (cost >= th("carry_fraction") * gain and beyond_2se(cost, se)) or (
+            restored is not None and restored >= th("carry_fraction") and beyond_2se(restored, restored_se))
+
+    chosen = [h["label"] for h in order if carries(h)]
     if chosen:
         return chosen + [c for c in costly(heads) if c not in chosen], False
     top = [h["label"] for h in order[: int(th("n_distributed"))]]
     return top + [c for c in costly(heads) if c not in top], True
 
 
-def verdict(nll: float, base: dict, heads: list[dict], inter: dict | None = None, progress_se: float = 0.0) -> dict:
-    """Apply the module docstring's rules; ``heads`` hold candidate_mass, tv, parent_acc, copy_mass,
-    role_profile, and (with ``inter``, the clean and corrupted NLLs) ablation_dnll, ablation_se,
-    patching_restored. ``paper_circuit`` here is the attention's verdict; ``inspect_subject`` also asks
-    that its heads be sufficient."""
+def regime_of(progress: float, se: float, above_plateau: float) -> str:
+    """Where a model stands (``SENTENCES``): ``worse`` (below the plateau), ``plateau``, ``no_progress``
+    (within 2 SE of it), ``leaving`` or ``off``; ``above_plateau``: its NLL minus the plateau's."""
+    if progress + 2 * se < 0 and above_plateau > th("rounding"):
+        return "worse"
+    if progress + 2 * se < th("plateau_progress"):
+        return "plateau"
+    if not beyond_2se(progress, se):
+        return "no_progress"
+    return "leaving" if progress < th("off_plateau_progress") else "off"
+
+
+def verdict(nll: float, base: dict, heads: list[dict], inter: dict | None = None, progress_se: float = 0.0,
+            gap_se: float = 0.0) -> dict:  # fmt: skip
+    """Apply the module docstring's rules (``SENTENCES``); ``heads`` hold candidate_mass, tv, parent_acc,
+    copy_mass, role_profile, and (with ``inter``) ablation_dnll, ablation_se, patching_restored, patching_se;
+    ``progress_se`` and ``gap_se``: the standard errors of the progress and of the plateau-to-BMA gap over the
+    contexts. ``paper_circuit`` here is the attention's verdict; ``inspect_subject`` also asks that its heads
+    be sufficient."""
     gap = base["nll_uniform"] - base["nll_bma"]
-    if gap < th("min_plateau_gap"):  # the demonstrations barely help even BMA here: nothing to credit
+    if gap < th("min_plateau_gap") or not beyond_2se(gap, gap_se):  # BMA barely beats the plateau: nothing to credit
         progress, on_plateau, regime = None, None, None
     else:
         progress = (base["nll_uniform"] - nll) / gap
-        on_plateau = progress + 2 * progress_se < th("plateau_progress") or progress < 0
-        regime = "plateau" if on_plateau else "leaving" if progress < th("off_plateau_progress") else "off"
+        regime = regime_of(progress, progress_se, nll - base["nll_uniform"])
+        on_plateau = regime in ("worse", "plateau", "no_progress")
     bar = base["acc_uniform"] + th("select_fraction") * (base["acc_bma"] - base["acc_uniform"])
     selecting = [
         h["label"]
@@ -135,13 +185,14 @@ def verdict(nll: float, base: dict, heads: list[dict], inter: dict | None = None
     roles = {h["label"]: head_role(h, selecting, copyers) for h in heads}
     carrying, distributed = [], False
     if on_plateau is False and inter is not None:
-        carrying, distributed = carriers(heads, base["nll_uniform"] - nll, inter["nll_clean"], inter["nll_corrupted"])
+        carrying, distributed = carriers(heads, base["nll_uniform"] - nll)
     return {
         "progress": progress,
         "progress_se": progress_se,
+        "gap_se": gap_se,
         "on_plateau": on_plateau,
         "regime": regime,
-        "worse_than_plateau": progress is not None and nll - base["nll_uniform"] > th("worse_margin"),
+        "worse_than_plateau": regime == "worse",
         "parent_acc_bar": bar,
         "parent_selecting": selecting,
         "copyers": copyers,
@@ -208,26 +259,30 @@ class Runs:
 
     @property
     def clean_values(self) -> Tensor:
-        return per_context_nll(self.lp_clean, self.tokens)
+        return per_context_nll(self.lp_clean, self.tokens).cpu()
+
+    @property
+    def corrupt_values(self) -> Tensor:
+        return per_context_nll(self.lp_bad, self.corrupted).cpu()
 
 
 def record_runs(subject, tokens, corrupted, captures: list[str], grads: bool) -> Runs:
     """Both runs of ``Runs`` (``captures``: the hooks of the last layer's q, k, v); with ``grads``, passes with
     gradients a few contexts at a time, each head's estimates taken from them and the gradients then dropped
     but those at ``captures``."""
-    rows = rows_per_pass(context_bytes(subject)[1], str(subject.model.cfg.device), factor=2.0)
+    rows = rows_per_pass(forward_peak(subject)[1], str(subject.model.cfg.device), factor=2.0)
     z = [subject.head_output(i) for i in range(subject.n_layers)]
     if not grads:
-        with Progress("clean and corrupted runs", 2 * len(tokens), "contexts") as bar:
+        with progress_bar(desc="inspect: the clean and corrupted runs", total=2 * len(tokens)) as bar:
             lp_clean, clean = recorded_run(subject, tokens, z + captures)
-            bar.advance(len(tokens))
+            bar.update(len(tokens))
             lp_bad, bad = recorded_run(subject, corrupted, captures)
-            bar.advance(len(tokens))
+            bar.update(len(tokens))
         return Runs(tokens, corrupted, lp_clean, lp_bad, clean, bad, rows=rows)
     kept = forward_bytes(subject.log_probs, subject.task, 1)  # a pass with gradients keeps every activation
     grad_rows = rows_per_pass(kept, str(subject.model.cfg.device), factor=2.0)
     jobs = [(i, j) for i, k in enumerate(subject.n_heads) for j in range(k)]
-    with Progress("clean and corrupted runs with gradients", 2 * len(tokens), "contexts") as bar:
+    with progress_bar(desc="inspect: the clean and corrupted runs, with gradients", total=2 * len(tokens)) as bar:
         lp_clean, _, clean, grad = activation_grads(subject, tokens, z + captures, per_context_nll, grad_rows, bar)
         mean = {name: clean[name].mean(0, keepdim=True) for name in z}
         ablation = torch.stack([_head_sum(grad[z[i]] * (mean[z[i]] - clean[z[i]]), j) for i, j in jobs])
@@ -249,16 +304,19 @@ def _head_sum(x: Tensor, head: int) -> Float[Tensor, " batch"]:
 @torch.no_grad()
 def interventions(subject, runs: Runs, bound: float = WORK_BOUND) -> dict:
     """Per head: NLL change under mean ablation of its ``hook_z`` (at its mean over the contexts, with its
-    standard error), and the fraction of the clean-vs-corrupted NLL difference restored by patching its clean
-    ``hook_z`` into the corrupted run. The heads' runs are stacked along the batch dimension
-    (``run_copies``). When exact runs of every head would take more than ``bound`` FLOPs, each head is
-    estimated by attribution patching (``runs`` then holds the estimates: the gradient at the clean run times
-    mean - value; at the corrupted run times clean - corrupted value, per context) and the heads ranked first
-    (largest estimate of either, each relative to the largest) are re-measured exactly, as many as the rest of
-    the bound allows; ``estimated`` lists the heads left with estimates."""
+    standard error), and the share of the clean-vs-corrupted NLL difference restored by patching its clean
+    ``hook_z`` into the corrupted run, with its standard error (None for every head when that difference is
+    below ``min_patch_effect`` or within 2 SE of zero: ``patching_refused`` says so). The heads' runs are
+    stacked along the batch dimension (``run_copies``). When exact runs of every head would take more than
+    ``bound`` FLOPs, each head is estimated by attribution patching (``runs`` then holds the estimates: the
+    gradient at the clean run times mean - value; at the corrupted run times clean - corrupted value, per
+    context) and the heads ranked first (largest estimate of either, each relative to the largest) are
+    re-measured exactly, as many as the rest of the bound allows; ``estimated`` lists the heads left with
+    estimates."""
     tokens, corrupted, n = runs.tokens, runs.corrupted, len(runs.tokens)
-    nll_clean, nll_corrupt = target_nll(runs.lp_clean, tokens), target_nll(runs.lp_bad, corrupted)
-    clean_values = runs.clean_values.cpu()
+    clean_values, corrupt_values = runs.clean_values, runs.corrupt_values
+    nll_clean, nll_corrupt = clean_values.mean().item(), corrupt_values.mean().item()
+    effect, effect_se = mean_se(corrupt_values - clean_values)
     jobs = [(i, j) for i, k in enumerate(subject.n_heads) for j in range(k)]
     names = [subject.head_output(i) for i in range(subject.n_layers)]
     mean_z = {name: runs.clean[name].mean(0, keepdim=True) for name in names}
@@ -270,36 +328,39 @@ def interventions(subject, runs: Runs, bound: float = WORK_BOUND) -> dict:
         log_intervention(log, a)
         log_intervention(log, p)
     cost_values = torch.zeros(len(jobs), n, dtype=torch.float64)
-    patched = [nll_corrupt] * len(jobs)  # the patched run's NLL
+    patched = corrupt_values.repeat(len(jobs), 1)  # each head's patched run, per context
     exact_flops = 2 * len(jobs) * n * flops_per_context(subject)
     todo, estimated = list(range(len(jobs))), []
     if exact_flops > bound:  # every head estimated first (record_runs); the first-ranked re-measured below
-        cost_values[:] = runs.ablation
-        patched = [nll_corrupt + p.mean().item() for p in runs.patching]
-        spent = 2 * GRAD_PASS * n * flops_per_context(subject)
-        room = int(max(0.0, bound - spent) // (2 * n * flops_per_context(subject)))
-        abl, pat = cost_values.mean(1).abs(), (torch.tensor(patched, dtype=torch.float64) - nll_corrupt).abs()
+        cost_values[:], patched = runs.ablation, patched + runs.patching
+        room = int(max(0.0, bound - 2 * GRAD_PASS * n * flops_per_context(subject)) // (2 * n * flops_per_context(subject)))
+        abl, pat = cost_values.mean(1).abs(), runs.patching.mean(1).abs()
         rank = torch.maximum(abl / abl.max().clamp_min(1e-300), pat / pat.max().clamp_min(1e-300))
         todo = sorted(rank.argsort(descending=True)[:room].tolist())
         estimated = [h for h in range(len(jobs)) if h not in todo]
-    with Progress("per-head ablation and patching" + (" (exact, first-ranked heads)" if estimated else ""),
-                  2 * len(todo) * n, "context runs") as bar:  # fmt: skip
+    what = "inspect: per-head ablation and patching" + (", the first-ranked heads exactly" if estimated else "")
+    with progress_bar(desc=what, total=2 * len(todo) * n) as bar:
         if todo:
             lp = run_copies(subject, tokens, [[ablations[h]] for h in todo], runs.rows, bar)
-            nll = per_context_nll(lp.flatten(0, 1), tokens.repeat(len(todo), 1)).view(len(todo), n).cpu()
-            cost_values[todo] = nll - clean_values
+            cost_values[todo] = per_context_nll(lp.flatten(0, 1), tokens.repeat(len(todo), 1)).view(len(todo), n).cpu() \
+                - clean_values  # fmt: skip
             lp = run_copies(subject, corrupted, [[patches[h]] for h in todo], runs.rows, bar)
-            for c, h in enumerate(todo):
-                patched[h] = target_nll(lp[c], corrupted)
-    # Undefined when the demonstrations make no difference (a model on the plateau): None.
-    usable = abs(nll_corrupt - nll_clean) >= th("min_patch_effect")
+            patched[todo] = per_context_nll(lp.flatten(0, 1), corrupted.repeat(len(todo), 1)).view(len(todo), n).cpu()
+    # A share of nothing is no share: the demonstrations make no difference the contexts can resolve.
+    refused = None
+    if abs(effect) < th("min_patch_effect") or not beyond_2se(effect, effect_se):
+        refused = (f"corrupting the demonstrations changes the NLL by {effect:+.4f} +- {effect_se:.4f} nats, not "
+                   f"beyond 2 SE of zero and {th('min_patch_effect'):g} nats: no share of it to restore")  # fmt: skip
     ablation, ablation_se = zip(*(mean_se(c) for c in cost_values)) if jobs else ((), ())
+    shares = [(None, None) if refused else ratio_se(corrupt_values - p, corrupt_values - clean_values) for p in patched]
     out = {
         "nll_clean": nll_clean,
         "nll_corrupted": nll_corrupt,
         "ablation_dnll": list(ablation),
         "ablation_se": list(ablation_se),
-        "patching_restored": [(nll_corrupt - p) / (nll_corrupt - nll_clean) if usable else None for p in patched],
+        "patching_restored": [share for share, _ in shares],
+        "patching_se": [se for _, se in shares],
+        "patching_refused": refused,
         "interventions": log,
     }
     if estimated:
@@ -316,17 +377,19 @@ def interventions(subject, runs: Runs, bound: float = WORK_BOUND) -> dict:
 
 
 @torch.no_grad()
-def input_costs(subject, runs: Runs, bound: float = WORK_BOUND, named: list[str] = ()) -> dict | None:
-    """Per head of the last layer, ``{q, k, v: cost, se, share, share_se}`` and ``through``: the NLL change
-    when every edge into that input carries its value on the corrupted contexts (``models.interp.circuit``'s
-    receivers: the input reads the corrupted run's residual, so its activation is the corrupted run's, patched
-    in for that head alone), its share of the three inputs' summed cost (``cost``), with standard errors over
-    the contexts; ``through`` is ``values``, ``keys/queries`` or None (no verdict: that sum within two
-    standard errors of zero, or neither share reached). Exact runs stacked along the batch; when those of every
-    last-layer head would take more than ``bound`` FLOPs, those of the heads in ``named`` (the carriers: the
-    heads whose input the verdict reads) if they fit, and the others estimated by attribution patching (the
-    gradient at the clean run times corrupted - clean), with ``estimated`` True. None when the model lacks a
-    hook the circuit graph needs."""
+def input_costs(subject, runs: Runs, bound: float = WORK_BOUND, named=()) -> dict | None:
+    """Per head of the last layer, ``{q, k, v: cost, se, share, share_se}``, ``cost``, ``se`` and ``through``:
+    the NLL change when every edge into that input carries its value on the corrupted contexts
+    (``models.interp.circuit``'s receivers: the input then reads the corrupted run's residual, so its activation
+    is the corrupted run's, patched in for that head alone), its share of the three inputs' summed cost
+    (``cost``), with standard errors over the contexts (the shares None when that sum is not beyond 2 SE of
+    zero: ``SENTENCES["share"]``); ``through`` is ``values``, ``keys/queries`` or None (no shares, or neither
+    reached its bar). Exact runs stacked along the batch; when those of every last-layer head would take more
+    than ``bound`` FLOPs, those of the heads in ``named`` (the carriers: the heads whose input the verdict
+    reads) if they fit, and the others estimated by attribution patching (the gradient at the clean run times
+    corrupted - clean), with ``estimated`` True. None for a family whose attention has no per-input hooks
+    (CatFormer, Chen's and Edelman's models: no ``hook_q``, ``hook_k``, ``hook_v`` in the last layer): the
+    circuit graph cuts each head's q, k and v apart."""
     receivers = last_layer_receivers(subject)
     if receivers is None:
         return None
@@ -338,31 +401,30 @@ def input_costs(subject, runs: Runs, bound: float = WORK_BOUND, named: list[str]
     values = {r: _head_sum(runs.grad_clean[r.capture] * (runs.bad[r.capture] - runs.clean[r.capture]), r.head)
               for r in receivers if r not in exact}  # fmt: skip
     copies = [[Intervention(r.capture, "patch", heads=(r.head,), value=runs.bad[r.capture])] for r in exact]
-    with Progress("inputs of the last layer's heads", len(copies) * n, "context runs") as bar:
+    with progress_bar(desc="inspect: the inputs of the last layer's heads", total=len(copies) * n) as bar:
         if copies:
             lp = run_copies(subject, tokens, copies, runs.rows, bar)
             nll = per_context_nll(lp.flatten(0, 1), tokens.repeat(len(copies), 1)).view(len(copies), n).cpu()
-            values.update({r: nll[c] - runs.clean_values.cpu() for c, r in enumerate(exact)})
+            values.update({r: nll[c] - runs.clean_values for c, r in enumerate(exact)})
     out = {}
-    for label in dict.fromkeys(r.node for r in receivers):
+    for label in dict.fromkeys(str(r.node) for r in receivers):
         costs = {r.input: values[r] for r in receivers if r.node == label}
         total = sum(costs.values())
         if not total.abs().max() > 0:  # nothing the corruption changes reaches it
             out[label] = {**{x: {"cost": 0.0, "se": 0.0, "share": None, "share_se": None} for x in INPUTS},
-                          "through": None}  # fmt: skip
+                          "cost": 0.0, "se": 0.0, "through": None}  # fmt: skip
             continue
+        cost, se = mean_se(total)
+        shares = beyond_2se(cost, se)  # a share of a cost within its standard errors of zero is no share
         head = {}
         for x, c in costs.items():
-            cost, se = mean_se(c)
-            share, share_se = ratio_se(c, total)
-            head[x] = {"cost": cost, "se": se, "share": share, "share_se": share_se}
-        selecting = head["q"]["share"] + head["k"]["share"]
-        cost, se = mean_se(total)
+            share, share_se = ratio_se(c, total) if shares else (None, None)
+            head[x] = {**dict(zip(("cost", "se"), mean_se(c))), "share": share, "share_se": share_se}
         head["cost"], head["se"] = cost, se
-        head["through"] = (  # no verdict for a cost within two standard errors of zero
-            None if cost <= 2 * se
+        head["through"] = (
+            None if not shares
             else "values" if head["v"]["share"] >= th("values_share")
-            else "keys/queries" if selecting >= th("select_share")
+            else "keys/queries" if head["q"]["share"] + head["k"]["share"] >= th("select_share")
             else None
         )  # fmt: skip
         if any(r.node == label and r not in exact for r in receivers):
@@ -373,13 +435,12 @@ def input_costs(subject, runs: Runs, bound: float = WORK_BOUND, named: list[str]
 
 def last_layer_receivers(subject) -> list | None:
     """The q, k, v receivers of the last layer's heads in the circuit graph (``build_graph``), in the graph's
-    order; None when the model lacks a hook the graph needs."""
-    try:
-        graph = build_graph(subject)
-    except ValueError:
+    order; None for a family without the per-input hooks (``input_costs``)."""
+    hooks, last = subject.model.hook_dict, subject.n_layers - 1
+    if not all(f"blocks.{last}.attn.hook_{x}" in hooks for x in INPUTS):
         return None
-    last = {head_label(subject.n_layers - 1, j) for j in range(subject.n_heads[-1])}
-    return [r for r in graph.receivers if r.node in last and r.input in INPUTS]
+    heads = {head_label(last, j) for j in range(subject.n_heads[last])}
+    return [r for r in build_graph(subject).receivers if r.node in heads and r.input in INPUTS]
 
 
 def corrupt(task, tokens, seed: int):
@@ -396,11 +457,11 @@ def inspect_subject(subject, n_contexts: int = 512, seed: int = 0, batch: int = 
     L, H = task.n_examples, task.seq_len
     tokens, parents = task.sample(n_contexts, torch.Generator().manual_seed(seed))
     order = context_order(task)  # 2 on a 3-gram: the generalized induction head matches two tokens
-    base = baselines(task, tokens, parents)
-    lps, stats = [], None
+    base = baselines(task, tokens, parents)  # BMA's and the plateau's predictions: once, for the progress's SE too
     fits = attention_rows(subject)
     batch = batch if fits >= batch else even_parts(n_contexts, fits)  # a big model: as many as fit, evenly
-    with Progress("log-probs and attention", n_contexts, "contexts") as bar:
+    lps, stats = [], None
+    with progress_bar(desc="inspect: log-probs and attention", total=n_contexts) as bar:
         for i in range(0, n_contexts, batch):
             part_tokens, part_parents = tokens[i : i + batch], parents[i : i + batch]
             part_lp, layers = subject.log_probs_and_attention(part_tokens)
@@ -419,7 +480,7 @@ def inspect_subject(subject, n_contexts: int = 512, seed: int = 0, batch: int = 
             w = len(part_tokens) / n_contexts
             part = [{k: torch.tensor(v, dtype=torch.float64) * w for k, v in layer.items()} for layer in part]
             stats = part if stats is None else [{k: a[k] + b[k] for k in a} for a, b in zip(stats, part)]
-            bar.advance(len(part_tokens))
+            bar.update(len(part_tokens))
     lp = torch.cat(lps)
     nll = target_nll(lp, tokens)
     per_head = []
@@ -433,27 +494,31 @@ def inspect_subject(subject, n_contexts: int = 512, seed: int = 0, batch: int = 
     n_int = min(n_contexts, INTERVENTION_CONTEXTS)
     inter_tokens = tokens[:n_int]
     receivers = last_layer_receivers(subject) or []
-    captures = sorted({r.capture for r in receivers})
-    n_heads, flops = sum(subject.n_heads), flops_per_context(subject) * n_int
-    grads = max(2 * n_heads, len(receivers)) * flops > bound  # some stage estimates: the runs carry gradients
-    runs = record_runs(subject, inter_tokens, corrupt(task, inter_tokens, seed), captures, grads)
+    flops = flops_per_context(subject) * n_int
+    grads = max(2 * sum(subject.n_heads), len(receivers)) * flops > bound  # a stage estimates: runs with gradients
+    runs = record_runs(subject, inter_tokens, corrupt(task, inter_tokens, seed), sorted({r.capture for r in receivers}),
+                       grads)  # fmt: skip
     inter = interventions(subject, runs, bound)
-    for h, a, se, p in zip(per_head, inter["ablation_dnll"], inter["ablation_se"], inter["patching_restored"]):
-        h.update(ablation_dnll=a, ablation_se=se, patching_restored=p)
-        if h["label"] in inter.get("estimated", {}).get("heads", ()):
+    estimated = set(inter.get("estimated", {}).get("heads", ()))
+    for h, a, se, p, p_se in zip(per_head, *(inter[k] for k in ("ablation_dnll", "ablation_se", "patching_restored",
+                                                                 "patching_se"))):  # fmt: skip
+        h.update(ablation_dnll=a, ablation_se=se, patching_restored=p, patching_se=p_se)
+        if h["label"] in estimated:
             h["estimated"] = True  # a first-order estimate (beyond WORK_BOUND): never named a carrier
     out = {
         "kind": subject.family,
         "nll": nll,
-        **{k: v for k, v in base.items() if k != "posterior"},
+        **{k: v for k, v in base.items() if k not in ("posterior", "log_bayes", "log_plateau")},
         "heads": per_head,
         "n_contexts": n_contexts,
         "seed": seed,
         "intervention_contexts": n_int,
         "nll_clean": inter["nll_clean"],
         "nll_corrupted": inter["nll_corrupted"],
+        "patching_refused": inter["patching_refused"],
         "interventions": inter["interventions"],
-        **verdict(nll, base, per_head, inter, progress_error(task, tokens, lp)),
+        "layout": layout_words(subject.layout),
+        **verdict(nll, base, per_head, inter, *progress_errors(tokens, lp, base)),
     }
     if "estimated" in inter:
         out["estimated"] = inter["estimated"]
@@ -465,16 +530,19 @@ def inspect_subject(subject, n_contexts: int = 512, seed: int = 0, batch: int = 
         h["role"] = out["roles"][h["label"]]
     out["sequence_heads"] = sequence_heads(per_head)
     named = {"paper_circuit": sorted(set(out["parent_selecting"]) | set(out["copyers"])), "carriers": out["carriers"]}
-    with Progress("sufficiency", len(named), "head sets") as bar:
-        out["sufficiency"] = {}
+    clean, plateau = runs.clean_values, per_context_nll(base["log_plateau"][:n_int], inter_tokens)
+    out["sufficiency"] = {}
+    with progress_bar(desc="inspect: sufficiency", total=len(named)) as bar:
         for name, heads in named.items():
             if heads:
-                out["sufficiency"][name] = sufficiency(subject, inter_tokens, heads, out["interventions"],
-                                                       runs.clean_values)  # fmt: skip
-            bar.advance()
-    # The paper's circuit is named only if its heads alone, every other head mean-ablated, keep the progress.
-    kept = out["sufficiency"].get("paper_circuit", {}).get("share")
-    out["paper_circuit"] = out["paper_circuit_attention"] and kept is not None and kept >= th("sufficient")
+                out["sufficiency"][name] = sufficiency(subject, inter_tokens, heads, out["interventions"], clean, plateau)
+            bar.update()
+    # The paper's circuit is named only if its heads alone, every other head mean-ablated, keep the progress
+    # (or they are every head: nothing else to ablate).
+    suff = out["sufficiency"].get("paper_circuit", {})
+    kept = suff.get("share")
+    sufficient = (kept is not None and kept >= th("sufficient")) or (bool(suff) and not suff["ablated"])
+    out["paper_circuit"] = out["paper_circuit_attention"] and sufficient
     return out
 
 
@@ -484,30 +552,50 @@ def attention_rows(subject) -> int:
     shipped models, about 60 on a GPT-2 small reading 42 positions)."""
     tokens, _ = subject.task.sample(1, torch.Generator().manual_seed(0))
     patterns = sum(a.pattern.numel() * a.pattern.element_size() for a in subject.log_probs_and_attention(tokens)[1])
-    return rows_per_pass(context_bytes(subject)[1] + patterns, str(subject.model.cfg.device), factor=2.0)
+    return rows_per_pass(forward_peak(subject)[1] + patterns, str(subject.model.cfg.device), factor=2.0)
 
 
-def progress_error(task, tokens, log_probs) -> float:
-    """The standard error of the progress over the contexts (delta method on per-context NLLs)."""
-    plateau, bayes = per_context_baselines(task, tokens)
-    return ratio_se(plateau - per_context_nll(log_probs, tokens), plateau - bayes)[1]
+def progress_errors(tokens, log_probs, base: dict) -> tuple[float, float]:
+    """The standard errors over the contexts of the progress (delta method on per-context NLLs) and of the
+    plateau-to-BMA gap it divides by, from the predictions of ``baselines`` (``base``) on the same contexts."""
+    plateau, bayes = per_context_nll(base["log_plateau"], tokens), per_context_nll(base["log_bayes"], tokens)
+    return ratio_se(plateau - per_context_nll(log_probs, tokens), plateau - bayes)[1], mean_se(plateau - bayes)[1]
+
+
+def layout_words(layout) -> str:
+    """The layout a model is read with, as task.json's ``layout`` field writes it."""
+    fields = {"bos": layout.bos, "sep": layout.sep, "token_offset": layout.token_offset}
+    return "the task's own (no BOS, no separator, token_offset 0)" if layout.is_plain else json.dumps(fields)
 
 
 @torch.no_grad()
-def sufficiency(subject, tokens, heads: list[str], log: list, clean_values: Tensor | None = None) -> dict:
+def sufficiency(subject, tokens, heads: list[str], log: list, clean=None, plateau=None) -> dict:
     """The share of the model's progress over the uniform-parent plateau kept with every head NOT in
-    ``heads`` mean-ablated (its ``hook_z`` at the mean over ``tokens``), and its standard error over
-    the contexts: ``(plateau - ablated) / (plateau - model)`` per-context means, delta method.
-    ``clean_values``: the model's per-context NLL on ``tokens``, if known (else one more pass)."""
+    ``heads`` (``ablated``) mean-ablated (its ``hook_z`` at the mean over ``tokens``), and its standard error
+    over the contexts: ``(plateau - ablated) / (plateau - model)`` per-context means, delta method. No share
+    (``share`` None, ``refused`` the reason: ``SENTENCES["sufficiency"]``) when no head is ablated, or when the
+    model's gain over the plateau on ``tokens`` is not beyond 2 SE of zero. ``clean`` and ``plateau``: the
+    model's and the plateau's per-context NLLs on ``tokens``, if the caller has them."""
     task = subject.task
     keep = set(heads)
+    ablated = [head_label(i, j) for i, n in enumerate(subject.n_heads) for j in range(n) if head_label(i, j) not in keep]
+    out = {"heads": sorted(keep), "ablated": ablated, "share": None, "se": None, "contexts": len(tokens), "refused": None}
+    if not ablated:
+        out["refused"] = "every head of the model is among them, so none is ablated: no sufficiency to measure"
+        return out
+    plateau = per_context_nll(uniform_parent_predictive(task, tokens), tokens) if plateau is None else plateau
+    clean = per_context_nll(subject.log_probs(tokens), tokens) if clean is None else clean
+    gain = plateau - clean
+    gain_mean, gain_se = mean_se(gain)
+    if not beyond_2se(gain_mean, gain_se):
+        out["refused"] = (f"the model's gain over the uniform-parent plateau on these contexts is {gain_mean:+.4f} +- "
+                          f"{gain_se:.4f} nats, not beyond 2 SE of zero: a share of it would be a share of nothing")  # fmt: skip
+        return out
     ivs = [head_ablation(subject, i, [j for j in range(n) if head_label(i, j) not in keep], "mean")
            for i, n in enumerate(subject.n_heads) if any(head_label(i, j) not in keep for j in range(n))]  # fmt: skip
-    plateau = uniform_parent_predictive(task, tokens)
-    nll = lambda lp: per_context_nll(lp, tokens)  # noqa: E731
-    clean = nll(subject.log_probs(tokens)) if clean_values is None else clean_values
-    share, se = ratio_se(nll(plateau) - nll(subject.log_probs(tokens, hooks(ivs, log))), nll(plateau) - clean)
-    return {"heads": sorted(keep), "share": share, "se": se, "contexts": len(tokens)}
+    kept = plateau - per_context_nll(subject.log_probs(tokens, hooks(ivs, log)), tokens)
+    out["share"], out["se"] = ratio_se(kept, gain)
+    return out
 
 
 # Heads named by what they read in the sequence (in-context Markov chains, fixed graphs) -------------------

@@ -215,7 +215,7 @@ def rows_per_pass(per_context: int, device: str = "cpu", factor: float = 1.0) ->
     """How many rows (contexts x copies) one pass runs: as many as fit in the memory a pass may take
     (``BATCH_MEMORY`` on a CPU, the device's free memory on a GPU, never more than the suite's bound
     ``models.plumbing.io.MEMORY_FRACTION`` of what is available), at ``factor`` x ``per_context`` bytes a
-    row (``models.plumbing.cli.context_bytes``: a forward pass's own peak; ``factor`` for what the pass keeps
+    row (``models.interp.memory.forward_peak``: a forward pass's own peak; ``factor`` for what the pass keeps
     beyond it), at most ``MAX_ROWS`` of the device, at least one."""
     kind = "cuda" if str(device).startswith("cuda") else "cpu"
     available, _ = memory_limit(device)
@@ -264,7 +264,7 @@ def run_copies(subject: Subject, tokens: Int[Tensor, "batch n_tokens"], copies: 
     for the whole batch): the copies stacked along the batch dimension, ``rows`` rows (contexts x copies) a
     pass, so that many small interventions (one head each) share passes that fill the memory a pass may
     take (``rows_per_pass``); a batch larger than ``rows`` is split into passes of its contexts. ``bar``
-    (a ``models.plumbing.progress.Progress``) advances by one per copy and context run."""
+    (``models.plumbing.progress.progress``) counts one per copy and context run."""
     n = len(tokens)
     per = max(1, rows // n)  # copies a pass
     step = n if per > 1 or rows >= n else even_parts(n, rows)  # contexts a pass
@@ -279,7 +279,7 @@ def run_copies(subject: Subject, tokens: Int[Tensor, "batch n_tokens"], copies: 
             lp = subject.log_probs(tokens[part].repeat(len(group), 1), _copy_hooks(ivs, m))
             parts.append(lp.view(len(group), m, *lp.shape[1:]))
             if bar is not None:
-                bar.advance(len(group) * m)
+                bar.update(len(group) * m)
         out.append(torch.cat(parts, 1))
     return torch.cat(out)
 
@@ -321,5 +321,5 @@ def activation_grads(subject: Subject, tokens: Int[Tensor, "batch n_tokens"], na
             grads[name][part] = 0 if grad is None else grad
         del store, lp, value, got, by_name
         if bar is not None:
-            bar.advance(part.stop - part.start)
+            bar.update(part.stop - part.start)
     return lps, values, acts, grads

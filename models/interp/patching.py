@@ -11,8 +11,9 @@ What a user of this model patches, clean activations into a corrupted run, one c
 
 Each builds its explicit ``index_df`` (the layers have different head counts, so TransformerLens's
 ``get_act_patch_*`` helpers, which sweep every layer with ``cfg.n_heads`` heads and the input length as
-positions, do not apply; ``check_sweep`` turns that into one ValueError before the sweep runs). Keyword
-arguments go to ``generic_activation_patch`` (``reduce``, ``baseline``). With the default scalar metric the
+positions, do not apply; ``check_sweep`` turns that into one ValueError before the sweep runs). Every sweep of
+the suite runs through this module's ``generic_activation_patch``: TransformerLens's, with the sweep checked
+first. Keyword arguments go to it (``reduce``, ``baseline``). With the default scalar metric the
 result is a tensor shaped by the cells (``[H, K]``, ``[K]``, ``[K+1, H]``, ``[K+1]``, ``[H]``); otherwise a
 ``PatchingResult`` whose flat cells follow its ``index_df``.
 """
@@ -21,8 +22,8 @@ from __future__ import annotations
 
 import pandas as pd
 from torch import Tensor
+from transformer_lens import patching
 from transformer_lens.patching import (
-    generic_activation_patch,
     layer_head_pos_pattern_patch_setter,
     layer_head_vector_patch_setter,
     layer_pos_head_vector_patch_setter,
@@ -72,7 +73,7 @@ def _axis_dims(name: str) -> dict[str, int]:
 def check_sweep(clean_cache, activation_name: str, cells: pd.DataFrame) -> None:
     """One ValueError, before anything runs, if a ``generic_activation_patch`` sweep over ``cells`` (its
     ``index_df``, first column the layer) indexes past an activation of this model, or patches one it
-    has not. ``CausalTransformer.run_with_hooks`` calls it on the first cell of every such sweep."""
+    has not. ``generic_activation_patch`` calls it before the first cell of every sweep."""
     cached = getattr(clean_cache, "cache_dict", clean_cache)
     if cached is None or activation_name is None or "layer" not in cells:
         return
@@ -91,6 +92,17 @@ def check_sweep(clean_cache, activation_name: str, cells: pd.DataFrame) -> None:
                     f"the H target positions, not the (L+1)H input tokens; TransformerLens's get_act_patch_* "
                     f"assume cfg.n_heads heads and input-length positions everywhere); {ALTERNATIVE}"
                 )
+
+
+def generic_activation_patch(
+    model, corrupted_tokens, clean_cache, patching_metric, patch_setter, activation_name: str, index_df, **kwargs
+):
+    """``transformer_lens.patching.generic_activation_patch`` over the cells ``index_df``, once ``check_sweep``
+    has found that every cell fits the model's activations (one ValueError before any forward pass)."""
+    check_sweep(clean_cache, activation_name, index_df)
+    return patching.generic_activation_patch(
+        model, corrupted_tokens, clean_cache, patching_metric, patch_setter, activation_name, index_df=index_df, **kwargs
+    )
 
 
 def _sweep(model, corrupted_tokens, clean_cache, metric, setter, activation: str, cells, shape, kwargs):

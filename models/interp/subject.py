@@ -32,20 +32,15 @@ import torch
 from jaxtyping import Float, Int
 from torch import Tensor
 
-from models.loading.sources import resolve, theorem1
+from models.interp.capabilities import BAYES_TASK, BILINEAR, CONTENT_FREE_COPYERS, DISENTANGLED, MARKOV_TASK
+from models.loading.sources import resolve
 from models.nets.catformer import CatFormer
 from models.nets.causal_transformer import CausalTransformer
 from models.nets.chen import ChenTransformer
+from models.plumbing.io import UsageError
 from probes import MarkovTreeTask
 from probes.graph_task import GraphTask
 from probes.layout import Layout
-
-# Capabilities a family may have beyond the common interface.
-DISENTANGLED = "disentangled residual"  # [x_h, u_h^1..u_h^K] subspaces, blocks.1 bilinear W_KQ / W_OV
-CONTENT_FREE_COPYERS = "content-free copyer layer"  # blocks.0 pattern is the same for every context
-MARKOV_TASK = "Markov-tree task"  # discrete tokens with a kernel pi (BMA over parents applies)
-BAYES_TASK = "task with a Bayes oracle"  # discrete tokens of the family, ours included (probes.oracles)
-BILINEAR = "bilinear attention blocks"  # one W_KQ / A matrix per head over named residual blocks
 
 
 def check_finite(out: Tensor, what: str) -> Tensor:
@@ -55,7 +50,7 @@ def check_finite(out: Tensor, what: str) -> Tensor:
     bad = torch.isnan(out) | torch.isposinf(out)
     if bad.any():
         rows = bad.flatten(1).any(1) if bad.ndim > 1 else bad
-        raise ValueError(
+        raise UsageError(
             f"{what}: the forward pass gave NaN or Inf on {int(rows.sum())} of {len(rows)} contexts "
             f"({int(bad.sum())} of {bad.numel()} values): its weights or config overflow (e.g. an attn_scale "
             f"near 0, a huge beta or weights); no metric is computed from it"
@@ -99,7 +94,19 @@ class LayerAttention:
 
 
 class Subject:
-    """Common interface; see the module docstring. Subclasses set ``family``, ``n_heads``, ``capabilities``."""
+    """The model under study, as every analysis sees it (module docstring); ``models.load_subject`` makes one.
+    Subclasses set ``family``, ``n_heads``, ``capabilities``.
+
+    Attributes:
+        model: the hooked model (TransformerLens hook names).
+        task: the task it was trained on (``probes.MarkovTreeTask``, a ``probes.GraphTask``, ...).
+        layout: where its input ids hold the task's tokens (``probes.Layout``).
+        name: the ``--checkpoint`` it was loaded from.
+        hash: a digest of its weights (recorded in every analysis's JSON).
+        family: ``"disentangled"``, ``"standard"``, ...
+        n_heads: the number of heads of each layer.
+        capabilities: what this family has beyond the common interface (``DISENTANGLED``, ``BILINEAR``, ...).
+    """
 
     family: str = "?"
     capabilities: frozenset[str] = frozenset()
@@ -110,35 +117,74 @@ class Subject:
 
     @property
     def n_layers(self) -> int:
+        """The number of layers."""
         return len(self.n_heads)
 
     def head_labels(self) -> list[str]:
+        """Every head's TransformerLens-style name, layer by layer: ``["L0H0", "L0H1", ..., "L1H0"]``."""
         return [head_label(i, j) for i, n in enumerate(self.n_heads) for j in range(n)]
 
     def head_output(self, layer: int) -> str:
-        """Hook name of layer ``layer``'s per-head outputs, ``[batch, pos, head, d_head]``."""
+        """Hook name of layer ``layer``'s per-head outputs, ``[batch, pos, head, d_head]``: what ablation and
+        patching replace (``models.interp.interventions``).
+
+        Args:
+            layer: the layer, from 0.
+        """
         return f"blocks.{layer}.attn.hook_z"
 
     def pattern_hook(self, layer: int) -> str:
+        """Hook name of layer ``layer``'s attention pattern, ``[batch, head, query_pos, key_pos]``.
+
+        Args:
+            layer: the layer, from 0.
+        """
         return f"blocks.{layer}.attn.hook_pattern"
 
     def describe(self) -> str:
+        """One line: the family, the layers and the heads, e.g. ``standard model (2 layers, 8 + 8 heads)``."""
         heads = " + ".join(str(n) for n in self.n_heads)
         return f"{self.family} model ({self.n_layers} layers, {heads} heads)"
 
     def log_probs(self, tokens: Int[Tensor, "batch n_tokens"], fwd_hooks=()) -> Float[Tensor, "batch H d"]:
-        """The forward pass every analysis reads, checked: a NaN or +Inf is one ``ValueError``, never a metric."""
+        """The forward pass every analysis reads, checked: a NaN or +Inf is one ``ValueError``, never a metric.
+
+        Args:
+            tokens: task tokens ``[batch, (L+1)*H]``, example-major (``subject.task.sample``); the subject maps
+                them to its own input ids through its layout.
+            fwd_hooks (Sequence[tuple[str, Callable]]): TransformerLens forward hooks, ``(hook_name, function)``
+                pairs, attached for this pass only (an intervention: ``models.interp.interventions``).
+
+        Returns:
+            ``[batch, H, d]`` (float64): the log-probabilities of every target token x_h given the
+            demonstrations and ``x_<h`` (row 0: the root), over the task's d tokens.
+
+        Raises:
+            ValueError: the forward pass gave NaN or +Inf.
+        """
         return check_finite(self._log_probs(tokens, fwd_hooks), f"--checkpoint {self.name}")
 
     def _log_probs(self, tokens, fwd_hooks) -> Float[Tensor, "batch H d"]:
         raise NotImplementedError
 
     def attention(self, tokens: Int[Tensor, "batch n_tokens"], fwd_hooks=()) -> list[LayerAttention]:
+        """Every layer's attention with each query labelled by the task token it predicts and each key by the task
+        token it reads, so an analysis asks "how much does the query predicting x_h put on its parent" without
+        knowing the layout.
+
+        Args:
+            tokens: task tokens ``[batch, (L+1)*H]``, example-major.
+            fwd_hooks (Sequence[tuple[str, Callable]]): TransformerLens forward hooks for this pass only.
+
+        Returns:
+            One ``LayerAttention`` per layer (``pattern`` ``[batch, head, Q, K]``, float64, and the labels);
+            ``target_rows(L, H)`` gives the rows of the queries that predict the target's tokens.
+        """
         return self.log_probs_and_attention(tokens, fwd_hooks)[1]
 
     def log_probs_and_attention(self, tokens: Int[Tensor, "batch n_tokens"], fwd_hooks=()
                                 ) -> tuple[Float[Tensor, "batch H d"], list[LayerAttention]]:  # fmt: skip
-        """``log_probs`` and ``attention`` of one forward pass."""
+        """``log_probs`` and ``attention`` of one forward pass (one pass where an analysis needs both)."""
         raise NotImplementedError
 
     def _run_capturing(self, tokens, fwd_hooks, layers) -> tuple[Tensor, dict[int, Tensor]]:
@@ -309,7 +355,6 @@ class ChenSubject(CatFormerSubject):
 
 
 # Resolving --checkpoint ---------------------------------------------------------------------------------
-THEOREM1_USAGE = theorem1.USAGE
 
 
 def subject_of(model, task, layout: Layout | None, name: str, digest: str) -> Subject:
@@ -330,8 +375,24 @@ def subject_of(model, task, layout: Layout | None, name: str, digest: str) -> Su
 def load_subject(
     spec: str | Path, device: str = "cpu", *, key_map=None, config=None, dtype: str | None = None
 ) -> Subject:
-    """Resolve ``--checkpoint`` (``models.loading.sources.resolve``): a named checkpoint (``default``,
-    ``standard``), a path in any of its formats, or ``theorem1:beta=B[,from=FOLDER]`` (the construction
-    on a folder's task)."""
+    """The model at ``spec`` as the analyses see it: what ``--checkpoint`` resolves to
+    (``models.loading.sources.resolve``, each file read once).
+
+    Args:
+        spec: a named checkpoint (``"default"``, ``"standard"``), a path in any of the formats ``models.load``
+            reads, or ``theorem1:beta=B[,from=FOLDER]`` (the construction on a folder's task).
+        device: where to put the weights.
+        key_map (dict | str | Path | None): for a weight file in our parameterisation with other key names
+            (``models.load``).
+        config (dict | str | Path | None): for a bare weight file: our ``config.json`` or a ``task.json``.
+        dtype: ``"float32"`` or ``"float64"``: convert the weights after loading.
+
+    Returns:
+        A ``DisentangledSubject`` (our model, the Theorem 1 construction), a ``StandardSubject`` (any decoder-only
+        LM with TransformerLens hook names), or the subject of a peer's model family.
+
+    Raises:
+        ValueError: as ``models.load``: one line saying what was wrong and what was expected.
+    """
     source = resolve(spec, device, dtype=dtype, key_map=key_map, config=config)
     return subject_of(source.model, source.task, source.layout, source.name, source.digest)

@@ -25,16 +25,23 @@ import safetensors.torch
 import torch
 from torch import Tensor
 
-from models.loading.dtypes import dtype_name
+from models.loading.dtypes import check_tensor_kinds
+from models.loading.named import CHECKPOINTS, DEFAULT_CHECKPOINT, STANDARD_CHECKPOINT  # noqa: F401 (also read from here)
+from models.nets.build import build, model_bytes  # noqa: F401 (model_bytes: also read from here)
 from models.nets.causal_transformer import CausalTransformer, CausalTransformerConfig
 from models.nets.continuous import ContinuousTransformer
-from models.plumbing.io import check_memory, exclusive_lock, name_too_long, one_line, openable, read_json, what_is
+from models.plumbing.io import (
+    UsageError,
+    exclusive_lock,
+    name_too_long,
+    one_line,
+    openable,
+    read_json,
+    what_is,
+)
 from probes.tasks import check_sizes
 
 FORMAT = "causal-transformer-checkpoint/1"
-CHECKPOINTS = Path(__file__).resolve().parent.parent / "checkpoints"
-DEFAULT_CHECKPOINT = CHECKPOINTS / "default"  # the shipped disentangled model (README)
-STANDARD_CHECKPOINT = CHECKPOINTS / "standard"  # the shipped standard GPT-2 (models.standard)
 CONFIG, WEIGHTS = "config.json", "model.safetensors"
 TRAIN_STATE, TRAIN_META = "train_state.safetensors", "train_state.json"
 
@@ -59,29 +66,29 @@ def read_config(path: str | Path, read=read_json) -> dict:
     path = Path(path)
     long = name_too_long(path)
     if long is not None:
-        raise ValueError(f"checkpoint {str(path)!r}: the name {long[:40]!r}... is over 255 bytes")
+        raise UsageError(f"checkpoint {str(path)!r}: the name {long[:40]!r}... is over 255 bytes")
     if not path.exists():
         hint = ""
         if _old(path).is_dir():
             hint = f"; an interrupted write left {_old(path).name!r} beside it: the next write to it restores it"
-        raise ValueError(
+        raise UsageError(
             f"checkpoint {str(path)!r} {what_is(path)}; expected a folder with {CONFIG} and {WEIGHTS}{hint}"
         )
     if not path.is_dir() or not (path / CONFIG).is_file():
-        raise ValueError(f"checkpoint {str(path)!r} has no {CONFIG}; expected a folder written by models.save")
+        raise UsageError(f"checkpoint {str(path)!r} has no {CONFIG}; expected a folder written by models.save")
     config = read(path / CONFIG, "checkpoint config")
     where = str(path / CONFIG)
     if isinstance(config, dict) and ("model_type" in config or "architectures" in config):
-        raise ValueError(
+        raise UsageError(
             f"{str(path)!r} is a Hugging Face folder (config.json has model_type {config.get('model_type')!r}) "
             f"without task.json; add a task.json beside config.json naming the task it was trained on "
             f"(README: Loading other formats)"
         )
     if not isinstance(config, dict) or not isinstance(config.get("model"), dict):
-        raise ValueError(f"{where!r} has no 'model' section (a JSON object); expected the architecture config")
+        raise UsageError(f"{where!r} has no 'model' section (a JSON object); expected the architecture config")
     task = config.get("task")
     if not isinstance(task, dict):
-        raise ValueError(f"{where!r} has no task section; save checkpoints with models.save(model, path, task=...)")
+        raise UsageError(f"{where!r} has no task section; save checkpoints with models.save(model, path, task=...)")
     check_task_fits(config["model"], task, where)
     return config
 
@@ -95,28 +102,10 @@ def check_task_fits(model_cfg: dict, task: dict, where: str) -> None:
     task_sizes = check_sizes(*(task.get(k) for k in SIZES), where=f"{where}: task", min_examples=least)
     for field, m, t in zip(SIZES, model_sizes, task_sizes):
         if m != t:
-            raise ValueError(f"{where!r}: the task's {field}={t} disagrees with the model's {field}={m}")
+            raise UsageError(f"{where!r}: the task's {field}={t} disagrees with the model's {field}={m}")
 
 
 SIZES = ("d_vocab", "n_examples", "seq_len")
-
-
-def check_tensor_kinds(state: dict, source: str) -> None:
-    """Every value is a dense (strided), materialised, non-quantized tensor of a float dtype."""
-    for key, v in state.items():
-        if not isinstance(v, Tensor):
-            raise ValueError(f"{source}: {key!r} is a {type(v).__name__}, not a tensor")
-        kind = None
-        if v.layout != torch.strided:
-            kind = f"a {str(v.layout).replace('torch.', '')} tensor"
-        elif v.is_meta:
-            kind = "a meta tensor (no data)"
-        elif v.is_quantized:
-            kind = "a quantized tensor"
-        elif dtype_name(v.dtype) is None:
-            kind = f"of dtype {str(v.dtype).replace('torch.', '')}"
-        if kind:
-            raise ValueError(f"{source}: {key!r} is {kind}; expected dense float16/bfloat16/float32/float64 weights")
 
 
 def check_state_dict(state: dict[str, Tensor], model: torch.nn.Module, source: str) -> None:
@@ -139,16 +128,16 @@ def check_state_dict(state: dict[str, Tensor], model: torch.nn.Module, source: s
     if wrong:
         problems.append("wrong shape " + "; ".join(wrong))
     if problems:
-        raise ValueError(f"{source} does not match the architecture: " + " | ".join(problems))
+        raise UsageError(f"{source} does not match the architecture: " + " | ".join(problems))
     tensors = {k: v for k, v in state.items() if isinstance(v, Tensor)}
     check_tensor_kinds(tensors, source)
     bad = [k for k, v in tensors.items() if not torch.isfinite(v).all()]
     if bad:
-        raise ValueError(f"{source} has NaN or Inf values in {', '.join(bad)}; expected finite weights")
+        raise UsageError(f"{source} has NaN or Inf values in {', '.join(bad)}; expected finite weights")
     dtype = next(iter(model.state_dict().values())).dtype
     big = [k for k, v in tensors.items() if v.numel() and v.abs().max().item() > torch.finfo(dtype).max]
     if big:
-        raise ValueError(
+        raise UsageError(
             f"{source}: {', '.join(big)} hold values beyond the {str(dtype).replace('torch.', '')} range "
             f"(max {torch.finfo(dtype).max:.3g}); they would become Inf"
         )
@@ -157,36 +146,23 @@ def check_state_dict(state: dict[str, Tensor], model: torch.nn.Module, source: s
 def check_device(device: str) -> str:
     """``device`` names a torch device that works here (a tensor can be put on it); else one line."""
     if not isinstance(device, str):
-        raise ValueError(f"device must be a string such as 'cpu' or 'cuda:0', got {device!r}")
+        raise UsageError(f"device must be a string such as 'cpu' or 'cuda:0', got {device!r}")
     try:
         torch.device(device)
     except (RuntimeError, ValueError):
-        raise ValueError(f"device {device!r} is not a torch device (expected cpu, cuda, cuda:0, ...)") from None
+        raise UsageError(f"device {device!r} is not a torch device (expected cpu, cuda, cuda:0, ...)") from None
     if device.startswith("cuda") and not torch.cuda.is_available():
-        raise ValueError(f"device {device!r}: CUDA is not available on this machine; use cpu")
+        raise UsageError(f"device {device!r}: CUDA is not available on this machine; use cpu")
     try:
         torch.zeros(1, device=device)
     except Exception as e:  # a device this build of torch cannot use (mps, xla, cuda:7, ...)
-        raise ValueError(f"device {device!r} cannot be used on this machine ({one_line(e)[:120]})") from None
+        raise UsageError(f"device {device!r} cannot be used on this machine ({one_line(e)[:120]})") from None
     return device
 
 
 def model_class(task_kind: str) -> type[CausalTransformer]:
     """The architecture for a task kind: token inputs, or real vectors (``models.nets.continuous``)."""
     return ContinuousTransformer if task_kind == "continuous" else CausalTransformer
-
-
-def build(cls: type[CausalTransformer], cfg: CausalTransformerConfig, what: str) -> CausalTransformer:
-    """``cls(cfg)`` once its parameters and buffers are known to fit in memory (sized on the meta device)."""
-    check_memory(model_bytes(cls, cfg), what)
-    return cls(cfg)
-
-
-def model_bytes(cls: type[CausalTransformer], cfg: CausalTransformerConfig) -> int:
-    """Bytes of the parameters and buffers of ``cls(cfg)``, measured without allocating them."""
-    with torch.device("meta"):
-        meta = cls(dataclasses.replace(cfg, device="meta"))
-    return sum(t.numel() * t.element_size() for t in [*meta.parameters(), *meta.buffers()])
 
 
 def load_checkpoint(path: str | Path, device: str | None = None, config: dict | None = None) -> CausalTransformer:
@@ -201,7 +177,7 @@ def load_checkpoint(path: str | Path, device: str | None = None, config: dict | 
     cfg = CausalTransformerConfig.from_dict(cfg_dict)
     check_device(cfg.device)
     if not (path / WEIGHTS).is_file():
-        raise ValueError(f"checkpoint {str(path)!r} has no {WEIGHTS}")
+        raise UsageError(f"checkpoint {str(path)!r} has no {WEIGHTS}")
     cls = model_class(config["task"].get("kind", "markov_tree"))
     where = str(path / WEIGHTS)
     with openable(path / WEIGHTS) as name:  # any name the shell allows
@@ -209,14 +185,14 @@ def load_checkpoint(path: str | Path, device: str | None = None, config: dict | 
             with safetensors.safe_open(name, "pt") as f:
                 shapes = {k: tuple(f.get_slice(k).get_shape()) for k in f.keys()}
         except Exception as e:  # safetensors raises its own error types for truncated/corrupt files
-            raise ValueError(f"{where!r} is not a readable safetensors file ({one_line(e)})") from None
+            raise UsageError(f"{where!r} is not a readable safetensors file ({one_line(e)})") from None
         with torch.device("meta"):
             check_state_dict(shapes, cls(dataclasses.replace(cfg, device="meta")), where)
         model = build(cls, cfg, f"the model of {str(path)!r}")
         try:
             state = safetensors.torch.load_file(name)  # on the CPU: a bad --device is not the file's fault
         except Exception as e:
-            raise ValueError(f"{where!r} is not a readable safetensors file ({one_line(e)})") from None
+            raise UsageError(f"{where!r} is not a readable safetensors file ({one_line(e)})") from None
     check_state_dict(state, model, where)
     model.load_state_dict({k: v.to(cfg.torch_dtype) for k, v in state.items()})
     return model.eval()
@@ -232,13 +208,28 @@ def save(
     train_meta: dict | None = None,
     carry: bool = True,
 ) -> None:
-    """Write a checkpoint folder atomically. ``task`` (a ``probes.MarkovTreeTask`` or ``ContinuousTask``,
-    required: every reader needs it) must match the model's sizes. ``carry``: the previous folder's other
-    entries (a run's snapshots/) move into the new one; False: they go with the previous folder, once the
-    new one is in place (a run started afresh)."""
+    """Write a checkpoint folder atomically: ``model.safetensors``, ``config.json`` (the model's config, the
+    task, the training record, library versions) and, if given, the training state apart. A reader never sees a
+    half-written folder: the new one replaces the old by one exchange.
+
+    Args:
+        model: the model to save.
+        path: the checkpoint folder; an existing one is replaced (``models.train`` refuses without
+            ``--overwrite``).
+        task (MarkovTreeTask | ContinuousTask): the task the model reads (required: every reader needs it),
+            matching the model's sizes.
+        training: the training record (config, seed, evaluation history) for ``config.json``.
+        train_state: optimizer and RNG tensors for ``--resume``, written beside the weights.
+        train_meta: what ``train_state`` needs besides tensors (step, ...).
+        carry: the previous folder's other entries (a run's snapshots/) move into the new one; False: they go
+            with the previous folder, once the new one is in place (a run started afresh).
+
+    Raises:
+        ValueError: no ``task``, a task that does not fit the model, or a ``path`` that cannot be replaced.
+    """
     check_replaceable(Path(path))
     if task is None or not hasattr(task, "to_dict"):
-        raise ValueError(f"models.save({str(path)!r}) needs task=: the task the model reads (every CLI loads it)")
+        raise UsageError(f"models.save({str(path)!r}) needs task=: the task the model reads (every CLI loads it)")
     config = {
         "format": FORMAT,
         "model": model.cfg.to_dict(),
@@ -268,6 +259,11 @@ def save(
 # an interrupted write; the write itself calls it first.
 REPLACES = ".replaces-extras"  # in a new folder written with carry=False: recovery carries nothing into it
 OWN_FILES = (WEIGHTS, CONFIG, TRAIN_STATE, TRAIN_META, REPLACES)
+
+
+def interrupted_write(path: str | Path) -> bool:
+    """Whether a write to ``path`` was killed between its two renames (``.NAME.old`` is left beside it)."""
+    return _old(Path(path)).is_dir()
 
 
 def _new(path: Path) -> Path:
@@ -356,7 +352,9 @@ def recover_run(out: str | Path) -> None:
     recover(out)
     snapshots = out / SNAPSHOTS
     if snapshots.is_dir():
-        names = {e.name[1:].rsplit(".", 1)[0] for e in snapshots.iterdir() if e.name.endswith((".new", ".old", ".lock"))}
+        names = {
+            e.name[1:].rsplit(".", 1)[0] for e in snapshots.iterdir() if e.name.endswith((".new", ".old", ".lock"))
+        }
         for name in sorted(names):
             recover(snapshots / name)
 
@@ -393,12 +391,12 @@ def check_replaceable(path: Path, kind: str = OURS) -> None:
     """``path`` is absent, an empty folder, or a folder of ``kind``: a write never replaces a file, a
     folder that is not a checkpoint, or another format's checkpoint."""
     if path.exists() and not path.is_dir():
-        raise ValueError(f"{str(path)!r} exists and is not a folder; refusing to overwrite it")
+        raise UsageError(f"{str(path)!r} exists and is not a folder; refusing to overwrite it")
     found = folder_kind(path)
     if found == OTHER:
-        raise ValueError(f"{str(path)!r} exists and is not a checkpoint folder; refusing to overwrite it")
+        raise UsageError(f"{str(path)!r} exists and is not a checkpoint folder; refusing to overwrite it")
     if found not in (None, kind):
-        raise ValueError(
+        raise UsageError(
             f"{str(path)!r} holds a {found}; refusing to replace it with a {kind} (another format's checkpoint "
             "is never replaced): pick another folder, or remove it first"
         )
@@ -420,7 +418,7 @@ def write_folder_atomically(path: str | Path, write, kind: str = OURS, carry: bo
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
     except OSError as e:
-        raise ValueError(f"cannot create the folder {str(path.parent)!r} ({e.strerror or e})") from None
+        raise UsageError(f"cannot create the folder {str(path.parent)!r} ({e.strerror or e})") from None
     new, old = _new(path), _old(path)
     with exclusive_lock(_lock(path), what=repr(str(path))):
         _recover(path)
@@ -471,5 +469,9 @@ def checkpoint_hash(path: str | Path, read_config_bytes=None) -> str:
     ``read_config_bytes(file, what)`` reads config.json (default: from disk)."""
     h = hashlib.sha256()
     h.update((Path(path) / WEIGHTS).read_bytes())
-    h.update((Path(path) / CONFIG).read_bytes() if read_config_bytes is None else read_config_bytes(Path(path) / CONFIG, "checkpoint config"))
+    h.update(
+        (Path(path) / CONFIG).read_bytes()
+        if read_config_bytes is None
+        else read_config_bytes(Path(path) / CONFIG, "checkpoint config")
+    )
     return h.hexdigest()[:16]

@@ -22,8 +22,9 @@ import torch
 from torch import Tensor
 
 from models.loading.checkpoint import check_state_dict
-from models.loading.dtypes import RUN_DTYPES, dtype_name
+from models.nets.dtypes import RUN_DTYPES, dtype_name
 from models.nets.hooked_transformer import HookedTransformer, HookedTransformerConfig
+from models.plumbing.io import UsageError
 
 # TransformerLens 2.x/3.x HookedTransformerConfig fields that do not change the forward pass of the
 # covered models (names, seeds, initialisation, tokenizer, devices, which hooks are called).
@@ -83,40 +84,40 @@ NANOGPT_EPS = 1e-5  # nanoGPT's LayerNorm: F.layer_norm(..., 1e-5)
 def tl_config(raw: dict, where: str, device: str | None = None) -> HookedTransformerConfig:
     """A ``HookedTransformerConfig`` from TransformerLens's ``cfg.to_dict()``; one-line errors naming the field."""
     if not isinstance(raw, dict):
-        raise ValueError(f"{where}: a TransformerLens config must be a JSON object, got {type(raw).__name__}")
+        raise UsageError(f"{where}: a TransformerLens config must be a JSON object, got {type(raw).__name__}")
     unknown = sorted(set(raw) - KNOWN_FIELDS)
     if unknown:
-        raise ValueError(
+        raise UsageError(
             f"{where}: unknown TransformerLens config fields {unknown}: no HookedTransformerConfig of "
             f"TransformerLens 2.0 to 3.9 has them (save the config with cfg.to_dict())"
         )
     for field, allowed in REQUIRED_VALUES.items():
         if raw.get(field, allowed[0]) not in allowed:
-            raise ValueError(f"{where}: {field}={raw[field]!r} is not covered; covered: {allowed[0]!r}")
+            raise UsageError(f"{where}: {field}={raw[field]!r} is not covered; covered: {allowed[0]!r}")
     for field in SOFT_CAPS:
         if not isinstance(raw.get(field, -1.0), (int, float)) or raw.get(field, -1.0) > 0:
-            raise ValueError(f"{where}: {field}={raw[field]!r} is not covered; covered: <= 0 (off)")
+            raise UsageError(f"{where}: {field}={raw[field]!r} is not covered; covered: <= 0 (off)")
     if raw.get("attn_types") is not None and set(raw["attn_types"]) != {"global"}:
-        raise ValueError(f"{where}: attn_types={raw['attn_types']!r} is not covered; covered: global attention only")
+        raise UsageError(f"{where}: attn_types={raw['attn_types']!r} is not covered; covered: global attention only")
     cfg = {k: raw[k] for k in MODEL_FIELDS if k in raw}
     missing = [k for k in ("n_layers", "d_model", "n_ctx", "d_head", "d_vocab") if k not in cfg]
     if missing:
-        raise ValueError(f"{where}: TransformerLens config lacks {missing}")
+        raise UsageError(f"{where}: TransformerLens config lacks {missing}")
     if cfg.get("n_heads", -1) == -1:
         cfg["n_heads"] = cfg["d_model"] // cfg["d_head"] if isinstance(cfg["d_head"], int) and cfg["d_head"] else -1
     kv = raw.get("n_key_value_heads")
     if kv is not None and kv != cfg["n_heads"]:
-        raise ValueError(f"{where}: n_key_value_heads={kv!r} (grouped-query attention) is not covered; covered: null")
+        raise UsageError(f"{where}: n_key_value_heads={kv!r} (grouped-query attention) is not covered; covered: null")
     dtype = raw.get("dtype", "float32")
     if dtype_name(dtype) not in RUN_DTYPES or not isinstance(dtype, str):
-        raise ValueError(f"{where}: dtype={dtype!r} is not covered; covered: torch.float32, torch.float64")
+        raise UsageError(f"{where}: dtype={dtype!r} is not covered; covered: torch.float32, torch.float64")
     cfg["dtype"] = dtype_name(dtype)
     if device is not None:
         cfg["device"] = device
     try:
         return HookedTransformerConfig(**cfg)
     except (ValueError, TypeError) as e:
-        raise ValueError(f"{where}: {e}") from None
+        raise UsageError(f"{where}: {e}") from None
 
 
 def from_transformer_lens(state: dict[str, Tensor], cfg: HookedTransformerConfig, where: str) -> HookedTransformer:
@@ -133,13 +134,13 @@ def nanogpt_config(
 ) -> HookedTransformerConfig:
     """nanoGPT's ``model_args`` (``GPTConfig`` fields) -> the equivalent ``HookedTransformerConfig``."""
     if not isinstance(model_args, dict):
-        raise ValueError(f"{where}: model_args must be a dict of GPTConfig fields, got {type(model_args).__name__}")
+        raise UsageError(f"{where}: model_args must be a dict of GPTConfig fields, got {type(model_args).__name__}")
     unknown = sorted(set(model_args) - set(NANOGPT_ARGS))
     if unknown:
-        raise ValueError(f"{where}: unknown nanoGPT model_args {unknown}; expected a subset of {list(NANOGPT_ARGS)}")
+        raise UsageError(f"{where}: unknown nanoGPT model_args {unknown}; expected a subset of {list(NANOGPT_ARGS)}")
     missing = [k for k in NANOGPT_ARGS[:-1] if k not in model_args]
     if missing:
-        raise ValueError(f"{where}: nanoGPT model_args lacks {missing}")
+        raise UsageError(f"{where}: nanoGPT model_args lacks {missing}")
     a = model_args
     if (
         not isinstance(a["n_head"], int)
@@ -147,9 +148,9 @@ def nanogpt_config(
         or a["n_head"] < 1
         or a["n_embd"] % a["n_head"]
     ):
-        raise ValueError(f"{where}: n_embd={a['n_embd']!r} must be a multiple of n_head={a['n_head']!r}")
+        raise UsageError(f"{where}: n_embd={a['n_embd']!r} must be a multiple of n_head={a['n_head']!r}")
     if not isinstance(a["bias"], bool):
-        raise ValueError(f"{where}: model_args bias must be true or false, got {a['bias']!r}")
+        raise UsageError(f"{where}: model_args bias must be true or false, got {a['bias']!r}")
     try:
         return HookedTransformerConfig(
             n_layers=a["n_layer"], d_model=a["n_embd"], n_ctx=a["block_size"], d_head=a["n_embd"] // a["n_head"],
@@ -157,7 +158,7 @@ def nanogpt_config(
             normalization_type="LN", eps=NANOGPT_EPS, device=device or "cpu", dtype=dtype,
         )  # fmt: skip
     except ValueError as e:
-        raise ValueError(f"{where}: {e}") from None
+        raise UsageError(f"{where}: {e}") from None
 
 
 def gpt_expected_shapes(cfg: HookedTransformerConfig, bias: bool, head: bool = False) -> dict[str, tuple[int, ...]]:
@@ -200,7 +201,7 @@ def from_nanogpt(
     head = state.pop("lm_head.weight", None)
     check_state_dict(state, _Expected(gpt_expected_shapes(cfg, model_args["bias"])), where)
     if head is not None and not torch.equal(head, state["transformer.wte.weight"]):
-        raise ValueError(f"{where}: lm_head.weight differs from transformer.wte.weight; nanoGPT ties them")
+        raise UsageError(f"{where}: lm_head.weight differs from transformer.wte.weight; nanoGPT ties them")
     return _from_gpt_names(cfg, state, where)
 
 
@@ -254,15 +255,15 @@ def hf_gpt2_config(hf_config: dict, where: str, device: str | None = None, dtype
     naming what is not covered."""
     act = hf_config.get("activation_function", "gelu_new")
     if act not in HF_GPT2_ACTS:
-        raise ValueError(
+        raise UsageError(
             f"{where}: scale_attn_weights=false with activation_function={act!r} is not covered "
             f"(the TransformerBridge cannot compute unscaled attention, and this path covers {', '.join(HF_GPT2_ACTS)})"
         )
     if hf_config.get("add_cross_attention"):
-        raise ValueError(f"{where}: add_cross_attention=true is not covered with scale_attn_weights=false")
+        raise UsageError(f"{where}: add_cross_attention=true is not covered with scale_attn_weights=false")
     C, n = hf_config.get("n_embd", 768), hf_config.get("n_head", 12)
     if not isinstance(C, int) or not isinstance(n, int) or n < 1 or C % n:
-        raise ValueError(f"{where}: n_embd={C!r} must be a multiple of n_head={n!r}")
+        raise UsageError(f"{where}: n_embd={C!r} must be a multiple of n_head={n!r}")
     try:
         return HookedTransformerConfig(
             n_layers=hf_config.get("n_layer", 12), d_model=C, n_ctx=hf_config.get("n_positions", 1024),
@@ -273,7 +274,7 @@ def hf_gpt2_config(hf_config: dict, where: str, device: str | None = None, dtype
             device=device or "cpu", dtype=dtype,
         )  # fmt: skip
     except ValueError as e:
-        raise ValueError(f"{where}: {e}") from None
+        raise UsageError(f"{where}: {e}") from None
 
 
 def from_hf_gpt2(hf_config: dict, state: dict[str, Tensor], where: str, device: str | None = None):

@@ -38,6 +38,16 @@ class EdelmanConfig:
     attention_only: bool = True
     device: str = "cpu"
 
+    def __post_init__(self):
+        """Each size a positive integer and ``n_embd`` a multiple of ``n_head``: one ``ValueError`` naming the
+        field, what it is and what is expected (not a ZeroDivisionError from the layer that divides)."""
+        for name in ("n_layer", "n_head", "n_embd", "vocab_size", "block_size"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ValueError(f"{name}={value!r}; expected an integer >= 1")
+        if self.n_embd % self.n_head:
+            raise ValueError(f"n_embd={self.n_embd} is not a multiple of n_head={self.n_head}; expected one")
+
     @property
     def heads(self) -> list[int]:
         return [self.n_head] + [1] * (self.n_layer - 1)

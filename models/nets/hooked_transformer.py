@@ -37,7 +37,7 @@ from torch import Tensor, nn
 from transformer_lens import ActivationCache, HookedRootModule
 from transformer_lens.hook_points import HookPoint
 
-from models.loading.dtypes import DTYPES, RUN_DTYPES
+from models.nets.dtypes import RUN_DTYPES, torch_dtype
 from models.plumbing.io import check_memory, check_tensors
 
 NORMALIZATIONS = ("LN", "LNPre", None)
@@ -136,7 +136,7 @@ class HookedTransformerConfig:
 
     @property
     def torch_dtype(self) -> torch.dtype:
-        return DTYPES[self.dtype]
+        return torch_dtype(self.dtype)
 
     def scale(self, layer: int) -> float:
         """What block ``layer``'s scores are divided by (TransformerLens ``AbstractAttention.attn_scale``)."""

@@ -6,7 +6,7 @@ import torch
 from jaxtyping import Float
 from torch import Tensor
 
-from models.loading.checkpoint import build
+from models.nets.build import build
 from models.nets.causal_transformer import CausalTransformer, CausalTransformerConfig
 from probes.tasks import check_distribution, check_kernel
 

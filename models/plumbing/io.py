@@ -1,6 +1,7 @@
 """Plumbing shared by every entry point: atomic file writes, JSON in and out, exclusive locks, memory
-bounds, and the CLI error convention (bad input is one line on stderr and exit code 2; ``--debug``
-keeps the traceback)."""
+bounds, and the CLI error convention (``run_cli``: bad input, a ``UsageError``, is one line on stderr and exit
+code 2; a bug is its traceback, a line saying it is a bug, and exit code 1). Standard library only: the
+bottom room of ``models``, imported before anything heavy."""
 
 from __future__ import annotations
 
@@ -22,6 +23,26 @@ from pathlib import Path
 MEMORY_FRACTION = 0.8  # refuse work whose estimated memory exceeds this share of the available memory
 MAX_JSON_BYTES = 256 * 2**20  # config, task and key-map files are small; refuse to parse more
 MAX_TENSORS = 20_000  # refuse to build a model of more tensors (work, whatever their sizes): 10x the largest LLMs
+
+
+class UsageError(ValueError):
+    """Bad input: a flag, a file, a checkpoint or a size that the user gave and that cannot be used. Every
+    entry point prints its message as one line and exits 2 (``run_cli``); any other exception is a bug of the
+    suite and is shown as one (exit 1, the traceback). A ``ValueError``, so that a caller from Python who
+    catches ``ValueError`` for bad arguments catches it too."""
+
+
+@contextlib.contextmanager
+def input_errors():
+    """Inside, a ``ValueError`` is about the input being read (a checkpoint, its config, a spec): it leaves as
+    the ``UsageError`` of the same message. For code that validates what it reads with checks written for
+    any caller (a network's config, a task's sizes), at the boundary where the user's input comes in."""
+    try:
+        yield
+    except UsageError:
+        raise
+    except ValueError as e:
+        raise UsageError(str(e)) from e
 
 
 def atomic_write(path: str | Path, write) -> None:
@@ -90,7 +111,7 @@ def openable(path: str | Path):
         yield path
         return
     if not Path("/proc/self/fd").is_dir():
-        raise ValueError(f"{str(path)!r} is not valid UTF-8 and this system cannot name it otherwise; rename it")
+        raise UsageError(f"{str(path)!r} is not valid UTF-8 and this system cannot name it otherwise; rename it")
     fd = os.open(path, os.O_RDONLY)
     try:
         yield Path(f"/proc/self/fd/{fd}")
@@ -105,28 +126,63 @@ def listing(names, shown: int = 5) -> str:
     return ", ".join(names[:shown]) + more
 
 
+ZIP, PICKLE, SAFETENSORS = "a zip archive (a NumPy .npz or a PyTorch file)", "a pickle", "a safetensors file"
+# What a file holds, from its first bytes: (prefix, what it is); the safetensors header is found apart.
+MAGIC = (
+    (b"\x89PNG", "a PNG image"), (b"\xff\xd8\xff", "a JPEG image"), (b"%PDF", "a PDF document"),
+    (b"PK\x03\x04", ZIP), (b"PK\x05\x06", "an empty zip archive"),
+    (b"\x93NUMPY", "a NumPy .npy array"), (b"\x1f\x8b", "a gzip file"), (b"BZh", "a bzip2 file"),
+    (b"\x7fELF", "an executable"), (b"SQLite format 3", "an SQLite database"),
+)  # fmt: skip
+
+
+def file_kind(path: str | Path) -> str | None:
+    """What the regular file ``path`` holds, from its first bytes (``MAGIC``, a pickle, a safetensors header),
+    for a message about a file that is not what was expected; None when unknown or unreadable."""
+    try:
+        with open(path, "rb") as f:
+            head = f.read(16)
+    except OSError:
+        return None
+    kind = next((text for magic, text in MAGIC if head.startswith(magic)), None)
+    if kind is None and len(head) >= 2 and head[0] == 0x80 and 2 <= head[1] <= 5:
+        kind = PICKLE
+    if kind is None and len(head) >= 10 and head[8:10] in (b'{"', b"{ ") and int.from_bytes(head[:8], "little") > 0:
+        kind = SAFETENSORS
+    return kind
+
+
 def read_small(path: str | Path, what: str) -> bytes:
     """The bytes of the small file ``path`` (a config, a task.json, a key map); a missing, huge or
-    unreadable file is one ``ValueError`` naming ``what`` and the path. Every such file is read here."""
+    unreadable file is one ``UsageError`` naming ``what``, the path and what it is. Every such file is read here."""
     path = Path(path)
     if not path.is_file():
-        raise ValueError(f"{what} {str(path)!r} {what_is(path)}; expected a JSON file")
+        raise UsageError(f"{what} {str(path)!r} {what_is(path)}; expected a JSON file")
     try:
-        if path.stat().st_size > MAX_JSON_BYTES:
-            raise ValueError(f"{what} {str(path)!r} is over {MAX_JSON_BYTES >> 20} MiB; expected a small JSON file")
+        size_ = path.stat().st_size
+        if size_ > MAX_JSON_BYTES:
+            kind = file_kind(path)
+            raise UsageError(
+                f"{what} {str(path)!r} is {f'{kind}, not JSON,' if kind else 'a file'} of {size(size_)}; expected a "
+                f"small JSON file (at most {MAX_JSON_BYTES >> 20} MiB)"
+            )
         return path.read_bytes()
     except OSError as e:
-        raise ValueError(f"{what} {str(path)!r} cannot be read ({e.strerror or e})") from None
+        raise UsageError(f"{what} {str(path)!r} cannot be read ({e.strerror or e})") from None
 
 
 def parse_json(data: bytes, path: str | Path, what: str):
-    """``data`` (the bytes of ``path``) parsed as JSON; malformed or too deeply nested is one ``ValueError``."""
+    """``data`` (the bytes of ``path``) parsed as JSON; malformed or too deeply nested is one ``UsageError``
+    (naming what the file is when its first bytes say: a PNG, a zip archive, ...)."""
     try:
         return json.loads(data.decode())
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise ValueError(f"{what} {str(path)!r} is not valid JSON ({one_line(e)})") from None
+        kind = file_kind(path)
+        if kind is not None:
+            raise UsageError(f"{what} {str(path)!r} is {kind}, not JSON; expected a JSON file") from None
+        raise UsageError(f"{what} {str(path)!r} is not valid JSON ({one_line(e)})") from None
     except RecursionError:
-        raise ValueError(f"{what} {str(path)!r} is nested too deeply to parse; expected a flat JSON object") from None
+        raise UsageError(f"{what} {str(path)!r} is nested too deeply to parse; expected a flat JSON object") from None
 
 
 def read_json(path: str | Path, what: str):
@@ -134,8 +190,8 @@ def read_json(path: str | Path, what: str):
     return parse_json(read_small(path, what), path, what)
 
 
-class Busy(ValueError):
-    """Another process holds the lock."""
+class Busy(UsageError):
+    """Another process holds the lock: not a bug, and nothing to retry at once (one line, exit 2)."""
 
 
 @contextlib.contextmanager
@@ -179,7 +235,7 @@ def write_set(folder: str | Path, name: str, writers: dict) -> list[Path]:
     folder = Path(folder)
     blocked = [file for file in writers if (folder / file).is_dir() and not (folder / file).is_symlink()]
     if blocked:  # found before anything is written: a move onto a folder would fail half-way through the set
-        raise ValueError(f"cannot write the {name} set in {str(folder)!r}: {listing(blocked)} is a folder; expected a file")
+        raise UsageError(f"cannot write the {name} set in {str(folder)!r}: {listing(blocked)} is a folder; expected a file")
     staging = folder / f".{name}.set-{os.getpid()}-{os.urandom(4).hex()}"
     staging.mkdir()
     try:
@@ -298,23 +354,23 @@ def size(n: float) -> str:
 
 
 def check_memory(needed: float, what: str, device: str | None = None) -> None:
-    """One-line ``ValueError`` if ``needed`` bytes exceed ``MEMORY_FRACTION`` of the available memory
+    """One-line ``UsageError`` if ``needed`` bytes exceed ``MEMORY_FRACTION`` of the available memory
     on ``device`` (default the CPU; ``memory_limit``): what was asked (``what``), how much it needs, what
     is available. Every size check of the suite ends here, before the allocation it sizes."""
     available, source = memory_limit(device)
     bound = MEMORY_FRACTION * available
     if needed > bound:
-        raise ValueError(
+        raise UsageError(
             f"{what} would need about {size(needed)}, more than the bound of {size(bound)} "
             f"({MEMORY_FRACTION:.0%} of {size(available)}, {source}); use smaller sizes"
         )
 
 
 def check_tensors(count: float, what: str) -> None:
-    """One-line ``ValueError`` if building a model would make more than ``MAX_TENSORS`` tensors: the work
+    """One-line ``UsageError`` if building a model would make more than ``MAX_TENSORS`` tensors: the work
     of building (one Python object per tensor) grows with the count even where each tensor is tiny."""
     if count > MAX_TENSORS:
-        raise ValueError(
+        raise UsageError(
             f"{what} would build about {count:.3g} tensors, more than the bound of {MAX_TENSORS} "
             f"(the largest published models have a few thousand); use fewer layers"
         )
@@ -337,48 +393,69 @@ def one_line(e: BaseException | str) -> str:
 
 
 def describe(e: BaseException) -> str:
-    """One line for an unexpected exception: its type and message (the type says what failed)."""
-    if isinstance(e, ValueError):
+    """One line for an exception that is not a bug of the suite: a ``UsageError``'s message; what the system
+    refused (an ``OSError``: disk full, permission denied, ...; memory exhausted)."""
+    if isinstance(e, UsageError):
         return one_line(e)
     if isinstance(e, OSError) and e.strerror:
         name = f" {e.filename!r}" if e.filename is not None else ""
         return one_line(f"{e.strerror}{name}")
     if isinstance(e, MemoryError):
         return "out of memory; use smaller sizes"
-    if isinstance(e, RecursionError):
-        return "input nested too deeply (RecursionError)"
     return one_line(f"{type(e).__name__}: {e}" if str(e).strip() else type(e).__name__)
 
 
 # Thread counts torch's OpenMP reads when it loads: a malformed one makes libgomp print its own lines.
 THREAD_VARIABLES = ("OMP_NUM_THREADS", "MKL_NUM_THREADS")
-BAD_ENVIRONMENT: dict[str, str] = {}  # what drop_bad_thread_variables took out of the environment
-
-
-def drop_bad_thread_variables() -> None:
-    """Before torch loads (``models/__init__``): take a malformed ``OMP_NUM_THREADS``/``MKL_NUM_THREADS``
-    (not positive integers, comma-separated) out of the environment, so that libgomp prints nothing;
-    ``run_cli`` then refuses to run with one line naming it (``--threads`` sets torch's threads)."""
-    for name in THREAD_VARIABLES:
-        value = os.environ.get(name)
-        if value is not None and not all(v.strip().isdigit() and int(v) > 0 for v in value.split(",")):
-            BAD_ENVIRONMENT[name] = os.environ.pop(name)
+BUG_REPORTS = "the maintainers of causal-icl-probes (the repository's issue tracker), with the command and the traceback"
 
 
 def check_environment() -> None:
-    """One ``ValueError`` for a thread variable ``drop_bad_thread_variables`` took out."""
-    for name, value in BAD_ENVIRONMENT.items():
-        raise ValueError(
-            f"environment variable {name}={value!r} is not a positive integer; unset it (--threads sets torch's threads)"
-        )
+    """One ``UsageError`` for a malformed ``OMP_NUM_THREADS``/``MKL_NUM_THREADS`` (not positive integers,
+    comma-separated). ``run_cli`` calls it before the command runs, so an entry point that parses its flags
+    before importing torch (every one of ours) refuses before libgomp could print its own lines."""
+    for name in THREAD_VARIABLES:
+        value = os.environ.get(name)
+        if value is not None and not all(v.strip().isdigit() and int(v) > 0 for v in value.split(",")):
+            raise UsageError(
+                f"environment variable {name}={value!r} is not a positive integer; unset it (--threads sets torch's threads)"
+            )
+
+
+def not_a_bug(e: BaseException) -> bool:
+    """Whether ``e`` is bad input (``UsageError``) or the system refusing (an ``OSError`` with its reason,
+    ``MemoryError``): one line and exit 2. Anything else is a bug of the suite."""
+    return isinstance(e, (UsageError, MemoryError)) or (isinstance(e, OSError) and bool(e.strerror))
+
+
+SUITE_MODELS = Path(__file__).resolve().parents[1]  # this suite's models/ package
+_warned_shadow: list[str] = []
+
+
+def warn_if_models_shadowed() -> str | None:
+    """One line on stderr (once a process) when the top-level ``models`` Python imported is not this suite's:
+    a project folder with a ``models/`` of its own, first on ``sys.path``, shadows it (the suite's submodules
+    still load, but ``models.load_subject`` and the other top-level names are missing). Returns the line."""
+    found = getattr(sys.modules.get("models"), "__file__", None)
+    if found is None or Path(found).resolve().parent == SUITE_MODELS or _warned_shadow:
+        return None
+    _warned_shadow.append(
+        f"warning: the `models` package imported is {Path(found).parent}, not this suite's ({SUITE_MODELS}), so "
+        "`models.load_subject` and the other top-level names are missing; run from another folder, run "
+        "`python -P -m ...` (the current folder is then not first on sys.path), or import from the submodules "
+        "(from models.interp.subject import load_subject)"
+    )
+    print(_warned_shadow[0], file=sys.stderr)
+    return _warned_shadow[0]
 
 
 def run_cli(main, argv: list[str] | None = None, prog: str | None = None):
-    """Run a CLI ``main(argv)``. A ``ValueError`` (bad input) becomes ``PROG: error: <one line>`` on stderr
-    (``prog``, e.g. ``python -m models.train``, as argparse's errors begin) and exit code 2; any other
-    exception becomes the same with a hint, exit code 2. ``--debug`` in argv shows the traceback as well.
-    ``KeyboardInterrupt`` exits 130 with one line. A reader of stdout that went away (``| head``) ends the
-    run quietly: what it wrote is written."""
+    """Run a CLI ``main(argv)``. Bad input (a ``UsageError``) or the system refusing (``not_a_bug``) becomes
+    ``PROG: error: <one line>`` on stderr (``prog``, e.g. ``python -m models.train``, as argparse's errors
+    begin) and exit code 2; ``--debug`` in argv shows its traceback as well. Any other exception is a bug:
+    its traceback, a line saying so and where to report it, and exit code 1. ``KeyboardInterrupt`` exits 130
+    with one line. A reader of stdout that went away (``| head``) ends the run quietly: what it wrote is
+    written. The environment is checked first (``check_environment``)."""
     args = sys.argv[1:] if argv is None else list(argv)
     error = "error:" if prog is None else f"{prog}: error:"
     with contextlib.suppress(AttributeError, ValueError):  # a path that is not UTF-8 prints as its own bytes
@@ -398,11 +475,18 @@ def run_cli(main, argv: list[str] | None = None, prog: str | None = None):
         print(f"{error} interrupted", file=sys.stderr)
         raise SystemExit(130) from None
     except Exception as e:
-        if "--debug" in args:
-            traceback.print_exc()
-        hint = "" if isinstance(e, ValueError) or "--debug" in args else " (--debug for the traceback)"
-        print(f"{error} {describe(e)}{hint}", file=sys.stderr)
-        raise SystemExit(2) from None
+        if not_a_bug(e):
+            if "--debug" in args:
+                traceback.print_exc()
+            print(f"{error} {describe(e)}", file=sys.stderr)
+            raise SystemExit(2) from None
+        traceback.print_exc()
+        print(
+            f"{error} this is a bug in causal-icl-probes, not a problem with your input ({one_line(f'{type(e).__name__}: {e}')}); "
+            f"please report it to {BUG_REPORTS}",
+            file=sys.stderr,
+        )
+        raise SystemExit(1) from None
 
 
 def _stdout_gone() -> bool:

@@ -1,113 +1,128 @@
-"""Progress of work that takes more than a few seconds, for every entry point: a tqdm bar on a terminal,
-else (a log, a pipe) a plain line on stderr once the stage has run ``FIRST_LINE`` seconds and then at
-least every ``EVERY`` seconds, naming the stage, the work done of the total, the time elapsed and an
-estimate of the time left, and a last line when such a stage ends::
+"""Progress of long work, the one way every loop of the suite shows it (``progress``): a tqdm bar on a
+terminal; otherwise (stderr a file: ``nohup``, a Slurm log, a pipe) a plain line every ``INTERVAL`` seconds,
 
-    with Progress("per-head ablation and patching", total=288, unit="runs") as bar:
-        for batch in batches:
-            ...
-            bar.advance(len(batch))
+    train: 1200/5000 (24%), 0:01:30 elapsed, about 0:04:45 left (gap=0.0123)
 
-    progress: per-head ablation and patching 120/288 runs, 1 min 2 s elapsed, about 1 min 27 s left
-"""
+and a last one when the loop ends, if any was printed. A loop shorter than ``INTERVAL`` prints nothing off a
+terminal, so a short run's log holds only its results. The line comes from a timer, not from the loop, so
+it comes even while one step of the loop takes longer than ``INTERVAL``."""
 
 from __future__ import annotations
 
+import os
 import sys
 import threading
 import time
+import weakref
+from collections.abc import Iterable
 
-from tqdm.auto import tqdm
-
-FIRST_LINE = 5.0  # seconds: a stage that ends sooner prints nothing off a terminal
-EVERY = 30.0  # seconds between plain lines at most
-
-
-def duration(seconds: float) -> str:
-    """``75.3`` -> ``1 min 15 s``; ``3725`` -> ``1 h 2 min``."""
-    s = int(round(seconds))
-    if s < 60:
-        return f"{s} s"
-    if s < 3600:
-        return f"{s // 60} min {s % 60} s"
-    return f"{s // 3600} h {s % 3600 // 60} min"
+INTERVAL = 30.0  # seconds between two plain lines off a terminal
+INTERVAL_ENV = "CAUSAL_ICL_PROGRESS_S"  # an environment variable that sets another interval (seconds)
 
 
-class Progress:
-    """One stage's progress (module docstring). ``advance(n)`` after each piece of work, ``n`` in the
-    stage's unit (pieces of unequal cost advance by their cost, so that the estimate stays honest).
-    Off a terminal a daemon thread checks every second whether a line is due, so that lines come while one
-    long piece of work runs (``ticking=False``: only ``advance`` and ``tick`` print). ``stream`` (default
-    stderr) and ``clock`` are for tests; ``terminal`` None: whether ``stream`` is one."""
+def progress(iterable: Iterable | None = None, desc: str = "", total: int | None = None, enabled: bool = True,
+             interval: float | None = None, **tqdm_kw):  # fmt: skip
+    """``iterable`` wrapped to show progress (or, with ``iterable`` None, a counter to ``update()`` by hand up
+    to ``total``), as tqdm's API: iterate it, ``update(n)``, ``set_postfix(**kw)``, ``close()``, or use it as
+    a context manager (with neither ``iterable`` nor ``total``, a run of stages that ``set_postfix(stage=...)``
+    names). ``enabled`` False: silent everywhere. On a terminal it is ``tqdm(iterable, desc,
+    total, **tqdm_kw)``; off one it prints ``desc``, done/total, the time elapsed and an estimate of the
+    time left every ``interval`` seconds (default ``INTERVAL``, or ``$CAUSAL_ICL_PROGRESS_S``) to stderr. ``tqdm_kw`` other than ``initial``
+    (the count it starts at) apply to the bar only."""
+    from tqdm.auto import tqdm  # the bar: only when one is drawn
 
-    def __init__(self, stage: str, total: float, unit: str = "it", stream=None, clock=time.monotonic,
-                 terminal: bool | None = None, ticking: bool = True):  # fmt: skip
-        self.stage, self.total, self.unit, self.clock = stage, total, unit, clock
-        self._lock = threading.RLock()
-        self.stream = sys.stderr if stream is None else stream
-        if terminal is None:
-            terminal = bool(getattr(self.stream, "isatty", lambda: False)())
-        self.bar = tqdm(total=total, desc=stage, unit=unit, leave=False, file=self.stream) if terminal else None
-        self.done, self.start, self.printed = 0.0, clock(), None
+    if not enabled or sys.stderr is None:
+        return tqdm(iterable, desc=desc, total=total, disable=True)
+    if _on_terminal():
+        return tqdm(iterable, desc=desc, total=total, **tqdm_kw)
+    return PlainLines(iterable, desc, total, interval or _interval(), tqdm_kw.get("initial", 0))
+
+
+def _interval() -> float:
+    """``INTERVAL``, or the seconds ``$CAUSAL_ICL_PROGRESS_S`` gives (a log read less or more often)."""
+    try:
+        return max(float(os.environ.get(INTERVAL_ENV, INTERVAL)), 0.01)
+    except ValueError:
+        return INTERVAL
+
+
+def _on_terminal() -> bool:
+    try:
+        return sys.stderr.isatty()
+    except (AttributeError, ValueError):  # a closed or replaced stream
+        return False
+
+
+def _clock(seconds: float) -> str:
+    s = int(seconds)
+    return f"{s // 3600}:{s // 60 % 60:02d}:{s % 60:02d}"
+
+
+class PlainLines:
+    """``progress`` off a terminal: a timer thread prints one line every ``interval`` seconds while it is
+    open (``line``); the loop only counts. The thread holds no reference to it, so one left open (an
+    exception before ``close``) stops when it is collected."""
+
+    def __init__(self, iterable, desc: str, total: int | None, interval: float, initial: int = 0):
+        if total is None and iterable is not None and hasattr(iterable, "__len__"):
+            total = len(iterable)
+        self.iterable, self.desc, self.total, self.n, self.initial = iterable, desc, total, initial, initial
+        self.postfix, self.printed, self.start = "", False, time.monotonic()
         self._stop = threading.Event()
-        self._ticker = None
-        if self.bar is None and ticking:  # a line is due even while one long piece of work runs
-            self._ticker = threading.Thread(target=self._tick_until_closed, daemon=True)
-            self._ticker.start()
+        weakref.finalize(self, self._stop.set)
+        ref = weakref.ref(self)
+        threading.Thread(target=_beat, args=(ref, self._stop, interval), daemon=True).start()
 
-    def _tick_until_closed(self) -> None:
-        while not self._stop.wait(1.0):
-            self.tick()
+    def line(self) -> str:
+        """``desc: n/total (pct%), elapsed, about ... left (postfix)``: where the loop stands now."""
+        elapsed = time.monotonic() - self.start
+        done = self.n - self.initial
+        if self.total:
+            where = f"{self.n}/{self.total} ({100 * self.n / self.total:.0f}%), "
+            left = f", about {_clock(elapsed * (self.total - self.n) / done)} left" if 0 < done and self.n < self.total else ""
+        else:  # stages, not counts: where it is is the postfix
+            where, left = (f"{self.n} done, " if self.n else ""), ""
+        return f"{self.desc or 'working'}: {where}{_clock(elapsed)} elapsed{left}{self.postfix}"
 
-    def tick(self) -> None:
-        """Print the plain line if one is due (``FIRST_LINE`` into the stage, then every ``EVERY`` s)."""
-        now = self.clock()
-        due = self.start + FIRST_LINE if self.printed is None else self.printed + EVERY
-        if now >= due and self.done < self.total:
-            self._line(now)
+    def print_line(self) -> None:
+        print(self.line(), file=sys.stderr, flush=True)
+        self.printed = True
 
-    def advance(self, n: float = 1) -> None:
-        with self._lock:
-            self.done += n
-        if self.bar is not None:
-            self.bar.update(n)
-        else:
-            self.tick()
+    def __iter__(self):
+        try:
+            for item in self.iterable:
+                yield item
+                self.n += 1
+        finally:
+            self.close()
 
-    def line(self, now: float | None = None) -> str:
-        """The plain line for the work done so far."""
-        now = self.clock() if now is None else now
-        elapsed = now - self.start
-        left = elapsed / self.done * (self.total - self.done) if self.done > 0 else None
-        estimate = "estimating the time left" if left is None else f"about {duration(left)} left"
-        return (f"progress: {self.stage} {_count(self.done)}/{_count(self.total)} {self.unit}, "
-                f"{duration(elapsed)} elapsed, {estimate}")  # fmt: skip
+    def __len__(self) -> int:
+        return self.total or 0
 
-    def _line(self, now: float) -> None:
-        with self._lock:
-            if self.printed is not None and now < self.printed + EVERY:
-                return  # the ticker and the caller both found it due
-            print(self.line(now), file=self.stream, flush=True)
-            self.printed = now
+    def update(self, n: int = 1) -> None:
+        self.n += n
+
+    def set_postfix(self, **kw) -> None:
+        self.postfix = " (" + ", ".join(f"{k}={v}" for k, v in kw.items()) + ")" if kw else ""
 
     def close(self) -> None:
-        self._stop.set()
-        if self._ticker is not None:
-            self._ticker.join()
-        if self.bar is not None:
-            self.bar.close()
-        elif self.printed is not None:  # a stage that printed says when it ended
-            elapsed = duration(self.clock() - self.start)
-            print(f"progress: {self.stage} done, {_count(self.done)} {self.unit} in {elapsed}", file=self.stream,
-                  flush=True)  # fmt: skip
+        if not self._stop.is_set():
+            self._stop.set()
+            if self.printed:  # a log that had lines gets the end too
+                self.print_line()
 
-    def __enter__(self) -> Progress:
+    def __enter__(self):
         return self
 
     def __exit__(self, *exc) -> None:
         self.close()
 
 
-def _count(x: float) -> str:
-    return str(int(x)) if float(x).is_integer() else f"{x:.1f}"
-
+def _beat(ref, stop: threading.Event, interval: float) -> None:
+    """The timer: every ``interval`` seconds, the line of the progress ``ref`` points at, until stopped."""
+    while not stop.wait(interval):
+        bar = ref()
+        if bar is None:
+            return
+        bar.print_line()
+        del bar

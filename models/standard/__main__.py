@@ -1,7 +1,15 @@
-"""Launcher: ``python -m models.standard`` runs ``models.training.standard`` (the standard GPT-2 trainer lives there).
-Only this file is here, so that the command reads as the docs have always written it."""
+"""Launcher: ``python -m models.standard`` runs ``models.training.standard`` (the code lives there). Only this file is here,
+so that the command reads as the docs have always written it. The environment is checked before that module
+(and torch) is imported: a malformed ``OMP_NUM_THREADS`` is one line, not libgomp's."""
 
-from models.training.standard import main
+from models import cli
+
+
+def main(argv: list[str]) -> None:
+    from models.training.standard import main
+
+    main(argv)
+
 
 if __name__ == "__main__":
-    main()
+    cli.run_cli(main, prog="python -m models.standard")

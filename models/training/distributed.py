@@ -20,6 +20,8 @@ import torch
 import torch.distributed as dist
 from torch import Tensor, nn
 
+from models.plumbing.io import UsageError
+
 
 @dataclass(frozen=True)
 class Rank:
@@ -66,7 +68,7 @@ def teardown(place: Rank) -> None:
 
 def check_batch(batch_size: int, place: Rank) -> None:
     if batch_size % place.world:
-        raise ValueError(f"batch_size {batch_size} must be divisible by the {place.world} processes")
+        raise UsageError(f"batch_size {batch_size} must be divisible by the {place.world} processes")
 
 
 def shard(batch: Tensor, place: Rank) -> Tensor:

@@ -18,10 +18,10 @@ import torch
 from jaxtyping import Float
 from torch import Tensor
 
+from models import cli
 from models.interp.subject import DisentangledSubject, check_finite
 from models.nets.causal_transformer import CausalTransformer
 from models.nets.continuous import bma_nll, gaussian_nll
-from models.plumbing import cli
 from probes import head_assignment, mean_tv, parent_accuracy, target_nll
 from probes.continuous import ContinuousTask, gaussian_bma_posterior, predictive_mean, target_mse
 from probes.metrics import parent_set_accuracy, per_context_nll

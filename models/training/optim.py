@@ -9,6 +9,8 @@ import platform
 
 import torch
 
+from models.plumbing.io import UsageError
+
 
 def cosine_factor(step: int, total: int, final_fraction: float = 0.0, warmup: int = 0) -> float:
     """Multiplier of the base learning rate at ``step`` (0-based) of ``total``: ``(step + 1) / warmup``
@@ -24,7 +26,7 @@ def check_finite(model, loss: float, step: int) -> None:
     bad = [name for name, p in model.named_parameters() if not torch.isfinite(p).all()]
     if bad or not math.isfinite(loss):
         where = f"weights {', '.join(bad)}" if bad else f"loss {loss}"
-        raise ValueError(f"training diverged at step {step} ({where} not finite); lower --lr")
+        raise UsageError(f"training diverged at step {step} ({where} not finite); lower --lr")
 
 
 def sample_batch(task, batch: int, generator: torch.Generator) -> torch.Tensor:

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import models
 from models.loading.checkpoint import read_config
+from models.plumbing.io import UsageError
 from models.training.train import TrainConfig, train
 
 
@@ -17,7 +18,7 @@ def find_snapshots(folder: str | Path) -> list[tuple[int, Path]]:
     """``(step, path)`` of every ``step_XXXXXX`` snapshot under ``folder`` or ``folder/snapshots``."""
     folder = Path(folder)
     if not folder.is_dir():
-        raise ValueError(
+        raise UsageError(
             f"--snapshots {folder} is not a folder; expected a run folder of models.train --snapshot-every N"
         )
     base = folder / "snapshots" if (folder / "snapshots").is_dir() else folder
@@ -26,7 +27,7 @@ def find_snapshots(folder: str | Path) -> list[tuple[int, Path]]:
         if p.is_dir() and p.name.startswith("step_") and p.name[5:].isdigit():
             found.append((int(p.name[5:]), p))
     if not found:
-        raise ValueError(f"no step_XXXXXX snapshot folders in {base}; write them with models.train --snapshot-every N")
+        raise UsageError(f"no step_XXXXXX snapshot folders in {base}; write them with models.train --snapshot-every N")
     return sorted(found)
 
 

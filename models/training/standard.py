@@ -40,8 +40,8 @@ import torch
 import torch.nn.functional as F
 from jaxtyping import Float, Int
 from torch import Tensor, nn
-from tqdm.auto import tqdm
 
+from models import cli
 from models.loading.checkpoint import (
     HUGGING_FACE,
     check_replaceable,
@@ -53,13 +53,13 @@ from models.loading.checkpoint import (
 )
 from models.loading.sources.files import TASK_JSON
 from models.loading.sources.hugging_face import check_size
-from models.plumbing import cli
-from models.plumbing.io import check_memory, exclusive_lock, size
+from models.plumbing.io import UsageError, check_memory, exclusive_lock, input_errors, size
+from models.plumbing.progress import progress as progress_bar
 from models.training.optim import check_finite, cosine_factor, keep_freed_memory, sample_batch
-from probes import MarkovTreeTask, bma_predictive, check_tokens, target_nll
+from probes import MarkovTreeTask, check_tokens, target_nll
 from probes.graph_task import SPEC_HELP, GraphTask, make_task
 from probes.metrics import last_token_nll
-from probes.oracles import bayes, check_bayes, count_log_predictive, graph_tensor
+from probes.oracles import bayes, check_bayes, uniform_parent_predictive
 from probes.tasks import check_float
 
 TRAINING_JSON = "training.json"
@@ -115,36 +115,38 @@ class StandardConfig:
     def __post_init__(self):
         for name in ("steps", "batch_size", "eval_every", "eval_contexts", "n_layers", "n_heads", "d_model", "d_mlp"):
             if not isinstance(getattr(self, name), int) or getattr(self, name) < 1:
-                raise ValueError(f"{name} must be a positive integer, got {getattr(self, name)!r}")
+                raise UsageError(f"{name} must be a positive integer, got {getattr(self, name)!r}")
         if not isinstance(self.snapshot_every, int) or self.snapshot_every < 0:
-            raise ValueError(f"snapshot_every must be an integer >= 0, got {self.snapshot_every!r}")
+            raise UsageError(f"snapshot_every must be an integer >= 0, got {self.snapshot_every!r}")
         if self.d_model % self.n_heads:
-            raise ValueError(f"d_model={self.d_model} must be a multiple of n_heads={self.n_heads}")
+            raise UsageError(f"d_model={self.d_model} must be a multiple of n_heads={self.n_heads}")
         check_float(self.lr, "lr", 0, 10, open_low=True)  # above 10 Adam only diverges
         check_float(self.init_std, "init_std", 0, 10, open_low=True)
         check_float(self.weight_decay, "weight_decay", 0, 10)
         check_float(self.final_lr_fraction, "final_lr_fraction", 0, 1, open_low=True)
         if self.warmup < 0:
-            raise ValueError(f"warmup must be >= 0, got {self.warmup}")
+            raise UsageError(f"warmup must be >= 0, got {self.warmup}")
         for name, allowed in CHOICES.items():
             if getattr(self, name) not in allowed:
-                raise ValueError(f"{name} must be one of {', '.join(allowed)}; got {getattr(self, name)!r}")
+                raise UsageError(f"{name} must be one of {', '.join(allowed)}; got {getattr(self, name)!r}")
         if self.device.startswith("cuda") and not torch.cuda.is_available():
-            raise ValueError(f"device {self.device!r} requested but CUDA is not available; use --device cpu")
+            raise UsageError(f"device {self.device!r} requested but CUDA is not available; use --device cpu")
         check_float(self.alpha, "alpha", 0, cli.MAX_ALPHA, open_low=True)
         if self.task_kind == "continuous" or not isinstance(self.task_kind, str):
-            raise ValueError(
+            raise UsageError(
                 f"task_kind {self.task_kind!r}: a standard transformer reads tokens; expected a discrete task"
             )
         if self.task_kind in ("markov_tree", "continuous") and self.n_examples == 0:
-            raise ValueError(f"n_examples must be >= 1 for the task {self.task_kind} (only the family's tasks take 0)")
+            raise UsageError(f"n_examples must be >= 1 for the task {self.task_kind} (only the family's tasks take 0)")
         if self.task_kind not in ("markov_tree", "continuous"):  # ours need no drawing to be checked
             check_bayes(self.task())  # an unknown kind, a graph that is not a DAG, no exact oracle: one ValueError
 
     def task(self) -> MarkovTreeTask | GraphTask:
-        return make_task(
-            self.task_kind, self.d_vocab, self.n_examples, self.seq_len, self.alpha, self.gamma, self.task_seed
-        )
+        """The task these fields draw (one that cannot be drawn: the ``UsageError`` of its fields)."""
+        with input_errors():
+            return make_task(
+                self.task_kind, self.d_vocab, self.n_examples, self.seq_len, self.alpha, self.gamma, self.task_seed
+            )
 
 
 class _Zero(nn.Module):
@@ -211,17 +213,6 @@ def target_log_probs(model, tokens: Int[Tensor, "batch T"], task: MarkovTreeTask
     return logits[..., : task.d_vocab].float().log_softmax(-1).cpu()
 
 
-def uniform_parent_predictive(task: MarkovTreeTask | GraphTask, tokens, log: bool = True) -> Float[Tensor, "batch H d"]:
-    """The plateau: attention spread evenly over the candidate parents, mean over h' < h of pi(. | x_h').
-    It is BMA conditioned on no demonstration at all. On a family task (``GraphTask``), the plateau is the
-    unigram strategy (add-one token counts, ``probes.oracles``): the first phase of in-context Markov chains."""
-    if isinstance(task, GraphTask):
-        b, H = len(tokens), task.seq_len
-        lp = count_log_predictive(tokens, task.n_examples, H, task.d_vocab, graph_tensor([[]] * H, b), 1.0)
-        return lp if log else lp.exp()
-    return bma_predictive(task.pi, tokens, task.n_examples, task.seq_len, task.root, demonstrations=[], log=log)
-
-
 def progress(nll: float, nll_plateau: float, nll_bma: float) -> float:
     """How far a model has come from the uniform-parent plateau (0) to BMA (1):
     ``(nll_plateau - nll) / (nll_plateau - nll_bma)``."""
@@ -282,7 +273,7 @@ def train_standard(cfg: StandardConfig, progress: bool = True, save: bool = True
     try:
         out.parent.mkdir(parents=True, exist_ok=True)
     except OSError as e:
-        raise ValueError(f"--out {cfg.out!r}: cannot create {str(out.parent)!r} ({e.strerror or e})") from None
+        raise UsageError(f"--out {cfg.out!r}: cannot create {str(out.parent)!r} ({e.strerror or e})") from None
     with exclusive_lock(training_lock(out), wait=False, what=f"--out {cfg.out!r} (another training)"):
         recover_run(out)
         check_out(out, overwrite)  # under the lock: no other run can fill it before this one writes
@@ -291,9 +282,9 @@ def train_standard(cfg: StandardConfig, progress: bool = True, save: bool = True
 
 def _train_standard(cfg: StandardConfig, progress: bool, save: bool, overwrite: bool):
     if save and cfg.arch == "attn_only":
-        raise ValueError("an attn_only model has no Hugging Face folder; train it with save=False")
+        raise UsageError("an attn_only model has no Hugging Face folder; train it with save=False")
     if cfg.snapshot_every and not save:
-        raise ValueError("snapshot_every needs save=True: snapshots are kept under the run's folder")
+        raise UsageError("snapshot_every needs save=True: snapshots are kept under the run's folder")
     task = cfg.task()
     torch.manual_seed(cfg.seed)
     model = build_gpt2(cfg, task.n_tokens)
@@ -307,7 +298,7 @@ def _train_standard(cfg: StandardConfig, progress: bool, save: bool, overwrite: 
     history: list[dict] = [{"step": 0, "loss": None, "seconds": 0.0, **evaluate(model, task, eval_tokens, reference)}]
     model.train()
     t0 = time.perf_counter()
-    for done in (bar := tqdm(range(1, cfg.steps + 1), disable=not progress or None, desc="train standard")):
+    for done in (bar := progress_bar(range(1, cfg.steps + 1), "train standard", enabled=progress)):
         loss = _loss(model, sample_batch(task, cfg.batch_size, data_gen).to(cfg.device), cfg)
         _descend(loss, opt, sched)
         if cfg.snapshot_every and done % cfg.snapshot_every == 0:  # as models.train: the run, then the snapshot
@@ -346,13 +337,13 @@ def check_out(out: str | Path, overwrite: bool) -> None:
     with ``overwrite``), or a non-empty folder when not ``overwrite``."""
     out = Path(out)
     if out.exists() and not out.is_dir():
-        raise ValueError(f"--out {out} is a file; expected a folder")
+        raise UsageError(f"--out {out} is a file; expected a folder")
     try:
         check_replaceable(out, HUGGING_FACE)
     except ValueError as e:
-        raise ValueError(f"--out {e}") from None
+        raise UsageError(f"--out {e}") from None
     if out.is_dir() and any(out.iterdir()) and not overwrite:
-        raise ValueError(f"--out {out} is not empty; refusing to overwrite it (pass --overwrite to replace it)")
+        raise UsageError(f"--out {out} is not empty; refusing to overwrite it (pass --overwrite to replace it)")
 
 
 def save_standard(
@@ -361,7 +352,7 @@ def save_standard(
     """Write the Hugging Face folder, task.json and training.json atomically (float32 weights); ``carry``
     as ``models.loading.checkpoint.save``'s (False: an earlier run's snapshots/ go once this folder is in place)."""
     if getattr(model, "attention_only", False):
-        raise ValueError("an attn_only model has no Hugging Face folder (GPT-2 always has LayerNorms and MLPs)")
+        raise UsageError("an attn_only model has no Hugging Face folder (GPT-2 always has LayerNorms and MLPs)")
     check_out(out, overwrite)
 
     def write(folder: Path) -> None:
@@ -395,7 +386,7 @@ def parse_args(argv: list[str] | None = None) -> tuple[StandardConfig, argparse.
     with cli.flag_errors(parser, StandardConfig):
         cfg = cli.dataclass_from_args(StandardConfig, args)
         if cfg.arch == "attn_only":
-            raise ValueError("--arch attn_only cannot be saved as a Hugging Face folder; use analyses.phase_diagram")
+            raise UsageError("--arch attn_only cannot be saved as a Hugging Face folder; use analyses.phase_diagram")
         check_resources(cfg)
         check_out(cfg.out, args.overwrite)
     return cfg, args
@@ -428,7 +419,8 @@ def _main(argv: list[str]) -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
-    """The command line: bad input (or any failure) is one line on stderr and exit code 2 (``run_cli``)."""
+    """The command line: bad input is one line on stderr and exit code 2, a bug its traceback and exit code 1
+    (``run_cli``)."""
     cli.run_cli(_main, argv, "python -m models.standard")
 
 

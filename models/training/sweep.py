@@ -29,9 +29,8 @@ from concurrent.futures import ProcessPoolExecutor, as_completed
 from multiprocessing import get_context
 from pathlib import Path
 
-import torch
-
-from probes.tasks import check_int
+from models.plumbing.io import UsageError
+from models.plumbing.progress import progress as progress_bar
 
 CLUSTERS = "local, submitit-local or slurm:PARTITION"
 MAX_JOBS = 1024
@@ -46,14 +45,14 @@ def parse_cluster(cluster: str) -> tuple[str, str | None]:
     submitit clusters need submitit installed (the ``sweep`` extra)."""
     kind, colon, partition = cluster.partition(":")
     if kind == "slurm" and not partition.strip():
-        raise ValueError(f"--cluster {cluster!r} names no partition; expected slurm:PARTITION, e.g. slurm:gpu")
+        raise UsageError(f"--cluster {cluster!r} names no partition; expected slurm:PARTITION, e.g. slurm:gpu")
     if (kind, colon) not in {("local", ""), ("submitit-local", ""), ("slurm", ":")}:
-        raise ValueError(f"--cluster {cluster!r} is not a cluster; expected {CLUSTERS}")
+        raise UsageError(f"--cluster {cluster!r} is not a cluster; expected {CLUSTERS}")
     if kind != "local":
         try:
             import submitit  # noqa: F401 (the optional engine: only these clusters need it)
         except ImportError:
-            raise ValueError(
+            raise UsageError(
                 f"--cluster {cluster} needs submitit, which is not installed; pip install -e \".[sweep]\""
             ) from None
     return kind, partition.strip() or None
@@ -76,6 +75,8 @@ def add_flags(p, jobs: int = 1) -> None:
 
 def check_flags(p, args) -> None:
     """``--cluster`` and ``--jobs`` checked before any work (``parser.error``: one line, exit 2)."""
+    from probes.tasks import check_int
+
     try:
         parse_cluster(args.cluster)
         check_int(args.jobs, "--jobs", 1, MAX_JOBS)
@@ -99,11 +100,26 @@ def run_jobs(
     as job ``i`` finishes. A job's error is raised here, after the jobs still waiting are cancelled.
     ``folder``: submitit's pickles and logs (default ``runs/sweeps/<fn's module.name>``)."""
     kind, partition = parse_cluster(cluster)
+    import torch
+
+    from probes.tasks import check_int
+
     check_int(jobs, "jobs", 1, MAX_JOBS)
     threads = torch.get_num_threads() if threads is None else check_int(threads, "threads", 1, MAX_JOBS)
-    on_done = on_done or (lambda i, result: None)
     if not kwargs_list:
         return []
+    with progress_bar(desc=f"{fn.__name__} jobs", total=len(kwargs_list)) as bar:  # off a terminal: a line every 30 s
+
+        def done(i: int, result) -> None:
+            bar.update()
+            if on_done is not None:
+                on_done(i, result)
+
+        return _run(fn, kwargs_list, kind, cluster, jobs, threads, folder, timeout_min, done)
+
+
+def _run(fn, kwargs_list, kind, cluster, jobs, threads, folder, timeout_min, on_done) -> list:
+    """``run_jobs`` once its arguments are checked: the jobs on the engine ``kind`` names."""
     if kind == "local" and jobs == 1:
         results = []
         for i, kwargs in enumerate(kwargs_list):
@@ -132,6 +148,8 @@ def executor(cluster: str, folder: str | Path, jobs: int, threads: int, timeout_
 
 def _call(fn: Callable, kwargs: dict, threads: int):
     """One job, wherever it runs: ``fn(**kwargs)`` at ``threads`` torch threads (the count is restored)."""
+    import torch
+
     before = torch.get_num_threads()
     torch.set_num_threads(threads)
     try:

@@ -25,6 +25,8 @@ import safetensors.torch
 import torch
 from tqdm.auto import tqdm
 
+from models import cli
+from models.interp.memory import forward_bytes
 from models.loading import checkpoint
 from models.loading.checkpoint import (
     CONFIG,
@@ -36,11 +38,21 @@ from models.loading.checkpoint import (
     save,
     training_lock,
 )
-from models.loading.dtypes import RUN_DTYPES
+from models.nets.build import build
 from models.nets.causal_transformer import CausalTransformer, CausalTransformerConfig
 from models.nets.continuous import mse_loss
-from models.plumbing import cli
-from models.plumbing.io import check_memory, describe, exclusive_lock, read_json, run_cli, size
+from models.nets.dtypes import RUN_DTYPES
+from models.plumbing.io import (
+    UsageError,
+    check_memory,
+    describe,
+    exclusive_lock,
+    input_errors,
+    read_json,
+    run_cli,
+    size,
+)
+from models.plumbing.progress import progress as progress_bar
 from models.training import distributed
 from models.training.evaluate import evaluate
 from models.training.optim import check_finite, cosine_factor, keep_freed_memory, sample_batch
@@ -107,7 +119,7 @@ class TrainConfig:
         if self.n_copy_heads is not None:
             check_int(self.n_copy_heads, "n_copy_heads", 1, MAX_N_EXAMPLES)
         elif self.n_examples == 0:
-            raise ValueError("n_copy_heads must be given when n_examples = 0 (its default is K = L)")
+            raise UsageError("n_copy_heads must be given when n_examples = 0 (its default is K = L)")
         for name in ("steps", "batch_size", "eval_every", "eval_contexts"):
             check_int(getattr(self, name), name, 1)
         check_int(self.snapshot_every, "snapshot_every", 0)
@@ -122,34 +134,37 @@ class TrainConfig:
         check_float(self.init_offset, "init_offset", -1e4, 1e4)
         check_float(self.init_demo, "init_demo", -1e4, 1e4)
         if not isinstance(self.task_kind, str):
-            raise ValueError(f"task_kind must be a string, got {self.task_kind!r}")
+            raise UsageError(f"task_kind must be a string, got {self.task_kind!r}")
         if self.task_kind in ("markov_tree", "continuous") and self.n_examples == 0:
-            raise ValueError(f"n_examples must be >= 1 for the task {self.task_kind} (only the family's tasks take 0)")
+            raise UsageError(f"n_examples must be >= 1 for the task {self.task_kind} (only the family's tasks take 0)")
         if self.task_kind not in ("markov_tree", "continuous"):  # ours need no drawing to be checked
             task = self.task()
             check_bayes(task)  # an unknown kind, a graph that is not a DAG, no exact oracle: one ValueError
             if self.n_examples == 0 and relative_offsets(getattr(task, "parents", None)) is None:
-                raise ValueError(
+                raise UsageError(
                     f"task_kind {self.task_kind!r} with --n-examples 0: the disentangled model reads relative "
                     "positions only (its copyers copy the same offsets at every position), and this task's parents "
                     "are not at the same offsets at every position (a chain's and an n-gram's are); train a standard "
                     "transformer on it (python -m models.standard), or give it demonstrations (--n-examples >= 1)"
                 )
         if self.dtype not in RUN_DTYPES:
-            raise ValueError(f"dtype must be one of {', '.join(RUN_DTYPES)}, got {self.dtype!r}")
+            raise UsageError(f"dtype must be one of {', '.join(RUN_DTYPES)}, got {self.dtype!r}")
         for name in ("resume", "overwrite", "compile", "autocast"):
             if not isinstance(getattr(self, name), bool):
-                raise ValueError(f"{name} must be true or false, got {getattr(self, name)!r}")
+                raise UsageError(f"{name} must be true or false, got {getattr(self, name)!r}")
         if not isinstance(self.out, str) or not self.out:
-            raise ValueError(f"out must be a folder name, got {self.out!r}")
+            raise UsageError(f"out must be a folder name, got {self.out!r}")
         checkpoint.check_device(self.device)
 
     def task(self) -> MarkovTreeTask | GraphTask | ContinuousTask:
-        if self.task_kind == "continuous":  # d_vocab is the vector dimension; A is drawn from task_seed
-            return ContinuousTask.random(self.d_vocab, self.n_examples, self.seq_len, self.rho, self.task_seed)
-        return make_task(
-            self.task_kind, self.d_vocab, self.n_examples, self.seq_len, self.alpha, self.gamma, self.task_seed
-        )
+        """The task these fields draw; one that cannot be drawn (an alpha whose draws underflow, ...) is the
+        ``UsageError`` of its fields."""
+        with input_errors():
+            if self.task_kind == "continuous":  # d_vocab is the vector dimension; A is drawn from task_seed
+                return ContinuousTask.random(self.d_vocab, self.n_examples, self.seq_len, self.rho, self.task_seed)
+            return make_task(
+                self.task_kind, self.d_vocab, self.n_examples, self.seq_len, self.alpha, self.gamma, self.task_seed
+            )
 
     def model_config(self) -> CausalTransformerConfig:
         return CausalTransformerConfig(
@@ -273,7 +288,7 @@ def _train(cfg: TrainConfig, progress: bool, place: distributed.Rank, device: st
     try:
         out.parent.mkdir(parents=True, exist_ok=True)
     except OSError as e:
-        raise ValueError(f"--out {cfg.out!r}: cannot create {str(out.parent)!r} ({e.strerror or e})") from None
+        raise UsageError(f"--out {cfg.out!r}: cannot create {str(out.parent)!r} ({e.strerror or e})") from None
     with exclusive_lock(training_lock(out), wait=False, what=f"--out {cfg.out!r} (another training)"):
         checkpoint.recover_run(out)  # a write killed part-way (its snapshots' too): old or new back, debris gone
         return _train_locked(cfg, progress, place, device, out)
@@ -286,15 +301,15 @@ def check_start(cfg: TrainConfig, out: Path) -> bool:
     try:  # never another format's checkpoint, not even with --overwrite
         checkpoint.check_replaceable(out)
     except ValueError as e:
-        raise ValueError(f"--out {e}") from None
+        raise UsageError(f"--out {e}") from None
     has_state = (out / TRAIN_STATE).is_file() and (out / TRAIN_META).is_file()
     if cfg.resume and has_state:
         return True
     if cfg.resume and not cfg.overwrite:
         what = "does not exist" if not out.exists() else f"has no training state ({TRAIN_STATE}, {TRAIN_META})"
-        raise ValueError(f"cannot --resume: --out {cfg.out!r} {what}; pass --overwrite to train it afresh")
+        raise UsageError(f"cannot --resume: --out {cfg.out!r} {what}; pass --overwrite to train it afresh")
     if (out / CONFIG).is_file() and not cfg.overwrite:
-        raise ValueError(
+        raise UsageError(
             f"--out {cfg.out!r} holds a checkpoint; refusing to replace it: pass --overwrite to replace it"
             + (" or --resume to continue it" if has_state else "")
         )
@@ -310,7 +325,7 @@ def check_resources(cfg: TrainConfig, model, task) -> None:
         with model.hooks(fwd_hooks=fwd_hooks):
             return model(tokens.to(model.cfg.device))
 
-    one, two = cli.forward_bytes(forward, task, 1), cli.forward_bytes(forward, task, 2)
+    one, two = forward_bytes(forward, task, 1), forward_bytes(forward, task, 2)
     per, shared = max(two - one, 1), max(2 * one - two, 0)
     step = 4 * params + 3 * (shared + per * cfg.batch_size)  # weights, grads, Adam's two moments; backward
     check_memory(step, f"--batch-size {cfg.batch_size} ({size(per)} a context)")
@@ -325,7 +340,7 @@ def _train_locked(cfg: TrainConfig, progress: bool, place: distributed.Rank, dev
     torch.manual_seed(cfg.seed)
     init_gen = torch.Generator().manual_seed(cfg.seed)
     model_cfg = dataclasses.replace(cfg.model_config(), device=device)
-    model = checkpoint.build(model_class(cfg.task_kind), model_cfg, "the model of this config")
+    model = build(model_class(cfg.task_kind), model_cfg, "the model of this config")
     if place.is_main:
         check_resources(cfg, model, task)
     init_copyers(model, cfg.init_offset, cfg.init_demo, init_gen)
@@ -352,9 +367,7 @@ def _train_locked(cfg: TrainConfig, progress: bool, place: distributed.Rank, dev
     if cfg.compile:
         forward = torch.compile(forward)
     t0 = time.perf_counter()
-    bar = tqdm(
-        range(start, cfg.steps), initial=start, total=cfg.steps, disable=None if progress else True, desc="train"
-    )  # None: no bar off a terminal
+    bar = progress_bar(range(start, cfg.steps), "train", total=cfg.steps, enabled=progress, initial=start)
     for step in bar:
         tokens = sample_batch(task, cfg.batch_size, data_gen)  # the global batch, the same on every rank
         tokens, target = _host_batch(distributed.shard(tokens, place), cfg.seq_len, device)
@@ -425,22 +438,22 @@ def check_resumable(out: Path, cfg: TrainConfig) -> dict:
     training = read_config(out).get("training")
     saved = training.get("config") if isinstance(training, dict) else None
     if not isinstance(saved, dict) or not isinstance(training.get("history"), list):
-        raise ValueError(
+        raise UsageError(
             f"cannot resume {str(out)!r}: its {CONFIG} has no training record; {AFRESH}"
         )
     default = asdict(TrainConfig())  # a field newer than the saved run: it ran with the default
     differ = {k for k, v in asdict(cfg).items() if k not in RESUME_MAY_DIFFER and saved.get(k, default[k]) != v}
     if "steps" in differ:
-        raise ValueError(
+        raise UsageError(
             f"cannot resume {str(out)!r} with --steps {cfg.steps}: it was started with --steps {saved['steps']} "
             f"(the cosine learning-rate schedule spans the whole run); resume with --steps {saved['steps']}, "
             "or train afresh (--overwrite, without --resume)"
         )
     if differ:
-        raise ValueError(f"cannot resume {str(out)!r}: its training config differs in {sorted(differ)}")
+        raise UsageError(f"cannot resume {str(out)!r}: its training config differs in {sorted(differ)}")
     meta = read_json(out / TRAIN_META, "training state")
     if not isinstance(meta, dict) or not isinstance(meta.get("step"), int) or "scheduler" not in meta:
-        raise ValueError(
+        raise UsageError(
             f"cannot resume {str(out)!r}: {TRAIN_META} is not a training state; {AFRESH}"
         )
     return training
@@ -458,7 +471,7 @@ def _resume(out: Path, cfg: TrainConfig, model, opt, sched, data_gen) -> tuple[i
         torch.set_rng_state(tensors["torch_rng"])
         step = check_int(meta["step"], "step", 1)
     except Exception as e:  # safetensors, Adam and the generators raise their own types on a corrupt state
-        raise ValueError(
+        raise UsageError(
             f"cannot resume {str(out)!r}: its training state is unreadable ({describe(e)}); {AFRESH}"
         ) from None
     return step, training["history"]
@@ -495,14 +508,15 @@ def _main(argv: list[str]) -> None:
     keep_freed_memory()  # this process only trains: the step's buffers are reused, not mapped afresh
     try:
         _, history = train(cfg)
-    except ValueError as e:  # a field named in a message from deeper down is named as its flag
-        raise ValueError(as_flags(str(e))) from None
+    except UsageError as e:  # a field named in a message from deeper down is named as its flag
+        raise UsageError(as_flags(str(e))) from None
     if history:  # rank 0 (or the only process)
         print(f"wrote {cfg.out} ({history[-1]['seconds']:.1f} s)")
 
 
 def main(argv: list[str] | None = None) -> None:
-    """The command line: bad input (or any failure) is one line on stderr and exit code 2."""
+    """The command line: bad input is one line on stderr and exit code 2, a bug its traceback and exit code 1
+    (``run_cli``)."""
     run_cli(_main, argv, "python -m models.train")
 
 

@@ -9,11 +9,11 @@ from html.parser import HTMLParser
 
 import pytest
 import torch
+from conftest import build_task
+from test_layout import assemble
 
 import models
 from analyses import attention_view
-from conftest import build_task
-from test_layout import assemble
 
 VOID = {"meta", "br", "img", "input", "link", "hr", "col", "area", "base", "embed", "source", "track", "wbr"}
 
@@ -117,6 +117,26 @@ def test_a_view_too_big_for_a_browser_is_refused_in_one_line(tmp_path, monkeypat
     err = capsys.readouterr().err.strip()
     assert "\n" not in err and "more than a browser page holds" in err
     assert not (tmp_path / "attention_view.html").exists()
+
+
+def test_its_errors_name_the_entry_point_the_user_ran(tmp_path, monkeypatch, capsys):
+    """Run as ``python -m analyses.attention_view``, its module is ``__main__``: errors began
+    ``python -m analyses.__main__: error:``; now they name the entry point (the module's spec, as Python
+    sets it for ``-m``)."""
+    import importlib.machinery
+    import sys
+    import types
+
+    as_run = types.ModuleType("__main__")
+    as_run.__spec__ = importlib.machinery.ModuleSpec("analyses.attention_view", None)
+    monkeypatch.setitem(sys.modules, "__main__", as_run)
+    monkeypatch.setattr(attention_view.main, "__module__", "__main__")
+    monkeypatch.setattr(attention_view, "MAX_CELLS", 1000)
+    with pytest.raises(SystemExit) as e:
+        attention_view.common.run(attention_view.main, ["--out", str(tmp_path)])
+    assert e.value.code == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("python -m analyses.attention_view: error: the view of") and "__main__" not in err
 
 
 def test_blocks_that_are_not_square_fall_back_to_the_full_layout():

@@ -20,7 +20,7 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import pytest  # noqa: E402
-from layout_check import text_problems  # noqa: E402
+from layout_check import legends_over_data, small_text, text_problems, title_gap  # noqa: E402
 
 from analyses import common  # noqa: E402
 from conftest import build_task  # noqa: E402
@@ -138,3 +138,122 @@ def test_parallel_rotated_labels_apart_are_not_an_overlap():
     ax.set_xticks(range(6), [f"a long tick label {i}" for i in range(6)], rotation=35, ha="right", fontsize=30)
     assert any("overlaps" in p for p in text_problems(fig))
     plt.close(fig)
+
+
+# The figures issue 45 looked at: what each defect was, and a check that sees it ------------------------
+
+
+def _shipped_block_structure():
+    """block_structure's first figure of the shipped checkpoint (|W_KQ| and its block norms; no training)."""
+    from analyses import block_structure
+
+    subject = models.load_subject("default")
+    res = block_structure.block_structure(subject.model)
+    res["w_kq_abs"] = subject.model.W_KQ.detach().abs().cpu().double()
+    common.style()
+    return {"block_structure": block_structure._plot_structure(res, subject.name)}
+
+
+def _mended() -> dict:
+    """The mended figures drawn from the shipped models' numbers, by file stem."""
+    figs = {}
+    for name in ("head_ablation", "inspect", "inspect_standard"):
+        record = json.loads((FIGURES / f"{name}.json").read_text())
+        figs.update(draw(name, record["results"], record["command"], record["checkpoint"]))
+    figs.update(_shipped_block_structure())
+    return figs
+
+
+def test_the_mended_figures_have_no_small_text_no_legend_over_data_and_no_band_under_the_title():
+    """block_structure's cell labels were 5 pt under an empty band; head_ablation_cumulative's legend lay over
+    the zero-ablation drop (a log axis down to 1e-8)."""
+    for stem, fig in _mended().items():
+        try:
+            assert small_text(fig) == [], stem
+            assert legends_over_data(fig) == [], stem
+            assert title_gap(fig) < 0.05, stem
+            assert text_problems(fig) == [], stem
+        finally:
+            plt.close(fig)
+
+
+def test_the_checks_see_small_text_a_legend_over_data_and_a_band_under_the_title():
+    fig, ax = plt.subplots(figsize=(4, 3))
+    ax.plot([0, 1, 2], [0, 1, 2], label="a line")
+    ax.legend(loc="center")
+    ax.text(0, 2, "tiny", fontsize=5)
+    fig.suptitle("a title")
+    fig.subplots_adjust(top=0.6)
+    assert small_text(fig) == ["'tiny' is 5 pt"]
+    assert legends_over_data(fig) == ["a legend covers 'a line'"]
+    assert title_gap(fig) > 0.2
+    plt.close(fig)
+
+
+def test_the_copy_map_is_drawn_on_its_meaning_0_to_1():
+    """inspect_copy on the standard GPT-2 topped its scale at 0.08, so that no copying showed bright."""
+    record = json.loads((FIGURES / "inspect_standard.json").read_text())
+    fig = draw("inspect", record["results"], None, "standard")["inspect_copy"]
+    (image,) = fig.axes[0].get_images()
+    assert image.get_clim() == (0, 1) and max(max(h["copy_mass"]) for h in record["results"]["heads"]) < 0.2
+    plt.close(fig)
+
+
+@pytest.mark.slow
+def test_activation_patching_heatmaps_of_a_kind_share_one_colour_scale(small_subjects, tmp_path):
+    """Nine panels with nine colour scales made +-0.0015 of noise look like the structure beside it: now the
+    heatmaps at one position share one scale, and those at all positions another."""
+    from matplotlib.colors import Normalize
+
+    from analyses import activation_patching
+
+    subject = small_subjects["theorem1"]
+    _, args = common.parse(activation_patching.ANALYSIS, ["--n-contexts", "16", "--out", str(tmp_path)])
+    args.subject_name = subject.name
+    with common.single_thread():
+        r = activation_patching.ANALYSIS.compute(subject, args)
+    common.style()
+    for stem, fig in activation_patching.ANALYSIS.figures(r, args).items():
+        images = [im for ax in fig.axes for im in ax.get_images()]
+        by_width = {}
+        for im in images:  # a map at one position is H wide; a map at all positions, one column
+            by_width.setdefault(im.get_array().shape[1] == 1, set()).add(im.get_clim())
+        assert len(images) == 4 * (2 if stem.endswith("qk") else 1) and all(len(c) == 1 for c in by_width.values()), stem
+        assert all(isinstance(im.norm, Normalize) for im in images)
+        plt.close(fig)
+
+
+@pytest.mark.slow
+def test_no_identifier_wraps_mid_word_on_the_analyses_results_page_at_1280_px(tmp_path):
+    """docs/results/analyses.md built alone with the site's theme and laid out by a headless Chromium 1280
+    px wide: no code span without a space is drawn on two lines (the table's first column squeezed
+    ``standard_vs_disentangled`` into three)."""
+    import shutil
+    import subprocess
+    import sys
+
+    chromium = shutil.which("chromium") or shutil.which("chromium-browser") or shutil.which("google-chrome")
+    if chromium is None:
+        pytest.skip("no Chromium to lay the page out")
+    root = FIGURES.parent
+    (tmp_path / "docs" / "results").mkdir(parents=True)
+    (tmp_path / "docs" / "index.md").write_text("# t\n")
+    shutil.copy(root / "docs" / "results" / "analyses.md", tmp_path / "docs" / "results" / "analyses.md")
+    shutil.copytree(root / "docs" / "stylesheets", tmp_path / "docs" / "stylesheets")  # the site's own CSS too
+    (tmp_path / "mkdocs.yml").write_text("site_name: t\ntheme:\n  name: material\nmarkdown_extensions: [tables]\n"
+                                         "extra_css: [stylesheets/extra.css]\n")
+    subprocess.run([sys.executable, "-m", "mkdocs", "build", "-q"], cwd=tmp_path, check=True, capture_output=True)
+    page = tmp_path / "site" / "results" / "analyses" / "index.html"
+    script = """<script>window.addEventListener('load', () => { const broken = [];
+      for (const el of document.querySelectorAll('.md-typeset code'))
+        if (el.getClientRects().length > 1 && !/\\s/.test(el.textContent)) broken.push(el.textContent);
+      const out = document.createElement('pre'); out.id = 'midword'; out.textContent = JSON.stringify(broken);
+      document.body.appendChild(out); });</script>"""
+    page.write_text(page.read_text().replace("</body>", script + "</body>"))
+    dom = subprocess.run(
+        [chromium, "--headless=new", "--no-sandbox", "--disable-gpu", "--window-size=1280,2000",
+         "--virtual-time-budget=5000", "--dump-dom", page.as_uri()],
+        capture_output=True, text=True, timeout=300,
+    ).stdout  # fmt: skip
+    found = dom.split('<pre id="midword">')[1].split("</pre>")[0]
+    assert json.loads(found.replace("&quot;", '"')) == []

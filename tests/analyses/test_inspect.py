@@ -116,11 +116,12 @@ def _plateau_model(task, w_kq_from_theorem1: bool, noise: float = 0.0):
 
 def test_uniform_attention_model_sits_exactly_on_the_plateau():
     task = build_task(n_examples=4, seq_len=6)
-    r = inspect_subject(_subject(_plateau_model(task, False), task), n_contexts=128, seed=1)
+    # 512 contexts: on 128, BMA beats the plateau by 0.0073 +- 0.0043 nats, within 2 SE: no progress measured
+    r = inspect_subject(_subject(_plateau_model(task, False), task), n_contexts=512, seed=1)
     # Independent computation of the plateau NLL: mean over h' < h of pi(. | x_h'), in NumPy.
-    tokens, _ = task.sample(128, torch.Generator().manual_seed(1))
+    tokens, _ = task.sample(512, torch.Generator().manual_seed(1))
     pi, t = task.pi.numpy(), tokens[:, -6:].numpy()
-    nll = -np.mean([np.log(pi[t[b, :h], t[b, h]].mean()) for b in range(128) for h in range(1, 6)])
+    nll = -np.mean([np.log(pi[t[b, :h], t[b, h]].mean()) for b in range(512) for h in range(1, 6)])
     assert abs(r["nll"] - nll) < 1e-9 and abs(r["nll_uniform"] - nll) < 1e-9
     assert r["on_plateau"] and r["parent_selecting"] == [] and r["carriers"] == [] and not r["paper_circuit"]
     text = inspect.summary(r)
@@ -130,10 +131,11 @@ def test_uniform_attention_model_sits_exactly_on_the_plateau():
 
 def test_plateau_models_get_no_credit_even_when_a_head_scores_best_among_bad_ones():
     task = build_task(n_examples=4, seq_len=6)
-    noisy = inspect_subject(_subject(_plateau_model(task, False, noise=0.3), task), n_contexts=128, seed=2)
+    # 512 contexts, so that BMA's gap over the plateau is beyond 2 SE (not on 128) and a progress is measured
+    noisy = inspect_subject(_subject(_plateau_model(task, False, noise=0.3), task), n_contexts=512, seed=2)
     assert noisy["on_plateau"] and noisy["parent_selecting"] == [] and noisy["best_head"] and noisy["carriers"] == []
     # A head whose attention is exactly BMA's, in a model whose output ignores it: still no credit.
-    deaf = inspect_subject(_subject(_plateau_model(task, True), task), n_contexts=128, seed=2)
+    deaf = inspect_subject(_subject(_plateau_model(task, True), task), n_contexts=512, seed=2)
     assert deaf["heads"][-1]["tv"] < 1e-6
     assert deaf["progress"] < 0 and deaf["on_plateau"] and deaf["parent_selecting"] == [] and deaf["carriers"] == []
     # Its NLL is above the plateau's: the verdict says so, with the margin, and not "on the plateau".
@@ -346,12 +348,14 @@ def test_cli_on_a_pt_file_writes_the_report(tmp_path, capsys):
     assert "parent-selecting heads: L1H0" in out and "THE PAPER'S CIRCUIT" in out
     # The report only formats the measurement: the saved JSON alone, with no model, prints the same report.
     assert inspect.summary(saved["results"]) in out
-    # The heads it names link to the discovered circuit: where analyses.circuit writes it for this checkpoint.
-    want = str(common.default_out(str(tmp_path / "w.pt")) / "circuit.json")
-    assert saved["results"]["circuit_link"]["json"] == want and f"the discovered circuit (the edges between these heads): {want}" in out
+    # The heads it names link to the discovered circuit: not computed yet for this checkpoint, so no path, and
+    # the command that writes it (tests/analyses/test_inspect_sentences.py: the path once the file exists).
+    assert saved["results"]["circuit_link"]["json"] is None
+    want = f"not computed for this model yet; python -m analyses.circuit --checkpoint {tmp_path / 'w.pt'} writes it"
+    assert want in out and "circuit.json" not in out
 
 
-def test_the_standard_gpt2_links_to_its_committed_circuit():
+def test_the_standard_gpt2_links_to_its_committed_circuit(monkeypatch):
     committed = json.loads((common.FIGURES_DIR / "circuit.json").read_text())
+    monkeypatch.chdir(common.FIGURES_DIR.parent)
     assert inspect.circuit_link("standard", committed["checkpoint_hash"])["json"] == "figures/circuit.json"
-    assert inspect.circuit_link("standard", "another")["json"] == str(common.default_out("standard") / "circuit.json")

@@ -5,9 +5,8 @@ standard deviation over DAGs (NumPy's, as their notebook)."""
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 
+import inproc
 import numpy as np
 import pytest
 
@@ -42,6 +41,5 @@ def test_the_attention_is_the_models_pattern_at_the_parent():
 
 @pytest.mark.parametrize("dags", ["20", "a-b", "3,3"])
 def test_bad_dags_are_one_line_and_exit_2(dags, tmp_path):
-    r = subprocess.run([sys.executable, "-m", "analyses.nichani_dags", "--dags", dags, "--out", str(tmp_path)],
-                       capture_output=True, text=True)  # fmt: skip
+    r = inproc.run("analyses.nichani_dags", "--dags", dags, "--out", str(tmp_path), cwd=tmp_path)
     assert r.returncode == 2 and "--dags" in r.stderr and len(r.stderr.strip().splitlines()) <= 2

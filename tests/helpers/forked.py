@@ -8,8 +8,9 @@ forked from a server (multiprocessing's ``forkserver``) that has imported those 
 (no torch thread pool exists to be inherited by a fork): each case gets a process of its own, its own
 address space under ``RLIMIT_AS`` (counting what the imports mapped, as a fresh process's does), its own
 working folder, environment and stdio, in about 0.1 s. The command runs as ``python -m`` runs it
-(``runpy.run_module`` as ``__main__``, ``sys.argv`` set); its exit code is that of ``SystemExit``, 1 for
-an uncaught exception (its traceback on stderr), as in Python.
+(``runpy.run_module`` as ``__main__``, ``sys.argv`` set), or as ``python -c CODE`` runs CODE (module
+``"-c"``, the code first in argv); its exit code is that of ``SystemExit``, 1 for an uncaught exception (its
+traceback on stderr), as in Python. ``run`` waits for it; ``start`` returns the process (to kill it).
 """
 
 from __future__ import annotations
@@ -31,7 +32,12 @@ ROOT = Path(__file__).resolve().parents[2]
 # seconds alone, but the suite must pass on a slow machine under load (beside a second copy of itself on
 # 2 cores a 40 s case took over 60 s), so the bound is ten minutes, far above any case's run time.
 HANG_S = 600
-PRELOAD = ["torch", "transformers", "transformer_lens", "matplotlib.pyplot", "models", "analyses.common"]
+# What the commands import, here once rather than in each child: besides the suite, what they import lazily
+# (torch._dynamo and sympy at the first optimizer step or model load, about 1.3 s of CPU a child; a standard
+# model's TransformerLens bridge and GPT-2; seaborn and the PDF backend of a figure)
+PRELOAD = ["torch", "transformers", "transformer_lens", "matplotlib.pyplot", "models", "analyses.common", "torch._dynamo",
+           "transformer_lens.model_bridge", "transformers.models.gpt2.modeling_gpt2", "seaborn",
+           "matplotlib.backends.backend_pdf"]  # fmt: skip
 
 
 @dataclasses.dataclass
@@ -66,22 +72,32 @@ def _child(module: str, argv: list[str], cwd: str, env: dict, limit: int | None,
     os.environ.update(env)
     if limit is not None:
         resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
-    sys.argv = [module, *argv]
-    sys.path.insert(0, cwd)  # as python -m puts the working folder first
+    sys.path.insert(0, cwd if module != "-c" else "")  # as python -m puts the working folder first (-c: "")
     sys.modules.pop(module, None)  # run afresh as __main__, as python -m does (no warning that it was imported)
-    code = 0
-    try:
-        runpy.run_module(module, run_name="__main__", alter_sys=True)
-    except SystemExit as e:
-        code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
-        if not isinstance(e.code, (int, type(None))):
-            print(e.code, file=sys.stderr)
-    except BaseException:  # noqa: BLE001 (as the interpreter reports an uncaught exception)
-        traceback.print_exc()
-        code = 1
+    code = as_main(module, argv)
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(code)
+
+
+def as_main(module: str, argv: list[str]) -> int:
+    """Run ``python -m module argv`` (module ``"-c"``: ``python -c argv[0] argv[1:]``) in this process, with
+    ``sys.argv`` set: the exit code the interpreter would give (that of ``SystemExit``; 1 and the traceback on
+    stderr for an uncaught exception)."""
+    sys.argv = [module, *argv] if module != "-c" else ["-c", *argv[1:]]
+    try:
+        if module == "-c":
+            exec(compile(argv[0], "<string>", "exec"), {"__name__": "__main__"})
+        else:
+            runpy.run_module(module, run_name="__main__", alter_sys=True)
+    except SystemExit as e:
+        if not isinstance(e.code, (int, type(None))):
+            print(e.code, file=sys.stderr)
+        return e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+    except BaseException:  # noqa: BLE001 (as the interpreter reports an uncaught exception)
+        traceback.print_exc()
+        return 1
+    return 0
 
 
 @contextlib.contextmanager
@@ -100,18 +116,26 @@ def bounded(seconds: int = HANG_S):
         signal.signal(signal.SIGALRM, previous)
 
 
+def start(module: str, *argv: str, cwd: Path, env: dict | None = None, limit: int | None = None,
+          stdout: str = os.devnull, stderr: str = os.devnull) -> multiprocessing.Process:  # fmt: skip
+    """``python -m module argv`` started in a forked process (``run``'s arguments; its stdout and stderr to
+    the files named): the process, running (``.pid``, ``.join()``, ``.exitcode``)."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT)} if env is None else env
+    p = CONTEXT.Process(target=_child, args=(module, list(argv), str(cwd), env, limit, stdout, stderr))
+    p.start()
+    return p
+
+
 def run(module: str, *argv: str, cwd: Path, env: dict | None = None, limit: int | None = None,
         timeout: float = HANG_S) -> Completed:  # fmt: skip
     """``python -m module argv`` in a forked process with working folder ``cwd``, the environment ``env``
     (default: this one's, with the repository on ``PYTHONPATH``), address space ``limit`` bytes, and
     ``timeout`` seconds (then killed; ``TimeoutError``)."""
-    env = {**os.environ, "PYTHONPATH": str(ROOT)} if env is None else env
     with tempfile.TemporaryDirectory() as tmp:
         out, err = Path(tmp) / "stdout", Path(tmp) / "stderr"
         out.touch()
         err.touch()
-        p = CONTEXT.Process(target=_child, args=(module, list(argv), str(cwd), env, limit, str(out), str(err)))
-        p.start()
+        p = start(module, *argv, cwd=cwd, env=env, limit=limit, stdout=str(out), stderr=str(err))
         p.join(timeout)
         if p.exitcode is None:
             p.kill()

@@ -107,3 +107,58 @@ def text_problems(fig) -> list[str]:
             if ax is not own and not twin and _overlap(box, frame):
                 problems.append(f"{_name(text)} (of a panel) lies over another panel")
     return problems
+
+
+MIN_POINTS = 7.0  # the smallest text a reader of a figure at its printed width can read
+
+
+def small_text(fig, points: float = MIN_POINTS) -> list[str]:
+    """One line per text drawn smaller than ``points`` (a 5 pt cell label)."""
+    drawn: list = []
+    with _recording(drawn):
+        fig.canvas.draw()
+    return [f"{_name(t)} is {t.get_fontsize():g} pt" for t, _ in drawn if t.get_fontsize() < points]
+
+
+def legends_over_data(fig) -> list[str]:
+    """One line per legend that covers a data point of a line, or part of a bar, of any panel (the issue's
+    zero-ablation drop running behind a legend)."""
+    import numpy as np
+    from matplotlib.patches import Rectangle
+
+    fig.canvas.draw()
+    renderer = fig.canvas.get_renderer()
+    legends = [*fig.legends, *(ax.get_legend() for ax in fig.axes if ax.get_legend() is not None)]
+    problems = []
+    for legend in legends:
+        box = legend.get_window_extent(renderer)
+        for ax in fig.axes:
+            inside = ax.get_window_extent(renderer)
+            for line in ax.get_lines():
+                if not line.get_visible() or len(line.get_xydata()) == 0:
+                    continue
+                points = line.get_transform().transform(line.get_xydata())
+                points = points[np.isfinite(points).all(1)]
+                if line.get_linestyle() not in ("None", "", " ") and len(points) > 1:  # the segments too
+                    t = np.linspace(0, 1, 50)[:, None, None]
+                    points = (points[:-1] + t * (points[1:] - points[:-1])).reshape(-1, 2)
+                seen = [p for p in points if inside.contains(*p)]  # drawn (not off the axis' limits)
+                if any(box.contains(*p) for p in seen):
+                    problems.append(f"a legend covers {line.get_label()!r}")
+            for patch in ax.patches:
+                if isinstance(patch, Rectangle) and patch.get_height() and _overlap(box, patch.get_window_extent(renderer)):
+                    problems.append("a legend covers a bar")
+                    break
+    return problems
+
+
+def title_gap(fig) -> float:
+    """The share of the figure's height between the bottom of its suptitle and the top of its highest panel
+    (with its title): an empty band under the title when large."""
+    fig.canvas.draw()
+    renderer = fig.canvas.get_renderer()
+    if fig._suptitle is None:
+        return 0.0
+    title = fig._suptitle.get_window_extent(renderer)
+    top = max(ax.get_tightbbox(renderer).y1 for ax in fig.axes if ax.get_visible())
+    return max(title.y0 - top, 0.0) / fig.bbox.height

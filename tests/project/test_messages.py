@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -35,28 +36,35 @@ def test_every_entry_point_makes_the_missing_parents_of_out_and_json(tmp_path):
     assert (tmp_path / "c" / "w" / "figs" / "copyers.json").is_file()
 
 
-def test_a_nanogpt_output_folder_names_its_ckpt_pt(tmp_path):
+def test_a_nanogpt_output_folder_loads_its_ckpt_pt(tmp_path):
+    """nanoGPT's ``out/`` holds one weight file, ``ckpt.pt``: the folder is read as that file (issue 45)."""
     ckpt, _, _ = write_nanogpt(tmp_path / "out", small_task(), LAYOUTS["special"])
-    with pytest.raises(ValueError) as e:
-        models.load(tmp_path / "out")
-    assert f"pass the file itself, --checkpoint {str(ckpt)!r}" in str(e.value)
-    assert models.load(ckpt) is not None  # and that file is what loads
+    folder, file = models.load_subject(tmp_path / "out"), models.load_subject(ckpt)
+    assert folder.hash == file.hash and folder.n_heads == file.n_heads
+    tokens, _ = file.task.sample(4, torch.Generator().manual_seed(0))
+    assert torch.equal(folder.log_probs(tokens), file.log_probs(tokens))
 
 
-def test_a_folder_with_a_transformer_lens_state_dict_names_it(tmp_path):
+def test_a_folder_with_two_weight_files_names_them(tmp_path):
     task = small_task()
     cfg = tl_cfg_dict()
     torch.save(tl_state(cfg, with_ln=True), tmp_path / "w.pt")
+    torch.save(tl_state(cfg, with_ln=True), tmp_path / "v.pt")
     (tmp_path / "config.json").write_text(json.dumps(cfg))  # cfg.to_dict(), as TransformerLens users save it
     write_task(tmp_path, task, LAYOUTS["special"])
     with pytest.raises(ValueError) as e:
         models.load(tmp_path)
-    assert f"pass the file itself, --checkpoint {str(tmp_path / 'w.pt')!r}" in str(e.value)
+    assert f"pass the file itself, --checkpoint {str(tmp_path / 'v.pt')!r}" in str(e.value)
     # without a task.json, read as one of our folders: the same line
     (tmp_path / "task.json").unlink()
     (tmp_path / "config.json").unlink()
-    with pytest.raises(ValueError, match="holds the weight file 'w.pt'"):
+    with pytest.raises(ValueError, match="holds the weight file 'v.pt' \\(or w.pt\\)"):
         models.load(tmp_path)
+    # with one weight file and its TransformerLens config beside it, the folder is read as that file
+    (tmp_path / "v.pt").unlink()
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    write_task(tmp_path, task, LAYOUTS["special"])
+    assert models.load_subject(tmp_path).hash == models.load_subject(tmp_path / "w.pt").hash
 
 
 def test_ctrl_c_in_an_analysis_is_one_line_with_the_entry_points_prefix(monkeypatch, tmp_path, capsys):
@@ -71,10 +79,11 @@ def test_ctrl_c_in_an_analysis_is_one_line_with_the_entry_points_prefix(monkeypa
     assert not (tmp_path / "o").exists()
 
 
-def test_the_summary_is_alone_on_stdout_and_no_bar_reaches_a_log(tmp_path):
+def test_the_summary_is_alone_on_stdout_and_a_log_gets_plain_progress_lines(tmp_path):
     """Piped (as into a log file), stdout holds the summary and the last line; stderr holds no progress
-    bar (tqdm draws one only on a terminal) and so no line of spaces."""
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+    bar (tqdm draws one only on a terminal) and so no line of spaces, but plain progress lines (here every
+    0.2 s instead of 30 s: ``models.plumbing.progress``), each saying the stage and the time elapsed."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1", "CAUSAL_ICL_PROGRESS_S": "0.2"}
     run = subprocess.run(
         [sys.executable, "-m", "analyses.head_ablation", "--n-contexts", "32", "--out", str(tmp_path / "o")],
         cwd=ROOT, env=env, capture_output=True, text=True,
@@ -83,4 +92,6 @@ def test_the_summary_is_alone_on_stdout_and_no_bar_reaches_a_log(tmp_path):
     lines = run.stdout.splitlines()
     assert lines[0].startswith("intact: NLL") and lines[-1].startswith("wrote 5 files to ")
     assert all(line.strip() for line in lines) and "\r" not in run.stdout
-    assert run.stderr == ""
+    log = run.stderr.splitlines()
+    assert log and "\r" not in run.stderr and all(re.match(r"^(analyses\.head_ablation|ablations): .*elapsed", x) for x in log), log
+    assert any("(stage=compute)" in x for x in log) and any("(stage=save)" in x for x in log)

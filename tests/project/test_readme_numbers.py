@@ -619,7 +619,7 @@ CLAIMS = [
 # Numbers the README states that no committed JSON holds, or that this registry does not map yet.
 UNCHECKED = [
     ("docs/results/analyses.md and benchmark.md: the paper run's 470 s wall, 926 s summed, circuit 319 s, cape_structure 157 s, cape_downstream 128 s, standard_circuit 107 s; the JSON comparison (1e-6, up to 0.3%)", "python -m analyses.paper --out /tmp/paper_run --jobs 2 on 2026-12-03 and a comparison against figures/*.json; timings and a check, not committed"),
-    ("README.md, docs/results/tests.md and tests/README.md: the suite's times (1029 s / 1017 s beside a second copy, 1246 s for .ci/run, 1124 s alone; the quick tier's 112 s / 101 s CPU and 6 min 3 s / 128 s CPU)", "/usr/bin/time and pytest's own line, 2026-12-03; timings, not committed"),
+    ("README.md, docs/results/tests.md and conftest.SLOW: the suite's times before and after issue 43 (32 min 47 s / 482 s CPU / 513 s per test at load 3-12; 17 min 0 s / 365 s / 371 s at load 7-15; 11 min 49 s / 395 s / 405 s at load 7-4, 32 tests added, 1.85; 263 s and 89 s of CPU for the suite less test_docs.py and for test_docs.py; 75 s / 15 s, 82 s / 6 s, 37 s / 4 s, 1.3 s a forked case; the two --durations=30 lists; SLOW's seconds)", "/usr/bin/time -v, pytest --durations and a CPU-per-test plugin, 2026-12-04; timings, not committed"),
     ("docs/results/circuit.md: the shipped circuit's demonstrations faithfulness on 22 more sets of 512 (0.889 on "
      "average, 0.855 to 0.923, spread 0.0143 +- 0.0022, reported SE 0.0134, held out +1.5 / replicate -2.2 of their "
      "SEs, pooled 0.889 +- 0.003, correlation -0.78, 33-51% of the variance in 10 contexts)",

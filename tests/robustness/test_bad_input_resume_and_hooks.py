@@ -93,7 +93,7 @@ CATALOGUE = [
     ("missing key", lambda t, c, k: models.load(t / "missing.pt", config=c), "missing b_root"),
     ("unexpected key", lambda t, c, k: models.load(t / "unexpected.pt", config=c), "unexpected bogus"),
     ("prefix collision", lambda t, c, k: models.load(t / "collide.pt", config=c), "both become 'b_root'"),
-    ("unknown suffix", lambda t, c, k: models.load(t / "w.xyz", config=c), "unknown weight format"),
+    ("unknown suffix", lambda t, c, k: models.load(t / "w.xyz", config=c), "is a .xyz file, not a weight file; expected .pt"),
     ("no config", lambda t, c, k: models.load(t / "lonely" / "w.pt"), "needs a config"),
     ("config not JSON", lambda t, c, k: models.load(t / "good.pt", config=t / "notjson.json"), "not valid JSON"),
     (

@@ -12,6 +12,7 @@ import shutil
 import warnings
 from pathlib import Path
 
+import forked
 import pytest
 import safetensors.torch
 import torch
@@ -22,8 +23,10 @@ from test_work_never_lost import tree
 import models
 from analyses import copyers
 from models.loading import checkpoint
-from models.plumbing.io import run_cli
+from models.plumbing.io import UsageError, run_cli
 from models.training import evaluate, train
+
+ROOT = Path(__file__).resolve().parents[2]
 
 LONG = "x" * 300
 TINY = ["--d-vocab", "3", "--n-examples", "2", "--seq-len", "3", "--batch-size", "4", "--eval-contexts", "8"]
@@ -429,18 +432,61 @@ def test_catalogue_has_every_kind_and_sixty_cases():
     assert len(CASES) >= 60
 
 
-def test_an_unexpected_error_is_one_line_with_a_hint_and_debug_keeps_the_traceback(capsys):
+def test_a_bug_is_its_traceback_exit_1_and_bad_input_one_line_exit_2(capsys):
+    """Errors by kind (issue 42): an exception that is not bad input is a bug of the suite: its traceback, a
+    last line saying so and where to report it, exit code 1. Bad input (``UsageError``) stays one line and exit
+    code 2, its traceback only with ``--debug``. A plain ValueError is not bad input."""
+
     def boom(argv):
         raise KeyError("deep inside")
 
+    for bug in (boom, lambda argv: int("not a number")):  # a KeyError; a ValueError raised by Python itself
+        with pytest.raises(SystemExit) as e:
+            run_cli(bug, [], "python -m analyses.x")
+        err = capsys.readouterr().err.strip().splitlines()
+        assert e.value.code == 1 and err[0] == "Traceback (most recent call last):"
+        assert err[-1].startswith("python -m analyses.x: error: this is a bug in causal-icl-probes, not a problem with your input")
+        assert "please report it" in err[-1]
+
+    def bad(argv):
+        raise UsageError("--n-contexts must be >= 1, got 0")
+
     with pytest.raises(SystemExit) as e:
-        run_cli(boom, [])
-    err = capsys.readouterr().err.strip().splitlines()
-    assert e.value.code == 2 and err == ["error: KeyError: 'deep inside' (--debug for the traceback)"]
-    with pytest.raises(SystemExit):
-        run_cli(boom, ["--debug"])
+        run_cli(bad, [], "python -m analyses.x")
+    assert e.value.code == 2 and capsys.readouterr().err.splitlines() == [
+        "python -m analyses.x: error: --n-contexts must be >= 1, got 0"
+    ]
+    with pytest.raises(SystemExit) as e:
+        run_cli(bad, ["--debug"], "python -m analyses.x")
     err = capsys.readouterr().err
-    assert "Traceback" in err and err.strip().splitlines()[-1] == "error: KeyError: 'deep inside'"
+    assert e.value.code == 2 and "Traceback" in err and err.strip().splitlines()[-1].endswith("got 0")
+
+
+def test_an_internal_error_in_an_analysis_exits_1_with_its_traceback(tmp_path):
+    """A deliberately raised internal error inside an analysis's compute, through the analysis's own entry
+    (``common.run`` of its ``main``, as ``python -m`` runs it), in a process of its own (forked from the
+    suite's server, tests/helpers/forked.py): exit code 1, the traceback naming where it was raised, the bug
+    line last, and no file written."""
+    code = (
+        "import sys\n"
+        "from analyses import common, copyers\n"
+        "def compute(subject, args):\n"
+        "    raise RuntimeError('an invariant of the analysis broke')\n"
+        "copyers.ANALYSIS.compute = compute\n"
+        "common.run(copyers.ANALYSIS.main, sys.argv[1:])\n"
+    )
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+    proc = forked.run("-c", code, "--out", str(tmp_path / "out"), cwd=ROOT, env=env)
+    err = proc.stderr.strip().splitlines()
+    assert proc.returncode == 1, proc.stderr[-2000:]
+    assert "Traceback (most recent call last):" in err and "RuntimeError: an invariant of the analysis broke" in err
+    assert err[-1].startswith("python -m analyses.copyers: error: this is a bug in causal-icl-probes")
+    assert not (tmp_path / "out" / "copyers.json").exists()
+    # the same entry with bad input: one line, exit 2
+    proc = forked.run("-c", code, "--n-contexts", "0", cwd=ROOT, env=env)
+    assert proc.returncode == 2 and proc.stderr.splitlines() == [
+        "python -m analyses.copyers: error: --n-contexts must be >= 1, got 0"
+    ], proc.stderr
 
 
 def test_save_refuses_a_model_without_its_task(tmp_path):

@@ -14,8 +14,13 @@ RULE, tested across every place it applies, not as the one case that was found. 
 - no NaN or Inf written where a number is promised;
 - every float flag finite and in range.
 
-Commands run as ``python -m`` in processes forked from a server that has done the imports (tests/helpers/forked.py);
-bad input must exit 2 with ONE line on stderr naming the problem, and leave every file as it was."""
+Each command runs as ``python -m`` runs it, in this process (``run``: tests/helpers/inproc.py), its exit code
+and stderr captured: bad input must exit 2 with ONE line on stderr naming the problem, and leave every file as
+it was. In a process of its own, forked from a server that has done the imports (``run_forked``:
+tests/helpers/forked.py), run what only a process shows (another process holding a lock) and the refusals that
+come before any work (count and float flags, the gallery), which are each entry point's smoke run as a user
+starts it. A training that a case only reads or starts from is trained once a session (``trained``,
+tests/conftest.py) and copied into the case's folder."""
 
 from __future__ import annotations
 
@@ -30,6 +35,7 @@ from pathlib import Path
 from unittest import mock
 
 import forked
+import inproc
 import pytest
 import safetensors.torch
 import torch
@@ -68,6 +74,12 @@ BAD_NAME = os.fsdecode(b"ck\xff")  # a name the shell allows that is not UTF-8
 
 
 def run(module: str, *argv: str, cwd: Path = ROOT) -> forked.Completed:
+    """``python -m module argv`` in this process."""
+    return inproc.run(module, *argv, cwd=cwd, env=ENV)
+
+
+def run_forked(module: str, *argv: str, cwd: Path = ROOT) -> forked.Completed:
+    """``python -m module argv`` in a process of its own."""
     return forked.run(module, *argv, cwd=cwd, env=ENV, timeout=TIMEOUT_S)
 
 
@@ -219,7 +231,7 @@ def test_every_count_flag_is_bounded_before_any_work(tmp_path, module, flag, val
     would have bounded its memory: the work itself grows with it."""
     start = time.perf_counter()
     out = ["--out", str(tmp_path / "out")] if module.startswith("analyses") else []
-    refused(run(module, flag, value, *out, cwd=tmp_path), expected)
+    refused(run_forked(module, flag, value, *out, cwd=tmp_path), expected)
     assert not (tmp_path / "out").exists()
     assert time.perf_counter() - start < TIMEOUT_S
 
@@ -294,14 +306,13 @@ def test_an_output_at_a_name_that_is_not_utf8_is_named_as_such(lab, tmp_path):
 def test_a_standard_training_into_an_out_another_trains_into_is_refused_at_once(tmp_path):
     out = tmp_path / "out"
     with io.exclusive_lock(training_lock(out), wait=False):  # as a running training (either trainer) holds it
-        refused(run(*STANDARD, "--out", str(out)), "another process is writing --out")
+        refused(run_forked(*STANDARD, "--out", str(out)), "another process is writing --out")
     assert not out.exists()
 
 
-def test_two_standard_trainings_into_one_out_cannot_both_write_it(tmp_path):
+def test_two_standard_trainings_into_one_out_cannot_both_write_it(tmp_path, trained):
     """The second, run after the first (no --overwrite), is refused; the first model is kept byte for byte."""
-    out = tmp_path / "out"
-    ok(run(*STANDARD, "--out", str(out)))
+    out = trained(STANDARD, tmp_path / "out")
     first = tree(out)
     refused(run(*STANDARD, "--seed", "1", "--out", str(out)), "is not empty")
     assert tree(out) == first
@@ -309,16 +320,15 @@ def test_two_standard_trainings_into_one_out_cannot_both_write_it(tmp_path):
 
 def _run_in_thread(*argv, cwd):
     box = {}
-    thread = threading.Thread(target=lambda: box.setdefault("proc", run(*argv, cwd=cwd)))
+    thread = threading.Thread(target=lambda: box.setdefault("proc", run_forked(*argv, cwd=cwd)))
     thread.start()
     return thread, box
 
 
-def test_two_collections_into_one_histories_file_keep_every_run(lab, tmp_path):
+def test_two_collections_into_one_histories_file_keep_every_run(lab, tmp_path, trained):
     """Two ``analyses.scale --from-runs`` at once take turns on ``--histories``: both runs are in it after
     (unlocked, each read the file, added its run and wrote it: one run was lost)."""
-    train_run = tmp_path / "run"
-    ok(run(*TRAIN, "--out", str(train_run)))
+    train_run = trained(TRAIN, tmp_path / "run")
     histories = tmp_path / "h.json"
     lock = tmp_path / ".h.json.lock"
     with io.exclusive_lock(lock):  # both start, and wait on the lock, before either reads the file
@@ -355,11 +365,10 @@ def _run_with_snapshots(out: Path, *extra) -> forked.Completed:
     return run(*TRAIN, "--snapshot-every", "2", "--out", str(out), *extra)
 
 
-def test_overwrite_keeps_the_old_snapshots_until_the_new_run_has_saved(tmp_path):
+def test_overwrite_keeps_the_old_snapshots_until_the_new_run_has_saved(tmp_path, trained):
     """A new run over an old one (--overwrite) that diverges before its first save leaves the old run,
     snapshots included, exactly as it was; one that saves replaces them, none of the old left to mix in."""
-    out = tmp_path / "run"
-    ok(_run_with_snapshots(out))
+    out = trained((*TRAIN, "--snapshot-every", "2"), tmp_path / "run")
     old = tree(out)
     assert "snapshots/step_000002/model.safetensors" in old
     refused(_run_with_snapshots(out, "--overwrite", "--lr", "1e30"), "")  # diverges: NaN before step 2 saves
@@ -385,31 +394,32 @@ def test_a_symlinked_out_is_written_through_and_the_link_stays(tmp_path, module)
         assert not [p for p in (target / "snapshots").iterdir() if p.name.startswith(".")]
 
 
-def test_a_kill_between_a_checkpoint_and_its_snapshot_is_mended_by_resume(tmp_path):
+FOUR_STEPS = (*TRAIN, "--steps", "4", "--snapshot-every", "2")  # a snapshot at steps 2 and 4
+
+
+def test_a_kill_between_a_checkpoint_and_its_snapshot_is_mended_by_resume(tmp_path, trained):
     """Killed after the step-4 checkpoint was written and before its snapshot: the run's folder holds the
     resumable checkpoint of step 4 and no snapshots/step_000004. ``--resume`` writes the missing snapshot,
     with the step-4 weights."""
-    out = tmp_path / "run"
-    ok(run(*TRAIN, "--steps", "4", "--snapshot-every", "2", "--out", str(out)))
+    out = trained(FOUR_STEPS, tmp_path / "run")
     shutil.rmtree(out / "snapshots" / "step_000004")  # the state the kill leaves
     assert json.loads((out / checkpoint.TRAIN_META).read_text())["step"] == 4
-    ok(run(*TRAIN, "--steps", "4", "--snapshot-every", "2", "--out", str(out), "--resume"))
+    ok(run(*FOUR_STEPS, "--out", str(out), "--resume"))
     snapshot = out / "snapshots" / "step_000004"
     assert (snapshot / checkpoint.WEIGHTS).read_bytes() == (out / checkpoint.WEIGHTS).read_bytes()
     assert json.loads((snapshot / checkpoint.CONFIG).read_text())["training"]["step"] == 4
 
 
-def test_a_kill_inside_a_snapshot_write_leaves_nothing_after_resume(tmp_path):
+def test_a_kill_inside_a_snapshot_write_leaves_nothing_after_resume(tmp_path, trained):
     """A kill -9 inside the write of snapshots/step_000002 leaves ``.step_000002.new`` and its ``.lock``
     there; the next run (``--resume``) recovers them, as it recovers --out itself."""
-    out = tmp_path / "run"
-    ok(run(*TRAIN, "--steps", "4", "--snapshot-every", "2", "--eval-every", "2", "--out", str(out)))
+    out = trained(FOUR_STEPS, tmp_path / "run")
     snaps = out / "snapshots"
     shutil.copytree(snaps / "step_000002", snaps / ".step_000004.new")  # half a write, as the kill left it
     (snaps / ".step_000004.lock").write_text("")
     (snaps / ".step_000002.lock").write_text("")  # a lock file alone, its write done
     shutil.rmtree(snaps / "step_000004")
-    ok(run(*TRAIN, "--steps", "4", "--snapshot-every", "2", "--eval-every", "2", "--out", str(out), "--resume"))
+    ok(run(*FOUR_STEPS, "--out", str(out), "--resume"))
     assert sorted(p.name for p in snaps.iterdir()) == ["step_000002", "step_000004"]
     assert (snaps / "step_000004" / checkpoint.WEIGHTS).read_bytes() == (out / checkpoint.WEIGHTS).read_bytes()
 
@@ -436,7 +446,7 @@ def test_no_output_is_written_into_a_file_the_spec_reads(lab, name, argv):
 
 def test_the_gallery_never_replaces_a_readme_it_did_not_write(tmp_path):
     (tmp_path / "README.md").write_text("my notes\n")
-    refused(run("analyses.paper", "--out", str(tmp_path)), "holds a README.md that is not a gallery of python -m analyses.paper")
+    refused(run_forked("analyses.paper", "--out", str(tmp_path)), "holds a README.md that is not a gallery of python -m analyses.paper")
     assert (tmp_path / "README.md").read_text() == "my notes\n"
 
 
@@ -568,7 +578,7 @@ FLOAT_FLAGS = [
 @pytest.mark.parametrize("value", ["nan", "-inf", "1e999"])
 @pytest.mark.parametrize("module,flag", FLOAT_FLAGS, ids=[f"{m} {f}" for m, f in FLOAT_FLAGS])
 def test_every_float_flag_refuses_a_value_that_is_not_finite(tmp_path, module, flag, value):
-    proc = run(module, f"{flag}={value}", "--out", str(tmp_path / "out"), cwd=tmp_path)
+    proc = run_forked(module, f"{flag}={value}", "--out", str(tmp_path / "out"), cwd=tmp_path)
     refused(proc, "finite number")
     assert flag in proc.stderr
     assert list(tmp_path.iterdir()) == []
@@ -585,25 +595,23 @@ RANGES = [
 
 @pytest.mark.parametrize("module,flag,value,expected", RANGES, ids=[f"{c[0]} {c[1]} {c[2]}" for c in RANGES])
 def test_every_float_flag_out_of_its_range_is_named_with_its_range(tmp_path, module, flag, value, expected):
-    refused(run(module, flag, value, "--out", str(tmp_path / "out"), cwd=tmp_path), expected)
+    refused(run_forked(module, flag, value, "--out", str(tmp_path / "out"), cwd=tmp_path), expected)
 
 
 # --- resuming: what was run is what is recorded -------------------------------------------------------------
 
 
-def test_resume_with_other_steps_is_refused_and_changes_nothing(tmp_path):
+def test_resume_with_other_steps_is_refused_and_changes_nothing(tmp_path, trained):
     """The cosine schedule spans --steps: a resumed run with more steps would not be the recorded run."""
-    out = tmp_path / "run"
-    ok(run(*TRAIN, "--out", str(out)))
+    out = trained(TRAIN, tmp_path / "run")
     before = tree(out)
     refused(run(*TRAIN, "--steps", "8", "--resume", "--out", str(out)), "it was started with --steps 2")
     assert tree(out) == before
 
 
 @pytest.mark.parametrize("overwrite", [[], ["--overwrite"]], ids=["resume", "resume-overwrite"])
-def test_a_corrupt_training_state_names_the_command_that_starts_afresh(tmp_path, overwrite):
-    out = tmp_path / "run"
-    ok(run(*TRAIN, "--out", str(out)))
+def test_a_corrupt_training_state_names_the_command_that_starts_afresh(tmp_path, trained, overwrite):
+    out = trained(TRAIN, tmp_path / "run")
     (out / checkpoint.TRAIN_STATE).write_bytes(b"garbage")
     before = tree(out)
     refused(run(*TRAIN, "--resume", *overwrite, "--out", str(out)), "run without --resume, with --overwrite")
@@ -611,9 +619,8 @@ def test_a_corrupt_training_state_names_the_command_that_starts_afresh(tmp_path,
     ok(run(*TRAIN, "--overwrite", "--out", str(out)))  # what the message says works
 
 
-def test_from_runs_takes_a_folder_whose_name_holds_an_equals_sign(tmp_path):
-    folder = tmp_path / "alpha=0.1"
-    ok(run(*TRAIN, "--out", str(folder)))
+def test_from_runs_takes_a_folder_whose_name_holds_an_equals_sign(tmp_path, trained):
+    folder = trained(TRAIN, tmp_path / "alpha=0.1")
     histories = tmp_path / "h.json"
     ok(run("analyses.scale", "--from-runs", f"alpha 0.1={folder}", "--histories", str(histories), "--out", str(tmp_path / "fig"), cwd=tmp_path))
     assert list(json.loads(histories.read_text())) == ["alpha 0.1"]

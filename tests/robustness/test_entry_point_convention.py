@@ -1,4 +1,4 @@
-"""The third robustness catalogue (issue 23): every entry point on the one convention of ``models.plumbing.cli``.
+"""The third robustness catalogue (issue 23): every entry point on the one convention of ``models.cli``.
 ``models.standard``, ``bench``, ``analyses.scale``, ``analyses.attention_view`` and
 ``analyses.linear_probes`` beside ``models.train`` and ``models.evaluate``: flags validated before any
 work, no file written over an input or another format's checkpoint, no set written half, messages that
@@ -23,14 +23,14 @@ import pytest
 import torch
 from test_cli_bad_input import HUGE, TINY, _evaluate, _out, _train, assert_one_line
 from test_formats import file_config, hf_folder, small_model
-from tqdm.auto import tqdm
 
 import bench.__main__ as bench
 import models
 from analyses import attention_view, linear_probes, scale
 from models.loading import checkpoint
 from models.plumbing.io import run_cli
-from models.training import standard, train
+from models.plumbing.progress import progress
+from models.training import standard
 
 ROOT = Path(__file__).resolve().parents[2]
 BOUND_S = forked.HANG_S  # a hang, not a time limit: each case takes seconds alone, longer on a busy machine
@@ -42,7 +42,7 @@ STANDARD = [
 
 
 @pytest.fixture(scope="module")
-def lab(tmp_path_factory) -> Path:
+def lab(tmp_path_factory, trained) -> Path:
     """Checkpoints of two formats, a training run, histories and files, made once (cases must not change them)."""
     t = tmp_path_factory.mktemp("lab")
     model, task = small_model()
@@ -53,7 +53,7 @@ def lab(tmp_path_factory) -> Path:
     shutil.copytree(t / "hf", t / "hf_other_shapes")
     config = json.loads((t / "hf_other_shapes" / checkpoint.CONFIG).read_text())
     (t / "hf_other_shapes" / checkpoint.CONFIG).write_text(json.dumps({**config, "n_embd": 2 * config["n_embd"]}))
-    train.main([*TINY, "--steps", "2", "--eval-every", "2", "--out", str(t / "run")])
+    trained(("models.train", *TINY, "--steps", "2", "--eval-every", "2"), t / "run")  # test_each_rule_everywhere's TRAIN
     shutil.copytree(t / "run", t / "empty_run")
     config = json.loads((t / "empty_run" / checkpoint.CONFIG).read_text())
     config["training"]["history"] = []
@@ -109,9 +109,9 @@ def _interrupted(main, target: str):
 
     def run(argv):
         def quiet(*a, **kw):  # the progress bar is not part of the error
-            return tqdm(*a, **{**kw, "disable": True})
+            return progress(*a, **{**kw, "enabled": False})
 
-        with mock.patch(target, side_effect=KeyboardInterrupt), mock.patch("models.training.standard.tqdm", quiet):
+        with mock.patch(target, side_effect=KeyboardInterrupt), mock.patch("models.training.standard.progress_bar", quiet):
             main(argv)
 
     return run

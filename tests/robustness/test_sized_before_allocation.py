@@ -32,6 +32,7 @@ import models
 from models.loading import checkpoint
 from models.loading.sources import resolve
 from models.loading.sources.files import Found
+from models.nets.build import model_bytes
 from models.nets.causal_transformer import CausalTransformer
 from models.nets.hooked_transformer import HookedTransformer, HookedTransformerConfig
 from models.plumbing.io import MAX_TENSORS
@@ -417,7 +418,7 @@ def test_the_theorem1_estimate_is_its_allocation_exactly(sizes):
     d, L, H = sizes
     task = build_task(d_vocab=d, n_examples=L, seq_len=H)
     model = models.theorem1_model(task.pi, L, H, 3.0)
-    assert checkpoint.model_bytes(CausalTransformer, model.cfg) == allocated(model)
+    assert model_bytes(CausalTransformer, model.cfg) == allocated(model)
 
 
 def test_the_hugging_face_estimate_is_within_one_percent_of_what_the_bridge_holds(tmp_path, monkeypatch):
@@ -458,11 +459,7 @@ def test_a_large_file_beside_the_weights_is_never_read(tmp_path):
         "import sys; from models.loading.sources import resolve; "
         "print(resolve(sys.argv[1]).digest, resolve(sys.argv[2]).digest)"
     )
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    proc = subprocess.run(
-        [sys.executable, "-c", code, str(folder), str(pt)],
-        capture_output=True, text=True, timeout=TIMEOUT_S, preexec_fn=_limit, env=env,
-    )  # fmt: skip
+    proc = forked.run("-c", code, str(folder), str(pt), cwd=tmp_path, limit=LIMIT_BYTES, timeout=TIMEOUT_S)
     assert proc.returncode == 0, proc.stderr[-2000:]
     hf_digest, tl_digest = proc.stdout.split()
     assert hf_digest == _sha(folder / "config.json", folder / "task.json", folder / "model.safetensors")

@@ -257,18 +257,20 @@ def test_resume_recovers_an_interrupted_write(tmp_path, monkeypatch):
     assert debris(tmp_path) == []
 
 
-def _wait_for_a_save(meta: Path, before: int | None, proc: subprocess.Popen, timeout: float = forked.HANG_S) -> None:
-    """Until this process has written a checkpoint of its own (``train_state.json`` replaced)."""
+def _wait_for_a_save(meta: Path, before: int | None, proc, timeout: float = forked.HANG_S) -> None:
+    """Until the process ``proc`` (``forked.start``'s) has written a checkpoint of its own (``train_state.json``
+    replaced)."""
     deadline = time.time() + timeout
     while not meta.is_file() or meta.stat().st_mtime_ns == before:
-        assert proc.poll() is None and time.time() < deadline, "training ended before writing a checkpoint"
+        assert proc.is_alive() and time.time() < deadline, "training ended before writing a checkpoint"
         time.sleep(0.01)
 
 
 def kill9_trial(tmp_path: Path, n_kills: int, steps: int, seed: int = 0) -> list[dict]:
-    """Kill -9 a small training (a checkpoint every step) at ``n_kills`` random instants, each after the
-    process has written a checkpoint of its own; check that a checkpoint loads after every kill, then
-    resume to the end. Returns, per kill, the delay, the step saved and the debris the kill left."""
+    """Kill -9 a small training (a checkpoint every step; ``python -m models.train`` in a process forked from
+    the suite's server, tests/helpers/forked.py) at ``n_kills`` random instants, each after the process has
+    written a checkpoint of its own; check that a checkpoint loads after every kill, then resume to the end.
+    Returns, per kill, the delay, the step saved and the debris the kill left."""
     out = tmp_path / "killed"
     meta = out / checkpoint.TRAIN_META
     rng = random.Random(seed)
@@ -277,19 +279,13 @@ def kill9_trial(tmp_path: Path, n_kills: int, steps: int, seed: int = 0) -> list
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     for i in range(n_kills):
         before = meta.stat().st_mtime_ns if meta.is_file() else None
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "models.train", *argv, *(["--resume"] if i else [])],
-            cwd=ROOT,
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-            env=env,
-        )
+        proc = forked.start("models.train", *argv, *(["--resume"] if i else []), cwd=ROOT, env=env)
         _wait_for_a_save(meta, before, proc)
         delay = rng.uniform(0.0, 0.3)
         time.sleep(delay)
         os.kill(proc.pid, signal.SIGKILL)
-        proc.wait()
-        assert proc.returncode == -signal.SIGKILL, "the training ended before the kill: give it more steps"
+        proc.join()
+        assert proc.exitcode == -signal.SIGKILL, "the training ended before the kill: give it more steps"
         left = debris(tmp_path)
         models.load(out)  # a checkpoint that loads, every time (before any recovery)
         assert models.load_task(out).d_vocab == 3

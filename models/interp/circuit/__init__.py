@@ -30,17 +30,27 @@ graph (senders, receivers with q/k/v apart), the scores (ACDC's edge ablation, E
 change, EAP-IG's integrated gradients over the inputs), the searches and the JSON, and ROC AUC against
 circuits known in advance.
 
-Where each piece lives (one module each; every name is importable from ``models.interp.circuit``):
-- ``graph``: ``Edge``, ``Sender``, ``Receiver``, ``Graph``, ``build_graph``.
+The call (``discovery``): ``discover(subject, CircuitConfig(...)) -> CircuitResult`` scores, chooses and
+answers in one go (``config``: every option, each documented; ``result``: the typed result, whose
+``to_dict()`` is ``analyses.circuit``'s JSON). Where each piece lives (one module each; every name is
+importable from ``models.interp.circuit``):
+- ``graph``: ``Node`` (a typed node: ``str(node)`` is its label, ``Node.parse`` reads one), ``Edge``,
+  ``Sender``, ``Receiver``, ``Graph``, ``build_graph``.
 - ``runner``: the forward pass every method shares. ``Runner`` holds the base contexts, the senders' clean
   writes and ablated values and the metric, and runs the model with any set of edges ablated
-  (``run_values``, ``keep_only_values``); ``CORRUPTIONS`` / ``other_contexts`` / ``source_writes`` give
-  the ablated values, ``denoising_runner`` the mirror image.
+  (``run_values``, ``keep_only_values``).
+- ``registry``: ``Registry``, the one kind of registry of named objects below (an unknown name is a one-line
+  ValueError listing the registered ones).
+- ``corruptions``: ``Corruption`` and ``CORRUPTIONS`` (``register_corruption`` adds one): the senders'
+  ablated values (``source_writes``, ``other_contexts``), and ``denoising_runner``, the mirror image.
+- ``methods``: ``ScoreMethod`` and ``METHODS`` (exact, eap, eap-ig; ``register_method``).
+- ``search``: ``Search`` and ``SEARCHES`` (top-n, threshold, greedy; ``register_search``), ``among``, ``ranked``.
 - ``exact``: exact edge patching, ``exact_scores(runner)``.
 - ``attribution``: EAP and EAP-IG, ``eap_scores(runner)`` and ``eap_ig_scores(runner, steps=...)``.
 - ``scores``: ``EdgeScores``, what every method returns: each edge's score on each context, ``[edge,
-  batch]``, keyed by edge (``scores[edge]``; ``means()`` is ``{Edge: float}``); the searches on a score
-  mapping (``top_n``, ``threshold``) or on the runs (``greedy``); ``mean_se``, ``ratio_se``, ``roc_auc``.
+  batch]``, keyed by edge (``scores[edge]``; ``means()`` is ``{Edge: float}``); what a circuit keeps
+  (``faithfulness``, ``restored``); the searches' primitives on a score mapping (``top_n``, ``threshold``)
+  or on the runs (``greedy``); ``mean_se``, ``ratio_se``, ``roc_auc``.
 - ``nodes``: node ablation, ``node_ablated_values`` and ``node_costs``.
 
 Node ablation (``node_ablated_values``): every head and MLP outside a set of nodes set to its mean over
@@ -56,44 +66,63 @@ receiver sees its sender's clean value, and the metric is still that of the clea
 score restores what the corruption cost.
 """
 
-from models.interp.circuit.attribution import eap_ig_scores, eap_scores, input_grads
-from models.interp.circuit.exact import exact_scores
-from models.interp.circuit.graph import INPUTS, Edge, Graph, Receiver, Sender, build_graph
-from models.interp.circuit.nodes import (
-    NODE_ABLATIONS,
-    node_ablated_values,
-    node_costs,
-    node_outputs,
-    record_outputs,
-)
-from models.interp.circuit.runner import (
-    CORRUPTIONS,
-    DIRECTIONS,
-    ROWS,
-    Metric,
-    Runner,
-    denoising_runner,
-    mean_writes,
-    other_contexts,
-    sender_writes,
-    source_writes,
-)
-from models.interp.circuit.scores import (
-    EdgeScores,
-    curve_sizes,
-    greedy,
-    mean_se,
-    ratio_se,
-    roc_auc,
-    threshold,
-    top_n,
-)
-from probes.metrics import per_context_nll
+from __future__ import annotations
 
-__all__ = [
-    "CORRUPTIONS", "DIRECTIONS", "INPUTS", "NODE_ABLATIONS", "ROWS", "Edge", "EdgeScores", "Graph", "Metric",
-    "Receiver", "Runner", "Sender", "build_graph", "curve_sizes", "denoising_runner", "eap_ig_scores",
-    "eap_scores", "exact_scores", "greedy", "input_grads", "mean_se", "mean_writes", "node_ablated_values",
-    "node_costs", "node_outputs", "other_contexts", "per_context_nll", "ratio_se", "record_outputs", "roc_auc",
-    "sender_writes", "source_writes", "threshold", "top_n",
-]  # fmt: skip
+from models.plumbing.lazy import lazy_names
+
+_PUBLIC = {  # name -> the module that defines it; each is imported on first use (PEP 562), so that importing
+    # the package (and models.interp.circuit.config, which the command line's --help reads) loads no torch
+    "eap_ig_scores": "models.interp.circuit.attribution",
+    "eap_scores": "models.interp.circuit.attribution",
+    "input_grads": "models.interp.circuit.attribution",
+    "CircuitConfig": "models.interp.circuit.config",
+    "CORRUPTIONS": "models.interp.circuit.corruptions",
+    "Corruption": "models.interp.circuit.corruptions",
+    "denoising_runner": "models.interp.circuit.corruptions",
+    "other_contexts": "models.interp.circuit.corruptions",
+    "register_corruption": "models.interp.circuit.corruptions",
+    "source_writes": "models.interp.circuit.corruptions",
+    "check_fits": "models.interp.circuit.discovery",
+    "discover": "models.interp.circuit.discovery",
+    "exact_scores": "models.interp.circuit.exact",
+    "Edge": "models.interp.circuit.graph",
+    "Graph": "models.interp.circuit.graph",
+    "INPUTS": "models.interp.circuit.graph",
+    "Node": "models.interp.circuit.graph",
+    "Receiver": "models.interp.circuit.graph",
+    "Sender": "models.interp.circuit.graph",
+    "build_graph": "models.interp.circuit.graph",
+    "METHODS": "models.interp.circuit.methods",
+    "ScoreMethod": "models.interp.circuit.methods",
+    "register_method": "models.interp.circuit.methods",
+    "NODE_ABLATIONS": "models.interp.circuit.nodes",
+    "node_ablated_values": "models.interp.circuit.nodes",
+    "node_costs": "models.interp.circuit.nodes",
+    "node_outputs": "models.interp.circuit.nodes",
+    "record_outputs": "models.interp.circuit.nodes",
+    "CircuitResult": "models.interp.circuit.result",
+    "Estimate": "models.interp.circuit.result",
+    "DIRECTIONS": "models.interp.circuit.config",
+    "Metric": "models.interp.circuit.runner",
+    "ROWS": "models.interp.circuit.runner",
+    "Runner": "models.interp.circuit.runner",
+    "mean_writes": "models.interp.circuit.runner",
+    "sender_writes": "models.interp.circuit.runner",
+    "EdgeScores": "models.interp.circuit.scores",
+    "curve_sizes": "models.interp.circuit.scores",
+    "faithfulness": "models.interp.circuit.scores",
+    "greedy": "models.interp.circuit.scores",
+    "mean_se": "models.interp.circuit.scores",
+    "ratio_se": "models.interp.circuit.scores",
+    "roc_auc": "models.interp.circuit.scores",
+    "threshold": "models.interp.circuit.scores",
+    "top_n": "models.interp.circuit.scores",
+    "SEARCHES": "models.interp.circuit.search",
+    "Search": "models.interp.circuit.search",
+    "among": "models.interp.circuit.search",
+    "register_search": "models.interp.circuit.search",
+    "per_context_nll": "probes.metrics",
+}
+__all__ = sorted(_PUBLIC)
+
+__getattr__, __dir__ = lazy_names(globals(), _PUBLIC)

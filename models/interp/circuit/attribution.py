@@ -78,7 +78,7 @@ def eap_ig_scores(runner: Runner, edges=None, steps: int = 8) -> EdgeScores:
     embeddings move from clean to ablated (midpoints ``(i + 1/2) / steps``), times the change: integrated
     gradients along the inputs."""
     edges = runner.graph.edges if edges is None else edges
-    embeds = [s for s in runner.graph.senders if s.node in ("embed", "pos_embed")]
+    embeds = [s for s in runner.graph.senders if s.node.kind in ("embed", "pos_embed")]
     total = None
     for i in range(steps):
         a = (i + 0.5) / steps

@@ -3,32 +3,92 @@
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 
 import torch
 from torch import Tensor
 
 from models.interp.subject import DISENTANGLED, Subject, head_label
+from models.plumbing.io import UsageError
 
 INPUTS = ("q", "k", "v")
+ENDS = ("embed", "pos_embed", "output")  # the nodes that are neither a head nor an MLP (never ablated as nodes)
+
+
+@dataclass(frozen=True, eq=False)
+class Node:
+    """A node of the graph: ``kind`` is ``head`` (with its ``layer`` and ``head``), ``mlp`` (with its
+    ``layer``), or one of ``ENDS`` (``embed``, ``pos_embed``, ``output``). ``str(node)`` is its label, as the
+    JSON and TransformerLens write it: ``L1H2``, ``MLP0``, ``embed``; ``Node.parse`` reads a label back. A
+    node equals (and hashes as) its label, so ``Node.parse("L1H2") == "L1H2"`` and either finds the other
+    in a set or a dict."""
+
+    kind: str
+    layer: int | None = None
+    head: int | None = None
+
+    LABEL = re.compile(r"L(\d+)H(\d+)|MLP(\d+)")
+
+    def __post_init__(self):
+        shape = {"head": (True, True), "mlp": (True, False), **{e: (False, False) for e in ENDS}}
+        if self.kind not in shape or shape[self.kind] != (self.layer is not None, self.head is not None):
+            raise ValueError(f"no node of kind {self.kind!r} with layer {self.layer} and head {self.head}; "
+                             f"kinds: head (layer, head), mlp (layer), {', '.join(ENDS)}")  # fmt: skip
+
+    @classmethod
+    def parse(cls, label: str) -> Node:
+        """``L1H2`` -> the head 2 of layer 1; ``MLP0``; ``embed``, ``pos_embed``, ``output``. ValueError
+        naming the label otherwise."""
+        if isinstance(label, Node):
+            return label
+        if label in ENDS:
+            return cls(label)
+        m = cls.LABEL.fullmatch(str(label))
+        if m is None:
+            raise ValueError(f"no node {label!r}: expected a head (L1H2), an MLP (MLP0), or one of {', '.join(ENDS)}")
+        return cls("head", int(m[1]), int(m[2])) if m[1] is not None else cls("mlp", int(m[3]))
+
+    @property
+    def is_end(self) -> bool:
+        """The embeddings and the output: neither a head nor an MLP."""
+        return self.kind in ENDS
+
+    def __str__(self) -> str:
+        if self.kind == "head":
+            return head_label(self.layer, self.head)
+        return f"MLP{self.layer}" if self.kind == "mlp" else self.kind
+
+    def __repr__(self) -> str:
+        return f"Node({str(self)!r})"
+
+    def __eq__(self, other) -> bool:
+        return str(self) == str(other) if isinstance(other, (Node, str)) else NotImplemented
+
+    def __hash__(self) -> int:
+        return hash(str(self))
 
 
 @dataclass(frozen=True)
 class Edge:
     """Sender ``sender`` into input ``input`` (q, k, v; ``in`` of an MLP; ``out`` of the output) of node
-    ``receiver`` at the positions of group ``group``."""
+    ``receiver`` at the positions of group ``group``. Labels given for the nodes are parsed (``Node.parse``)."""
 
-    sender: str
-    receiver: str
+    sender: Node
+    receiver: Node
     input: str
     group: str
+
+    def __post_init__(self):
+        object.__setattr__(self, "sender", Node.parse(self.sender))
+        object.__setattr__(self, "receiver", Node.parse(self.receiver))
 
     @property
     def label(self) -> str:
         return f"{self.sender}->{self.receiver}.{self.input}@{self.group}"
 
     def to_dict(self) -> dict:
-        return {"sender": self.sender, "receiver": self.receiver, "input": self.input, "group": self.group}
+        return {"sender": str(self.sender), "receiver": str(self.receiver), "input": self.input, "group": self.group}
 
 
 @dataclass(frozen=True)
@@ -39,7 +99,7 @@ class Receiver:
     ``positionwise``: the activation at a position reads the site at that position only (a head's q, k, v
     and an MLP; not the content-free copyers, which read every position)."""
 
-    node: str
+    node: Node
     input: str
     site: str
     capture: str | None
@@ -55,7 +115,7 @@ class Sender:
     disentangled sender's write reaches a different site at layer 0 and at layer 1: ``at`` maps a site to
     its (hook, dims) there. ``level``: its value is final once receivers of lower levels are computed."""
 
-    node: str
+    node: Node
     level: int
     at: dict = field(compare=False)  # site -> (hook, head, dims)
     W_O: Tensor | None = field(default=None, repr=False, compare=False)  # [head, d_head, d_model]
@@ -88,12 +148,12 @@ class Graph:
         sites = {}
         for r in self.receivers:
             if sites.setdefault(r.level, r.site) != r.site:
-                raise ValueError(f"receivers of level {r.level} read two sites, {sites[r.level]} and {r.site}")
+                raise RuntimeError(f"receivers of level {r.level} read two sites, {sites[r.level]} and {r.site}")
 
-    def sender(self, name: str) -> Sender:
-        return next(s for s in self.senders if s.node == name)
+    def sender(self, node: Node | str) -> Sender:
+        return next(s for s in self.senders if s.node == node)
 
-    def receiver(self, node: str, input: str) -> Receiver:
+    def receiver(self, node: Node | str, input: str) -> Receiver:
         return self._receivers[(node, input)]
 
     def receiver_of(self, edge: Edge) -> Receiver:
@@ -103,13 +163,13 @@ class Graph:
     def sender_hooks(self) -> list[str]:
         return sorted({h for s in self.senders for h, _, _ in s.at.values()})
 
-    def nodes(self, edges) -> list[str]:
+    def nodes(self, edges) -> list[Node]:
         """Heads and MLPs that some edge of ``edges`` enters or leaves (embeddings and the output apart)."""
         names = {e.sender for e in edges} | {e.receiver for e in edges}
-        return [n for n in self.node_order if n in names and n not in ("embed", "pos_embed", "output")]
+        return [n for n in self.node_order if n in names and not n.is_end]
 
     @property
-    def node_order(self) -> list[str]:
+    def node_order(self) -> list[Node]:
         seen = []
         for n in [s.node for s in self.senders] + [r.node for r in self.receivers]:
             if n not in seen:
@@ -126,7 +186,7 @@ class Graph:
 def check_hooks(subject: Subject, names) -> None:
     missing = [n for n in names if n not in subject.model.hook_dict]
     if missing:
-        raise ValueError(
+        raise UsageError(
             f"--checkpoint {subject.name}: circuit discovery needs the hooks {', '.join(missing[:4])}"
             f"{' ...' if len(missing) > 4 else ''}, which this model has not (a {subject.describe()})"
         )
@@ -156,13 +216,13 @@ def _disentangled_graph(subject: Subject) -> Graph:
     res0 = "blocks.0.hook_resid_post"
     check_hooks(subject, ["hook_embed", site0, res0, site1, out, "blocks.0.attn.hook_z",
                            *(f"blocks.1.attn.hook_{x}" for x in INPUTS)])  # fmt: skip
-    senders = [Sender("embed", 0, {site0: ("hook_embed", None, None), site1: (res0, None, (0, d))})]
-    senders += [Sender(head_label(0, k), 1, {site1: (res0, None, ((k + 1) * d, (k + 2) * d))}) for k in range(K)]
-    senders += [Sender(head_label(1, 0), 2, {out: (out, None, None)})]
-    receivers = [Receiver(head_label(0, k), "v", site0, "blocks.0.attn.hook_z", k, 0, positionwise=False)
+    senders = [Sender(Node("embed"), 0, {site0: ("hook_embed", None, None), site1: (res0, None, (0, d))})]
+    senders += [Sender(Node("head", 0, k), 1, {site1: (res0, None, ((k + 1) * d, (k + 2) * d))}) for k in range(K)]
+    senders += [Sender(Node("head", 1, 0), 2, {out: (out, None, None)})]
+    receivers = [Receiver(Node("head", 0, k), "v", site0, "blocks.0.attn.hook_z", k, 0, positionwise=False)
                  for k in range(K)]  # fmt: skip
-    receivers += [Receiver(head_label(1, 0), x, site1, f"blocks.1.attn.hook_{x}", 0, 1) for x in INPUTS]
-    receivers += [Receiver("output", "out", out, None, None, 2)]
+    receivers += [Receiver(Node("head", 1, 0), x, site1, f"blocks.1.attn.hook_{x}", 0, 1) for x in INPUTS]
+    receivers += [Receiver(Node("output"), "out", out, None, None, 2)]
     groups = {
         site0: {"demonstrations": list(range(L * H)), "target": list(range(L * H, (L + 1) * H))},
         site1: {"target": list(range(H))},
@@ -179,7 +239,7 @@ def _standard_graph(subject: Subject) -> Graph:
     need += [f"blocks.{i}.hook_{x}" for i in range(n) if has_mlp[i] for x in ("resid_mid", "mlp_out")]
     check_hooks(subject, need)
     if not all(hasattr(model.blocks[i].attn, "W_O") for i in range(n)):
-        raise ValueError(f"--checkpoint {subject.name}: circuit discovery needs each layer's attn.W_O")
+        raise UsageError(f"--checkpoint {subject.name}: circuit discovery needs each layer's attn.W_O")
     layout = subject.layout
     final = f"blocks.{n - 1}.hook_resid_post"
     sites = [f"blocks.{i}.hook_resid_pre" for i in range(n)] + [f"blocks.{i}.hook_resid_mid" for i in range(n)]
@@ -188,21 +248,21 @@ def _standard_graph(subject: Subject) -> Graph:
     def everywhere(hook, head=None):
         return {s: (hook, head, None) for s in sites}
 
-    senders = [Sender("embed", 0, everywhere("hook_embed"))]
+    senders = [Sender(Node("embed"), 0, everywhere("hook_embed"))]
     if "hook_pos_embed" in model.hook_dict:
-        senders.append(Sender("pos_embed", 0, everywhere("hook_pos_embed")))
+        senders.append(Sender(Node("pos_embed"), 0, everywhere("hook_pos_embed")))
     receivers = []
     for i in range(n):
         W_O = model.blocks[i].attn.W_O.detach()
         for j in range(subject.n_heads[i]):
-            receivers += [Receiver(head_label(i, j), x, f"blocks.{i}.hook_resid_pre", f"blocks.{i}.attn.hook_{x}", j,
-                                   2 * i) for x in INPUTS]  # fmt: skip
-            senders.append(Sender(head_label(i, j), 2 * i + 1, everywhere(f"blocks.{i}.attn.hook_z", j), W_O))
+            receivers += [Receiver(Node("head", i, j), x, f"blocks.{i}.hook_resid_pre", f"blocks.{i}.attn.hook_{x}",
+                                   j, 2 * i) for x in INPUTS]  # fmt: skip
+            senders.append(Sender(Node("head", i, j), 2 * i + 1, everywhere(f"blocks.{i}.attn.hook_z", j), W_O))
         if has_mlp[i]:
-            receivers.append(Receiver(f"MLP{i}", "in", f"blocks.{i}.hook_resid_mid", f"blocks.{i}.hook_mlp_out",
+            receivers.append(Receiver(Node("mlp", i), "in", f"blocks.{i}.hook_resid_mid", f"blocks.{i}.hook_mlp_out",
                                       None, 2 * i + 1))  # fmt: skip
-            senders.append(Sender(f"MLP{i}", 2 * i + 2, everywhere(f"blocks.{i}.hook_mlp_out")))
-    receivers.append(Receiver("output", "out", final, None, None, 2 * n))
+            senders.append(Sender(Node("mlp", i), 2 * i + 2, everywhere(f"blocks.{i}.hook_mlp_out")))
+    receivers.append(Receiver(Node("output"), "out", final, None, None, 2 * n))
     # A head of layer i reads resid_pre i (senders of levels <= 2i); layer i's MLP also reads its heads.
     keys = layout.key_tokens()  # [T, 2]: (l, h) of each position's task token, (-1, -1) for none
     L = subject.task.n_examples

@@ -9,7 +9,7 @@ import torch
 from jaxtyping import Float
 from torch import Tensor
 
-from models.interp.circuit.graph import Graph, check_hooks
+from models.interp.circuit.graph import Graph, Node, check_hooks
 from models.interp.circuit.runner import ROWS, Metric
 from models.interp.interventions import Intervention
 from models.interp.subject import Subject
@@ -21,18 +21,20 @@ NODE_ABLATIONS = {
 }
 
 
-def node_outputs(subject: Subject, graph: Graph) -> dict[str, tuple[str, int | None]]:
+def node_outputs(subject: Subject, graph: Graph) -> dict[Node, tuple[str, int | None]]:
     """Each head and MLP of ``graph`` -> (the hook of its output, its head index or None): ``hook_z`` of
     its layer for a head, ``hook_mlp_out`` for an MLP."""
     out = {}
     for n in graph.nodes(graph.edges):
-        if n.startswith("MLP"):
-            out[n] = (f"blocks.{n[3:]}.hook_mlp_out", None)
-        else:
-            layer, head = n[1:].split("H")
-            out[n] = (subject.head_output(int(layer)), int(head))
-    check_hooks(subject, sorted({h for h, _ in out.values()}))
+        mlp = n.kind == "mlp"
+        out[n] = (f"blocks.{n.layer}.hook_mlp_out", None) if mlp else (subject.head_output(n.layer), n.head)
+    check_hooks(subject, output_hooks(out))
     return out
+
+
+def output_hooks(outputs: dict[Node, tuple[str, int | None]]) -> list[str]:
+    """The hooks of ``node_outputs``, each once, sorted."""
+    return sorted({h for h, _ in outputs.values()})
 
 
 def record_outputs(subject: Subject, tokens, hooks_: list[str], rows: int = ROWS) -> dict:
@@ -82,13 +84,17 @@ def node_ablated_values(subject: Subject, graph: Graph, tokens, kept, ablation: 
 
 
 def node_costs(subject: Subject, graph: Graph, tokens, reference, metric: Metric = per_context_nll,
-               rows: int = ROWS, nodes=None, positions=None) -> dict[str, Float[Tensor, " batch"]]:  # fmt: skip
+               rows: int = ROWS, nodes=None, positions=None,
+               recorded: dict | None = None) -> dict[Node, Float[Tensor, " batch"]]:  # fmt: skip
     """Per head and MLP (or those of ``nodes``), per context: the metric's change when that node alone is
-    mean-ablated (its mean over ``reference``; at ``positions`` only, if given), the rest clean."""
+    mean-ablated (its mean over ``reference``; at ``positions`` only, if given), the rest clean.
+    ``recorded``: every node's output on ``reference`` recorded already (``record_outputs``), to spare that
+    pass."""
     with torch.no_grad():
         clean = torch.cat([metric(subject.log_probs(tokens[i : i + rows]), tokens[i : i + rows])
                            for i in range(0, len(tokens), rows)])  # fmt: skip
     outputs = node_outputs(subject, graph)
-    recorded = record_outputs(subject, reference, sorted({h for h, _ in outputs.values()}), rows)
+    if recorded is None:
+        recorded = record_outputs(subject, reference, output_hooks(outputs), rows)
     return {n: node_ablated_values(subject, graph, tokens, [m for m in outputs if m != n], "mean", reference, metric,
                                    rows, recorded, positions) - clean for n in (outputs if nodes is None else nodes)}  # fmt: skip

@@ -1,8 +1,7 @@
 """The forward pass every method shares: ``Runner`` runs the model on its base contexts with edges ablated
-(a receiver sees its sender's ablated value), the senders' writes and their ablated values under each
-corruption (``CORRUPTIONS``), and the denoising direction (``denoising_runner``). The scoring methods
-(``exact``, ``attribution``) and the searches (``scores``) drive a Runner; node ablation (``nodes``) runs
-the model itself."""
+(a receiver sees its sender's ablated value), given the senders' writes and their ablated values (which
+``corruptions`` makes). The scoring methods (``exact``, ``attribution``) and the searches (``scores``,
+``search``) drive a Runner; node ablation (``nodes``) runs the model itself."""
 
 from __future__ import annotations
 
@@ -10,21 +9,13 @@ from collections.abc import Callable
 from functools import partial
 
 import torch
-from jaxtyping import Float, Int
+from jaxtyping import Float
 from torch import Tensor
 
 from models.interp.circuit.graph import Edge, Graph, Receiver
-from models.interp.interventions import Intervention, corrupted_contexts
+from models.interp.interventions import Intervention
 from models.interp.subject import Subject
 from probes.metrics import per_context_nll
-
-CORRUPTIONS = {
-    "demonstrations": "demonstrations from another tree (the same target)",
-    "target": "the target's tokens re-drawn uniformly (the same demonstrations)",
-    "resample": "fresh contexts",
-    "mean": "the sender's mean over held-out contexts",
-}
-DIRECTIONS = ("noising", "denoising")
 
 Metric = Callable[[Tensor, Tensor], Tensor]  # (log_probs [batch, H, d], tokens [batch, T]) -> each context's [batch]
 ROWS = 512  # contexts x copies per forward pass: much larger batches spend their time faulting in fresh memory
@@ -42,29 +33,6 @@ def sender_writes(subject: Subject, graph: Graph, tokens, fwd_hooks=()) -> tuple
 def mean_writes(writes: dict) -> dict:
     """Each write averaged over contexts (``[1, pos, D]``): the values of mean ablation."""
     return {k: v.mean(0, keepdim=True) for k, v in writes.items()}
-
-
-def other_contexts(task, tokens: Int[Tensor, "batch T"], corruption: str, seed: int) -> Int[Tensor, "batch T"]:
-    """The contexts whose run gives the senders' ablated values under ``corruption`` (``CORRUPTIONS``):
-    the demonstrations from another tree, the target's tokens re-drawn uniformly, or fresh contexts (for
-    ``resample`` and, averaged, for ``mean``: held out from ``tokens``)."""
-    if corruption not in CORRUPTIONS:
-        raise ValueError(f"unknown corruption {corruption!r}; expected one of {', '.join(CORRUPTIONS)}")
-    g = torch.Generator().manual_seed(seed + 7919)
-    if corruption == "demonstrations":
-        return corrupted_contexts(task, tokens, g)[0]
-    if corruption == "target":
-        other = tokens.clone()
-        other[:, -task.seq_len :] = torch.randint(0, task.d_vocab, (len(tokens), task.seq_len), generator=g)
-        return other
-    return task.sample(len(tokens), g)[0]
-
-
-def source_writes(subject: Subject, graph: Graph, tokens, corruption: str, seed: int) -> dict:
-    """The senders' ablated values for ``corruption``: their writes on ``other_contexts``, or (``mean``)
-    those writes averaged over the held-out contexts."""
-    writes = sender_writes(subject, graph, other_contexts(subject.task, tokens, corruption, seed))[0]
-    return mean_writes(writes) if corruption == "mean" else writes
 
 
 def _mask(graph: Graph, site: str, group: str, like: Tensor) -> Tensor:
@@ -132,7 +100,7 @@ class Runner:
         except _Recorded:
             return recorded
         if record:
-            raise ValueError(f"the forward pass never reached {', '.join(sorted(record - set(recorded)))}")
+            raise RuntimeError(f"the forward pass never reached {', '.join(sorted(record - set(recorded)))}")
         return lp
 
     def values_of(self, lp: Tensor, copies: int) -> Float[Tensor, "copies batch"]:
@@ -204,13 +172,3 @@ class Runner:
         """Per context, the metric of the circuit ``kept`` (every other edge ablated)."""
         kept = set(kept)
         return self.run_values([e for e in self.graph.edges if e not in kept])
-
-
-def denoising_runner(subject: Subject, graph: Graph, tokens, corruption: str, seed: int,
-                     metric: Metric = per_context_nll) -> Runner:  # fmt: skip
-    """The Runner of the denoising direction: the base run on ``other_contexts(tokens)``, the senders'
-    values to restore their writes on ``tokens``, the metric that of ``tokens``' targets."""
-    if corruption == "mean":
-        raise ValueError("denoising needs a corruption that is a run on other contexts, not 'mean'")
-    other = other_contexts(subject.task, tokens, corruption, seed)
-    return Runner(subject, graph, other, sender_writes(subject, graph, tokens)[0], metric, targets=tokens)

@@ -1,12 +1,13 @@
 """Edge scores as one object (``EdgeScores``: each edge's score on each context, keyed by edge), the
-statistics on them (``mean_se``, ``ratio_se``, ``roc_auc``) and the searches that choose a circuit from
-them (``top_n``, ``threshold``; ``greedy``, ACDC's pruning, from the runs themselves). A score mapping is
-``{Edge: float}``, in the graph's order."""
+statistics on them (``mean_se``, ``ratio_se``, ``roc_auc``), what a circuit keeps (``faithfulness``,
+``restored``, ``area``) and the searches' primitives that choose a circuit from them (``top_n``,
+``threshold``; ``greedy``, ACDC's pruning, from the runs themselves). A score mapping is ``{Edge: float}``,
+in the graph's order."""
 
 from __future__ import annotations
 
 from collections.abc import Collection, Iterator, Mapping
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 
 from jaxtyping import Float
 from torch import Tensor
@@ -75,6 +76,54 @@ def mean_se(x: Float[Tensor, " n"]) -> tuple[float, float]:
     """The mean of ``x`` and its standard error over the n contexts."""
     x = x.double()
     return x.mean().item(), (x.std() / len(x) ** 0.5).item() if len(x) > 1 else float("nan")
+
+
+# What a circuit keeps ----------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class CurvePoint:
+    """A circuit of ``n_edges`` edges: the share ``faithfulness`` (with its standard error ``se``) it keeps or
+    recovers, and the mean metric ``nll`` of its run."""
+
+    n_edges: int
+    faithfulness: float
+    se: float
+    nll: float
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def faithfulness(runner: Runner, kept, plateau: Tensor, full: Tensor) -> CurvePoint:
+    """Share of the full model's progress (``plateau - full``, per context ``[batch]``) the circuit ``kept``
+    keeps with every other edge ablated, with its standard error."""
+    values = runner.keep_only_values(kept)
+    share, se = ratio_se(plateau - values, plateau - full)
+    return CurvePoint(len(kept), share, se, values.mean().item())
+
+
+def restored(denoiser: Runner, kept, clean: Tensor) -> CurvePoint:
+    """Denoising faithfulness: the share of the clean-minus-corrupted metric (``clean``: the clean run's,
+    ``[batch]``) that the corrupted run recovers with only the edges ``kept`` restored to their clean
+    values, with its standard error."""
+    values = denoiser.run_values(kept)
+    share, se = ratio_se(denoiser.clean_values - values, denoiser.clean_values - clean)
+    return CurvePoint(len(kept), share, se, values.mean().item())
+
+
+def area(curve: list[CurvePoint], n_total: int) -> float:
+    """Area under a faithfulness curve over the fraction of edges kept (trapezoids)."""
+    xs = [c.n_edges / n_total for c in curve]
+    return sum((xs[i + 1] - xs[i]) * (curve[i + 1].faithfulness + curve[i].faithfulness) / 2
+               for i in range(len(curve) - 1))  # fmt: skip
+
+
+def kl_to_full(runner: Runner, kept, full_lp: Tensor) -> tuple[float, float]:
+    """KL(full model || circuit ``kept``) of the predictions of x_1..x_{H-1} (``full_lp``: the full model's
+    log-probs ``[batch, H, d]``), mean and SE over contexts."""
+    kept = set(kept)
+    lp = runner.run_log_probs([e for e in runner.graph.edges if e not in kept]).double()
+    kl = (full_lp.exp() * (full_lp - lp)).sum(-1)[:, 1:].mean(-1)
+    return mean_se(kl)
 
 
 # Search -------------------------------------------------------------------------------------------------

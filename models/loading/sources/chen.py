@@ -13,6 +13,7 @@ from models.loading.sources import files
 from models.loading.sources.files import Found, Source
 from models.loading.sources.task_json import read_task
 from models.nets.chen import ChenConfig, ChenTransformer, all_degrees, kept, their_key
+from models.plumbing.io import UsageError
 
 NAME = "Chen et al. TwoLayerTransformer"
 NEEDED = ("layer1.W", "layer1.q_proj", "layer1.k_proj", "layer1.o_v_proj", "layer1.norm.weight", "layer2.C_alpha_list")
@@ -26,7 +27,7 @@ def config_of(state: dict, where: str) -> ChenConfig:
     """S, T, H and low_degree from the shapes of their state dict (one line naming what is missing)."""
     missing = [k for k in NEEDED if k not in state]
     if missing:
-        raise ValueError(
+        raise UsageError(
             f"{where}: their TwoLayerTransformer state dict lacks {', '.join(missing)} (trained with "
             f"--q-k-o-v-list False, these are fixed tensors their state_dict() leaves out); expected all of {', '.join(NEEDED)}"
         )
@@ -35,7 +36,7 @@ def config_of(state: dict, where: str) -> ChenConfig:
     n = state["layer2.C_alpha_list"].shape[-1]
     low = next((D for D in [*range(H + 2), -1] if len(kept(H, D)) == n and D != H + 1), None)
     if low is None:
-        raise ValueError(f"{where}: layer2.C_alpha_list has {n} alphas; H={H} heads allow C(H+1, <=D) of them")
+        raise UsageError(f"{where}: layer2.C_alpha_list has {n} alphas; H={H} heads allow C(H+1, <=D) of them")
     return ChenConfig(d_vocab=S, n_ctx=T, n_heads=H, low_degree=low)
 
 
@@ -51,6 +52,6 @@ def read(found: Found, device: str | None = None, *, weights: bool = True) -> So
     model = ChenTransformer(cfg)
     degree = state.pop("layer2.mydegree", None)
     if degree is not None and not torch.equal(degree.float().cpu(), all_degrees(cfg.n_heads)):
-        raise ValueError(f"{found.where}: layer2.mydegree is not their itertools.product degree table")
+        raise UsageError(f"{found.where}: layer2.mydegree is not their itertools.product degree table")
     files.load_their_names(model, state, their_key, found.where, skip={"blocks.1.attn.mydegree"})
     return Source(model.to(cfg.device).eval(), task, layout, found.where, found.digest(), NAME)

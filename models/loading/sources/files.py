@@ -20,9 +20,11 @@ import safetensors.torch
 import torch
 from torch import Tensor
 
-from models.loading.checkpoint import CONFIG
+from models.loading.checkpoint import CONFIG, OTHER, folder_kind
+from models.loading.dtypes import check_tensor_kinds
 from models.loading.sources.key_map import read_key_map
 from models.plumbing import io
+from models.plumbing.io import UsageError
 from probes.layout import Layout
 
 TORCH_SUFFIXES = (".pt", ".pth", ".bin")
@@ -97,7 +99,7 @@ class Found:
         """The weight file's config: ``--config``, else the first candidate beside it; else one line."""
         if self.config is None and self.config_file is None:
             tried = ", ".join(str(t) for t in self.config_candidates())
-            raise ValueError(
+            raise UsageError(
                 f"{self.path} needs a config: pass --config (a checkpoint config.json, a TransformerLens "
                 f"cfg.to_dict() JSON or a task.json); none found at {tried}"
             )
@@ -107,7 +109,7 @@ class Found:
         """(raw task, where): the task.json beside a language model's weights."""
         file = self.beside / TASK_JSON
         if not file.is_file():
-            raise ValueError(
+            raise UsageError(
                 f"{self.path} is a {kind} model; its task (and layout) must be in {file}, which does not exist"
             )
         return self.json(file, "task.json"), str(file)
@@ -167,9 +169,25 @@ def hf_weight_files(folder: Path, read_json) -> list[Path]:
             weight_map = read_json(index, "weight index")
             shards = weight_map.get("weight_map", {}) if isinstance(weight_map, dict) else {}
             if not isinstance(shards, dict):
-                raise ValueError(f"{index}: weight_map must be a JSON object {{tensor name: shard file}}")
+                raise UsageError(f"{index}: weight_map must be a JSON object {{tensor name: shard file}}")
             return [index, *(folder / Path(str(shard)).name for shard in sorted(set(shards.values())))]
     return []
+
+
+def weight_files_in(folder: Path) -> list[Path]:
+    """The torch and safetensors weight files directly in ``folder``, sorted by name."""
+    suffixes = (*TORCH_SUFFIXES, SAFETENSORS_SUFFIX)
+    return sorted(f for f in folder.iterdir() if f.suffix.lower() in suffixes and f.is_file())
+
+
+def the_weight_file_in(folder: Path) -> Path | None:
+    """The one weight file of a folder that does not define itself (no ``config.json`` of ours or of Hugging
+    Face, no Hugging Face weights): nanoGPT's ``out/`` holding ``ckpt.pt``, a TransformerLens ``w.pt`` beside
+    its config. None for any other folder (one that defines itself, or holds none or several)."""
+    if not folder.is_dir() or hf_weight_files(folder, lambda f, w: {}):  # ours and Hugging Face's: model.safetensors
+        return None
+    found = weight_files_in(folder)
+    return found[0] if len(found) == 1 and folder_kind(folder) == OTHER else None
 
 
 def check_not_a_weight_file_folder(folder: Path, what: str) -> None:
@@ -178,11 +196,10 @@ def check_not_a_weight_file_folder(folder: Path, what: str) -> None:
     ``ValueError`` naming the file to pass instead. Nothing if the folder holds no weight file."""
     if not folder.is_dir() or hf_weight_files(folder, lambda f, w: {}):
         return
-    suffixes = (*TORCH_SUFFIXES, SAFETENSORS_SUFFIX)
-    files = sorted(f for f in folder.iterdir() if f.suffix.lower() in suffixes and f.is_file())
+    files = weight_files_in(folder)
     if files:
         more = f" (or {io.listing([f.name for f in files[1:]])})" if len(files) > 1 else ""
-        raise ValueError(
+        raise UsageError(
             f"{str(folder)!r} is not {what} but holds the weight file {files[0].name!r}{more}: pass the file "
             f"itself, --checkpoint {str(files[0])!r} (nanoGPT's ckpt.pt and TransformerLens state dicts are read "
             "from the file, with task.json beside it)"
@@ -215,7 +232,7 @@ def read_archive(path: Path):
     copies that follow, a key map's included); any name the shell allows (``io.openable``)."""
     suffix = path.suffix.lower()
     if suffix not in (*TORCH_SUFFIXES, SAFETENSORS_SUFFIX):
-        raise ValueError(
+        raise UsageError(
             f"{path}: unknown weight format {suffix!r}; expected one of "
             f"{', '.join(TORCH_SUFFIXES + (SAFETENSORS_SUFFIX,))}, or a checkpoint folder"
         )
@@ -235,19 +252,19 @@ def _read_torch(name: Path, path: Path):
     except pickle.UnpicklingError as e:
         blocked = [line.strip() for line in str(e).splitlines() if "GLOBAL" in line]
         if not blocked:  # not a pickle at all
-            raise ValueError(f"{path} is not a readable PyTorch file (not a state-dict archive)") from None
-        raise ValueError(
+            raise UsageError(f"{path} is not a readable PyTorch file (not a state-dict archive)") from None
+        raise UsageError(
             f"{path} is not a plain state dict: refusing to unpickle it, it would load code ({blocked[0][:160]})"
         ) from None
     except Exception as e:  # truncated or corrupt archives raise RuntimeError, EOFError, ...
-        raise ValueError(f"{path} is not a readable PyTorch file ({io.one_line(e)})") from None
+        raise UsageError(f"{path} is not a readable PyTorch file ({io.one_line(e)})") from None
 
 
 def _read_safetensors(name: Path, path: Path):
     try:
         return safetensors.torch.load_file(name)
     except Exception as e:
-        raise ValueError(f"{path} is not a readable safetensors file ({io.one_line(e)})") from None
+        raise UsageError(f"{path} is not a readable safetensors file ({io.one_line(e)})") from None
 
 
 def as_state_dict(obj, path: Path) -> dict[str, Tensor]:
@@ -256,11 +273,28 @@ def as_state_dict(obj, path: Path) -> dict[str, Tensor]:
             obj = obj[wrapper]
             break
     if not isinstance(obj, dict) or not obj:
-        raise ValueError(f"{path} holds a {type(obj).__name__}, not a state dict; expected {{name: tensor}}")
+        raise UsageError(f"{path} holds a {type(obj).__name__}, not a state dict; expected {{name: tensor}}")
     bad = [str(k) for k, v in obj.items() if not isinstance(k, str) or not isinstance(v, Tensor)]
     if bad:
-        raise ValueError(f"{path}: entries {', '.join(bad[:5])} are not named tensors; expected {{name: tensor}}")
+        raise UsageError(f"{path}: entries {', '.join(bad[:5])} are not named tensors; expected {{name: tensor}}")
+    check_copied_size(obj, path)
     return dict(obj)
+
+
+def check_copied_size(state: dict[str, Tensor], path: Path) -> None:
+    """The tensors of ``state`` sized as what they become once copied (numel x element size: a broadcast or
+    stride-0 tensor of a few stored bytes counts whole), against the memory available, before any is
+    touched; one line naming the file and the largest tensor, its shape and its stored bytes."""
+    sizes = {k: v.numel() * v.element_size() for k, v in state.items()}
+    if not sizes:
+        return
+    big = max(sizes, key=sizes.__getitem__)
+    stored = state[big].untyped_storage().nbytes() if state[big].device.type != "meta" else 0
+    io.check_memory(
+        sum(sizes.values()),
+        f"{path}: its tensors, copied (the largest, {big!r} {list(state[big].shape)}, holds {io.size(stored)} "
+        "in the file),",
+    )
 
 
 def load_their_names(model, state: dict[str, Tensor], their_key, where: str, *, skip=()) -> None:
@@ -269,13 +303,14 @@ def load_their_names(model, state: dict[str, Tensor], their_key, where: str, *, 
     ours = {their_key(k): k for k in model.state_dict() if k not in skip}
     unknown, absent = sorted(set(state) - set(ours)), sorted(set(ours) - set(state))
     if unknown or absent:
-        raise ValueError(f"{where}: keys {unknown[:3]} are not the model's; missing {absent[:3]}")
+        raise UsageError(f"{where}: keys {unknown[:3]} are not the model's; missing {absent[:3]}")
     shapes = {k: tuple(v.shape) for k, v in model.state_dict().items()}
     bad = [k for k, v in state.items() if tuple(v.shape) != shapes[ours[k]]]
     if bad:
-        raise ValueError(
+        raise UsageError(
             f"{where}: {bad[0]} has shape {tuple(state[bad[0]].shape)}, the model's {shapes[ours[bad[0]]]}"
         )
+    check_tensor_kinds(state, where)  # before .float(): a complex or integer tensor is refused, not cast
     model.load_state_dict({ours[k]: v.float() for k, v in state.items()}, strict=not skip)
 
 
@@ -287,7 +322,7 @@ def strip_prefixes(state: dict[str, Tensor]) -> dict[str, Tensor]:
         while new.startswith(PREFIXES):
             new = new.split(".", 1)[1]
         if new in out:
-            raise ValueError(f"keys {key!r} and another both become {new!r} after stripping {PREFIXES}")
+            raise UsageError(f"keys {key!r} and another both become {new!r} after stripping {PREFIXES}")
         out[new] = value
     return out
 
@@ -299,12 +334,12 @@ def shapes(model: torch.nn.Module) -> dict[str, tuple[int, ...]]:
 def check_fits(layout: Layout, vocab: int, n_ctx: int | None, where: str) -> None:
     """A language model must hold every id the layout uses and every position it needs."""
     if vocab < layout.min_vocab:
-        raise ValueError(
+        raise UsageError(
             f"{where}: model vocab_size={vocab} disagrees with the task (d_vocab={layout.d_vocab}, layout "
             f"{layout.to_json()}): it needs at least {layout.min_vocab} ids"
         )
     if n_ctx is not None and n_ctx < layout.n_positions:
-        raise ValueError(
+        raise UsageError(
             f"{where}: the model has {n_ctx} positions; the layout {layout.to_json()} needs {layout.n_positions} "
             f"((L+1)H = {(layout.n_examples + 1) * layout.seq_len} task tokens plus BOS and separators)"
         )
@@ -313,4 +348,4 @@ def check_fits(layout: Layout, vocab: int, n_ctx: int | None, where: str) -> Non
 def no_file_options(found: Found, what: str) -> None:
     """A folder that defines itself takes neither ``--key-map`` nor ``--config``."""
     if found.key_map is not None or found.config is not None:
-        raise ValueError(f"{found.path} is {what}; --key-map and --config apply to weight files only")
+        raise UsageError(f"{found.path} is {what}; --key-map and --config apply to weight files only")

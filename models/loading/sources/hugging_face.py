@@ -12,6 +12,7 @@ import torch
 
 from models.loading import converters
 from models.loading.checkpoint import CONFIG, FORMAT
+from models.loading.dtypes import weight_dtype_name
 from models.loading.sources.files import (
     HF_WEIGHTS,
     TASK_JSON,
@@ -26,7 +27,7 @@ from models.loading.sources.files import (
 )
 from models.loading.sources.task_json import read_task
 from models.plumbing import io
-from models.plumbing.io import listing, one_line
+from models.plumbing.io import UsageError, listing, one_line
 
 NAME = "Hugging Face"
 
@@ -44,15 +45,15 @@ def read(found: Found, device: str | None = None, *, weights: bool = True) -> So
     check_not_a_weight_file_folder(path, "a Hugging Face folder (config.json with model_type, and its weights)")
     hf_config = found.json(path / CONFIG, "Hugging Face config")
     if isinstance(hf_config, dict) and hf_config.get("format") == FORMAT:
-        raise ValueError(
+        raise UsageError(
             f"{str(path)!r} is one of our checkpoint folders with a stray {TASK_JSON} (its task is in {CONFIG}); "
             f"remove the {TASK_JSON}"
         )
     if not isinstance(hf_config, dict) or "model_type" not in hf_config:
-        raise ValueError(f"{path / CONFIG} is not a Hugging Face config (no model_type)")
+        raise UsageError(f"{path / CONFIG} is not a Hugging Face config (no model_type)")
     vocab = hf_config.get("vocab_size")
     if not _is_int(vocab):
-        raise ValueError(f"{path / CONFIG}: vocab_size={vocab!r}; expected an integer")
+        raise UsageError(f"{path / CONFIG}: vocab_size={vocab!r}; expected an integer")
     n_pos = hf_config.get("n_positions", hf_config.get("max_position_embeddings"))
     check_fits(layout, vocab, n_pos if _is_int(n_pos) else None, str(path))
     if converters.needs_hooked_gpt2(hf_config):  # the bridge would scale the scores anyway
@@ -64,7 +65,7 @@ def read(found: Found, device: str | None = None, *, weights: bool = True) -> So
     bridge = _boot(path, device or "cpu")
     bad = [n for n, p in bridge.original_model.named_parameters() if not torch.isfinite(p).all()]
     if bad:
-        raise ValueError(f"{path} has NaN or Inf values in {', '.join(bad)}; expected finite weights")
+        raise UsageError(f"{path} has NaN or Inf values in {', '.join(bad)}; expected finite weights")
     return Source(bridge.eval(), task, layout, found.where, found.digest(), NAME)
 
 
@@ -90,7 +91,7 @@ def check_size(hf_config: dict, where: str, device: str | None):
         with torch.device("meta"):
             meta = transformers.AutoModelForCausalLM.from_config(config)
     except Exception as e:  # an architecture transformers does not know, a config it refuses
-        raise ValueError(f"{where} is not a Hugging Face config transformers can build ({one_line(e)[:200]})") from None
+        raise UsageError(f"{where} is not a Hugging Face config transformers can build ({one_line(e)[:200]})") from None
     io.check_memory(sum(t.numel() * t.element_size() for t in [*meta.parameters(), *meta.buffers()]), what, device)
     return meta
 
@@ -116,19 +117,23 @@ def check_weights(path, meta, found: Found) -> None:
         parts = ([f"missing {listing(sorted(missing), 3)}"] if missing else []) + (
             [f"not in the model {listing(sorted(extra), 3)}"] if extra else []
         )
-        raise ValueError(f"{path}: its weights do not cover the model its config.json describes: {' | '.join(parts)}")
+        raise UsageError(f"{path}: its weights do not cover the model its config.json describes: {' | '.join(parts)}")
     wrong = [
-        f"{k} {list(tensors[k][0])} vs {list(shapes[k])}" for k in sorted(tensors) if k in shapes and tensors[k][0] != shapes[k]
+        f"{k} {list(tensors[k][0])} vs {list(shapes[k])}"
+        for k in sorted(tensors)
+        if k in shapes and tensors[k][0] != shapes[k]
     ]
     if wrong:
-        raise ValueError(f"{path}: weights of other shapes than its config.json says: {listing(wrong, 3)}")
-    ints = [f"{k} ({dtype})" for k, (_, dtype) in sorted(tensors.items()) if k in shapes and not _is_float(dtype)]
+        raise UsageError(f"{path}: weights of other shapes than its config.json says: {listing(wrong, 3)}")
+    ints = [
+        f"{k} ({dtype})"
+        for k, (_, dtype) in sorted(tensors.items())
+        if k in shapes and weight_dtype_name(dtype) is None
+    ]
     if ints:
-        raise ValueError(f"{path}: {listing(ints, 3)} are not float tensors; expected float16/bfloat16/float32/float64 weights")
-
-
-def _is_float(dtype: str) -> bool:
-    return dtype.lower() in ("f16", "bf16", "f32", "f64", "float16", "bfloat16", "float32", "float64")
+        raise UsageError(
+            f"{path}: {listing(ints, 3)} are not float tensors; expected float16/bfloat16/float32/float64 weights"
+        )
 
 
 def _header(path, found: Found) -> dict[str, tuple[tuple[int, ...], str]]:
@@ -141,7 +146,7 @@ def _header(path, found: Found) -> dict[str, tuple[tuple[int, ...], str]]:
         if file.name.endswith(".json"):
             continue
         if not file.is_file():
-            raise ValueError(f"{path}: the weight file {file.name} its index names {io.what_is(file)}")
+            raise UsageError(f"{path}: the weight file {file.name} its index names {io.what_is(file)}")
         if file.suffix == ".safetensors":
             with io.openable(file) as name:
                 try:
@@ -149,12 +154,12 @@ def _header(path, found: Found) -> dict[str, tuple[tuple[int, ...], str]]:
                         for k in f.keys():
                             tensors[k] = (tuple(f.get_slice(k).get_shape()), f.get_slice(k).get_dtype())
                 except Exception as e:
-                    raise ValueError(f"{file} is not a readable safetensors file ({one_line(e)})") from None
+                    raise UsageError(f"{file} is not a readable safetensors file ({one_line(e)})") from None
         else:
             for k, v in as_state_dict(read_archive(file), file).items():
                 tensors[k] = (tuple(v.shape), str(v.dtype).replace("torch.", ""))
     if not tensors:
-        raise ValueError(f"{path} has no weights: expected {' or '.join(HF_WEIGHTS)} (or their shards and index)")
+        raise UsageError(f"{path} has no weights: expected {' or '.join(HF_WEIGHTS)} (or their shards and index)")
     return tensors
 
 
@@ -162,7 +167,7 @@ def _field(hf_config: dict, names: tuple[str, ...], where: str) -> int:
     """The first of the config fields ``names`` present (a non-negative integer), else 0."""
     value = next((hf_config[n] for n in names if n in hf_config), 0)
     if not _is_int(value) or value < 0:
-        raise ValueError(f"{where}: {next(n for n in names if n in hf_config)}={value!r}; expected an integer >= 0")
+        raise UsageError(f"{where}: {next(n for n in names if n in hf_config)}={value!r}; expected an integer >= 0")
     return value
 
 
@@ -171,7 +176,7 @@ def _hf_weights(path) -> dict:
     for name in HF_WEIGHTS:
         if (path / name).is_file():
             return as_state_dict(read_archive(path / name), path / name)
-    raise ValueError(f"{path} has no model.safetensors or pytorch_model.bin (a sharded checkpoint is not covered here)")
+    raise UsageError(f"{path} has no model.safetensors or pytorch_model.bin (a sharded checkpoint is not covered here)")
 
 
 def _is_int(x) -> bool:
@@ -191,7 +196,7 @@ def _boot(path, device: str):
         with io.openable(path) as name:  # any name the shell allows
             return TransformerBridge.boot_transformers(str(name), device=device)
     except Exception as e:  # missing/corrupt weights, unsupported architecture, ...
-        raise ValueError(f"{path} could not be loaded as a Hugging Face model ({one_line(e)[:200]})") from None
+        raise UsageError(f"{path} could not be loaded as a Hugging Face model ({one_line(e)[:200]})") from None
     finally:
         transformers.logging.set_verbosity(verbosity)
         transformers.logging.enable_progress_bar()

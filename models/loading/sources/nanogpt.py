@@ -9,6 +9,7 @@ from models.loading import converters
 from models.loading.sources.files import Found, Source, check_fits, is_torch_file, strip_prefixes
 from models.loading.sources.key_map import apply_key_map
 from models.loading.sources.task_json import read_task
+from models.plumbing.io import UsageError
 
 NAME = "nanoGPT"
 
@@ -24,7 +25,7 @@ def detect(found: Found) -> bool:
 
 def read(found: Found, device: str | None = None, *, weights: bool = True) -> Source:
     if not isinstance(found.archive.get("model_args"), dict):
-        raise ValueError(
+        raise UsageError(
             f"{found.where} is a nanoGPT checkpoint without model_args; expected the dict nanoGPT's train.py saves "
             "beside model (n_layer, n_head, n_embd, block_size, bias, vocab_size)"
         )
@@ -38,6 +39,7 @@ def read(found: Found, device: str | None = None, *, weights: bool = True) -> So
     obj = found.archive
     cfg = converters.nanogpt_config(obj["model_args"], found.where, device)
     check_fits(layout, cfg.d_vocab, cfg.n_ctx, found.where)
-    state = apply_key_map(strip_prefixes(found.state_dict(obj["model"])), found.key_map_spec())
+    expected = converters.gpt_expected_shapes(cfg, obj["model_args"]["bias"], head=True)  # lm_head: saved or not
+    state = apply_key_map(strip_prefixes(found.state_dict(obj["model"])), found.key_map_spec(), expected)
     model = converters.from_nanogpt(obj["model_args"], state, found.where, device)
     return Source(model, task, layout, found.where, found.digest(), NAME)

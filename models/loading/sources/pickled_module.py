@@ -9,6 +9,7 @@ import pickletools
 import zipfile
 
 from models.loading.sources.files import Found, Source, is_torch_file
+from models.plumbing.io import UsageError
 
 NAME = "pickled nn.Module"
 MODULE_ATTRIBUTES = {"_parameters", "_buffers", "_modules"}
@@ -48,7 +49,7 @@ def detect(found: Found) -> bool:
 
 def read(found: Found, device: str | None = None, *, weights: bool = True) -> Source:
     stem = found.path.stem
-    raise ValueError(
+    raise UsageError(
         f"{found.path} is a whole pickled model (torch.save(model) of {pickled_class(found.path)}); loading it "
         f"would run its code, so it is refused. Save its weights instead: torch.save(model.state_dict(), "
         f"'{stem}.pt') with its config beside it (a TransformerLens HookedTransformer: json.dump(model.cfg.to_dict(), "

@@ -10,11 +10,13 @@ from __future__ import annotations
 
 import torch
 
-from models.loading.checkpoint import build, check_state_dict
+from models.loading.checkpoint import check_state_dict
 from models.loading.sources.files import Found, Source, shapes, strip_prefixes
 from models.loading.sources.key_map import apply_key_map
 from models.loading.sources.task_json import read_task
+from models.nets.build import build
 from models.nets.causal_transformer import CausalTransformer, CausalTransformerConfig
+from models.plumbing.io import UsageError
 
 NAME = "CausalTransformer"
 PLAIN = "example-major"
@@ -30,15 +32,15 @@ def read_config(found: Found) -> tuple[dict, object, object]:
     raw = found.model_config()
     where = str(found.config if found.config is not None else found.config_file)
     if isinstance(raw, dict) and "model_type" in raw:
-        raise ValueError(
+        raise UsageError(
             f"{found.path} is the weight file of a Hugging Face model (its config is a {raw['model_type']!r} "
             f"config.json): pass the folder that holds it and a task.json, --checkpoint {found.path.parent}"
         )
     if not isinstance(raw, dict):
-        raise ValueError(f"config {where} must be a JSON object with 'model' and 'task', or a task.json")
+        raise UsageError(f"config {where} must be a JSON object with 'model' and 'task', or a task.json")
     if "model" in raw:
         if not isinstance(raw.get("task"), dict):
-            raise ValueError(f"config {where} has a 'model' section but no 'task'; expected both")
+            raise UsageError(f"config {where} has a 'model' section but no 'task'; expected both")
         model_cfg, (task, layout) = dict(raw["model"]), read_task(raw["task"], where)
     else:
         task, layout = read_task(raw, where)
@@ -46,9 +48,9 @@ def read_config(found: Found) -> tuple[dict, object, object]:
         model_cfg["n_copy_heads"] = raw.get("n_copy_heads")
     for field, value in (("d_vocab", task.d_vocab), ("n_examples", task.n_examples), ("seq_len", task.seq_len)):
         if model_cfg.get(field) != value:
-            raise ValueError(f"config {where}: model {field}={model_cfg.get(field)} disagrees with the task's {value}")
+            raise UsageError(f"config {where}: model {field}={model_cfg.get(field)} disagrees with the task's {value}")
     if not layout.is_plain:
-        raise ValueError(
+        raise UsageError(
             f"{where}: layout {layout.to_json()} applies to language models; a CausalTransformer state dict "
             f"reads the task's tokens directly (drop the layout or set it to {PLAIN!r})"
         )
@@ -68,7 +70,7 @@ def read(found: Found, device: str | None = None, *, weights: bool = True) -> So
     model = build(CausalTransformer, CausalTransformerConfig.from_dict(cfg_dict), f"the model of {found.where!r}")
     state = apply_key_map(strip_prefixes(obj), found.key_map_spec(), shapes(model))
     if "embed.W_E" in state and "embed.W_E" not in shapes(model):
-        raise ValueError(
+        raise UsageError(
             f"{found.path} is a TransformerLens state dict but its config is not: pass --config with the "
             f"model's cfg.to_dict() as JSON (or put it at {found.path.with_suffix('.json').name} beside the file)"
         )

@@ -16,7 +16,7 @@ without ``kind`` is our task.
 
 from __future__ import annotations
 
-from models.plumbing.io import one_line
+from models.plumbing.io import UsageError, one_line
 from probes.continuous import ContinuousTask
 from probes.graph_task import GraphTask
 from probes.layout import Layout
@@ -31,14 +31,14 @@ def read_task(
     """(task, layout) from the schema above, with errors that name ``where`` (the file) and the field.
     ``kinds``: the task kinds this model may have."""
     if not isinstance(raw, dict):
-        raise ValueError(f"{where}: task must be a JSON object, got {type(raw).__name__}")
+        raise UsageError(f"{where}: task must be a JSON object, got {type(raw).__name__}")
     kind = raw.get("kind", "markov_tree")
     if kind not in kinds:
-        raise ValueError(f"{where}: task kind {kind!r} is not supported; expected {' or '.join(map(repr, kinds))}")
+        raise UsageError(f"{where}: task kind {kind!r} is not supported; expected {' or '.join(map(repr, kinds))}")
     try:
         task = KINDS[kind].from_dict(raw)
         return task, Layout.from_json(raw.get("layout"), task.n_examples, task.seq_len, task.d_vocab)
     except (TypeError, RuntimeError, KeyError) as e:  # e.g. a ragged pi list
-        raise ValueError(f"{where}: malformed task ({one_line(e)})") from None
+        raise UsageError(f"{where}: malformed task ({one_line(e)})") from None
     except ValueError as e:
-        raise ValueError(f"{where}: {e}") from None
+        raise UsageError(f"{where}: {e}") from None

@@ -5,13 +5,14 @@ from __future__ import annotations
 
 import hashlib
 
+from models.loading.named import THEOREM1, THEOREM1_USAGE
 from models.loading.sources.files import Source
 from models.nets.theorem1 import MAX_BETA, theorem1_model
+from models.plumbing.io import UsageError
 from probes.layout import Layout
 from probes.tasks import MarkovTreeTask
 
-NAME = "theorem1"
-USAGE = "theorem1:beta=B[,from=FOLDER]"
+NAME, USAGE = THEOREM1, THEOREM1_USAGE
 
 
 def detect(spec: str) -> bool:
@@ -25,23 +26,23 @@ def parse(spec: str) -> dict:
     for item in filter(None, rest.split(",")):
         key, eq, value = item.partition("=")
         if not eq or key not in ("beta", "from"):
-            raise ValueError(f"bad --checkpoint {spec!r}; expected {USAGE}")
+            raise UsageError(f"bad --checkpoint {spec!r}; expected {USAGE}")
         options[key] = value
     if head != NAME:
-        raise ValueError(f"bad --checkpoint {spec!r}; expected {USAGE}")
+        raise UsageError(f"bad --checkpoint {spec!r}; expected {USAGE}")
     try:
         beta = float(options.get("beta", 50))
     except ValueError:
         beta = float("nan")
     if not 0 < beta <= MAX_BETA:
-        raise ValueError(f"bad beta in --checkpoint {spec!r}; expected a number in (0, {MAX_BETA:g}]")
+        raise UsageError(f"bad beta in --checkpoint {spec!r}; expected a number in (0, {MAX_BETA:g}]")
     return options
 
 
 def read(spec: str, task, device: str | None = None) -> Source:
     """The construction (float64) on ``task``, the task of ``parse(spec)``'s ``from`` folder."""
     if not isinstance(task, MarkovTreeTask):
-        raise ValueError(f"--checkpoint {spec}: Theorem 1 needs a Markov-tree task, the folder's task is continuous")
+        raise UsageError(f"--checkpoint {spec}: Theorem 1 needs a Markov-tree task, the folder's task is continuous")
     beta = float(parse(spec).get("beta", 50))
     model = theorem1_model(task.pi, task.n_examples, task.seq_len, beta, task.root).to(device or "cpu")
     digest = hashlib.sha256(f"{spec}|{task.pi.tolist()}".encode()).hexdigest()[:16]

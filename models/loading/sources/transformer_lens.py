@@ -12,6 +12,7 @@ from models.loading.sources.files import Found, Source, check_fits, shapes, stri
 from models.loading.sources.key_map import apply_key_map
 from models.loading.sources.task_json import read_task
 from models.nets.hooked_transformer import HookedTransformer
+from models.plumbing.io import UsageError
 
 NAME = "TransformerLens"
 
@@ -40,7 +41,7 @@ def read(found: Found, device: str | None = None, *, weights: bool = True) -> So
     cfg = converters.tl_config(found.model_config(), found.where, device)
     check_fits(layout, cfg.d_vocab, cfg.n_ctx, found.where)
     if cfg.d_vocab_out < layout.min_vocab:  # it could not predict every id the task's contexts hold
-        raise ValueError(
+        raise UsageError(
             f"{found.where}: the model predicts d_vocab_out={cfg.d_vocab_out} tokens; the task's layout "
             f"{layout.to_json()} needs at least {layout.min_vocab}"
         )

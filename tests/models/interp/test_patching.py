@@ -4,10 +4,16 @@ from __future__ import annotations
 
 import pytest
 import torch
-from transformer_lens.patching import generic_activation_patch, layer_pos_head_vector_patch_setter
+from transformer_lens.patching import layer_pos_head_vector_patch_setter
 
 from models import CausalTransformer, CausalTransformerConfig
-from models.interp.patching import index_df, patch_copyer_heads, patch_layer2_pattern, patch_subspaces
+from models.interp.patching import (
+    generic_activation_patch,
+    index_df,
+    patch_copyer_heads,
+    patch_layer2_pattern,
+    patch_subspaces,
+)
 from tests.conftest import build_task
 
 

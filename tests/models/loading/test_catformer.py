@@ -1,5 +1,5 @@
 """Nichani et al.'s CatFormer (``models.nets.catformer``, ``models.loading.sources.catformer``): files written as a JAX
-user writes the pytree (``np.savez`` of the named leaves, a pickle of NumPy arrays) load and match a NumPy
+user exports the pytree (``np.savez`` of the named leaves, or safetensors) load and match a NumPy
 forward pass written from their published equations (``catformer.py``: their repository has no licence, so
 nothing of it is vendored); the analyses run on it or refuse in one line."""
 
@@ -8,12 +8,12 @@ from __future__ import annotations
 import json
 import os
 import pickle
-import subprocess
-import sys
 
 import numpy as np
 import pytest
+import safetensors.numpy
 import torch
+from inproc import analysis
 
 import models
 from probes.graph_task import make_task
@@ -55,16 +55,15 @@ def folder(tmp_path):
 
 
 @pytest.mark.parametrize("heads", [[1, 1], [2, 1], [1, 2, 1]])
-@pytest.mark.parametrize("fmt", ["npz", "pickle"])
+@pytest.mark.parametrize("fmt", ["npz", "npz_compressed", "safetensors"])
 def test_loads_and_matches_their_equations(folder, heads, fmt):
     leaves = random_leaves(heads)
-    if fmt == "npz":
-        path = folder / "catformer.npz"
-        np.savez(path, **leaves)
+    if fmt == "safetensors":
+        path = folder / "catformer.safetensors"
+        safetensors.numpy.save_file(leaves, path)
     else:
-        path = folder / "catformer.pkl"
-        A = [leaves[f"A.{i}"] for i in range(len(heads))]
-        path.write_bytes(pickle.dumps({"A": A, "W": leaves["W"]}))
+        path = folder / "catformer.npz"
+        (np.savez if fmt == "npz" else np.savez_compressed)(path, **leaves)
     subject = models.load_subject(path)
     assert subject.family == "CatFormer" and subject.n_heads == heads
     tokens, _ = subject.task.sample(6, torch.Generator().manual_seed(1))
@@ -92,15 +91,27 @@ def test_hooks_are_what_they_say(folder):
     assert not torch.allclose(zeroed, model(ids))  # ablating the copies changes the read-out
 
 
-def test_a_pickle_that_would_run_code_is_refused(folder):
+def test_a_pickle_is_refused_unread_with_the_line_that_exports_the_pytree(folder, tmp_path):
     class Evil:
         def __reduce__(self):
-            return (os.system, ("echo pwned",))
+            return (os.system, (f"touch {tmp_path / 'pwned'}",))
 
     path = folder / "catformer.pkl"
     path.write_bytes(pickle.dumps({"A": [Evil()], "W": np.zeros((3, 3))}))
-    with pytest.raises(ValueError, match="not a NumPy array"):
+    with pytest.raises(ValueError, match="is a pickle: CatFormer weights are read from a .npz") as e:
         models.load_subject(path)
+    assert not (tmp_path / "pwned").exists()
+    # the line it gives, run on a pytree as theirs (A: a list of [heads, d_i, d_i] arrays, W: [d_L, d]), loads
+    leaves = random_leaves([1, 1])
+    model = type("CatFormer", (), {"A": [leaves["A.0"], leaves["A.1"]], "W": leaves["W"]})()
+    export = str(e.value).split("export the pytree with ", 1)[1]
+    cwd = os.getcwd()
+    os.chdir(folder)
+    try:
+        exec(export, {"np": np, "model": model})
+    finally:
+        os.chdir(cwd)
+    assert models.load_subject(folder / "catformer.npz").n_heads == [1, 1]
 
 
 def test_bad_shapes_are_one_line(folder):
@@ -111,18 +122,13 @@ def test_bad_shapes_are_one_line(folder):
         models.load_subject(folder / "catformer.npz")
 
 
-def run_analysis(name, path, out, *extra):
-    cmd = [sys.executable, "-m", f"analyses.{name}", "--checkpoint", str(path), "--out", str(out), *extra]
-    return subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
-
-
 def test_analyses_run_or_refuse_in_one_line(folder):
     leaves = random_leaves([1, 1])
     np.savez(folder / "catformer.npz", **leaves)
     path = folder / "catformer.npz"
-    ok = run_analysis("inspect", path, folder / "inspect", "--n-contexts", "64")
+    ok = analysis("inspect", path, folder / "inspect", "--n-contexts", "64")
     assert ok.returncode == 0, ok.stderr
-    bs = run_analysis("block_structure", path, folder / "bs")
+    bs = analysis("block_structure", path, folder / "bs")
     assert bs.returncode == 0, bs.stderr
     res = json.loads((folder / "bs" / "block_structure.json").read_text())["results"]
     assert [h["blocks"] for h in res["heads"]] == [["token", "position"], ["token", "position", "L0H0 copy"]]
@@ -136,6 +142,6 @@ def test_analyses_run_or_refuse_in_one_line(folder):
     edges = [(i, ps[0]) for i, ps in enumerate(task.parents[:T]) if ps]
     assert res["parent_attention"] == pytest.approx(np.mean([soft[i, p] for i, p in edges]))
     for name in ("circuit", "head_ablation", "logpi_recovery"):
-        r = run_analysis(name, path, folder / name)
+        r = analysis(name, path, folder / name)
         assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1, (name, r.stderr)
         assert "CatFormer model" in r.stderr

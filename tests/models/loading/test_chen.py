@@ -9,13 +9,11 @@ from __future__ import annotations
 
 import itertools
 import json
-import os
-import subprocess
-import sys
 
 import numpy as np
 import pytest
 import torch
+from inproc import analysis
 
 import models
 from probes.graph_task import make_task
@@ -113,14 +111,9 @@ def test_missing_or_misshapen_keys_are_one_line(tmp_path):
         models.load_subject(path)
 
 
-def run_analysis(name, path, out, *extra):
-    cmd = [sys.executable, "-m", f"analyses.{name}", "--checkpoint", str(path), "--out", str(out), *extra]
-    return subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
-
-
 def test_inspect_runs(tmp_path):
     path, _ = write_checkpoint(tmp_path)
-    r = run_analysis("inspect", path, tmp_path / "inspect", "--n-contexts", "64")
+    r = analysis("inspect", path, tmp_path / "inspect", "--n-contexts", "64")
     assert r.returncode == 0, r.stderr[-2000:]
     heads = json.dumps(json.loads((tmp_path / "inspect" / "inspect.json").read_text()))
     assert "L0H2" in heads and "L1H0" in heads
@@ -130,6 +123,6 @@ def test_inspect_runs(tmp_path):
 def test_the_others_refuse_in_one_line(tmp_path, name):
     """They need a Markov-tree task, the disentangled residual or bilinear blocks, which this family lacks."""
     path, _ = write_checkpoint(tmp_path)
-    r = run_analysis(name, path, tmp_path / name)
+    r = analysis(name, path, tmp_path / name)
     assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1, (name, r.returncode, r.stderr[-2000:])
     assert "Chen model" in r.stderr and not (tmp_path / name).exists()

@@ -6,13 +6,12 @@ JSON) loads and matches their forward pass; the analyses run on it or refuse in 
 from __future__ import annotations
 
 import json
-import os
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 import torch
+from inproc import analysis
 
 import models
 from probes.graph_task import make_task
@@ -101,17 +100,12 @@ def test_a_wrong_buffer_or_shape_is_one_line(tmp_path, theirs):
         models.load_subject(path)
 
 
-def run_analysis(name, path, out, *extra):
-    cmd = [sys.executable, "-m", f"analyses.{name}", "--checkpoint", str(path), "--out", str(out), *extra]
-    return subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
-
-
 def test_analyses_run_or_refuse_in_one_line(tmp_path, theirs):
     path, _ = write_checkpoint(tmp_path, theirs)
-    r = run_analysis("inspect", path, tmp_path / "inspect", "--n-contexts", "64")
+    r = analysis("inspect", path, tmp_path / "inspect", "--n-contexts", "64")
     assert r.returncode == 0, r.stderr
     heads = json.loads((tmp_path / "inspect" / "inspect.json").read_text())
     assert "L1H0" in json.dumps(heads)
     for name in ("circuit", "head_ablation", "logpi_recovery", "block_structure"):
-        r = run_analysis(name, path, tmp_path / name)
+        r = analysis(name, path, tmp_path / name)
         assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1, (name, r.stderr)

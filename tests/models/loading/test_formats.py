@@ -16,8 +16,8 @@ from models.training.standard import (
     build_gpt2,
     save_standard,
     target_log_probs,
-    uniform_parent_predictive,
 )
+from probes.oracles import uniform_parent_predictive
 
 
 def small_model(task=None, beta: float = 3.0):

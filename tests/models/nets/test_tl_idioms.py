@@ -15,6 +15,7 @@ from test_formats import hf_folder
 from transformer_lens import ActivationCache, patching
 
 import models
+from models.interp import patching as suite_patching
 from models.nets.causal_transformer import RESULT_HOOK
 from tests.conftest import build_task
 
@@ -188,16 +189,29 @@ def test_get_act_patch_helpers(families, family):
                     want = metric(model.run_with_hooks(corrupted, fwd_hooks=[(f"blocks.{l}.attn.hook_z", patch)]))
                 assert got[l, h].item() == pytest.approx(want.item(), abs=1e-5)
         return
+    # TransformerLens's helpers index every layer by cfg.n_heads and the input length: one line at the first
+    # cell that does not fit, naming what to use instead
+    for helper in (
+        patching.get_act_patch_attn_head_out_all_pos,
+        patching.get_act_patch_attn_head_pattern_by_pos,
+        patching.get_act_patch_resid_pre,
+    ):
+        one_line(ValueError, lambda: helper(model, corrupted, cache, metric), "models.interp.patching", "index_df")
+    one_line(KeyError, lambda: patching.get_act_patch_mlp_out(model, corrupted, cache, metric), "no such part")
+    # the same sweep through the suite's generic_activation_patch is refused before any forward pass
+    K = model.cfg.n_copy_heads
+    every_layer = patching.make_df_from_ranges([model.cfg.n_layers, K], ["layer", "head_index"])
     runs = []
     model.hook_log_probs.add_hook(lambda act, hook: runs.append(1))
     try:
-        for helper in (
-            patching.get_act_patch_attn_head_out_all_pos,
-            patching.get_act_patch_attn_head_pattern_by_pos,
-            patching.get_act_patch_resid_pre,
-        ):
-            one_line(ValueError, lambda: helper(model, corrupted, cache, metric), "models.interp.patching", "index_df")
-        one_line(KeyError, lambda: patching.get_act_patch_mlp_out(model, corrupted, cache, metric), "no such part")
+        one_line(
+            ValueError,
+            lambda: suite_patching.generic_activation_patch(
+                model, corrupted, cache, metric, patching.layer_head_vector_patch_setter, "z", every_layer
+            ),
+            "head_index=",
+            "index_df",
+        )
     finally:
         model.reset_hooks()
     assert runs == [], "a refused sweep ran forward passes first"

@@ -1,15 +1,10 @@
-"""``--help`` of every entry point: every flag explained, and the fast path (``models.plumbing.fast_help``) prints
-exactly what the entry point's own parser prints, without importing torch."""
+"""``--help`` of every entry point: every flag explained; ``python -m NAME --help`` prints exactly what the entry
+point's own parser prints (no cached text), and a mistyped flag gets the parser's own one-line refusal, both
+before torch is imported, because every entry point parses its flags before its heavy imports."""
 
 from __future__ import annotations
 
-import argparse
-import contextlib
-import importlib
-import io
-import json
 import os
-import pkgutil
 import subprocess
 import sys
 import time
@@ -17,71 +12,37 @@ from pathlib import Path
 
 import pytest
 
-import analyses
-import models
-from analyses import common
-from models.loading.sources import NAMED
-from models.plumbing import fast_help
-from models.plumbing.io import one_line
-
 ROOT = Path(__file__).resolve().parents[3]
-# module run by `python -m NAME` -> the module whose main(argv) parses its flags
-ENTRY_POINTS = {
-    **{
-        f"analyses.{m.name}": f"analyses.{m.name}"
-        for m in pkgutil.iter_modules(analyses.__path__)
-        if m.name != "common"
-    },
-    "models.train": "models.training.train",
-    "models.standard": "models.training.standard",
-    "models.evaluate": "models.training.evaluate",
-    "bench": "bench.__main__",
+sys.path.insert(0, str(ROOT / "docs" / "scripts"))
+from entry_points import COLUMNS, PAGE, entry_points, help_text, page, parser_of  # noqa: E402
+
+ENTRY_POINTS = entry_points()
+# Entry points whose flags are still declared in a module that imports torch (their --help is right, and slow):
+# the trainers (their configs and parsers live beside the training code), cape_downstream (its defaults are
+# cape.downstream's), inspect_standard (inspect's analysis, re-registered).
+HEAVY = {
+    "models.train",
+    "models.standard",
+    "models.evaluate",
+    "analyses.cape_downstream",
+    "analyses.inspect_standard",
 }
+LIGHT = [name for name in ENTRY_POINTS if name not in HEAVY]
 
 
-def parser_of(name: str) -> argparse.ArgumentParser:
-    """The parser the entry point builds, caught at its ``parse_args`` before any work."""
-
-    class Caught(Exception):
-        pass
-
-    def catch(self, *args, **kwargs):
-        raise Caught(self)
-
-    module = importlib.import_module(ENTRY_POINTS[name])
-    run = getattr(module, "parse_args", module.main)  # main may catch every exception (run_cli)
-    original = argparse.ArgumentParser.parse_args
-    argparse.ArgumentParser.parse_args = catch
-    try:
-        run([])
-    except Caught as caught:
-        return caught.args[0]
-    finally:
-        argparse.ArgumentParser.parse_args = original
-    raise AssertionError(f"{name} parsed no flags")
+def run(name: str, *argv: str) -> tuple[subprocess.CompletedProcess, set[str]]:
+    """``python -X importtime -m NAME argv...`` in a fresh interpreter, and the modules it imported."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "COLUMNS": str(COLUMNS)}
+    proc = subprocess.run(
+        [sys.executable, "-X", "importtime", "-m", name, *argv], cwd=ROOT, env=env, capture_output=True, text=True
+    )
+    imported = {line.split("|")[-1].strip() for line in proc.stderr.splitlines() if line.startswith("import time:")}
+    proc.stderr = "\n".join(line for line in proc.stderr.splitlines() if not line.startswith("import time:"))
+    return proc, imported
 
 
-def live_help(name: str) -> str:
-    """What ``python -m NAME --help`` prints through argparse, at the cached width."""
-    with contextlib.redirect_stdout(io.StringIO()) as out:
-        parser_of(name).print_help()
-    return out.getvalue()
-
-
-@pytest.fixture(scope="module")
-def cached():
-    before = os.environ.get("COLUMNS")
-    os.environ["COLUMNS"] = str(fast_help.COLUMNS)
-    try:
-        live = {name: live_help(name) for name in ENTRY_POINTS}
-    finally:
-        if before is None:
-            del os.environ["COLUMNS"]
-        else:
-            os.environ["COLUMNS"] = before
-    if os.environ.get("UPDATE_CLI_HELP"):
-        fast_help.HELP_FILE.write_text(json.dumps(live, indent=1, sort_keys=True) + "\n", encoding="utf-8")
-    return json.loads(fast_help.HELP_FILE.read_text(encoding="utf-8")), live
+def test_the_reference_page_is_what_each_parser_prints():
+    assert PAGE.read_text() == page(), f"stale {PAGE.name}: python docs/scripts/entry_points.py rewrites it"
 
 
 def test_every_flag_is_explained_in_words():
@@ -91,90 +52,50 @@ def test_every_flag_is_explained_in_words():
             assert len(words) >= 3, f"{name} {action.option_strings}: help {action.help!r} explains nothing"
 
 
-def test_the_cached_help_is_what_each_parser_prints(cached):
-    texts, live = cached
-    assert sorted(texts) == sorted(live), (
-        "entry points added or removed: UPDATE_CLI_HELP=1 python -m pytest tests/models/plumbing/test_cli_help.py"
-    )
-    for name, text in live.items():
-        assert texts[name] == text, f"{name}: stale help; UPDATE_CLI_HELP=1 python -m pytest tests/models/plumbing/test_cli_help.py"
-
-
-@pytest.mark.parametrize("name", ["analyses.head_ablation", "models.train", "bench"])
-def test_help_answers_before_torch_is_imported(name, cached):
-    texts, _ = cached
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    run = subprocess.run(
-        [sys.executable, "-X", "importtime", "-m", name, "--help"], cwd=ROOT, env=env, capture_output=True, text=True
-    )
-    assert run.returncode == 0, run.stderr[-500:]
-    assert run.stdout == texts[name]
-    imported = {line.split("|")[-1].strip() for line in run.stderr.splitlines() if line.startswith("import time:")}
-    assert "torch" not in imported and "transformer_lens" not in imported
-
-
-def live_refusals() -> dict:
-    """``{analysis module: {named checkpoint: error}}``: what ``analyses.common`` refuses after loading each
-    shipped checkpoint, as ``OneLineParser`` prints it (``models.fast_help`` prints it from the cache)."""
-    subjects = {name: models.load_subject(name) for name in NAMED}
-    refusals = {}
-    for name, analysis in common.registry().items():
-        for checkpoint, subject in subjects.items():
-            try:
-                common.check_requirements(analysis, subject)
-            except ValueError as e:
-                refusals.setdefault(f"analyses.{name}", {})[checkpoint] = one_line(" ".join(str(e).split()))
-    return refusals
-
-
-def test_the_cached_refusals_are_what_each_analysis_refuses():
-    live = live_refusals()
-    if os.environ.get("UPDATE_CLI_HELP"):
-        fast_help.REFUSALS_FILE.write_text(json.dumps(live, indent=1, sort_keys=True) + "\n", encoding="utf-8")
-    assert json.loads(fast_help.REFUSALS_FILE.read_text(encoding="utf-8")) == live, (
-        "stale refusals: UPDATE_CLI_HELP=1 python -m pytest tests/test_cli_help.py"
-    )
-    assert live["analyses.head_ablation"]["standard"].startswith("analyses.head_ablation needs a model with")
+@pytest.mark.parametrize("name", LIGHT)
+def test_help_is_the_parsers_own_and_answers_before_torch_is_imported(name):
+    proc, imported = run(name, "--help")
+    assert proc.returncode == 0, proc.stderr[-500:]
+    assert proc.stdout == help_text(name)
+    assert "torch" not in imported and "transformer_lens" not in imported and "numpy" not in imported
 
 
 @pytest.mark.parametrize(
     "name, argv",
     [
         ("analyses.copyers", ["--n-context", "8", "--seeed", "1"]),  # --n-context: an abbreviation; --seeed: not
-        ("analyses.head_ablation", ["--checkpoint", "standard"]),
-        ("analyses.copyers", ["--checkpoint=standard", "--threads", "1"]),
-        ("models.train", ["--out", "x", "--stepz", "5"]),
+        ("analyses.head_ablation", ["--checkpoint", "default", "--n-contexts", "many"]),
+        ("analyses.phase_diagram", ["--quick", "--full"]),
+        ("analyses.paper", ["--jobz", "2"]),
         ("bench", ["--jsn", "b.json"]),
     ],
 )
-def test_a_mistyped_flag_or_a_wrong_family_is_refused_before_torch_is_imported(name, argv, capsys):
-    """The same line as the entry point's own parser gives, with no heavy import (``models.fast_help``)."""
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+def test_a_mistyped_flag_is_refused_before_torch_is_imported(name, argv, capsys):
+    """The same one line as the entry point's own parser gives, with no heavy import."""
     start = time.perf_counter()
-    run = subprocess.run(
-        [sys.executable, "-X", "importtime", "-m", name, *argv], cwd=ROOT, env=env, capture_output=True, text=True
-    )
+    proc, imported = run(name, *argv)
     seconds = time.perf_counter() - start
     with capsys.disabled():
         print(f"\n{name} {' '.join(argv)}: refused in {seconds:.2f} s")  # measured, not asserted: machines differ
-    imported = {line.split("|")[-1].strip() for line in run.stderr.splitlines() if line.startswith("import time:")}
-    errors = [line for line in run.stderr.splitlines() if not line.startswith("import time:")]
-    assert run.returncode == 2 and run.stdout == ""
+    assert proc.returncode == 2 and proc.stdout == "" and len(proc.stderr.splitlines()) == 1, proc.stderr
     assert "torch" not in imported and "transformer_lens" not in imported
-    module = importlib.import_module(ENTRY_POINTS[name])
-    with pytest.raises(SystemExit) as slow:  # the entry point itself, heavy imports done
-        module.main(argv)
-    assert slow.value.code == 2
-    assert errors == capsys.readouterr().err.splitlines()
+    with pytest.raises(SystemExit) as parsed:  # the entry point's parser itself, in this process
+        parser_of(name).parse_args(argv)
+    assert parsed.value.code == 2
+    assert proc.stderr.splitlines() == capsys.readouterr().err.splitlines()
 
 
-def test_help_asked_reads_only_the_python_m_form(monkeypatch):
-    for argv, expected in [
-        (["python", "-m", "analyses.copyers", "--help"], "analyses.copyers"),
-        (["python", "-X", "importtime", "-m", "bench", "--seed", "1", "-h"], "bench"),
-        (["python", "-m", "models.train", "--out", "x"], None),
-        (["python", "script.py", "--help"], None),
-        (["python", "-m"], None),
-    ]:
-        monkeypatch.setattr(sys, "orig_argv", argv)
-        assert fast_help.help_asked() == expected
+def test_a_malformed_thread_variable_is_refused_before_torch_loads():
+    """libgomp would print its own lines when torch loads with ``OMP_NUM_THREADS=abc``: the entry point refuses
+    first, in one line, and never imports torch."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "abc"}
+    proc = subprocess.run(
+        [sys.executable, "-X", "importtime", "-m", "analyses.copyers"], cwd=ROOT, env=env, capture_output=True, text=True
+    )
+    imported = {line.split("|")[-1].strip() for line in proc.stderr.splitlines() if line.startswith("import time:")}
+    errors = [line for line in proc.stderr.splitlines() if not line.startswith("import time:")]
+    assert proc.returncode == 2 and "torch" not in imported
+    assert errors == [
+        "python -m analyses.copyers: error: environment variable OMP_NUM_THREADS='abc' is not a positive integer; "
+        "unset it (--threads sets torch's threads)"
+    ]

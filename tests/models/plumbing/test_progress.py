@@ -1,72 +1,145 @@
-"""models.plumbing.progress: off a terminal, a plain line once a stage has run a few seconds and then at least
-every 30 s (stage, done/total, elapsed, an estimate of the time left), a last line when it ends; nothing for a
-short stage; a tqdm bar on a terminal. A fake clock stands in for time."""
+"""models.plumbing.progress: off a terminal a plain line every interval (stage, done/total, elapsed, an
+estimate of the time left), also while one step takes longer than the interval; nothing for a loop shorter
+than the interval; a bar on a terminal; silent when disabled."""
 
 from __future__ import annotations
 
 import io
+import re
 import time
 
-from models.plumbing import progress
-from models.plumbing.progress import Progress, duration
+import pytest
+
+from models.plumbing import progress as P
 
 
-class Clock:
-    def __init__(self):
-        self.now = 100.0
+class Stream(io.StringIO):
+    def __init__(self, tty: bool):
+        super().__init__()
+        self.tty = tty
 
-    def __call__(self):
-        return self.now
-
-
-def test_lines_after_a_few_seconds_then_every_30_s_with_an_estimate():
-    clock, out = Clock(), io.StringIO()
-    with Progress("per-head ablation", total=100, unit="runs", stream=out, clock=clock, ticking=False) as bar:
-        clock.now += 2
-        bar.advance(10)  # 2 s in: too early for a line
-        assert out.getvalue() == ""
-        clock.now += 4
-        bar.advance(10)  # 6 s in, 20 done: 24 s left at this rate
-        clock.now += 20
-        bar.advance(10)  # 20 s after the last line: none
-        clock.now += 11
-        bar.tick()  # 31 s after it, no work finished since: a line all the same
-        clock.now += 3
-        bar.advance(70)
-    lines = out.getvalue().splitlines()
-    assert lines == [
-        "progress: per-head ablation 20/100 runs, 6 s elapsed, about 24 s left",
-        "progress: per-head ablation 30/100 runs, 37 s elapsed, about 1 min 26 s left",
-        "progress: per-head ablation done, 100 runs in 40 s",
-    ]
+    def isatty(self) -> bool:
+        return self.tty
 
 
-def test_a_short_stage_prints_nothing_and_a_terminal_gets_a_bar():
-    clock, out = Clock(), io.StringIO()
-    with Progress("quick", total=3, stream=out, clock=clock, ticking=False) as bar:
-        for _ in range(3):
-            clock.now += 1
-            bar.advance()
-    assert out.getvalue() == ""
-    term = io.StringIO()
-    with Progress("on a terminal", total=4, unit="runs", stream=term, terminal=True) as bar:
-        bar.advance(2)
-        assert bar.bar is not None and bar.bar.n == 2  # tqdm draws it; no plain line
-    assert "progress:" not in term.getvalue()
+LINE = re.compile(r"^(?P<desc>[\w ]+): (?P<n>\d+)/(?P<total>\d+) \(\d+%\), (\d+:\d\d:\d\d) elapsed(, about \d+:\d\d:\d\d left)?")
 
 
-def test_the_ticker_prints_while_one_long_piece_of_work_runs(monkeypatch):
-    monkeypatch.setattr(progress, "FIRST_LINE", 0.0)
-    clock, out = Clock(), io.StringIO()
-    bar = Progress("one long pass", total=2, stream=out, clock=clock)  # its thread checks every second
-    clock.now += 1
-    for _ in range(50):  # up to 5 s of real time for the thread to print
-        if out.getvalue():
-            break
-        time.sleep(0.1)
+def test_off_a_terminal_a_line_comes_every_interval_with_stage_count_elapsed_and_estimate(monkeypatch):
+    err = Stream(tty=False)
+    monkeypatch.setattr("sys.stderr", err)
+    for _ in P.progress(range(6), "stage one", interval=0.05):
+        time.sleep(0.06)  # each step longer than the interval: the timer, not the loop, prints
+    lines = err.getvalue().splitlines()
+    assert len(lines) >= 4, lines  # about one a step, and the last one at the end
+    for line in lines:
+        m = LINE.match(line)
+        assert m and m["desc"] == "stage one" and m["total"] == "6", line
+    counts = [int(LINE.match(x)["n"]) for x in lines]
+    assert counts == sorted(counts) and counts[-1] == 6 and "left" not in lines[-1]
+    assert any("left" in x for x in lines[:-1])  # an estimate once a step is done
+
+
+def test_a_loop_shorter_than_the_interval_prints_nothing_off_a_terminal(monkeypatch):
+    err = Stream(tty=False)
+    monkeypatch.setattr("sys.stderr", err)
+    assert sum(P.progress(range(100), "quick")) == 4950
+    with P.progress(desc="by hand", total=3) as bar:
+        bar.update(3)
+    assert err.getvalue() == ""
+
+
+def test_by_hand_with_postfix_and_initial(monkeypatch):
+    err = Stream(tty=False)
+    monkeypatch.setattr("sys.stderr", err)
+    bar = P.progress(desc="train", total=10, initial=4, interval=0.02)
+    bar.update(2)
+    bar.set_postfix(gap="0.0123")
+    time.sleep(0.1)
     bar.close()
-    assert out.getvalue().splitlines()[0] == "progress: one long pass 0/2 it, 1 s elapsed, estimating the time left"
+    first = err.getvalue().splitlines()[0]
+    assert first.startswith("train: 6/10 (60%), 0:00:00 elapsed, about 0:00:00 left (gap=0.0123)")
+    time.sleep(0.1)
+    assert err.getvalue().splitlines()[-1].startswith("train: 6/10")  # closed: no more lines
+    n = len(err.getvalue().splitlines())
+    time.sleep(0.1)
+    assert len(err.getvalue().splitlines()) == n
 
 
-def test_durations_read_as_words():
-    assert [duration(s) for s in (4.6, 75.3, 3725)] == ["5 s", "1 min 15 s", "1 h 2 min"]
+def test_an_abandoned_counter_stops_printing_once_collected(monkeypatch):
+    import gc
+
+    err = Stream(tty=False)
+    monkeypatch.setattr("sys.stderr", err)
+    P.progress(desc="left open", total=5, interval=0.02)  # never closed, no reference kept
+    gc.collect()
+    time.sleep(0.1)
+    assert err.getvalue() == ""
+
+
+@pytest.mark.parametrize("tty", [True, False])
+def test_disabled_is_silent_and_a_terminal_gets_a_bar(monkeypatch, tty):
+    err = Stream(tty=tty)
+    monkeypatch.setattr("sys.stderr", err)
+    assert list(P.progress(range(3), "off", enabled=False, interval=0.01)) == [0, 1, 2]
+    assert err.getvalue() == ""
+    if tty:
+        from tqdm.auto import tqdm
+
+        bar = P.progress(range(3), "on a terminal", file=err)
+        assert isinstance(bar, tqdm)
+        list(bar)
+        assert "on a terminal" in err.getvalue() and "3/3" in err.getvalue()
+
+
+def test_both_trainers_print_progress_lines_to_a_log(monkeypatch, tmp_path):
+    """``models.train`` and ``models.standard`` with stderr a file (as under nohup or Slurm): progress lines
+    with the step count, at the interval (here shortened), where a bar hidden off a terminal printed none."""
+    from conftest import tiny_train_config
+    from test_standard import tiny
+
+    from models.training.standard import train_standard
+    from models.training.train import train
+
+    monkeypatch.setattr(P, "INTERVAL", 0.01)
+    for name, run, steps in (
+        ("train", lambda: train(tiny_train_config(tmp_path, steps=60)), 60),
+        ("train standard", lambda: train_standard(tiny(steps=60), save=False), 60),
+    ):
+        err = Stream(tty=False)
+        monkeypatch.setattr("sys.stderr", err)
+        run()
+        lines = [x for x in err.getvalue().splitlines() if x.startswith(f"{name}: ")]
+        assert lines and lines[-1].startswith(f"{name}: {steps}/{steps} (100%)"), err.getvalue()[-500:]
+        assert all(LINE.match(x) for x in lines)
+
+
+def test_a_run_of_stages_names_its_stage_and_the_interval_can_be_set_from_the_environment(monkeypatch):
+    err = Stream(tty=False)
+    monkeypatch.setattr("sys.stderr", err)
+    monkeypatch.setenv(P.INTERVAL_ENV, "0.02")
+    with P.progress(desc="analyses.x") as run:
+        run.set_postfix(stage="compute")
+        time.sleep(0.1)
+    lines = err.getvalue().splitlines()
+    assert lines and all(re.match(r"^analyses\.x: \d+:\d\d:\d\d elapsed \(stage=compute\)$", x) for x in lines), lines
+
+
+def test_the_tutorial_renderer_leaves_the_plain_lines_out_of_its_pages(monkeypatch):
+    """docs/scripts/tutorials.py captures stderr (not a terminal, so plain lines come): they are progress, not
+    output, and stay off the committed pages as tqdm's bars do."""
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[3] / "docs" / "scripts" / "tutorials.py"
+    spec = importlib.util.spec_from_file_location("tutorials_script", path)
+    tutorials = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(__import__("sys").modules, spec.name, tutorials)  # its dataclasses look themselves up
+    spec.loader.exec_module(tutorials)
+    capture = tutorials.Capture()
+    monkeypatch.setattr("sys.stderr", capture)
+    with P.progress(desc="analyses.x", interval=0.02) as run:
+        run.set_postfix(stage="compute")
+        time.sleep(0.1)
+    print("a result", file=capture)
+    assert "elapsed" in "".join(capture.parts) and capture.take() == "a result\n"

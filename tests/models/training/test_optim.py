@@ -15,6 +15,7 @@ from models.training.train import PRESETS, TrainConfig
 
 FAULTS = """
 import resource, sys, torch
+import models.training.train  # what a training process has loaded (its heap's small blocks are placed already)
 from models.training.optim import keep_freed_memory
 if sys.argv[1] == "keep":
     assert keep_freed_memory()

@@ -80,9 +80,9 @@ def test_the_submitit_path_equals_the_cells_run_directly(direct, tmp_path):
     assert list(tmp_path.rglob("*_result.pkl")), "submitit wrote no result pickles"
 
 
-@pytest.mark.parametrize("jobs", [1, 3])
+@pytest.mark.parametrize("jobs", [1, 2])
 def test_results_come_back_in_order_at_the_threads_asked(jobs):
-    delays = [0.6, 0.0, 0.3]  # with 3 jobs at once the first ends last
+    delays = [0.6, 0.0, 0.3]  # with 2 jobs at once the first ends last: the second and third run while it sleeps
     threads = torch.get_num_threads() + 1 if jobs == 1 else 1  # in this process: set, then restored
     before, done = torch.get_num_threads(), []
     got = sweep.run_jobs(
@@ -95,7 +95,7 @@ def test_results_come_back_in_order_at_the_threads_asked(jobs):
     )
     assert got == [(0, threads), (1, threads), (4, threads)]
     assert sorted(done) == list(enumerate(got))  # once per job, with its own result
-    assert (done[0][0] != 0) == (jobs == 3)
+    assert (done[0][0] != 0) == (jobs == 2)
     assert torch.get_num_threads() == before
     assert sweep.run_jobs(square_after, [], "local", jobs) == []
     if jobs == 1:  # the default: this process's count

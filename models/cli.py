@@ -2,8 +2,13 @@
 
 ``--checkpoint`` (a named checkpoint, a path in any loadable format, or ``theorem1:beta=B``), ``--key-map``
 and ``--config`` (for weight files), ``--device``, ``--dtype``, ``--seed`` (default 0), ``--n-contexts``,
-``--threads`` (default 1: float reductions depend on the thread count), ``--out``. Bad values exit 2 with
-one line (``Parser.error``: no usage line); ``run_cli`` turns any exception from deeper down into the same.
+``--threads`` (default 1: float reductions depend on the thread count), ``--out``. Bad values are a
+``UsageError``: one line, exit 2 (``Parser.error`` for argparse's own, ``run_cli`` for the rest); any other
+exception is a bug, shown as one (``models.plumbing.io.run_cli``).
+
+The room of ``models`` above ``interp``: it loads subjects for the entry points (``subject_or_exit``). Building
+a parser and parsing flags import neither torch nor a model: ``python -m ENTRY --help`` and a mistyped flag
+answer before any heavy import (the checks that need torch import it when they run).
 """
 
 from __future__ import annotations
@@ -16,29 +21,21 @@ import os
 import re
 import sys
 import tempfile
-import warnings
-import weakref
 from pathlib import Path
 
-import torch
-
-from models.interp.subject import THEOREM1_USAGE, Subject, load_subject
-from models.loading.checkpoint import check_device
-from models.loading.dtypes import RUN_DTYPES
-from models.loading.sources import NAMED, theorem1
+from models.loading.named import NAMED, THEOREM1, THEOREM1_USAGE
+from models.nets.dtypes import RUN_DTYPES
 from models.plumbing.io import (
-    check_memory,
+    UsageError,
     exclusive_lock,
     is_utf8,
     name_too_long,
     one_line,
     read_json,
     run_cli,
-    size,
     what_is,
     write_json,
 )
-from probes.tasks import MAX_SEED, check_int
 
 __all__ = [
     "run_cli",
@@ -51,8 +48,7 @@ __all__ = [
     "check_own_output",
     "add_json_flags",
     "subject_or_exit",
-    "check_contexts_fit",
-    "MAX_SEED",
+    "UsageError",
 ]
 
 PATH_FLAGS = ("checkpoint", "config", "key_map")  # flags naming files to read (unless a named checkpoint)
@@ -171,36 +167,36 @@ def dataclass_from_args(cls, args: argparse.Namespace):
 
 def check_path(path: str, flag: str, utf8: bool = True) -> None:
     """A path flag: no NUL byte, no component over 255 bytes, and (``utf8``: an output) a valid UTF-8
-    name (``ValueError`` naming the flag). Inputs may have any name the shell allows (``io.openable``)."""
+    name (``UsageError`` naming the flag). Inputs may have any name the shell allows (``io.openable``)."""
     if "\x00" in path:
-        raise ValueError(f"{flag} {path!r} contains a NUL byte")
+        raise UsageError(f"{flag} {path!r} contains a NUL byte")
     if utf8 and not is_utf8(path):  # bytes undecodable as UTF-8 (surrogate-escaped)
-        raise ValueError(f"{flag} {path!r} is not valid UTF-8; expected a UTF-8 name for an output (rename it)")
+        raise UsageError(f"{flag} {path!r} is not valid UTF-8; expected a UTF-8 name for an output (rename it)")
     long = name_too_long(path)
     if long is not None:
-        raise ValueError(f"{flag}: the name {long[:40]!r}... is {len(os.fsencode(long))} bytes; the limit is 255")
+        raise UsageError(f"{flag}: the name {long[:40]!r}... is {len(os.fsencode(long))} bytes; the limit is 255")
 
 
 def check_out_folder(out: str, flag: str = "--out") -> None:
     """An output folder, checked before any work: not a file, not a dangling symlink, and its nearest
     existing ancestor a writable folder (every entry point makes missing parent folders, as ``mkdir -p``).
-    One ``ValueError`` naming ``flag``."""
+    One ``UsageError`` naming ``flag``."""
     check_path(out, flag)
     path = Path(out)
     if path.is_symlink() and not path.exists():
-        raise ValueError(f"{flag} {out!r} {what_is(path)}; expected a folder")
+        raise UsageError(f"{flag} {out!r} {what_is(path)}; expected a folder")
     if path.exists() and not path.is_dir():
-        raise ValueError(f"{flag} {out!r} {what_is(path)}; expected a folder")
+        raise UsageError(f"{flag} {out!r} {what_is(path)}; expected a folder")
     probe = path if path.exists() else path.parent
     while not probe.exists() and probe != probe.parent:
         probe = probe.parent
     if not probe.is_dir():
-        raise ValueError(f"{flag} {out!r}: {str(probe)!r} is not a folder")
+        raise UsageError(f"{flag} {out!r}: {str(probe)!r} is not a folder")
     try:
         with tempfile.TemporaryFile(dir=probe):
             pass
     except OSError as e:
-        raise ValueError(f"{flag} {out!r} is not writable ({e.strerror or e})") from None
+        raise UsageError(f"{flag} {out!r} is not writable ({e.strerror or e})") from None
 
 
 def check_out_file(out: str, flag: str) -> None:
@@ -209,11 +205,11 @@ def check_out_file(out: str, flag: str) -> None:
     check_path(out, flag)
     path = Path(out)
     if path.is_dir():
-        raise ValueError(f"{flag} {out!r} is a folder; expected a file name")
+        raise UsageError(f"{flag} {out!r} is a folder; expected a file name")
     if path.is_symlink() and not path.exists() or path.exists() and not path.is_file():
-        raise ValueError(f"{flag} {out!r} {what_is(path)}; expected a regular file")
+        raise UsageError(f"{flag} {out!r} {what_is(path)}; expected a regular file")
     if path.parent.exists() and not path.parent.is_dir():
-        raise ValueError(f"{flag} {out!r}: folder {str(path.parent)!r} {what_is(path.parent)}")
+        raise UsageError(f"{flag} {out!r}: folder {str(path.parent)!r} {what_is(path.parent)}")
     check_out_folder(str(path.parent), flag=f"{flag} {out!r}: folder")
 
 
@@ -256,6 +252,11 @@ def check_run_flags(
     ``--json``), apply ``--threads``, and record the command that reproduces the run in ``args.command``.
     ``--out``'s and ``--json``'s missing parent folders will be made (``check_out_folder``). ``reads``: files or folders the
     command reads beyond its flags (no output may be, or lie in, one: ``check_not_an_input``)."""
+    import torch
+
+    from models.loading.checkpoint import check_device
+    from probes.tasks import MAX_SEED, check_int
+
     args.reads = [Path(r) for r in reads]
     try:
         for name in ("seed", "task_seed"):
@@ -265,7 +266,7 @@ def check_run_flags(
             if getattr(args, name, None) is not None:
                 check_int(getattr(args, name), "--" + name.replace("_", "-"), 1)
         if getattr(args, "n_contexts", None) is not None and args.n_contexts > MAX_CONTEXTS:  # a batch: memory bounds it
-            raise ValueError(
+            raise UsageError(
                 f"--n-contexts {args.n_contexts} is more than the bound of {MAX_CONTEXTS} contexts "
                 "(the work grows with it, however it is chunked); use fewer"
             )
@@ -274,7 +275,7 @@ def check_run_flags(
         check_device(getattr(args, "device", "cpu"))
         for name in PATH_FLAGS:
             value = getattr(args, name, None)
-            if isinstance(value, str) and value not in NAMED and not value.startswith("theorem1"):
+            if isinstance(value, str) and value not in NAMED and not value.startswith(THEOREM1):
                 check_path(value, "--" + name.replace("_", "-"), utf8=False)
         if isinstance(getattr(args, "out", None), str):
             check_out_folder(args.out)
@@ -295,7 +296,7 @@ def check_run_flags(
 def check_own_output(out: str, flag: str, prog: str) -> None:
     """An existing output file is replaced only if it is this command's own earlier output: a JSON object
     whose ``command`` begins with ``prog`` (what ``check_run_flags`` records). Anything else there is a
-    ``ValueError`` (the entry point's ``--overwrite`` replaces it)."""
+    ``UsageError`` (the entry point's ``--overwrite`` replaces it)."""
     path = Path(out)
     if not path.exists():
         return
@@ -305,7 +306,7 @@ def check_own_output(out: str, flag: str, prog: str) -> None:
         earlier = None
     command = earlier.get("command") if isinstance(earlier, dict) else None
     if not (isinstance(command, str) and (command == prog or command.startswith(prog + " "))):
-        raise ValueError(
+        raise UsageError(
             f"{flag} {out!r} exists and is not an earlier output of {prog}; refusing to replace it "
             "(pass --overwrite to replace it, or pick another name)"
         )
@@ -346,6 +347,8 @@ def read_by(spec: str) -> list[Path]:
     """What ``--checkpoint spec`` reads: a named checkpoint's folder; ``theorem1:...,from=FOLDER``'s folder
     (the shipped one without ``from=``); a folder; a weight file and the side files its config may come
     from (``<stem>.json``, ``config.json`` and ``task.json`` beside it)."""
+    from models.loading.sources import theorem1
+
     if theorem1.detect(spec):
         return [Path(theorem1.parse(spec).get("from", NAMED["default"]))]
     path = Path(NAMED.get(spec, spec))
@@ -355,15 +358,19 @@ def read_by(spec: str) -> list[Path]:
 
 
 def check_not_an_input(out: str, args: argparse.Namespace, flag: str) -> None:
-    """``ValueError`` if the output ``out`` is, or lies inside, anything the command reads."""
+    """``UsageError`` if the output ``out`` is, or lies inside, anything the command reads."""
     target = Path(out).expanduser().resolve()
     for source in inputs_of(args):
         if target == source or source in target.parents:
-            raise ValueError(f"{flag} {out!r} would write into {str(source)!r}, which this command reads; pick another path")
+            raise UsageError(f"{flag} {out!r} would write into {str(source)!r}, which this command reads; pick another path")
 
 
-def subject_or_exit(p: argparse.ArgumentParser, args: argparse.Namespace) -> Subject:
-    """``load_subject`` with the common flags; a bad checkpoint is ``parser.error`` (exit 2, one line)."""
+def subject_or_exit(p: argparse.ArgumentParser, args: argparse.Namespace):
+    """The ``models.Subject`` of ``--checkpoint`` with the common flags, checked to fit ``--n-contexts`` in memory
+    (``models.interp.memory``); a bad checkpoint is ``parser.error`` (exit 2, one line)."""
+    from models.interp.memory import check_contexts_fit
+    from models.interp.subject import load_subject
+
     try:
         subject = load_subject(args.checkpoint, args.device, key_map=args.key_map, config=args.config, dtype=args.dtype)
         if hasattr(args, "n_contexts"):
@@ -373,48 +380,3 @@ def subject_or_exit(p: argparse.ArgumentParser, args: argparse.Namespace) -> Sub
             raise
         p.error(str(e))
     return subject
-
-
-def forward_bytes(forward, task, n_contexts: int, live: bool = False) -> int:
-    """Memory ``forward(tokens, fwd_hooks)`` (e.g. ``Subject.log_probs``) takes on ``n_contexts`` contexts of
-    ``task``: every activation a hook sees (each storage counted once: the disentangled copyer pattern
-    is shared by the batch; what a backward pass keeps), or with ``live`` the most of them alive at one
-    time (what a pass without gradients holds at its peak: a block's activations are freed as the next one
-    runs), plus the contexts and their sampling buffers."""
-    tokens, _ = task.sample(n_contexts, torch.Generator().manual_seed(0))
-    seen: dict[int, tuple[int, torch.Tensor]] = {}
-    alive: list[weakref.ref] = []
-    peak = 0
-
-    def grab(t, hook):
-        nonlocal peak, alive
-        if not isinstance(t, torch.Tensor):
-            return
-        if not live:  # kept alive, so that no two activations share an address
-            storage = t.untyped_storage()
-            seen[storage.data_ptr()] = (storage.nbytes(), t)
-            return
-        alive = [r for r in alive if r() is not None] + [weakref.ref(t)]
-        held = {s.data_ptr(): s.nbytes() for s in (r().untyped_storage() for r in alive if r() is not None)}
-        peak = max(peak, sum(held.values()))
-
-    with torch.no_grad(), warnings.catch_warnings():  # hooking every name: the bridge warns of gated ones
-        warnings.simplefilter("ignore")
-        forward(tokens, [(lambda name: True, grab)])
-    held = peak if live else sum(n for n, _ in seen.values())
-    return held + 3 * tokens.numel() * 8
-
-
-def check_contexts_fit(subject: Subject, n_contexts: int, flag: str = "--n-contexts") -> None:
-    """One-line ``ValueError`` if a forward pass on ``n_contexts`` contexts of ``subject`` would not fit
-    in memory: the cost of one more context (measured on 1 and 2) times ``n_contexts``, plus what every
-    batch shares. A floor for what an analysis holds."""
-    one, per = context_bytes(subject)
-    check_memory(one - per + per * n_contexts, f"{flag} {n_contexts} ({size(per)} a context)")
-
-
-def context_bytes(subject: Subject) -> tuple[int, int]:
-    """(the memory a forward pass of ``subject`` without gradients holds at its peak on one context, what one
-    more context adds), measured on 1 and 2 contexts (``forward_bytes`` with ``live``)."""
-    one, two = (forward_bytes(subject.log_probs, subject.task, n, live=True) for n in (1, 2))
-    return one, max(two - one, 1)

@@ -1,0 +1,102 @@
+"""What ``discover`` is asked to do: ``CircuitConfig``, every option of ``python -m analyses.circuit``
+with the same default. A name that no registry knows (a corruption, a method, a search) and a value out of
+its range are refused when the config is built, in one line naming the field."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from models.interp.circuit.corruptions import CORRUPTIONS
+from models.interp.circuit.methods import METHODS
+from models.interp.circuit.search import SEARCHES
+
+DIRECTIONS = ("noising", "denoising")  # an edge's receiver sees the ablated value in the clean run, or the reverse
+
+MAX_CURVE_POINTS = 1000  # circuit sizes on the curve; each is one ablated run over every context
+MAX_IG_STEPS = 1024  # EAP-IG converges by 8 on the standard GPT-2 (README: Circuit discovery)
+MIN_HELD_OUT, MAX_HELD_OUT = 512, 8192  # the held-out sample: doubled from the first until target_se is reached
+DEFAULT_CORRUPTIONS = (
+    "demonstrations",
+    "mean",
+)  # the task's corruption, and mean ablation (which sees the target side)
+
+
+def _doc(default, text: str):
+    """A field with its default and its sentence (the command line's ``--help``, without the default)."""
+    return field(default=default, metadata={"help": text})
+
+
+@dataclass(frozen=True)
+class CircuitConfig:
+    """Every option of circuit discovery (``discover``); each field's ``metadata["help"]`` says what it does,
+    and is the ``--help`` of its flag in ``python -m analyses.circuit``."""
+
+    n_contexts: int = _doc(128, "contexts the search scores the edges on (each exact edge score is one forward "
+                                "pass on all of them)")  # fmt: skip
+    seed: int = _doc(0, "seed of everything random: the search contexts, the corruptions, the held-out samples")
+    method: str = _doc("exact", "how each edge is scored: exact path patching, or attribution patching (EAP, EAP-IG)")
+    corruptions: tuple[str, ...] = _doc(DEFAULT_CORRUPTIONS, "the senders' ablated values, comma-separated: the "
+                                        "circuit is the union of the circuits each finds")  # fmt: skip
+    min_z: float = _doc(2.0, "edges whose |score| exceeds this many standard errors come first in the top-n order")
+    n_held_out: int | None = _doc(None, f"fresh contexts for the held-out answers (default: the smallest of "
+                                        f"{MIN_HELD_OUT}, {2 * MIN_HELD_OUT}, ... up to {MAX_HELD_OUT} giving "
+                                        "progress SE <= --target-se)")  # fmt: skip
+    target_se: float = _doc(0.01, "the standard error of the model's progress that the held-out sample must reach")
+    direction: str = _doc("noising", "noising: an edge's receiver sees the ablated value in the clean run; "
+                                     "denoising: it sees the clean value in the corrupted run (a circuit found by "
+                                     "denoising is judged by noising and by denoising)")  # fmt: skip
+    search: str = _doc("top-n", "how the circuit is chosen from the scores: top-n edges, a score threshold, or "
+                                "greedy ACDC-style pruning")  # fmt: skip
+    n_edges: int | None = _doc(None, "top-n: keep this many edges (default: the fewest that keep --target)")
+    target: float = _doc(0.9, "top-n without --n-edges: the share of the model's progress the circuit must keep")
+    threshold: float | None = _doc(None, "threshold / greedy: keep edges whose |score| exceeds this (default: 1e-3)")
+    nodes: tuple[str, ...] | None = _doc(None, "score a given circuit instead of searching: every edge among these "
+                                               "comma-separated nodes (L1H2,MLP0,...)")  # fmt: skip
+    curve_points: int = _doc(8, "number of non-empty circuit sizes on the faithfulness curve, which also plots the "
+                                f"empty circuit (0 edges), at most {MAX_CURVE_POINTS}")  # fmt: skip
+    ig_steps: int = _doc(8, f"EAP-IG: interpolation steps between the clean and corrupted runs, at most {MAX_IG_STEPS}")
+
+    def __post_init__(self):
+        if isinstance(self.corruptions, str):  # "demonstrations,mean", as the command line writes it
+            object.__setattr__(self, "corruptions", tuple(c.strip() for c in self.corruptions.split(",") if c.strip()))
+        object.__setattr__(self, "corruptions", tuple(self.corruptions))
+        if isinstance(self.nodes, str):
+            object.__setattr__(self, "nodes", tuple(n.strip() for n in self.nodes.split(",") if n.strip()))
+        if self.nodes is not None:
+            object.__setattr__(self, "nodes", tuple(str(n) for n in self.nodes))
+        self._check()
+
+    def _check(self) -> None:
+        """One-line ValueError, its leading word the field, for the first option out of its range."""
+        bad = [c for c in self.corruptions if c not in CORRUPTIONS]
+        if bad or not self.corruptions or len(set(self.corruptions)) != len(self.corruptions):
+            raise ValueError(f"corruptions: expected distinct names among {', '.join(CORRUPTIONS)}, comma-separated; "
+                             f"got {','.join(self.corruptions)!r}")  # fmt: skip
+        for name, registry in (("method", METHODS), ("search", SEARCHES), ("direction", DIRECTIONS)):
+            if getattr(self, name) not in registry:
+                raise ValueError(f"{name}: expected one of {', '.join(registry)}, got {getattr(self, name)!r}")
+        if self.direction == "denoising":
+            averaged = [c for c in self.corruptions if not CORRUPTIONS[c].can_denoise]
+            if averaged:
+                raise ValueError(f"direction denoising needs a corruption that is a run on other contexts, not "
+                                 f"{', '.join(averaged)}")  # fmt: skip
+        for name, low, high in (("n_contexts", 2, None), ("curve_points", 1, MAX_CURVE_POINTS),
+                                ("ig_steps", 1, MAX_IG_STEPS), ("n_held_out", 2, None), ("n_edges", 0, None)):  # fmt: skip
+            value = getattr(self, name)
+            if value is not None and value < low:
+                raise ValueError(f"{name} must be >= {low}, got {value}")
+            if value is not None and high is not None and value > high:
+                raise ValueError(f"{name} must be <= {high}, got {value}")
+        if not self.target_se > 0:
+            raise ValueError(f"target_se must be > 0, got {self.target_se}")
+        if not 0 < self.target <= 1:
+            raise ValueError(f"target must be a share of the model's progress in (0, 1], got {self.target}")
+        if self.threshold is not None and not self.threshold >= 0:
+            raise ValueError(f"threshold must be >= 0 (it bounds |score|), got {self.threshold}")
+        if self.nodes is not None and not self.nodes:
+            raise ValueError("nodes: expected at least one node (L1H2,MLP0,...), got none")
+        if self.nodes is not None:
+            from models.interp.circuit.graph import Node  # here: the config (the command line's --help) loads no torch
+
+            for n in self.nodes:
+                Node.parse(n)  # the label's form; whether the model has it is checked against its graph

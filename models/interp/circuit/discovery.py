@@ -1,0 +1,385 @@
+"""Circuit discovery in one call: ``discover(subject, CircuitConfig(...)) -> CircuitResult``.
+
+Scores every edge under each corruption, chooses the nodes and the edges, and answers two questions on
+held-out contexts the search never saw: the share of the model's progress the circuit's edges keep under
+each corruption (faithfulness), and the share its nodes keep with every other head and MLP ablated
+(sufficiency). ``analyses.circuit``'s docstring says the rules in words; this module is them.
+
+    import models
+    from models.interp.circuit import CircuitConfig, discover
+
+    result = discover(models.load_subject("standard"), CircuitConfig(n_held_out=256))
+    print(result.nodes, result.faithfulness, result.sufficiency)
+"""
+
+from __future__ import annotations
+
+import warnings
+
+import torch
+from tqdm.auto import tqdm
+
+from models.interp.baselines import per_context_baselines
+from models.interp.circuit.config import MAX_HELD_OUT, MIN_HELD_OUT, CircuitConfig
+from models.interp.circuit.corruptions import CORRUPTIONS, denoising_runner, source_writes
+from models.interp.circuit.graph import Edge, Graph, Node, build_graph
+from models.interp.circuit.methods import METHODS
+from models.interp.circuit.nodes import (
+    NODE_ABLATIONS,
+    node_ablated_values,
+    node_costs,
+    node_outputs,
+    output_hooks,
+    record_outputs,
+)
+from models.interp.circuit.result import (
+    CircuitResult,
+    CorruptionSearch,
+    Denoising,
+    Estimate,
+    InputSum,
+    KeptEdge,
+    Measurement,
+    NodeRole,
+    ScoredEdge,
+)
+from models.interp.circuit.runner import ROWS, Runner, sender_writes
+from models.interp.circuit.scores import (
+    EdgeScores,
+    area,
+    curve_sizes,
+    faithfulness,
+    kl_to_full,
+    mean_se,
+    ratio_se,
+    restored,
+)
+from models.interp.circuit.search import SEARCHES, among, ranked
+from models.interp.interventions import description
+from models.interp.subject import Subject
+from models.plumbing.io import MEMORY_FRACTION, check_memory, memory_limit, size
+from probes.metrics import per_context_nll
+
+N_MEAN = 2048  # held-out contexts whose mean is each sender's / node's mean-ablated value
+COST_Z = 3.0  # a node whose mean ablation alone costs more than this many standard errors is in the circuit
+SEEDS = {"held_out": 1_000_003, "replicate": 2_000_006, "reference": 3_000_009}  # offsets from the config's seed
+
+
+def sample(task, n: int, seed: int) -> torch.Tensor:
+    """``n`` fresh contexts of ``task``, ``[n, T]``, a function of ``seed`` only."""
+    return task.sample(n, torch.Generator().manual_seed(seed))[0]
+
+
+def named_edges(graph: Graph, names) -> list[Edge]:
+    """Every edge between the named heads / MLPs, the embeddings and the output; ValueError naming a node
+    the graph does not have."""
+    bad = [n for n in names if n not in set(graph.node_order)]
+    if bad:
+        raise ValueError(f"nodes: no node {', '.join(bad)} in this model's graph; nodes: "
+                         f"{', '.join(map(str, graph.node_order))}")  # fmt: skip
+    return among(graph, names)
+
+
+def context_bytes(subject: Subject, graph: Graph) -> tuple[int, int]:
+    """Memory one more context costs, about: (the senders' writes a ``Runner`` holds, one forward pass's
+    activations), measured on one context (each storage counted once)."""
+    seen: dict[int, int] = {}
+
+    def grab(t, hook):
+        if isinstance(t, torch.Tensor):
+            seen[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
+
+    with warnings.catch_warnings():  # hooking every name: the bridge warns of gated ones
+        warnings.simplefilter("ignore")
+        writes, _ = sender_writes(subject, graph, sample(subject.task, 1, 0), [(lambda name: True, grab)])
+    held = {w.untyped_storage().data_ptr(): w.untyped_storage().nbytes() for w in writes.values()}
+    return sum(held.values()), sum(seen.values())
+
+
+def check_fits(subject: Subject, config: CircuitConfig, graph: Graph | None = None) -> int:
+    """One-line ValueError, before any work, if the search or the held-out answers would not fit in memory:
+    each Runner holds the senders' clean and ablated writes on its contexts (the search one per corruption,
+    two when denoising), a pass runs on at least ``ROWS`` contexts, and the receivers' patched activations
+    at most double a pass's. The held-out sample is sized at ``n_held_out``, or at its first size when it
+    grows to reach ``target_se``. Returns the most held-out contexts that fit beside the search (where the
+    growing sample stops)."""
+    writes, forward = context_bytes(subject, build_graph(subject) if graph is None else graph)
+    runners = len(config.corruptions) * (2 if config.direction == "denoising" else 1)
+    n, held = config.n_contexts, config.n_held_out or MIN_HELD_OUT
+    search = 2 * writes * runners * n + 2 * forward * max(n, ROWS)
+    check_memory(search, f"n_contexts {n} (the search: {size(2 * writes * runners + 2 * forward)} a context)")
+    answers = 2 * writes * held + 2 * forward * max(held, ROWS)
+    check_memory(search + answers, f"n_held_out {held} ({size(2 * writes + 2 * forward)} a context; the search "
+                                   f"holds {size(search)} besides)")  # fmt: skip
+    return int((MEMORY_FRACTION * memory_limit()[0] - search) // (2 * writes + 2 * forward))
+
+
+def held_out_contexts(subject: Subject, config: CircuitConfig, most: int | None = None) -> tuple[torch.Tensor, int]:
+    """Fresh contexts for the held-out answers: ``config.n_held_out``, or the smallest of 512, 1024, ...
+    (at most ``MAX_HELD_OUT``, and at most ``most``, what fits in memory) on which the model's progress has a
+    standard error at most ``target_se``."""
+    task = subject.task
+    n = config.n_held_out or MIN_HELD_OUT
+    while True:
+        tokens = sample(task, n, config.seed + SEEDS["held_out"])
+        plateau, bma = per_context_baselines(task, tokens)
+        full = torch.cat([per_context_nll(subject.log_probs(tokens[i : i + 512]), tokens[i : i + 512])
+                          for i in range(0, n, 512)])  # fmt: skip
+        if config.n_held_out or ratio_se(plateau - full, plateau - bma)[1] <= config.target_se or n >= MAX_HELD_OUT:
+            return tokens, n
+        if most is not None and 2 * n > most:
+            return tokens, n
+        n *= 2
+
+
+def measure(subject: Subject, graph: Graph, tokens, edges, nodes, corruptions, seed: int) -> Measurement:
+    """On ``tokens``: the model's progress, the circuit ``edges``' faithfulness under each corruption (every
+    other edge ablated), and the sufficiency of ``nodes`` (every other head and MLP mean- or resample-
+    ablated), each with its standard error over the contexts."""
+    task = subject.task
+    plateau, bma = per_context_baselines(task, tokens)
+    shares, full = {}, None
+    for c in corruptions:
+        runner = Runner(subject, graph, tokens, source_writes(subject, graph, tokens, c, seed))
+        full = runner.clean_values
+        shares[c] = Estimate(*ratio_se(plateau - runner.keep_only_values(edges), plateau - full))
+    progress = Estimate(*ratio_se(plateau - full, plateau - bma))
+    reference = {"mean": sample(task, N_MEAN, seed + SEEDS["reference"]),
+                 "resample": sample(task, len(tokens), seed + SEEDS["reference"] + 1)}  # fmt: skip
+    sufficiency = {}
+    for ablation, ref in reference.items():
+        values = node_ablated_values(subject, graph, tokens, nodes, ablation, ref)
+        sufficiency[ablation] = Estimate(*ratio_se(plateau - values, plateau - full))
+    return Measurement(len(tokens), shares, progress, full.mean().item(), sufficiency)
+
+
+def input_sums(values: EdgeScores) -> list[InputSum]:
+    """Per layer's heads (``L1``) or other receiver (``MLP0``, ``output``), input and position group: the
+    summed score of every edge into it, with its standard error over the contexts."""
+    rows: dict = {}
+    for e, v in values.items():
+        node = f"L{e.receiver.layer}" if e.receiver.kind == "head" else str(e.receiver)
+        rows.setdefault((node, e.input, e.group), []).append(v)
+    return [InputSum(node, inp, group, len(vs), *mean_se(torch.stack(vs).sum(0)))
+            for (node, inp, group), vs in rows.items()]  # fmt: skip
+
+
+def node_roles(kept_by: dict, nodes: list[Node], added: dict, at: dict) -> dict[Node, NodeRole]:
+    """Per node of the circuit: which corruptions' circuits need it, at which positions it reads and writes
+    (the groups of its kept edges), why it was added if it was, and (``at``: per group of positions, its
+    mean ablation there alone) where its output matters: its side is the groups where that costs more than
+    ``COST_Z`` standard errors (else the groups of its kept edges)."""
+    roles = {}
+    for n in nodes:
+        costly = {g for g, (c, se) in at.get(n, {}).items() if c > COST_Z * se}
+        reads = {c: sorted({f"{e.input}@{e.group}" for e in kept if e.receiver == n}) for c, kept in kept_by.items()}
+        writes = {c: sorted({f"{e.receiver}.{e.input}@{e.group}" for e in kept if e.sender == n})
+                  for c, kept in kept_by.items()}  # fmt: skip
+        needed = [c for c in kept_by if reads[c] or writes[c]]
+        groups = costly or {g.split("@")[1] for c in needed for g in reads[c] + writes[c]}
+        side = (
+            "target side"
+            if groups == {"target"}
+            else "demonstration side"
+            if groups == {"demonstrations"}
+            else "both sides"
+            if {"target", "demonstrations"} <= groups
+            else ", ".join(sorted(groups)) or "none"
+        )
+        roles[n] = NodeRole(needed, reads, writes, side, dict(at.get(n, {})), added.get(n))
+    return roles
+
+
+def _refused(progress: Estimate, n: int) -> str | None:
+    """Why no share of the progress can be measured, if it cannot: the progress is not beyond 2 SE of zero."""
+    if progress.value > 2 * progress.se:
+        return None
+    return (f"the model's progress over the uniform-parent plateau is {progress.value:.3f} +- {progress.se:.3f} on "
+            f"the {n} search contexts, not beyond 2 standard errors of zero: a share of it would be a share of "
+            "nothing, so no circuit is reported")  # fmt: skip
+
+
+class _Discovery:
+    """One call of ``discover``: what its steps share (the subject, the graph, the search contexts and their
+    baselines, the runners of each corruption, the mean-ablation reference recorded once)."""
+
+    def __init__(self, subject: Subject, config: CircuitConfig):
+        self.subject, self.config, self.task = subject, config, subject.task
+        self.graph = build_graph(subject)
+        self.named = named_edges(self.graph, config.nodes) if config.nodes is not None else None  # before any work
+        self.most_held_out = check_fits(subject, config, self.graph)
+        self.tokens = sample(self.task, config.n_contexts, config.seed)
+        self.plateau, self.bma = per_context_baselines(self.task, self.tokens)
+        self.corruptions = list(config.corruptions)
+        self.runners = {c: Runner(subject, self.graph, self.tokens, source_writes(subject, self.graph, self.tokens, c,
+                                                                                  config.seed))
+                        for c in self.corruptions}  # fmt: skip
+        self.full = self.runners[self.corruptions[0]].clean_values
+        self.progress = Estimate(*ratio_se(self.plateau - self.full, self.plateau - self.bma))
+
+    def result(self, **found) -> CircuitResult:
+        return CircuitResult(
+            self.config, self.subject.hash, len(self.graph.edges), self.full.mean().item(), self.bma.mean().item(),
+            self.plateau.mean().item(), self.progress, len(self.tokens), **found)  # fmt: skip
+
+    def scores(self) -> dict:
+        """Per corruption: (its runner, the runner scored (the denoising one, if denoising), the edges'
+        scores ``[edge, context]``, ``{edge: (mean, se)}``, the edges ranked)."""
+        method, scored = METHODS[self.config.method], {}
+        for c in self.corruptions:
+            runner = self.runners[c]
+            scorer = (denoising_runner(self.subject, self.graph, self.tokens, c, self.config.seed)
+                      if self.config.direction == "denoising" else runner)  # fmt: skip
+            values = method.score(scorer, self.config)
+            stats = values.with_se()
+            scored[c] = (runner, scorer, values, stats, ranked(stats, self.config.min_z))
+        return scored
+
+    def choose_nodes(self, scored: dict, costs: dict, reference, recorded: dict) -> tuple[list[Node], dict]:
+        """The nodes: every head or MLP whose mean ablation alone costs > COST_Z standard errors, then the
+        costliest others until the nodes alone (the rest mean-ablated) keep ``target`` of the progress, then,
+        for each corruption whose edges among them do not keep ``target``, the nodes its edges' scores weigh
+        most. Returns them in the graph's order and why each was added."""
+        target, plateau, full = self.config.target, self.plateau, self.full
+        added: dict = {}
+        for n, (cost, cost_se) in costs.items():
+            if cost > COST_Z * cost_se:
+                added[n] = f"its mean ablation alone costs {cost:+.4f} +- {cost_se:.4f} nats (> {COST_Z:g} SE)"
+
+        def sufficient(ns) -> float:
+            values = node_ablated_values(
+                self.subject, self.graph, self.tokens, ns, "mean", reference, recorded=recorded
+            )
+            return ratio_se(plateau - values, plateau - full)[0]
+
+        for n in sorted(costs, key=lambda n: -costs[n][0]):
+            if n in added:
+                continue
+            share = sufficient(list(added))
+            if share >= target:
+                break
+            added[n] = f"the nodes before it alone kept {share:.3f} < {target:g} of the progress, rest mean-ablated"
+        for c in self.corruptions:
+            runner, _, _, stats, _ = scored[c]
+            weight = {n: sum(abs(x) for e, (x, _) in stats.items() if n in (e.sender, e.receiver)) for n in costs}
+            for n in sorted(costs, key=lambda n: -weight[n]):
+                if n in added:
+                    continue
+                share = faithfulness(runner, among(self.graph, added), plateau, full).faithfulness
+                if share >= target:
+                    break
+                added[n] = f"the edges among the nodes before it kept {share:.3f} < {target:g} under {c}"
+        return [n for n in self.graph.node_order if n in added], added
+
+    def search(self, c: str, scored: dict, within: set, sizes: list[int]) -> tuple[CorruptionSearch, list[Edge]]:
+        """Corruption ``c``'s circuit among the edges ``within``, its faithfulness and curve on the search
+        contexts (and, denoising, the same restored in the corrupted run)."""
+        runner, scorer, values, stats, order = scored[c]
+        plateau, full, edges = self.plateau, self.full, self.graph.edges
+        curve = [faithfulness(runner, order[:n], plateau, full) for n in _bar(sizes, f"faithfulness curve ({c})")]
+        inner = [e for e in order if e in within]  # the search keeps edges among the nodes only
+        scores = {e: stats[e][0] for e in inner}
+        kept = self.named if self.named is not None else SEARCHES[self.config.search].choose(
+            runner, scores, inner, self.config, plateau, full)  # fmt: skip
+        found = faithfulness(runner, kept, plateau, full)
+        row = lambda e: ScoredEdge(e, *stats[e])  # noqa: E731
+        denoising = None
+        if scorer is not runner:
+            back = [restored(scorer, order[:n], full) for n in _bar(sizes, "denoising faithfulness curve")]
+            d = restored(scorer, kept, full)
+            denoising = Denoising(back, area(back, len(edges)), Estimate(d.faithfulness, d.se),
+                                  Estimate(*mean_se(scorer.clean_values - full)))  # fmt: skip
+        kl = None
+        if c == self.corruptions[0]:
+            kl = Estimate(*kl_to_full(runner, kept, self.subject.log_probs(self.tokens).double()))
+        block = CorruptionSearch(
+            c, [row(e) for e in sorted(kept, key=lambda e: -abs(stats[e][0]))],
+            sum(abs(stats[e][0]) <= 2 * stats[e][1] for e in kept),
+            sum(abs(s) > self.config.min_z * se for s, se in stats.values()),
+            Estimate(found.faithfulness, found.se), curve, area(curve, len(edges)), [row(e) for e in edges],
+            input_sums(values), denoising, kl)  # fmt: skip
+        return block, kept
+
+    def interventions(self) -> list[dict]:
+        """Every intervention the answers make, described (``models.interp.interventions.description``)."""
+        graph = self.graph
+        sites = sorted({(graph.receiver_of(e).site, graph.receiver_of(e).capture) for e in graph.edges})
+        out = [description(site, "add", f"ablated senders' change: {CORRUPTIONS[c].words}")
+               for c in self.corruptions for site, _ in sites]  # fmt: skip
+        out += [description(c, "patch", "the receiver's activation recomputed from its edited input")
+                for c in sorted({c for _, c in sites if c})]  # fmt: skip
+        out += [description(hook, kind, f"every head / MLP outside the circuit: {NODE_ABLATIONS[a]}")
+                for a, kind in (("mean", "mean"), ("resample", "patch"))
+                for hook in output_hooks(node_outputs(self.subject, graph))]  # fmt: skip
+        return out
+
+
+def _bar(items, desc: str):
+    """A progress bar over ``items`` on a terminal (none otherwise)."""
+    return tqdm(items, desc=desc, leave=False, disable=None)
+
+
+@torch.no_grad()
+def discover(subject: Subject, config: CircuitConfig | None = None) -> CircuitResult:
+    """Find ``subject``'s circuit as ``config`` (default ``CircuitConfig()``) asks; see the module docstring.
+    Bad input (a node the graph lacks, sizes that do not fit in memory, a model without the hooks the graph
+    needs) is a one-line ValueError before any work. A model whose progress over the plateau on the search
+    contexts is not beyond 2 standard errors of zero gets a result with ``refused`` set and no circuit.
+
+    Args:
+        subject: the model under study (``models.load_subject``), any family.
+        config: what to do: every option of ``python -m analyses.circuit`` as a field with the same default
+            (the search contexts, the corruptions, the method, the held-out size, ...).
+
+    Returns:
+        What was found: the circuit's ``nodes`` and ``edges``, each corruption's search, and the two answers on
+        held-out contexts, faithfulness and sufficiency, with their standard errors (``to_dict()``: the JSON
+        the command line writes); or ``refused`` and no circuit.
+
+    Raises:
+        ValueError: bad input, in one line, before any work.
+    """
+    config = CircuitConfig() if config is None else config
+    run = _Discovery(subject, config)
+    reason = _refused(run.progress, len(run.tokens))
+    if reason is not None:
+        return run.result(refused=reason)
+    graph, tokens, corruptions = run.graph, run.tokens, run.corruptions
+    scored = run.scores()
+    reference = sample(subject.task, N_MEAN, config.seed + SEEDS["reference"])
+    recorded = record_outputs(subject, reference, output_hooks(node_outputs(subject, graph)))  # once per call
+    costs = {
+        n: Estimate(*mean_se(v)) for n, v in node_costs(subject, graph, tokens, reference, recorded=recorded).items()
+    }
+    if run.named is not None:
+        nodes, added = graph.nodes(run.named), {}
+    else:
+        nodes, added = run.choose_nodes(scored, costs, reference, recorded)
+    within = set(run.named) if run.named is not None else set(among(graph, nodes))
+    sizes = curve_sizes(len(graph.edges), config.curve_points)
+    searches, kept_by, passes, runs = {}, {}, 0, 0
+    for c in corruptions:
+        searches[c], kept_by[c] = run.search(c, scored, within, sizes)
+        runner, scorer = scored[c][:2]
+        passes += runner.passes + (scorer.passes if scorer is not runner else 0)
+        runs += runner.context_runs + (scorer.context_runs if scorer is not runner else 0)
+    union = [e for e in graph.edges if any(e in set(k) for k in kept_by.values())]
+    groups = graph.groups[graph.receivers[0].site] if graph.family == "standard" else {}
+    at: dict = {n: {} for n in nodes}
+    for g, positions in groups.items():  # where each node's output matters: ablated at one group's positions
+        for n, v in node_costs(subject, graph, tokens, reference, nodes=nodes, positions=positions,
+                               recorded=recorded).items():  # fmt: skip
+            at[n][g] = Estimate(*mean_se(v))
+    held, n_held = held_out_contexts(subject, config, run.most_held_out)
+    held_out = measure(subject, graph, held, union, nodes, corruptions, config.seed + SEEDS["held_out"])
+    fresh = sample(subject.task, n_held, config.seed + SEEDS["replicate"])
+    replicate = measure(subject, graph, fresh, union, nodes, corruptions, config.seed + SEEDS["replicate"])
+    score_of = {}
+    for c in reversed(corruptions):  # each edge's score under the first corruption whose circuit kept it
+        score_of.update({s.edge: (s.score, s.se, c) for s in searches[c].edges})
+    kept_edges = [KeptEdge(e, *score_of[e], tuple(k for k in corruptions if e in set(kept_by[k]))) for e in union]
+    kept_edges.sort(key=lambda e: -abs(e.score))
+    return run.result(
+        nodes=nodes, node_roles=node_roles(kept_by, nodes, added, at), node_costs=costs, edges=kept_edges,
+        searches=searches, held_out=held_out, replicate=replicate, n_held_out=n_held, n_mean_reference=N_MEAN,
+        forward_passes=passes, context_runs=runs, interventions=run.interventions())  # fmt: skip
