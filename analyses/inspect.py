@@ -285,6 +285,14 @@ def summary(r: dict) -> str:
         lines.append(f"{r['kind']} model: progress from the plateau to BMA {_progress(r)} ({r['n_contexts']} contexts, seed {r.get('seed', 0)}; ablation, patching "
                      f"and sufficiency on the first {r['intervention_contexts']}; analyses.circuit samples its own, "
                      "so the two agree within their standard errors, not to the digit)")  # fmt: skip
+    est = r.get("estimated")
+    if est:
+        lines.append(
+            f"per-head ablation and patching: exact runs of all {len(r['heads'])} heads would take "
+            f"{est['exact_flops']:.2g} FLOPs, more than the bound of {est['bound_flops']:.2g} "
+            f"(models.interp.inspection.WORK_BOUND): {len(est['heads'])} heads are first-order estimates "
+            f"({est['method']}); measured exactly: {', '.join(est['exactly']) or 'none'}"
+        )
     lines.append(circuit_text(r))
     lines.append("thresholds behind the verdict: " + ", ".join(f"{k} {v:g}" for k, v in r["thresholds"].items()))
     if r["on_plateau"] is False:
@@ -298,9 +306,11 @@ def summary(r: dict) -> str:
     for name, suff in r.get("sufficiency", {}).items():
         lines.append(sufficiency_words(name, suff))
     if r.get("inputs"):
+        estimated = [k for k, h in r["inputs"].items() if h.get("estimated")]
+        note = f"; estimated by attribution patching: {', '.join(estimated)}" if estimated else ""
         lines.append(
             "through which input each last-layer head acts (every edge into it patched from the corrupted run, "
-            f"{r['intervention_contexts']} contexts):"
+            f"{r['intervention_contexts']} contexts{note}):"
         )
         for label, h in r["inputs"].items():
             verdict_ = {"values": POOLING, "keys/queries": "selects through its keys/queries"}.get(h["through"], "")
@@ -418,12 +428,17 @@ def figures(r: dict, args) -> dict:
     if r.get("patching_refused"):
         axes[1].text(0.5, 0.5, "no share: the corruption changes\nthe NLL by less than 2 SE", ha="center",
                      va="center", transform=axes[1].transAxes)  # fmt: skip
+    estimated = set(r.get("estimated", {}).get("heads", []))
     for ax in axes:
         ax.set_xticks(x, labels, rotation=90, fontsize=8)
         ax.set_xlabel("head", fontsize=9)
+        for bar, label in zip(ax.patches, labels):
+            if label in estimated:  # beyond the work bound: a first-order estimate, not a run
+                bar.set(hatch="////", alpha=0.5)
+    note = " (hatched: estimated by attribution patching)" if estimated else ""
     fig.suptitle(
         f"Interventions per head, {r['intervention_contexts']} contexts "
-        f"(clean NLL {r['nll_clean']:.4f}, corrupted {r['nll_corrupted']:.4f}); error bars +- 2 SE",
+        f"(clean NLL {r['nll_clean']:.4f}, corrupted {r['nll_corrupted']:.4f}); error bars +- 2 SE{note}",
         fontsize=12,
     )
     out["inspect_interventions"] = fig

@@ -1,8 +1,10 @@
 """Benchmark the suite side by side, in one run, on this machine: ``python -m bench``.
 
-    python -m bench                       # every row (about 3 minutes on 2 cores, plus the figures)
+    python -m bench                       # every row but the GPT-2-small ones (about 3 minutes on 2 cores, plus the figures)
+    python -m bench --only scale          # inspect on a GPT-2-small shape beside the shipped GPT-2
+    python -m bench --only circuit-scale  # the circuit on a GPT-2-small shape beside the shipped GPT-2
     python -m bench --quick               # small sizes, one repeat: a smoke run in seconds
-    python -m bench --only step cache     # a subset: step cache bma memory train large figures circuit
+    python -m bench --only step cache     # a subset: step cache bma memory train large figures circuit scale circuit-scale
     python -m bench --device cuda         # time on the GPU (memory row: torch.cuda peak allocation)
 
 Rows: a training step of our model against ``bench.reference`` (the full ((L+1)H)^2 copyer score
@@ -13,7 +15,10 @@ the recipe it replaced; the time to regenerate every paper figure; on the shippe
 ``models.interp.circuit``'s exact edge patching and keep-only runs against the implementation they replaced
 (``bench.circuit_reference``, about 3 minutes), and exact edge patching against EAP and EAP-IG (time, and
 the Spearman rank correlation of their edge scores with the exact ones). Each time is the median of a few
-repeats after a warm-up (the circuit rows: one run). It measures; it asserts nothing about speed.
+repeats after a warm-up (the circuit rows: one run); ``scale`` (``bench.scale``, about 10 minutes on a
+quiet core): ``analyses.inspect`` with its default flags on a GPT-2-small-shaped model beside the same on the
+shipped GPT-2, wall and CPU time and peak memory of each process; ``circuit-scale``: ``discover`` at small sizes
+on a GPT-2-small shape (``bench.deepened``) beside the shipped GPT-2, CPU time. It measures; it asserts nothing about speed.
 """
 
 from __future__ import annotations
@@ -23,14 +28,16 @@ import argparse
 from models import cli
 from models.loading.named import DEFAULT_CHECKPOINT, STANDARD_CHECKPOINT
 
-ROWS = ("step", "cache", "bma", "memory", "train", "large", "figures", "circuit", "circuit-scale")
+ROWS = ("step", "cache", "bma", "memory", "train", "large", "figures", "circuit", "scale", "circuit-scale")
+DEFAULT_ROWS = ROWS[:-2]  # the GPT-2-small rows (minutes each) run when named: --only scale circuit-scale
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     """The flags, checked before any work (``models.cli``: threads, device, a ``--json`` in an existing
     writable folder that is none of the checkpoints the rows read)."""
     parser = cli.parser("python -m bench", __doc__)
-    parser.add_argument("--only", nargs="+", choices=ROWS, help=f"measure only these rows (default: all of {ROWS})")
+    parser.add_argument("--only", nargs="+", choices=ROWS,
+                        help=f"measure only these rows (default: all of {DEFAULT_ROWS}; scale and circuit-scale only when named)")  # fmt: skip
     parser.add_argument(
         "--quick",
         action="store_true",
@@ -67,7 +74,7 @@ def _main(argv: list[str]) -> None:
         train_row,
     )
 
-    only = set(args.only or (ROWS if not args.quick else ("step", "cache", "bma", "train")))
+    only = set(args.only or (DEFAULT_ROWS if not args.quick else ("step", "cache", "bma", "train")))
     repeat = 1 if args.quick else 3
     print(f"machine: {machine(args.device)}", flush=True)
     rows: list[dict] = []
@@ -88,6 +95,10 @@ def _main(argv: list[str]) -> None:
     if "circuit" in only:
         rows += circuit_speed_rows(16 if args.quick else CIRCUIT_CONTEXTS)
         rows += circuit_rows(8 if args.quick else 32)
+    if "scale" in only:
+        from bench.scale import scale_rows
+
+        rows += scale_rows(args.device, args.threads, args.quick)
     if "circuit-scale" in only:
         rows.append(circuit_scale_row(*((8, 16) if args.quick else (16, 32))))
     print(table(rows))

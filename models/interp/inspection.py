@@ -5,18 +5,42 @@ contexts; the progress from the uniform-parent plateau to BMA with its standard 
 the named heads (every other head mean-ablated); and through which input each last-layer head acts. The
 verdict's rules and thresholds (``THRESHOLDS``, one table), and what each sentence of the report needs of the
 numbers (``SENTENCES``: a share only of a denominator beyond 2 SE of zero), are ``analyses.inspect``'s docstring's; its
-wording, the printed summary and the figures live there and only format this result."""
+wording, the printed summary and the figures live there and only format this result.
+
+Work that grows with the model: the log-probs and the attention come from one pass, in batches that fit in memory;
+the clean and corrupted runs of the intervention contexts are made once; the heads' interventions run stacked along
+the batch (``models.interp.interventions.run_copies``); each stage reports its progress
+(``models.plumbing.progress``). A stage whose exact runs would take more than ``WORK_BOUND`` FLOPs (a GPT-2
+small's 144 heads: 13 times the bound) says so in the result (``estimated``), estimates every head by attribution
+patching and re-measures exactly the heads it ranks first, as many as the bound allows; only heads measured
+exactly are named."""
 
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from functools import partial
 
 import torch
+from jaxtyping import Float
+from torch import Tensor
 
 from models.interp.baselines import baselines, head_attention_stats
-from models.interp.circuit import INPUTS, Runner, build_graph, mean_se, per_context_nll, ratio_se, sender_writes
-from models.interp.interventions import ablate, corrupted_contexts, head_ablation, head_outputs, hooks, patch_heads
+from models.interp.circuit import INPUTS, build_graph, mean_se, per_context_nll, ratio_se
+from models.interp.interventions import (
+    Intervention,
+    activation_grads,
+    corrupted_contexts,
+    even_parts,
+    head_ablation,
+    head_patch,
+    hooks,
+    log_intervention,
+    recorded_run,
+    rows_per_pass,
+    run_copies,
+)
+from models.interp.memory import forward_bytes, forward_peak
 from models.interp.subject import head_label
 from models.plumbing.progress import progress as progress_bar
 from probes import target_nll
@@ -90,8 +114,9 @@ POOLING = "evidence pooled through the values at fixed positions"
 
 
 def costly(heads: list[dict]) -> list[str]:
-    """The heads whose mean ablation costs more than ``cost_z`` standard errors, largest first."""
-    order = sorted(heads, key=lambda h: -h["ablation_dnll"])
+    """The heads whose mean ablation costs more than ``cost_z`` standard errors, largest first (of the heads
+    measured exactly: an attribution estimate names no head)."""
+    order = sorted((h for h in heads if not h.get("estimated")), key=lambda h: -h["ablation_dnll"])
     return [h["label"] for h in order if h.get("ablation_se") is not None
             and h["ablation_dnll"] > th("cost_z") * h["ablation_se"]]  # fmt: skip
 
@@ -99,8 +124,10 @@ def costly(heads: list[dict]) -> list[str]:
 def carriers(heads: list[dict], gain: float) -> tuple[list[str], bool]:
     """The heads that carry the computation (``SENTENCES["carrier"]``), largest ablation first, and whether
     it is distributed (no single head reached the bar). Every head whose mean ablation costs more than
-    ``cost_z`` standard errors is among them."""
-    order = sorted(heads, key=lambda h: -h["ablation_dnll"])
+    ``cost_z`` standard errors is among them. Only heads measured exactly are named (``estimated`` ones, beyond
+    the work bound, are first-order estimates: on the shipped GPT-2 their ablation costs rank the heads with a
+    Spearman correlation of 0.04 to the exact ones; see ``WORK_BOUND``)."""
+    order = sorted((h for h in heads if not h.get("estimated")), key=lambda h: -h["ablation_dnll"])
 
     def carries(h: dict) -> bool:
         cost, se = h["ablation_dnll"], h.get("ablation_se") or 0.0
@@ -190,68 +217,206 @@ def head_role(head: dict, selecting: list[str], copyers: dict[str, int]) -> str:
     return attention_role({k: torch.tensor(v) for k, v in head["role_profile"].items()})
 
 
+# The clean and corrupted runs every per-head stage starts from, and the bound on exact work ------------------
+WORK_BOUND = 2e13  # FLOPs (flops_per_context x context runs) a stage may spend on exact runs: the per-head
+# ablation and patching, the inputs of the last layer. Beyond it the stage says so, estimates every head by
+# attribution patching and re-measures exactly the heads it ranks first, as many as the rest of the bound allows
+# (a GPT-2 small: 12 layers of width 768, 42 positions: 7 heads, about 5 min of one core in all; the shipped models:
+# every head, exactly). Only heads measured exactly are named as carriers (``carriers``).
+GRAD_PASS = 3  # a pass with gradients costs about three forward passes (the backward pass: two)
+
+
+def flops_per_context(subject) -> float:
+    """Floating-point operations of one forward pass on one context, from the weights: 2 x the parameters of
+    the model's blocks x the positions it reads (the attention's own products, which grow with the square of
+    the positions, left out: small at these lengths; the embeddings and the unembedding, which the task's
+    read-out touches in a few columns only, left out). A weight held twice (a TransformerBridge's W_Q, W_K, W_V
+    are views of GPT-2's joint c_attn) counts once."""
+    blocks = getattr(subject.model, "blocks", subject.model)
+    storages = {p.untyped_storage().data_ptr(): p.untyped_storage().nbytes() // p.element_size() for p in blocks.parameters()}
+    return 2.0 * sum(storages.values()) * subject.layout.n_positions
+
+
+@dataclass
+class Runs:
+    """The intervention contexts ``tokens`` and ``corrupted`` (the same targets, demonstrations from another
+    tree), each run once (``record_runs``): the log-probs ``[batch, H, d]`` of both, every layer's ``hook_z`` on
+    ``tokens`` (``clean``), the last layer's q, k, v (``last_layer_receivers``) on both (``clean``, ``bad``);
+    with gradients, also the first-order estimates of attribution patching, per head and context
+    ``[head, batch]``: of mean-ablating the head (``ablation``, the NLL change) and of patching its clean
+    ``hook_z`` into the corrupted run (``patching``, the change of that run's NLL), and the gradient of the
+    NLL at the last layer's q, k, v (``grad_clean``). Every NLL averages over the target ``positions``
+    (``probes.metrics.scored_rows``)."""
+
+    tokens: Tensor
+    corrupted: Tensor
+    lp_clean: Tensor
+    lp_bad: Tensor
+    clean: dict
+    bad: dict
+    ablation: Tensor | None = None
+    patching: Tensor | None = None
+    grad_clean: dict | None = None
+    rows: int = 1  # rows (contexts x copies) a pass of exact runs takes (models.interp.interventions.rows_per_pass)
+    positions: str = "all"
+
+    def nll(self, log_probs: Tensor, tokens: Tensor) -> Float[Tensor, " batch"]:
+        """Each context's NLL at the target ``positions``, on the CPU."""
+        return per_context_nll(log_probs, tokens, self.positions).cpu()
+
+    @property
+    def clean_values(self) -> Tensor:
+        return self.nll(self.lp_clean, self.tokens)
+
+    @property
+    def corrupt_values(self) -> Tensor:
+        return self.nll(self.lp_bad, self.corrupted)
+
+
+def record_runs(subject, tokens, corrupted, captures: list[str], grads: bool, positions: str = "all") -> Runs:
+    """Both runs of ``Runs`` (``captures``: the hooks of the last layer's q, k, v); with ``grads``, passes with
+    gradients a few contexts at a time, each head's estimates taken from them and the gradients then dropped
+    but those at ``captures``. NLLs at the target ``positions``."""
+    rows = rows_per_pass(forward_peak(subject)[1], str(subject.model.cfg.device), factor=2.0)
+    z = [subject.head_output(i) for i in range(subject.n_layers)]
+    if not grads:
+        with progress_bar(desc="inspect: the clean and corrupted runs", total=2 * len(tokens)) as bar:
+            lp_clean, clean = recorded_run(subject, tokens, z + captures)
+            bar.update(len(tokens))
+            lp_bad, bad = recorded_run(subject, corrupted, captures)
+            bar.update(len(tokens))
+        return Runs(tokens, corrupted, lp_clean, lp_bad, clean, bad, rows=rows, positions=positions)
+    kept = forward_bytes(subject.log_probs, subject.task, 1)  # a pass with gradients keeps every activation
+    grad_rows = rows_per_pass(kept, str(subject.model.cfg.device), factor=2.0)
+    jobs = [(i, j) for i, k in enumerate(subject.n_heads) for j in range(k)]
+    metric = partial(per_context_nll, positions=positions)
+    with progress_bar(desc="inspect: the clean and corrupted runs, with gradients", total=2 * len(tokens)) as bar:
+        lp_clean, _, clean, grad = activation_grads(subject, tokens, z + captures, metric, grad_rows, bar)
+        mean = {name: clean[name].mean(0, keepdim=True) for name in z}
+        ablation = torch.stack([_head_sum(grad[z[i]] * (mean[z[i]] - clean[z[i]]), j) for i, j in jobs])
+        grad_clean = {name: grad[name] for name in captures}
+        del grad
+        lp_bad, _, bad, grad = activation_grads(subject, corrupted, z + captures, metric, grad_rows, bar)
+        patching = torch.stack([_head_sum(grad[z[i]] * (clean[z[i]] - bad[z[i]]), j) for i, j in jobs])
+        bad = {name: bad[name] for name in captures}
+        del grad
+    return Runs(tokens, corrupted, lp_clean, lp_bad, clean, bad, ablation, patching, grad_clean, rows, positions)
+
+
+def _head_sum(x: Tensor, head: int) -> Float[Tensor, " batch"]:
+    """``x[:, :, head]`` summed over everything but the batch (a gradient times a change: the first-order
+    change of each context's metric), on the CPU."""
+    return x[:, :, head].double().flatten(1).sum(1).cpu()
+
+
 @torch.no_grad()
-def interventions(subject, tokens, corrupted, clean_lp=None, positions: str = "all") -> dict:
-    """Per head: NLL change under mean ablation of its ``hook_z`` (mean over the contexts, with its standard
-    error), and the share of the clean-vs-corrupted NLL difference restored by patching its clean ``hook_z``
-    into the corrupted run, with its standard error (None for every head when that difference is below
-    ``min_patch_effect`` or within 2 SE of zero: ``patching_refused`` says so). ``clean_lp``:
-    ``subject.log_probs(tokens)``, if the caller has it. NLLs over the target ``positions``."""
-    clean_z = head_outputs(subject, tokens)
-    clean_lp = subject.log_probs(tokens) if clean_lp is None else clean_lp
-    clean_values = per_context_nll(clean_lp, tokens, positions)
-    corrupt_values = per_context_nll(subject.log_probs(corrupted), corrupted, positions)
+def interventions(subject, runs: Runs, bound: float = WORK_BOUND) -> dict:
+    """Per head: NLL change under mean ablation of its ``hook_z`` (at its mean over the contexts, with its
+    standard error), and the share of the clean-vs-corrupted NLL difference restored by patching its clean
+    ``hook_z`` into the corrupted run, with its standard error (None for every head when that difference is
+    below ``min_patch_effect`` or within 2 SE of zero: ``patching_refused`` says so). The heads' runs are
+    stacked along the batch dimension (``run_copies``). When exact runs of every head would take more than
+    ``bound`` FLOPs, each head is estimated by attribution patching (``runs`` then holds the estimates: the
+    gradient at the clean run times mean - value; at the corrupted run times clean - corrupted value, per
+    context) and the heads ranked first (largest estimate of either, each relative to the largest) are
+    re-measured exactly, as many as the rest of the bound allows; ``estimated`` lists the heads left with
+    estimates."""
+    tokens, corrupted, n = runs.tokens, runs.corrupted, len(runs.tokens)
+    clean_values, corrupt_values = runs.clean_values, runs.corrupt_values
     nll_clean, nll_corrupt = clean_values.mean().item(), corrupt_values.mean().item()
     effect, effect_se = mean_se(corrupt_values - clean_values)
-    ablation, ablation_se, patching, patching_se, log = [], [], [], [], []
-    jobs = [(i, j) for i, n in enumerate(subject.n_heads) for j in range(n)]
+    jobs = [(i, j) for i, k in enumerate(subject.n_heads) for j in range(k)]
+    names = [subject.head_output(i) for i in range(subject.n_layers)]
+    mean_z = {name: runs.clean[name].mean(0, keepdim=True) for name in names}
+    ablations = [Intervention(names[i], "mean", heads=(j,), source="mean over the batch", value=mean_z[names[i]])
+                 for i, j in jobs]  # fmt: skip  (the mean over these contexts, the batch each head's run had)
+    patches = [head_patch(subject, i, [j], {i: runs.clean[names[i]]}) for i, j in jobs]
+    log: list = []
+    for a, p in zip(ablations, patches):
+        log_intervention(log, a)
+        log_intervention(log, p)
+    cost_values = torch.zeros(len(jobs), n, dtype=torch.float64)
+    patched = corrupt_values.repeat(len(jobs), 1)  # each head's patched run, per context
+    exact_flops = 2 * len(jobs) * n * flops_per_context(subject)
+    todo, estimated = list(range(len(jobs))), []
+    if exact_flops > bound:  # every head estimated first (record_runs); the first-ranked re-measured below
+        cost_values[:], patched = runs.ablation, patched + runs.patching
+        room = int(max(0.0, bound - 2 * GRAD_PASS * n * flops_per_context(subject)) // (2 * n * flops_per_context(subject)))
+        abl, pat = cost_values.mean(1).abs(), runs.patching.mean(1).abs()
+        rank = torch.maximum(abl / abl.max().clamp_min(1e-300), pat / pat.max().clamp_min(1e-300))
+        todo = sorted(rank.argsort(descending=True)[:room].tolist())
+        estimated = [h for h in range(len(jobs)) if h not in todo]
+    what = "inspect: per-head ablation and patching" + (", the first-ranked heads exactly" if estimated else "")
+    with progress_bar(desc=what, total=2 * len(todo) * n) as bar:
+        if todo:
+            lp = run_copies(subject, tokens, [[ablations[h]] for h in todo], runs.rows, bar)
+            cost_values[todo] = runs.nll(lp.flatten(0, 1), tokens.repeat(len(todo), 1)).view(len(todo), n) \
+                - clean_values  # fmt: skip
+            lp = run_copies(subject, corrupted, [[patches[h]] for h in todo], runs.rows, bar)
+            patched[todo] = runs.nll(lp.flatten(0, 1), corrupted.repeat(len(todo), 1)).view(len(todo), n)
     # A share of nothing is no share: the demonstrations make no difference the contexts can resolve.
     refused = None
     if abs(effect) < th("min_patch_effect") or not beyond_2se(effect, effect_se):
         refused = (f"corrupting the demonstrations changes the NLL by {effect:+.4f} +- {effect_se:.4f} nats, not "
                    f"beyond 2 SE of zero and {th('min_patch_effect'):g} nats: no share of it to restore")  # fmt: skip
-    for i, j in progress_bar(jobs, "ablate/patch heads", leave=False):
-        ablated = subject.log_probs(tokens, ablate(subject, i, [j], "mean", log=log))
-        cost, se = mean_se(per_context_nll(ablated, tokens, positions) - clean_values)
-        ablation.append(cost)
-        ablation_se.append(se)
-        patched_lp = subject.log_probs(corrupted, patch_heads(subject, i, [j], clean_z, log))
-        patched = per_context_nll(patched_lp, corrupted, positions)
-        share, share_se = (None, None) if refused else ratio_se(corrupt_values - patched, corrupt_values - clean_values)
-        patching.append(share)
-        patching_se.append(share_se)
-    return {
+    ablation, ablation_se = zip(*(mean_se(c) for c in cost_values)) if jobs else ((), ())
+    shares = [(None, None) if refused else ratio_se(corrupt_values - p, corrupt_values - clean_values) for p in patched]
+    out = {
         "nll_clean": nll_clean,
         "nll_corrupted": nll_corrupt,
-        "ablation_dnll": ablation,
-        "ablation_se": ablation_se,
-        "patching_restored": patching,
-        "patching_se": patching_se,
+        "ablation_dnll": list(ablation),
+        "ablation_se": list(ablation_se),
+        "patching_restored": [share for share, _ in shares],
+        "patching_se": [se for _, se in shares],
         "patching_refused": refused,
         "interventions": log,
     }
+    if estimated:
+        labels = subject.head_labels()
+        out["estimated"] = {
+            "heads": [labels[h] for h in estimated],
+            "exactly": [labels[h] for h in todo],
+            "exact_flops": exact_flops,
+            "bound_flops": bound,
+            "method": "attribution patching: per context, the gradient of the NLL at the head's hook_z times "
+                      "(mean - value) at the clean run, times (clean - corrupted value) at the corrupted run",
+        }
+    return out
 
 
 @torch.no_grad()
-def input_costs(subject, tokens, corrupted, positions: str = "all") -> dict | None:
+def input_costs(subject, runs: Runs, bound: float = WORK_BOUND, named=()) -> dict | None:
     """Per head of the last layer, ``{q, k, v: cost, se, share, share_se}``, ``cost``, ``se`` and ``through``:
-    the NLL change when every edge into that input carries its value on ``corrupted`` (``models.interp.circuit``,
-    exact), its share of the three inputs' summed cost (``cost``), with standard errors over the contexts (the
-    shares None when that sum is not beyond 2 SE of zero: ``SENTENCES["share"]``); ``through`` is ``values``,
-    ``keys/queries`` or None (no shares, or neither reached its bar). None for a family whose attention has no
-    per-input hooks (CatFormer, Chen's and Edelman's models: no ``hook_q``, ``hook_k``, ``hook_v`` in the last
-    layer): the circuit graph cuts each head's q, k and v apart."""
-    hooks, last = subject.model.hook_dict, subject.n_layers - 1
-    if not all(f"blocks.{last}.attn.hook_{x}" in hooks for x in INPUTS):
+    the NLL change when every edge into that input carries its value on the corrupted contexts
+    (``models.interp.circuit``'s receivers: the input then reads the corrupted run's residual, so its activation
+    is the corrupted run's, patched in for that head alone), its share of the three inputs' summed cost
+    (``cost``), with standard errors over the contexts (the shares None when that sum is not beyond 2 SE of
+    zero: ``SENTENCES["share"]``); ``through`` is ``values``, ``keys/queries`` or None (no shares, or neither
+    reached its bar). Exact runs stacked along the batch; when those of every last-layer head would take more
+    than ``bound`` FLOPs, those of the heads in ``named`` (the carriers: the heads whose input the verdict
+    reads) if they fit, and the others estimated by attribution patching (the gradient at the clean run times
+    corrupted - clean), with ``estimated`` True. None for a family whose attention has no per-input hooks
+    (CatFormer, Chen's and Edelman's models: no ``hook_q``, ``hook_k``, ``hook_v`` in the last layer): the
+    circuit graph cuts each head's q, k and v apart."""
+    receivers = last_layer_receivers(subject)
+    if receivers is None:
         return None
-    graph = build_graph(subject)
-    runner = Runner(subject, graph, tokens, sender_writes(subject, graph, corrupted)[0],
-                    partial(per_context_nll, positions=positions))
+    tokens, n, f = runs.tokens, len(runs.tokens), flops_per_context(subject)
+    exact = receivers
+    if len(receivers) * n * f > bound:
+        exact = [r for r in receivers if r.node in named]
+        exact = exact if len(exact) * n * f <= bound else []
+    values = {r: _head_sum(runs.grad_clean[r.capture] * (runs.bad[r.capture] - runs.clean[r.capture]), r.head)
+              for r in receivers if r not in exact}  # fmt: skip
+    copies = [[Intervention(r.capture, "patch", heads=(r.head,), value=runs.bad[r.capture])] for r in exact]
+    with progress_bar(desc="inspect: the inputs of the last layer's heads", total=len(copies) * n) as bar:
+        if copies:
+            lp = run_copies(subject, tokens, copies, runs.rows, bar)
+            nll = runs.nll(lp.flatten(0, 1), tokens.repeat(len(copies), 1)).view(len(copies), n)
+            values.update({r: nll[c] - runs.clean_values for c, r in enumerate(exact)})
     out = {}
-    for j in range(subject.n_heads[last]):
-        label = head_label(last, j)
-        costs = {x: runner.run_values([e for e in graph.edges if (e.receiver, e.input) == (label, x)])
-                 - runner.clean_values for x in INPUTS}  # fmt: skip
+    for label in dict.fromkeys(str(r.node) for r in receivers):
+        costs = {r.input: values[r] for r in receivers if r.node == label}
         total = sum(costs.values())
         if not total.abs().max() > 0:  # nothing the corruption changes reaches it
             out[label] = {**{x: {"cost": 0.0, "se": 0.0, "share": None, "share_se": None} for x in INPUTS},
@@ -270,8 +435,20 @@ def input_costs(subject, tokens, corrupted, positions: str = "all") -> dict | No
             else "keys/queries" if head["q"]["share"] + head["k"]["share"] >= th("select_share")
             else None
         )  # fmt: skip
+        if any(r.node == label and r not in exact for r in receivers):
+            head["estimated"] = True
         out[label] = head
     return out
+
+
+def last_layer_receivers(subject) -> list | None:
+    """The q, k, v receivers of the last layer's heads in the circuit graph (``build_graph``), in the graph's
+    order; None for a family without the per-input hooks (``input_costs``)."""
+    hooks, last = subject.model.hook_dict, subject.n_layers - 1
+    if not all(f"blocks.{last}.attn.hook_{x}" in hooks for x in INPUTS):
+        return None
+    heads = {head_label(last, j) for j in range(subject.n_heads[last])}
+    return [r for r in build_graph(subject).receivers if r.node in heads and r.input in INPUTS]
 
 
 def corrupt(task, tokens, seed: int):
@@ -280,36 +457,45 @@ def corrupt(task, tokens, seed: int):
 
 
 @torch.no_grad()
-def inspect_subject(subject, n_contexts: int = 512, seed: int = 0, batch: int = 256, positions: str | None = None) -> dict:
-    """Every number of the report (see the module docstring). NLL, progress, ablation, patching and
-    sufficiency average over the target ``positions`` (``probes.metrics.scored_rows``; default: those the
-    subject was trained on, ``Subject.trained_on``): a model trained on the last token is judged on it."""
+def inspect_subject(subject, n_contexts: int = 512, seed: int = 0, batch: int = 256, bound: float | None = None,
+                    positions: str | None = None) -> dict:  # fmt: skip
+    """Every number of the report (see the module docstring); ``bound``: the FLOPs a per-head stage may spend on
+    exact runs (None: ``WORK_BOUND``; beyond it, attribution patching and the first-ranked heads exactly). NLL,
+    progress, ablation, patching and sufficiency average over the target ``positions``
+    (``probes.metrics.scored_rows``; default: those the subject was trained on, ``Subject.trained_on``): a model
+    trained on the last token is judged on it."""
+    bound = WORK_BOUND if bound is None else bound
     positions = positions or subject.trained_on
-    stages = progress_bar(desc="inspect", total=4)  # off a terminal a line every 30 s, whichever stage runs
-    stages.set_postfix(stage="attention")
     task = subject.task
     L, H = task.n_examples, task.seq_len
     tokens, parents = task.sample(n_contexts, torch.Generator().manual_seed(seed))
     order = context_order(task)  # 2 on a 3-gram: the generalized induction head matches two tokens
     base = baselines(task, tokens, parents, positions)  # BMA's and the plateau's predictions: once, for the SEs too
-    lp = torch.cat([subject.log_probs(tokens[i : i + batch]) for i in range(0, n_contexts, batch)])
+    fits = attention_rows(subject)
+    batch = batch if fits >= batch else even_parts(n_contexts, fits)  # a big model: as many as fit, evenly
+    lps, stats = [], None
+    with progress_bar(desc="inspect: log-probs and attention", total=n_contexts) as bar:
+        for i in range(0, n_contexts, batch):
+            part_tokens, part_parents = tokens[i : i + batch], parents[i : i + batch]
+            part_lp, layers = subject.log_probs_and_attention(part_tokens)
+            lps.append(part_lp)
+            part = []
+            for att in layers:
+                layer = head_attention_stats(
+                    att.target_rows(L, H).cpu(), part_parents, base["posterior"][i : i + batch], L, H
+                )
+                prof = role_profile(att.pattern, att.query_predicts, att.key_token, part_parents, L)
+                layer.update({f"role:{k}": v.tolist() for k, v in prof.items()})
+                seq = sequence_scores(att.pattern, att.query_predicts, att.key_token, part_tokens, part_parents, H, order)
+                layer.update({f"seq:{k}": v.tolist() for k, v in seq.items()})
+                part.append(layer)
+            del layers
+            w = len(part_tokens) / n_contexts
+            part = [{k: torch.tensor(v, dtype=torch.float64) * w for k, v in layer.items()} for layer in part]
+            stats = part if stats is None else [{k: a[k] + b[k] for k in a} for a, b in zip(stats, part)]
+            bar.update(len(part_tokens))
+    lp = torch.cat(lps)
     nll = target_nll(lp, tokens, positions)
-    stats = None
-    for i in range(0, n_contexts, batch):
-        part_tokens, part_parents = tokens[i : i + batch], parents[i : i + batch]
-        part = []
-        for att in subject.attention(part_tokens):
-            layer = head_attention_stats(
-                att.target_rows(L, H).cpu(), part_parents, base["posterior"][i : i + batch], L, H
-            )
-            prof = role_profile(att.pattern, att.query_predicts, att.key_token, part_parents, L)
-            layer.update({f"role:{k}": v.tolist() for k, v in prof.items()})
-            seq = sequence_scores(att.pattern, att.query_predicts, att.key_token, part_tokens, part_parents, H, order)
-            layer.update({f"seq:{k}": v.tolist() for k, v in seq.items()})
-            part.append(layer)
-        w = len(part_tokens) / n_contexts
-        part = [{k: torch.tensor(v, dtype=torch.float64) * w for k, v in layer.items()} for layer in part]
-        stats = part if stats is None else [{k: a[k] + b[k] for k in a} for a, b in zip(stats, part)]
     per_head = []
     for i, layer in enumerate(stats):
         for j in range(subject.n_heads[i]):
@@ -320,14 +506,18 @@ def inspect_subject(subject, n_contexts: int = 512, seed: int = 0, batch: int = 
             per_head.append(head)
     n_int = min(n_contexts, INTERVENTION_CONTEXTS)
     inter_tokens = tokens[:n_int]
-    stages.update()
-    stages.set_postfix(stage="ablation and patching")
-    inter_corrupted = corrupt(task, inter_tokens, seed)
-    inter_clean = subject.log_probs(inter_tokens)  # the clean run of every intervention below, once
-    inter = interventions(subject, inter_tokens, inter_corrupted, inter_clean, positions)
+    receivers = last_layer_receivers(subject) or []
+    flops = flops_per_context(subject) * n_int
+    grads = max(2 * sum(subject.n_heads), len(receivers)) * flops > bound  # a stage estimates: runs with gradients
+    runs = record_runs(subject, inter_tokens, corrupt(task, inter_tokens, seed), sorted({r.capture for r in receivers}),
+                       grads, positions)  # fmt: skip
+    inter = interventions(subject, runs, bound)
+    estimated = set(inter.get("estimated", {}).get("heads", ()))
     for h, a, se, p, p_se in zip(per_head, *(inter[k] for k in ("ablation_dnll", "ablation_se", "patching_restored",
                                                                  "patching_se"))):  # fmt: skip
         h.update(ablation_dnll=a, ablation_se=se, patching_restored=p, patching_se=p_se)
+        if h["label"] in estimated:
+            h["estimated"] = True  # a first-order estimate (beyond WORK_BOUND): never named a carrier
     out = {
         "kind": subject.family,
         "positions": positions,  # the target positions every NLL here averages over
@@ -345,9 +535,9 @@ def inspect_subject(subject, n_contexts: int = 512, seed: int = 0, batch: int = 
         "layout": layout_words(subject.layout),
         **verdict(nll, base, per_head, inter, *progress_errors(tokens, lp, base, positions)),
     }
-    stages.update()
-    stages.set_postfix(stage="inputs of the last layer")
-    out["inputs"] = input_costs(subject, inter_tokens, inter_corrupted, positions)
+    if "estimated" in inter:
+        out["estimated"] = inter["estimated"]
+    out["inputs"] = input_costs(subject, runs, bound, out["carriers"])
     for c in out["carriers"] if out["inputs"] else []:
         if out["inputs"].get(c, {}).get("through") == "values" and c not in out["parent_selecting"]:
             out["roles"][c] = f"{POOLING} ({out['roles'][c]})"
@@ -355,24 +545,30 @@ def inspect_subject(subject, n_contexts: int = 512, seed: int = 0, batch: int = 
         h["role"] = out["roles"][h["label"]]
     out["sequence_heads"] = sequence_heads(per_head)
     named = {"paper_circuit": sorted(set(out["parent_selecting"]) | set(out["copyers"])), "carriers": out["carriers"]}
-    stages.update()
-    stages.set_postfix(stage="sufficiency")
-    clean = per_context_nll(inter_clean, inter_tokens, positions)
-    plateau = per_context_nll(base["log_plateau"][:n_int], inter_tokens, positions)
-    out["sufficiency"] = {
-        name: sufficiency(subject, inter_tokens, heads, out["interventions"], clean, plateau, positions)
-        for name, heads in named.items()
-        if heads
-    }
+    clean, plateau = runs.clean_values, runs.nll(base["log_plateau"][:n_int], inter_tokens)
+    out["sufficiency"] = {}
+    with progress_bar(desc="inspect: sufficiency", total=len(named)) as bar:
+        for name, heads in named.items():
+            if heads:
+                out["sufficiency"][name] = sufficiency(subject, inter_tokens, heads, out["interventions"], clean, plateau,
+                                                       positions)
+            bar.update()
     # The paper's circuit is named only if its heads alone, every other head mean-ablated, keep the progress
     # (or they are every head: nothing else to ablate).
     suff = out["sufficiency"].get("paper_circuit", {})
     kept = suff.get("share")
     sufficient = (kept is not None and kept >= th("sufficient")) or (bool(suff) and not suff["ablated"])
     out["paper_circuit"] = out["paper_circuit_attention"] and sufficient
-    stages.update()
-    stages.close()
     return out
+
+
+def attention_rows(subject) -> int:
+    """Contexts a pass of ``log_probs_and_attention`` may take: its forward pass's own peak and every layer's
+    pattern kept in float64 (measured on one context), a context each (``rows_per_pass``; 256 and more on the
+    shipped models, about 60 on a GPT-2 small reading 42 positions)."""
+    tokens, _ = subject.task.sample(1, torch.Generator().manual_seed(0))
+    patterns = sum(a.pattern.numel() * a.pattern.element_size() for a in subject.log_probs_and_attention(tokens)[1])
+    return rows_per_pass(forward_peak(subject)[1] + patterns, str(subject.model.cfg.device), factor=2.0)
 
 
 def progress_errors(tokens, log_probs, base: dict, positions: str = "all") -> tuple[float, float]:

@@ -19,19 +19,24 @@ entries are replaced (``torch.where`` on a mask), so the rest of the activation 
 "record" puts the activation itself (not a copy: gradients flow through it) into ``store[hook]`` and
 passes it on unchanged; it selects nothing (no heads, positions or dims).
 
-The helpers below (``ablate``, ``patch_heads``, ``ablate_subspace``) build Interventions; ``head_outputs``
-and ``corrupted_contexts`` make the runs they patch from.
+The helpers below (``ablate``, ``patch_heads``, ``ablate_subspace``) build Interventions; ``head_outputs``,
+``recorded_run`` and ``corrupted_contexts`` make the runs they patch from. Many small interventions (one head
+each) run at once with ``run_copies``: the contexts repeated once per intervention along the batch, as many
+rows a pass as fit in the memory a pass may take (``rows_per_pass``); ``activation_grads`` gives the gradient
+of each context's metric at any hooks, what attribution patching multiplies by a change.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import partial
 
 import torch
-from jaxtyping import Int
+from jaxtyping import Float, Int
 from torch import Tensor
 
 from models.interp.subject import Subject
+from models.plumbing.io import MEMORY_FRACTION, memory_limit
 
 KINDS = ("zero", "mean", "patch", "add", "record")
 
@@ -156,14 +161,21 @@ def ablate(subject: Subject, layer: int, heads: list[int], kind: str = "zero", m
 @torch.no_grad()
 def head_outputs(subject: Subject, tokens: Int[Tensor, "batch n_tokens"], layers=None) -> dict[int, Tensor]:
     """Every layer's per-head outputs (``hook_z``) on ``tokens``, for patching into another run."""
-    layers = range(subject.n_layers) if layers is None else layers
-    store: dict[int, Tensor] = {}
+    layers = list(range(subject.n_layers) if layers is None else layers)
+    store = recorded_run(subject, tokens, [subject.head_output(i) for i in layers])[1]
+    return {i: store[subject.head_output(i)] for i in layers}
 
-    def grab(z, hook, layer):  # hook.name may be an alias's canonical name (TransformerBridge)
-        store[layer] = z.detach().clone()
 
-    subject.log_probs(tokens, [(subject.head_output(i), lambda z, hook, i=i: grab(z, hook, i)) for i in layers])
-    return store
+@torch.no_grad()
+def recorded_run(subject: Subject, tokens: Int[Tensor, "batch n_tokens"], names: list[str], fwd_hooks=()):
+    """``(log_probs [batch, H, d], {name: a copy of the activation there})`` of one pass on ``tokens``."""
+    store: dict[str, Tensor] = {}
+
+    def grab(act, hook, name):  # hook.name may be an alias's canonical name (TransformerBridge)
+        store[name] = act.detach().clone()
+
+    lp = subject.log_probs(tokens, [*fwd_hooks, *((name, partial(grab, name=name)) for name in names)])
+    return lp, store
 
 
 def head_patch(subject: Subject, layer: int, heads, source: dict[int, Tensor], name: str = "clean run") -> Intervention:
@@ -190,3 +202,124 @@ def subspace_ablation(name: str, dims: slice, kind: str = "zero", mean: Tensor |
 def ablate_subspace(name: str, dims: slice, kind: str = "zero", mean: Tensor | None = None, log=None):
     """Hooks of ``subspace_ablation``."""
     return hooks([subspace_ablation(name, dims, kind, mean)], log)
+
+
+# Many interventions at once --------------------------------------------------------------------------------
+BATCH_MEMORY = 2**29  # bytes a batched pass may hold on a CPU (the suite's memory bound, if lower): with a GPT-2
+# small's weights and what analyses.inspect keeps, its run stays within 3 GB
+MAX_ROWS = {"cpu": 512, "cuda": 8192}  # contexts x copies a pass: on a CPU, larger passes spend their time
+# faulting in fresh memory (bench's circuit rows); on a GPU, what fits
+
+
+def rows_per_pass(per_context: int, device: str = "cpu", factor: float = 1.0) -> int:
+    """How many rows (contexts x copies) one pass runs: as many as fit in the memory a pass may take
+    (``BATCH_MEMORY`` on a CPU, the device's free memory on a GPU, never more than the suite's bound
+    ``models.plumbing.io.MEMORY_FRACTION`` of what is available), at ``factor`` x ``per_context`` bytes a
+    row (``models.interp.memory.forward_peak``: a forward pass's own peak; ``factor`` for what the pass keeps
+    beyond it), at most ``MAX_ROWS`` of the device, at least one."""
+    kind = "cuda" if str(device).startswith("cuda") else "cpu"
+    available, _ = memory_limit(device)
+    budget = MEMORY_FRACTION * available if kind == "cuda" else min(BATCH_MEMORY, MEMORY_FRACTION * available)
+    return int(max(1, min(MAX_ROWS[kind], budget // max(factor * per_context, 1))))
+
+
+def even_parts(n: int, rows: int) -> int:
+    """The size of the parts that split ``n`` contexts into passes of at most ``rows``, all but the last
+    equal and as few as possible (128 contexts at 116 rows a pass: two passes of 64, not 116 and 12)."""
+    return -(-n // -(-n // max(1, rows)))
+
+
+def _on_contexts(iv: Intervention, rows: slice) -> Intervention:
+    """``iv`` for the contexts ``rows`` of the batch it was made for: a patch's source activation sliced."""
+    if iv.kind == "patch":
+        return Intervention(iv.hook, iv.kind, iv.heads, iv.positions, iv.dims, iv.source, iv.value[rows])
+    if iv.kind == "mean" and iv.value is None:
+        raise ValueError(f"a mean ablation of {iv.hook} over a batch split into passes needs its mean as value")
+    if iv.kind in ("add", "record"):
+        raise ValueError(f"an {iv.kind!r} intervention is not run in split passes")
+    return iv
+
+
+def _copy_hooks(copies: list[list[Intervention]], n: int) -> list:
+    """Forward hooks for ``copies`` of ``n`` contexts stacked along the batch: copy c's interventions on
+    its rows ``c * n .. (c + 1) * n`` alone."""
+    edits: dict[str, list] = {}
+    for c, ivs in enumerate(copies):
+        for iv in ivs:
+            edits.setdefault(iv.hook, []).append((slice(c * n, (c + 1) * n), iv))
+
+    def edit(act, hook=None, todo=()):
+        act = act.clone()
+        for rows, iv in todo:
+            act[rows] = iv.apply(act[rows])
+        return act
+
+    return [(name, partial(edit, todo=todo)) for name, todo in edits.items()]
+
+
+@torch.no_grad()
+def run_copies(subject: Subject, tokens: Int[Tensor, "batch n_tokens"], copies: list[list[Intervention]],
+               rows: int, bar=None) -> Float[Tensor, "copies batch H d"]:  # fmt: skip
+    """The log-probs of the contexts ``tokens`` under each entry of ``copies`` (a list of Interventions made
+    for the whole batch): the copies stacked along the batch dimension, ``rows`` rows (contexts x copies) a
+    pass, so that many small interventions (one head each) share passes that fill the memory a pass may
+    take (``rows_per_pass``); a batch larger than ``rows`` is split into passes of its contexts. ``bar``
+    (``models.plumbing.progress.progress``) counts one per copy and context run."""
+    n = len(tokens)
+    per = max(1, rows // n)  # copies a pass
+    step = n if per > 1 or rows >= n else even_parts(n, rows)  # contexts a pass
+    out = []
+    for start in range(0, len(copies), per):
+        group = copies[start : start + per]
+        parts = []
+        for first in range(0, n, step):
+            part = slice(first, min(first + step, n))
+            ivs = [[_on_contexts(iv, part) for iv in c] for c in group] if step < n else group
+            m = part.stop - part.start
+            lp = subject.log_probs(tokens[part].repeat(len(group), 1), _copy_hooks(ivs, m))
+            parts.append(lp.view(len(group), m, *lp.shape[1:]))
+            if bar is not None:
+                bar.update(len(group) * m)
+        out.append(torch.cat(parts, 1))
+    return torch.cat(out)
+
+
+def activation_grads(subject: Subject, tokens: Int[Tensor, "batch n_tokens"], names: list[str], metric,
+                     rows: int, bar=None) -> tuple[Tensor, Tensor, dict[str, Tensor], dict[str, Tensor]]:  # fmt: skip
+    """One pass with gradients on ``tokens``, ``rows`` contexts at a time: ``(log_probs [batch, H, d], each
+    context's ``metric(log_probs, tokens)`` [batch], {name: the activation}, {name: d metric / d activation})``
+    for the hooks ``names``, each context's metric differentiated with respect to its own activations (the
+    gradient of their sum; every activation is read where it is, so it is the total derivative through every
+    later layer). What attribution patching multiplies by a change of the activation. The results are filled
+    in part by part (no second copy of them at the end)."""
+    n = len(tokens)
+    lps = values = None
+    acts: dict[str, Tensor] = {}
+    grads: dict[str, Tensor] = {}
+    for first in range(0, n, even_parts(n, rows)):
+        part = slice(first, min(first + even_parts(n, rows), n))
+        store: dict = {}
+        hooks = [(name, lambda act, hook=None: act.detach().requires_grad_(True))
+                 for name in ("hook_embed", "hook_pos_embed") if name in subject.model.hook_dict]  # fmt: skip
+        hooks += [Intervention(name, "record", store=store).fwd_hook() for name in names]
+        with torch.enable_grad():
+            lp = subject.log_probs(tokens[part], hooks)
+            value = metric(lp, tokens[part])
+            found = [name for name in names if name in store and store[name].requires_grad]
+            got = torch.autograd.grad(value.sum(), [store[k] for k in found], allow_unused=True) if found else []
+        by_name = dict(zip(found, got))
+        if lps is None:
+            lps, values = lp.new_empty((n, *lp.shape[1:])), value.new_empty(n)
+        lps[part], values[part] = lp.detach(), value.detach()
+        for name in names:
+            if name not in store:
+                raise ValueError(f"the forward pass never reached {name}")
+            act, grad = store[name].detach(), by_name.get(name)
+            if name not in acts:
+                acts[name], grads[name] = act.new_empty((n, *act.shape[1:])), act.new_empty((n, *act.shape[1:]))
+            acts[name][part] = act
+            grads[name][part] = 0 if grad is None else grad
+        del store, lp, value, got, by_name
+        if bar is not None:
+            bar.update(part.stop - part.start)
+    return lps, values, acts, grads

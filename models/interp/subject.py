@@ -4,9 +4,12 @@ A ``Subject`` holds a hooked model, the task it was trained on and the ``Layout`
 answers the questions analyses ask of any model family:
 
 - ``log_probs(tokens, fwd_hooks)``: the target's log-probabilities ``[batch, H, d]`` (row 0: the root),
-  the quantity BMA predicts, under optional TransformerLens forward hooks;
+  the quantity BMA predicts, under optional TransformerLens forward hooks; a model with an unembedding
+  computes the logits of the task's d ids alone, at the positions read (``task_logits``), so that its memory
+  and work grow with the task, not with the vocabulary;
 - ``attention(tokens)``: per layer, every head's pattern with each query labelled by the task token it
-  predicts and each key by the task token it reads (``LayerAttention``);
+  predicts and each key by the task token it reads (``LayerAttention``); ``log_probs_and_attention``: both,
+  from one pass;
 - ``n_heads``, ``head_labels()``, ``head_output(layer)``: its heads by layer, with the hook name of each
   layer's per-head outputs (``hook_z``), for ablation and patching (``models.interp.interventions``);
 - ``capabilities``: what this family has beyond that (the bilinear ``W_KQ``, a content-free copyer
@@ -193,6 +196,11 @@ class Subject:
             One ``LayerAttention`` per layer (``pattern`` ``[batch, head, Q, K]``, float64, and the labels);
             ``target_rows(L, H)`` gives the rows of the queries that predict the target's tokens.
         """
+        return self.log_probs_and_attention(tokens, fwd_hooks)[1]
+
+    def log_probs_and_attention(self, tokens: Int[Tensor, "batch n_tokens"], fwd_hooks=()
+                                ) -> tuple[Float[Tensor, "batch H d"], list[LayerAttention]]:  # fmt: skip
+        """``log_probs`` and ``attention`` of one forward pass (one pass where an analysis needs both)."""
         raise NotImplementedError
 
     def _run_capturing(self, tokens, fwd_hooks, layers) -> tuple[Tensor, dict[int, Tensor]]:
@@ -225,23 +233,29 @@ class DisentangledSubject(Subject):
         with self.model.hooks(fwd_hooks=list(fwd_hooks)):
             return self.model(tokens).double()
 
-    def attention(self, tokens, fwd_hooks=()):
+    def log_probs_and_attention(self, tokens, fwd_hooks=()):
         L, H = self.task.n_examples, self.task.seq_len
-        _, store = self._run_capturing(tokens, fwd_hooks, range(2))
+        lp, store = self._run_capturing(tokens, fwd_hooks, range(2))
         queries = torch.stack([torch.full((H,), L), torch.arange(H)], 1)
         all_keys = torch.stack([torch.arange(L + 1).repeat_interleave(H), torch.arange(H).repeat(L + 1)], 1)
         target_keys = queries.clone()
-        return [LayerAttention(store[0], queries, all_keys), LayerAttention(store[1], queries, target_keys)]
+        return lp, [LayerAttention(store[0], queries, all_keys), LayerAttention(store[1], queries, target_keys)]
 
 
 def read_out(logits: Float[Tensor, "batch pos vocab"], layout: Layout, d: int) -> Float[Tensor, "batch H d"]:
-    """The target's log-probabilities from a next-token model's logits: row h from position
-    ``layout.prediction_positions()[h]``; a row that nothing predicts (x_0 of a lone target, position -1) is the
-    uniform distribution, in every family."""
+    """The target's log-probabilities from a next-token model's full logits: row h from position
+    ``layout.prediction_positions()[h]`` (``task_log_probs``)."""
     pos = layout.prediction_positions().to(logits.device)
     first = layout.token_offset
-    out = logits[:, pos.clamp_min(0), first : first + d].double().log_softmax(-1)
-    return torch.where((pos < 0).view(1, -1, 1), torch.full_like(out, -math.log(d)), out)  # no in-place: autograd
+    return task_log_probs(logits[:, pos.clamp_min(0), first : first + d], pos)
+
+
+def task_log_probs(picked: Float[Tensor, "batch H d"], positions: Int[Tensor, " H"]) -> Float[Tensor, "batch H d"]:
+    """The log-softmax over the task's ids of the logits read at ``positions`` (clamped at 0); a row that nothing
+    predicts (x_0 of a lone target, position -1) is the uniform distribution, in every family."""
+    out = picked.double().log_softmax(-1)
+    unpredicted = (positions.to(out.device) < 0).view(1, -1, 1)
+    return torch.where(unpredicted, torch.full_like(out, -math.log(out.shape[-1])), out)  # no in-place: autograd
 
 
 class StandardSubject(Subject):
@@ -259,15 +273,74 @@ class StandardSubject(Subject):
 
     def _log_probs(self, tokens, fwd_hooks):
         ids = self.layout.encode(tokens).to(self.model.cfg.device)
+        first, pos = self.layout.token_offset, self.layout.prediction_positions()
         with self.model.hooks(fwd_hooks=list(fwd_hooks)):
-            logits = self.model(ids)
-        return read_out(logits if isinstance(logits, Tensor) else logits.logits, self.layout, self.task.d_vocab)
+            picked = task_logits(self.model, ids, pos.clamp_min(0), slice(first, first + self.task.d_vocab))
+        return task_log_probs(picked, pos)
 
-    def attention(self, tokens, fwd_hooks=()):
-        _, store = self._run_capturing(tokens, fwd_hooks, range(self.n_layers))
+    def log_probs_and_attention(self, tokens, fwd_hooks=()):
+        lp, store = self._run_capturing(tokens, fwd_hooks, range(self.n_layers))
         keys = self.layout.key_tokens()
         predicts = torch.cat([keys[1:], torch.full((1, 2), -1, dtype=torch.long)])  # position p predicts p + 1
-        return [LayerAttention(store[i], predicts, keys) for i in range(self.n_layers)]
+        return lp, [LayerAttention(store[i], predicts, keys) for i in range(self.n_layers)]
+
+
+# Hugging Face model types whose logits are ``lm_head(final hidden state)`` (an ``nn.Linear``) with nothing after
+# it (no soft-capping, no logit scale): their task logits are read from lm_head's rows for the task's ids alone.
+# Any other type reads the full logits (the same numbers, memory growing with its vocabulary).
+COLUMN_READOUT_TYPES = ("gpt2",)
+
+
+class _Unembedding(Exception):
+    """Ends a forward pass at the input of the unembedding (``task_logits``), carrying it."""
+
+    def __init__(self, resid: Tensor):
+        super().__init__()
+        self.resid = resid
+
+
+def task_logits(model, ids: Int[Tensor, "batch pos"], positions: Int[Tensor, " P"], columns: slice
+                ) -> Float[Tensor, "batch P C"]:  # fmt: skip
+    """``model(ids)``'s logits at ``positions`` over the vocabulary ``columns`` (the task's ids), computed for
+    those only where the family allows: the unembedding's columns for the task's ids at the positions read, so
+    that a read-out's memory and work grow with the task, not with the vocabulary. A net with ``logits_at``
+    (``models.nets.hooked_transformer``, ``models.nets.edelman``) computes them itself; a ``TransformerBridge``
+    over a model type of ``COLUMN_READOUT_TYPES`` runs to its unembedding's input (every hook before it fires
+    as in a full pass) and applies lm_head's rows ``columns``; any other model runs in full and is sliced.
+    The log-softmax over the task's ids (``Subject.log_probs``) reads these columns only, so the result is the
+    full-vocabulary computation's, to float rounding."""
+    if hasattr(model, "logits_at"):
+        return model.logits_at(ids, positions, columns)
+    head = _column_readout(model)
+    if head is None:
+        logits = model(ids)
+        logits = logits if isinstance(logits, Tensor) else logits.logits
+        return logits[:, positions.to(logits.device), columns]
+
+    def stop(module, args, kwargs):
+        raise _Unembedding(args[0] if args else kwargs["hidden_states"])
+
+    handle = model.unembed.register_forward_pre_hook(stop, with_kwargs=True)
+    try:
+        model(ids)
+    except _Unembedding as e:
+        resid = e.resid[:, positions.to(e.resid.device)]
+    else:
+        raise RuntimeError("the forward pass never reached the unembedding")
+    finally:
+        handle.remove()
+    bias = None if head.bias is None else head.bias[columns]
+    return torch.nn.functional.linear(resid, head.weight[columns], bias)
+
+
+def _column_readout(model) -> torch.nn.Linear | None:
+    """The ``nn.Linear`` unembedding of a ``TransformerBridge`` whose model type reads its task's columns
+    directly (``COLUMN_READOUT_TYPES``); None for any other model."""
+    config = getattr(getattr(model, "original_model", None), "config", None)
+    head = getattr(getattr(model, "unembed", None), "original_component", None)
+    if getattr(config, "model_type", None) in COLUMN_READOUT_TYPES and type(head) is torch.nn.Linear:
+        return head
+    return None
 
 
 class CatFormerSubject(Subject):
@@ -289,11 +362,11 @@ class CatFormerSubject(Subject):
         with self.model.hooks(fwd_hooks=list(fwd_hooks)):
             return read_out(self.model(ids), self.layout, d)
 
-    def attention(self, tokens, fwd_hooks=()):
-        _, store = self._run_capturing(tokens, fwd_hooks, range(self.n_layers))
+    def log_probs_and_attention(self, tokens, fwd_hooks=()):
+        lp, store = self._run_capturing(tokens, fwd_hooks, range(self.n_layers))
         keys = self.layout.key_tokens()
         T = self.model.cfg.n_ctx
-        return [LayerAttention(store[i], keys[1 : T + 1], keys[:T]) for i in range(self.n_layers)]
+        return lp, [LayerAttention(store[i], keys[1 : T + 1], keys[:T]) for i in range(self.n_layers)]
 
 
 class ChenSubject(CatFormerSubject):

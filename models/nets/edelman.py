@@ -123,12 +123,23 @@ class EdelmanTransformer(HookedRootModule):
         return self.cfg.heads
 
     def forward(self, ids: Int[Tensor, "batch pos"]) -> Float[Tensor, "batch pos vocab"]:
+        return self.lm_head(self.final_residual(ids))
+
+    def logits_at(
+        self, ids: Int[Tensor, "batch pos"], positions: Int[Tensor, " P"], columns: slice
+    ) -> Float[Tensor, "batch P C"]:
+        """``forward(ids)[:, positions, columns]``: ``lm_head``'s rows ``columns`` at those positions only."""
+        resid = self.final_residual(ids)[:, positions.to(self.lm_head.weight.device)]
+        return resid @ self.lm_head.weight[columns].T
+
+    def final_residual(self, ids: Int[Tensor, "batch pos"]) -> Float[Tensor, "batch pos d_model"]:
+        """What ``lm_head`` reads: every block, then ``ln_f``."""
         if ids.shape[-1] > self.cfg.block_size:
             raise ValueError(f"a sequence of {ids.shape[-1]} tokens exceeds block_size={self.cfg.block_size}")
         x = self.hook_embed(self.wte(ids))
         for block in self.blocks:
             x = block(x)
-        return self.lm_head(self.ln_f(x))
+        return self.ln_f(x)
 
 
 def their_key(key: str) -> str:

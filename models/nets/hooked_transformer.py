@@ -14,6 +14,7 @@ small models trained on toy tasks use, so their state dicts (``models.loading.co
       mlp_out = act(ln2(resid_mid) @ W_in + b_in) @ W_out + b_out      mlp.hook_pre/hook_post, hook_mlp_out
       resid_post = resid_mid + mlp_out
     logits = ln_final(resid) @ unembed.W_U + unembed.b_U               [batch, pos, d_vocab_out]
+    (``logits_at(ids, positions, columns)``: those logits only, the columns' slice of W_U at those positions)
 
 Covered (anything else is a one-line ``ValueError``): attention-only or with an MLP; normalisation
 ``"LN"`` (``(x - mean) / sqrt(var + eps) * w + b``), ``"LNPre"`` (the same without w, b: TransformerLens
@@ -307,6 +308,19 @@ class HookedTransformer(HookedRootModule):
         self.setup()
 
     def forward(self, ids: Int[Tensor, "batch pos"]) -> Float[Tensor, "batch pos d_vocab_out"]:
+        return self.final_residual(ids) @ self.unembed.W_U + self.unembed.b_U
+
+    def logits_at(
+        self, ids: Int[Tensor, "batch pos"], positions: Int[Tensor, " P"], columns: slice
+    ) -> Float[Tensor, "batch P C"]:
+        """``forward(ids)[:, positions, columns]`` without the other logits: the unembedding of those columns
+        at those positions only (``ln_final`` once, at every position, as ``forward``), so that the memory
+        and work of a read-out grow with the task's tokens, not with ``d_vocab_out``."""
+        resid = self.final_residual(ids)[:, positions.to(self.unembed.W_U.device)]
+        return resid @ self.unembed.W_U[:, columns] + self.unembed.b_U[columns]
+
+    def final_residual(self, ids: Int[Tensor, "batch pos"]) -> Float[Tensor, "batch pos d_model"]:
+        """The residual the unembedding reads: every block, then ``ln_final``."""
         cfg = self.cfg
         if not isinstance(ids, Tensor) or ids.ndim != 2 or ids.is_floating_point() or ids.is_complex():
             raise ValueError(f"input must be an integer tensor [batch, pos], got {_describe(ids)}")
@@ -320,9 +334,7 @@ class HookedTransformer(HookedRootModule):
         )
         for block in self.blocks:
             resid = block(resid)
-        if cfg.normalization_type is not None:
-            resid = self.ln_final(resid)
-        return resid @ self.unembed.W_U + self.unembed.b_U
+        return self.ln_final(resid) if cfg.normalization_type is not None else resid
 
     def run_with_cache(self, *args, **kwargs) -> tuple[Tensor, ActivationCache]:
         """As ``HookedRootModule.run_with_cache``, with the cache wrapped in an ``ActivationCache``."""

@@ -373,7 +373,7 @@ COMMANDS = [
         LONG + ": tests/models/training/test_distributed.py",
     ),
     (
-        r"python -m bench( --only (large|circuit))?( --threads [12])?",
+        r"python -m bench( --only (large|circuit|scale))?( --threads [12])?( --json \S+)?",
         "a benchmark of minutes, on a quiet machine; tests/robustness/test_entry_point_convention.py runs its flag checks",
     ),
     (r"python -m [\w.]+( --\S+ \S+)* --device cuda( --\S+ \S+)*", "needs a GPU"),

@@ -278,6 +278,13 @@ TRAJECTORY_CLAIMS = [
      "{:.0f} ms against {:.0f} ms ({:.2f}x)", REPRO + "bench_large_2026-12-03.json",
      lambda d: (*_bench(d, "a training step (", 1e3, 1), *_bench(d, "time to the targets", 1, 1),
                 *_bench(d, "drawing a training batch", 1e3, 1e3), *_bench(d, "the freed memory kept", 1e3, 1e3))),
+    ("| `analyses.inspect`, default flags, one thread | {:.0f} s wall, {:.0f} s CPU, peak RSS {:.2f} GB | {:.0f} s wall, "
+     "{:.0f} s CPU, peak RSS {:.2f} GB | {:.1f}x the wall time, {:.1f}x the CPU time |", REPRO + "bench_scale_2026-12-04.json",
+     lambda d: (*(d["rows"][0]["runs"][m][k] / (2**30 if k == "peak_rss" else 1) for m in ("big", "shipped")
+                  for k in ("wall_s", "cpu_s", "peak_rss")), d["rows"][0]["ratio"],
+                d["rows"][0]["runs"]["big"]["cpu_s"] / d["rows"][0]["runs"]["shipped"]["cpu_s"])),
+    ("load average {:.1f} at the start of the GPT-2's run and {:.1f} at its end", REPRO + "bench_scale_2026-12-04.json",
+     lambda d: tuple(d["rows"][0]["runs"]["big"]["load"])),
     ("L0H0's attention (content included) puts {:.2f} on its own token's parent (uniform attention: {:.2f}), L1H0 "
      "{:.2f}", REPRO + "nichani_dag_last_token_inspect.json",
      lambda d: (_seq(d, "L0H0", "own_parent"), _seq(d, "L0H0", "own_parent_chance"), _seq(d, "L1H0", "own_parent"))),
@@ -717,6 +724,11 @@ UNCHECKED = [
      "runs with --seed 1, 2 and --steps 1000 whose JSON is not committed (figures/cape_downstream.json is --seed 0)"),
     ("continuous: KL 0.023 and 1.6e-16 on a small case", "measured in tests/analyses/test_continuous.py (d=3), the README says so"),
     ("CAPE structure: 'N = 500', '5 to 25 times fewer samples'", "sample sizes and a ratio of them, not results"),
+    ("benchmark.md, a model of GPT-2 small's size: the run alone (599 s wall at 48% of a core, 290 s CPU, 281 / 9 s, "
+     "2.36 GB, load 4.4 to 5.1); 2.2 MB / 42.0 MB / 8.4 MB / 3.9 MB a context; 57 and 256 contexts a pass; 2.6e14 "
+     "FLOPs, 7 heads; Spearman 0.04 / 0.83 and 5 of 7 carriers on the shipped GPT-2; the shipped JSON to 1e-9, "
+     "inputs 1.2e-8 nats and 3e-5", "/usr/bin/time -v of python -m analyses.inspect, cli.context_bytes, the run's "
+     "inspect.json and a comparison of main's and this branch's JSON, 2026-12-04 (issue 44); not committed"),
 ]
 
 
