@@ -2,7 +2,7 @@
 side by side in one run. Imported by nothing; two steps, two environments:
 
     python -m bench.auto_circuit_compare export runs/ac                 # ours (this environment)
-    /work/tl2/bin/python bench/auto_circuit_compare.py compare runs/ac   # auto-circuit's (TransformerLens 2.x)
+    tl2/bin/python bench/auto_circuit_compare.py compare runs/ac   # auto-circuit's (TransformerLens 2.x)
 
 Step 1 (``export``) writes into the folder: the shipped standard GPT-2's weights and config (a Hugging Face
 folder: safetensors and config.json), the input ids of the search contexts and of their corrupted
@@ -84,7 +84,7 @@ def _metric(logits, record, t):
 
 
 def compare(folder: Path) -> None:
-    """Step 2, with TransformerLens 2.x and auto-circuit 1.0.1 (``/work/tl2/bin/python``)."""
+    """Step 2, with TransformerLens 2.x and auto-circuit 1.0.1 (``tl2/bin/python``)."""
     import torch as t
     import transformer_lens as tl
     from auto_circuit.utils.ablation_activations import src_ablations
@@ -174,6 +174,6 @@ def compare(folder: Path) -> None:
 
 if __name__ == "__main__":
     if len(sys.argv) != 3 or sys.argv[1] not in ("export", "compare"):
-        sys.exit("usage: python -m bench.auto_circuit_compare export DIR | /work/tl2/bin/python "
+        sys.exit("usage: python -m bench.auto_circuit_compare export DIR | tl2/bin/python "
                  "bench/auto_circuit_compare.py compare DIR")  # fmt: skip
     (export if sys.argv[1] == "export" else compare)(Path(sys.argv[2]))

@@ -373,8 +373,30 @@ COMMANDS = [
         LONG + ": tests/models/training/test_distributed.py",
     ),
     (
-        r"python -m bench( --only (large|circuit|scale))?( --threads [12])?( --json \S+)?",
+        r"python -m bench( --only (large|circuit|scale|circuit-scale))?( --threads [12])?( --json \S+)?",
         "a benchmark of minutes, on a quiet machine; tests/robustness/test_entry_point_convention.py runs its flag checks",
+    ),
+    (
+        r"python -m analyses\.circuit --checkpoint standard( --n-contexts \d+ --n-held-out \d+ --curve-points \d+)? --threads 1",
+        "the circuit at full size, timed (minutes); tests/analyses/test_circuit.py runs it smaller",
+    ),
+    (
+        r"python -m bench\.circuit_stages( --checkpoint \S+ --n-contexts \d+ --n-held-out \d+ --curve-points \d+)?",
+        "the circuit's stages timed (minutes; on the GPT-2-small shape, more than 20); "
+        "tests/models/interp/test_circuit_big_graph.py runs the same stages on a small stand-in",
+    ),
+    (
+        r"python -m bench\.deepened \S+",
+        "writes a GPT-2-small-shaped model (500 MB); tests/models/interp/test_circuit_big_graph.py checks deepen() "
+        "on a small stand-in computes what the shipped model computes",
+    ),
+    (
+        r"python -m cProfile -o \.\.\. -m analyses\.circuit \.\.\.",
+        "a profile of an older commit, quoted for the record of how the stages were found",
+    ),
+    (
+        r"python -m bench\.auto_circuit_compare export runs/ac && tl2/bin/python bench/auto_circuit_compare\.py compare runs/ac",
+        "needs a second environment with TransformerLens 2.x and auto-circuit (the page says how)",
     ),
     (r"python -m [\w.]+( --\S+ \S+)* --device cuda( --\S+ \S+)*", "needs a GPU"),
     (
