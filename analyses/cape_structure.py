@@ -153,7 +153,7 @@ def measure(
             x, _ = ct.sample(n_contexts, g, parents=fixed)
             gauss.append(parent_accuracy(gaussian_bma_posterior(ct, x), fixed))
             if L == task.n_examples:
-                m, source = subject, f"trained ({subject.name})"
+                m, source = subject, f"trained ({common.title_name(subject.name)})"
             else:
                 construction = models.theorem1_model(task.pi, L, H, 50.0, task.root)
                 m, source = DisentangledSubject(construction, task_L, "theorem1", ""), "Theorem 1 construction"

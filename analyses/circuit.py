@@ -48,7 +48,7 @@ import dataclasses
 import re
 
 from analyses import common
-from models.interp.circuit.config import DIRECTIONS, CircuitConfig  # the flags: no torch before they are parsed
+from models.interp.circuit.config import DIRECTIONS, POSITIONS, CircuitConfig  # the flags: no torch before they are parsed
 from models.interp.circuit.corruptions import CORRUPTIONS
 from models.interp.circuit.methods import METHODS
 from models.interp.circuit.search import SEARCHES
@@ -83,7 +83,8 @@ def add_flags(parser) -> None:
     corruption_words = "; ".join(f"{k}: {c.words}" for k, c in CORRUPTIONS.items())
     types = {"min_z": float, "n_held_out": int, "target_se": float, "n_edges": int, "target": float,
              "threshold": float, "curve_points": int, "ig_steps": int, "exact_budget": float}  # fmt: skip
-    choices = {"method": list(METHODS), "direction": list(DIRECTIONS), "search": list(SEARCHES)}
+    choices = {"method": list(METHODS), "direction": list(DIRECTIONS), "search": list(SEARCHES),
+               "positions": list(POSITIONS)}  # fmt: skip
     for name, (text, default) in helps.items():
         if name in ("n_contexts", "seed"):
             continue
@@ -109,7 +110,7 @@ common.parse_first(globals())  # python -m: --help and a mistyped flag answer he
 
 import textwrap
 
-from models.interp.circuit import INPUTS, NODE_ABLATIONS, Node
+from models.interp.circuit import INPUTS, NODE_ABLATIONS, Node, beyond_2se
 from models.interp.circuit import discover as find_circuit
 from models.interp.circuit.result import COMPUTES
 from models.interp.subject import Subject
@@ -140,11 +141,6 @@ def _curve_words(curve: list[dict]) -> str:
     return ", ".join(f"{c['n_edges']}: {c['faithfulness']:.2f}+-{c['se']:.2f}" for c in curve)
 
 
-def beyond_2se(value: float, se: float) -> bool:
-    """A share's denominator is worth dividing by: beyond 2 standard errors of zero (and positive)."""
-    return value > 2 * se
-
-
 def answers(r: dict, where: str = "held_out") -> list[str]:
     """The circuit's answers on one sample (``held_out`` or ``replicate``), in words: shares of the model's
     progress there, printed only if that progress is beyond 2 SE of zero."""
@@ -170,7 +166,8 @@ def summary(r: dict) -> str:
     if r.get("refused"):
         return "\n".join([
             f"{NAME}: {r['method']} scores ({r['direction']}) under {', '.join(r['corruptions'])}; model NLL "
-            f"{r['nll']:.4f}, BMA {r['nll_bma']:.4f}, plateau {r['nll_plateau']:.4f} on {r['n_contexts']} contexts",
+            f"{r['nll']:.4f}, BMA {r['nll_bma']:.4f}, plateau {r['nll_plateau']:.4f} on {r['n_contexts']} contexts "
+            + common.positions_words(r.get("positions", "all"), r.get("trained_on", "all")),
             f"no circuit: {r['refused']}",
         ])  # fmt: skip
     denoised = "denoising_faithfulness" in r
@@ -184,7 +181,8 @@ def summary(r: dict) -> str:
         replicated = answers(r, "replicate")[0].strip()
     lines = [
         f"{NAME}: {r['method']} scores ({r.get('direction', 'noising')}) under {', '.join(r['corruptions'])}; search on "
-        f"{r['n_contexts']} contexts, {_held_out_words(r)}; means over {r['n_mean_reference']} more)",
+        f"{r['n_contexts']} contexts, {_held_out_words(r)}; means over {r['n_mean_reference']} more); NLLs "
+        + common.positions_words(r.get("positions", "all"), r.get("trained_on", "all")),
         f"model NLL {r['nll']:.4f}, BMA {r['nll_bma']:.4f}, plateau {r['nll_plateau']:.4f}: progress "
         f"{r['progress']:.3f} +- {r['progress_se']:.3f} (search contexts), {h['progress']:.3f} +- "
         f"{h['progress_se']:.3f} (held out; analyses.inspect samples its own contexts from the same seed, so the two "
@@ -259,12 +257,6 @@ def _row(node: Node) -> int:
     return 99 if node.kind == "output" else 2 * node.layer + (2 if node.kind == "mlp" else 1)
 
 
-def short_name(name: str | None) -> str:
-    """A model's name for a title: a path by its last part (a user's checkpoint path would fill the line)."""
-    name = str(name or "model").rstrip("/")
-    return name.rsplit("/", 1)[-1] or name
-
-
 def _bezier(p0, c, p1, n: int = 48):
     """Points along the quadratic Bezier from ``p0`` through control ``c`` to ``p1``, ``[n, 2]``."""
     import numpy as np
@@ -334,7 +326,7 @@ def figures(r: dict, args) -> dict:
     from matplotlib.path import Path as CurvePath
 
     if r.get("refused"):
-        title = f"{short_name(args.subject_name)}: no circuit ({r['method']}, {', '.join(r['corruptions'])})"
+        title = f"{common.title_name(args.subject_name)}: no circuit ({r['method']}, {', '.join(r['corruptions'])})"
         return {"circuit_graph": _message_figure(title, r["refused"]),
                 "circuit_curve": _message_figure(f"faithfulness curve: {title}", r["refused"])}  # fmt: skip
     edges = [{**e, "sender": Node.parse(e["sender"]), "receiver": Node.parse(e["receiver"])} for e in r["edges"]]
@@ -373,7 +365,7 @@ def figures(r: dict, args) -> dict:
         ax.text(0, -0.3, "no edge kept", ha="center", va="center")
     h = r["held_out"]
     ax.set_title(
-        f"{short_name(args.subject_name)}: {len(edges)} of {r['n_edges_total']} edges ({r['method']}, "
+        f"{common.title_name(args.subject_name)}: {len(edges)} of {r['n_edges_total']} edges ({r['method']}, "
         f"{', '.join(r['corruptions'])}); on {h['n_contexts']} held-out contexts\n{r['faithfulness_means']}: "
         f"{r['faithfulness']:.3f} \u00b1 {r['faithfulness_se']:.3f} of the progress (faithfulness)\n{COMPUTES}: "
         f"{h['sufficiency_mean']:.3f} \u00b1 {h['sufficiency_mean_se']:.3f} (nodes alone, rest mean-ablated)",

@@ -27,6 +27,7 @@ from torch import Tensor
 
 from models.interp.baselines import baselines, head_attention_stats
 from models.interp.circuit import INPUTS, build_graph, mean_se, per_context_nll, ratio_se
+from models.interp.circuit import beyond_2se as circuit_beyond_2se
 from models.interp.interventions import (
     Intervention,
     activation_grads,
@@ -105,9 +106,9 @@ SENTENCES = {  # what inspect's report may say, and the numbers that must hold f
 
 
 def beyond_2se(mean: float, se: float) -> bool:
-    """A share's denominator is worth dividing by: its mean beyond 2 standard errors of zero, positive, and
-    more than float rounding (``SENTENCES["share"]``)."""
-    return mean > 2 * se and mean > th("rounding")
+    """A share's denominator is worth dividing by (``SENTENCES["share"]``): ``circuit.beyond_2se`` above float
+    rounding."""
+    return circuit_beyond_2se(mean, se, th("rounding"))
 
 
 POOLING = "evidence pooled through the values at fixed positions"

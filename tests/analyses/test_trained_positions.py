@@ -94,3 +94,30 @@ def test_trajectory_of_a_last_token_run_reads_the_last_token(tmp_path):
         lp = snap.log_probs(tokens).numpy()
     last = -np.take_along_axis(lp[:, -1], tokens.numpy()[:, -1:], -1).mean()
     assert r["snapshots"][-1]["nll"] == pytest.approx(last, abs=1e-9)
+
+
+
+def test_the_circuit_of_a_last_token_model_is_judged_on_the_last_token_and_records_it(tmp_path):
+    """``discover`` with its default ``positions`` ("trained") reads a GPT-2 trained with ``--loss-on last`` at
+    the last token: the search contexts' NLL equals the model's own logits' there (computed here with the
+    next-token shift), and the result records the positions; ``positions="all"`` reads every target."""
+    from models.interp.circuit import CircuitConfig, discover
+    from models.interp.circuit.discovery import sample
+
+    cfg = StandardConfig(task_kind=TASK, d_vocab=3, n_examples=0, seq_len=21, alpha=0.1, n_layers=1, n_heads=1,
+                         d_model=8, d_mlp=8, steps=1, batch_size=4, eval_every=1, eval_contexts=8, loss_on="last",
+                         out=str(tmp_path / "m"))  # fmt: skip
+    train_standard(cfg, progress=False)
+    subject = models.load_subject(tmp_path / "m")
+    config = CircuitConfig(n_contexts=32, n_held_out=32, curve_points=1)
+    tokens = sample(subject.task, 32, config.seed)
+    with torch.no_grad():
+        logits = subject.model(subject.layout.encode(tokens)).double()  # position p predicts token p + 1
+    x = tokens.numpy()
+    lp = logits[:, :, : subject.task.d_vocab].log_softmax(-1).numpy()  # the task's plain layout: ids 0..d-1
+    rows = -np.take_along_axis(lp[:, :-1], x[:, 1:, None], -1)[..., 0]  # rows 1..H-1
+    r = discover(subject, config)
+    assert r.config.positions == "last" and r.to_dict()["positions"] == "last" and r.to_dict()["trained_on"] == "last"
+    assert r.nll == pytest.approx(rows[:, -1].mean(), abs=1e-6)
+    every = discover(subject, CircuitConfig(n_contexts=32, n_held_out=32, curve_points=1, positions="all"))
+    assert every.to_dict()["positions"] == "all" and every.nll == pytest.approx(rows.mean(), abs=1e-6)

@@ -378,7 +378,7 @@ COMMANDS = [
     ),
     (
         r"python -m analyses\.circuit --checkpoint standard( --n-contexts \d+ --n-held-out \d+ --curve-points \d+)? --threads 1",
-        "the circuit at full size, timed (minutes); tests/analyses/test_circuit.py runs it smaller",
+        "the circuit at full size, timed (minutes); tests/analyses/test_circuit_cli.py runs it smaller",
     ),
     (
         r"python -m bench\.circuit_stages( --checkpoint \S+ --n-contexts \d+ --n-held-out \d+ --curve-points \d+)?",

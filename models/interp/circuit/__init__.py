@@ -50,7 +50,7 @@ importable from ``models.interp.circuit``):
 - ``scores``: ``EdgeScores``, what every method returns: each edge's score on each context, ``[edge,
   batch]``, keyed by edge (``scores[edge]``; ``means()`` is ``{Edge: float}``); what a circuit keeps
   (``faithfulness``, ``restored``); the searches' primitives on a score mapping (``top_n``, ``threshold``)
-  or on the runs (``greedy``); ``mean_se``, ``ratio_se``, ``roc_auc``.
+  or on the runs (``greedy``); ``mean_se``, ``ratio_se``, ``beyond_2se``, ``roc_auc``.
 - ``nodes``: node ablation, ``node_ablated_values`` and ``node_costs``.
 
 Node ablation (``node_ablated_values``): every head and MLP outside a set of nodes set to its mean over
@@ -112,6 +112,7 @@ _PUBLIC = {  # name -> the module that defines it; each is imported on first use
     "curve_sizes": "models.interp.circuit.scores",
     "faithfulness": "models.interp.circuit.scores",
     "greedy": "models.interp.circuit.scores",
+    "beyond_2se": "models.interp.circuit.scores",
     "mean_se": "models.interp.circuit.scores",
     "ratio_se": "models.interp.circuit.scores",
     "roc_auc": "models.interp.circuit.scores",

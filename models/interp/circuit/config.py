@@ -11,6 +11,7 @@ from models.interp.circuit.methods import METHODS
 from models.interp.circuit.search import SEARCHES
 
 DIRECTIONS = ("noising", "denoising")  # an edge's receiver sees the ablated value in the clean run, or the reverse
+POSITIONS = ("trained", "all", "last")  # the targets every NLL averages over (probes.metrics.scored_rows), or those the model was trained on
 
 MAX_CURVE_POINTS = 1000  # circuit sizes on the curve; each is one ablated run over every context
 MAX_IG_STEPS = 1024  # EAP-IG converges by 8 on the standard GPT-2 (README: Circuit discovery)
@@ -60,6 +61,9 @@ class CircuitConfig:
                                              "clean pass before it starts: beyond it, the edges are ranked by EAP-IG "
                                              "instead (said in the summary and the JSON; the circuit chosen is still "
                                              "judged by exact runs)")  # fmt: skip
+    positions: str = _doc("trained", "the target positions every NLL averages over: trained (those the model's loss "
+                                     "used: the last token for a CatFormer or a model trained with --loss-on last, "
+                                     "else all; the result records which), all (every h >= 1) or last")  # fmt: skip
 
     def __post_init__(self):
         if isinstance(self.corruptions, str):  # "demonstrations,mean", as the command line writes it
@@ -77,7 +81,7 @@ class CircuitConfig:
         if bad or not self.corruptions or len(set(self.corruptions)) != len(self.corruptions):
             raise ValueError(f"corruptions: expected distinct names among {', '.join(CORRUPTIONS)}, comma-separated; "
                              f"got {','.join(self.corruptions)!r}")  # fmt: skip
-        for name, registry in (("method", METHODS), ("search", SEARCHES), ("direction", DIRECTIONS)):
+        for name, registry in (("method", METHODS), ("search", SEARCHES), ("direction", DIRECTIONS), ("positions", POSITIONS)):
             if getattr(self, name) not in registry:
                 raise ValueError(f"{name}: expected one of {', '.join(registry)}, got {getattr(self, name)!r}")
         if self.direction == "denoising":

@@ -14,10 +14,12 @@ each corruption (faithfulness), and the share its nodes keep with every other he
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import time
 import warnings
 from contextlib import contextmanager
+from functools import partial
 
 import torch
 from torch import Tensor
@@ -51,6 +53,7 @@ from models.interp.circuit.runner import ROWS, Runner, sender_writes
 from models.interp.circuit.scores import (
     EdgeScores,
     area,
+    beyond_2se,
     curve_sizes,
     faithfulness,
     kl_to_full,
@@ -63,6 +66,7 @@ from models.interp.interventions import description
 from models.interp.subject import Subject
 from models.plumbing.io import MEMORY_FRACTION, check_memory, memory_limit, size
 from models.plumbing.progress import progress
+from probes.metrics import per_context_nll
 
 N_MEAN = 2048  # held-out contexts whose mean is each sender's / node's mean-ablated value
 COST_Z = 3.0  # a node whose mean ablation alone costs more than this many standard errors is in the circuit
@@ -134,16 +138,19 @@ def held_out_size(config: CircuitConfig, plateau: Tensor, full: Tensor, bma: Ten
 
 
 def measure(
-    subject: Subject, graph: Graph, tokens, edges, nodes, corruptions, seed: int, rows: int = ROWS
+    subject: Subject, graph: Graph, tokens, edges, nodes, corruptions, seed: int, rows: int = ROWS,
+    positions: str = "all",
 ) -> Measurement:
     """On ``tokens``: the model's progress, the circuit ``edges``' faithfulness under each corruption (every
     other edge ablated), and the sufficiency of ``nodes`` (every other head and MLP mean- or resample-
-    ablated), each with its standard error over the contexts."""
+    ablated), each with its standard error over the contexts; NLLs at the target ``positions``."""
     task = subject.task
-    plateau, bma = per_context_baselines(task, tokens)
+    metric = partial(per_context_nll, positions=positions)
+    plateau, bma = per_context_baselines(task, tokens, positions)
     shares, full, clean = {}, None, sender_writes(subject, graph, tokens)
     for c in _bar(corruptions, f"faithfulness on {len(tokens)} contexts"):
-        runner = Runner(subject, graph, tokens, source_writes(subject, graph, tokens, c, seed), clean=clean, rows=rows)
+        runner = Runner(subject, graph, tokens, source_writes(subject, graph, tokens, c, seed), metric, clean=clean,
+                        rows=rows)  # fmt: skip
         full = runner.clean_values
         shares[c] = Estimate(*ratio_se(plateau - runner.keep_only_values(edges), plateau - full))
     progress = Estimate(*ratio_se(plateau - full, plateau - bma))
@@ -151,7 +158,7 @@ def measure(
                  "resample": sample(task, len(tokens), seed + SEEDS["reference"] + 1)}  # fmt: skip
     sufficiency = {}
     for ablation, ref in reference.items():
-        values = node_ablated_values(subject, graph, tokens, nodes, ablation, ref, rows=rows)
+        values = node_ablated_values(subject, graph, tokens, nodes, ablation, ref, metric, rows=rows)
         sufficiency[ablation] = Estimate(*ratio_se(plateau - values, plateau - full))
     return Measurement(len(tokens), shares, progress, full.mean().item(), sufficiency)
 
@@ -195,7 +202,7 @@ def node_roles(kept_by: dict, nodes: list[Node], added: dict, at: dict) -> dict[
 
 def _refused(progress: Estimate, n: int) -> str | None:
     """Why no share of the progress can be measured, if it cannot: the progress is not beyond 2 SE of zero."""
-    if progress.value > 2 * progress.se:
+    if beyond_2se(progress.value, progress.se):
         return None
     return (f"the model's progress over the uniform-parent plateau is {progress.value:.3f} +- {progress.se:.3f} on "
             f"the {n} search contexts, not beyond 2 standard errors of zero: a share of it would be a share of "
@@ -207,19 +214,22 @@ class _Discovery:
     baselines, the runners of each corruption, the mean-ablation reference recorded once)."""
 
     def __init__(self, subject: Subject, config: CircuitConfig):
+        if config.positions == "trained":  # the positions the model's loss used (Subject.trained_on), recorded as such
+            config = dataclasses.replace(config, positions=subject.trained_on)
         self.subject, self.config, self.task = subject, config, subject.task
+        self.metric = partial(per_context_nll, positions=config.positions)  # resolved: never "trained" here
         self.graph = build_graph(subject)
         self.named = named_edges(self.graph, config.nodes) if config.nodes is not None else None  # before any work
         self.most_held_out, self.rows = check_fits(subject, config, self.graph)
         self.tokens = sample(self.task, config.n_contexts, config.seed)
-        self.plateau, self.bma = per_context_baselines(self.task, self.tokens)
+        self.plateau, self.bma = per_context_baselines(self.task, self.tokens, config.positions)
         self.corruptions, self.stages = list(config.corruptions), Stages()
         with self.stages("clean and corrupted runs"):
             cpu = time.process_time()
             clean = sender_writes(subject, self.graph, self.tokens)
             self.pass_s = time.process_time() - cpu  # CPU seconds of one run of the search contexts
             self.runners = {c: Runner(subject, self.graph, self.tokens,
-                                      source_writes(subject, self.graph, self.tokens, c, config.seed), clean=clean,
+                                      source_writes(subject, self.graph, self.tokens, c, config.seed), self.metric, clean=clean,
                                       rows=self.rows)
                             for c in self.corruptions}  # fmt: skip
         self.full = self.runners[self.corruptions[0]].clean_values
@@ -228,7 +238,8 @@ class _Discovery:
     def result(self, **found) -> CircuitResult:
         return CircuitResult(
             self.config, self.subject.hash, len(self.graph.edges), self.full.mean().item(), self.bma.mean().item(),
-            self.plateau.mean().item(), self.progress, len(self.tokens), timings=self.stages.times, **found)  # fmt: skip
+            self.plateau.mean().item(), self.progress, len(self.tokens), trained_on=self.subject.trained_on,
+            timings=self.stages.times, **found)  # fmt: skip
 
     def method(self) -> tuple[str, str | None]:
         """The score method to run, and why it is not the one asked for, if it is not: exact patching whose
@@ -251,7 +262,7 @@ class _Discovery:
         for c in self.corruptions:
             with self.stages(f"edge scores ({c})"):
                 runner = self.runners[c]
-                scorer = (denoising_runner(self.subject, self.graph, self.tokens, c, self.config.seed)
+                scorer = (denoising_runner(self.subject, self.graph, self.tokens, c, self.config.seed, self.metric)
                           if self.config.direction == "denoising" else runner)  # fmt: skip
                 values = METHODS[method].score(scorer, self.config)
                 stats = values.with_se()
@@ -271,7 +282,8 @@ class _Discovery:
 
         def sufficient(ns) -> float:
             values = node_ablated_values(
-                self.subject, self.graph, self.tokens, ns, "mean", reference, recorded=recorded, rows=self.rows
+                self.subject, self.graph, self.tokens, ns, "mean", reference, self.metric, recorded=recorded,
+                rows=self.rows,
             )
             return ratio_se(plateau - values, plateau - full)[0]
 
@@ -386,8 +398,8 @@ def discover(subject: Subject, config: CircuitConfig | None = None) -> CircuitRe
     Raises:
         ValueError: bad input, in one line, before any work.
     """
-    config = CircuitConfig() if config is None else config
-    run = _Discovery(subject, config)
+    run = _Discovery(subject, CircuitConfig() if config is None else config)
+    config = run.config  # its positions resolved
     reason = _refused(run.progress, len(run.tokens))
     if reason is not None:
         return run.result(refused=reason)
@@ -398,7 +410,7 @@ def discover(subject: Subject, config: CircuitConfig | None = None) -> CircuitRe
         reference = sample(subject.task, N_MEAN, config.seed + SEEDS["reference"])
         recorded = record_outputs(subject, reference, output_hooks(node_outputs(subject, graph)), run.rows)  # once
         costs = {n: Estimate(*mean_se(v)) for n, v in node_costs(
-            subject, graph, tokens, reference, rows=run.rows, recorded=recorded, clean=run.full,
+            subject, graph, tokens, reference, run.metric, rows=run.rows, recorded=recorded, clean=run.full,
             progress=lambda p: _bar(p, "node costs")).items()}  # fmt: skip
     with stage("node search"):
         if run.named is not None:
@@ -419,17 +431,18 @@ def discover(subject: Subject, config: CircuitConfig | None = None) -> CircuitRe
     at: dict = {n: {} for n in nodes}
     with stage("per-group node costs"):
         for g, positions in groups.items():  # where each node's output matters: ablated at one group's positions
-            for n, v in node_costs(subject, graph, tokens, reference, rows=run.rows, nodes=nodes, positions=positions,
-                                   recorded=recorded, clean=run.full).items():  # fmt: skip
+            for n, v in node_costs(subject, graph, tokens, reference, run.metric, rows=run.rows, nodes=nodes,
+                                   positions=positions, recorded=recorded, clean=run.full).items():  # fmt: skip
                 at[n][g] = Estimate(*mean_se(v))
     n_held = held_out_size(config, run.plateau, run.full, run.bma, run.most_held_out)
     with stage("held-out answers"):
         held = sample(subject.task, n_held, config.seed + SEEDS["held_out"])
-        held_out = measure(subject, graph, held, union, nodes, corruptions, config.seed + SEEDS["held_out"], run.rows)
+        held_out = measure(subject, graph, held, union, nodes, corruptions, config.seed + SEEDS["held_out"], run.rows,
+                           config.positions)  # fmt: skip
     with stage("replicate"):
         fresh = sample(subject.task, n_held, config.seed + SEEDS["replicate"])
         replicate = measure(
-            subject, graph, fresh, union, nodes, corruptions, config.seed + SEEDS["replicate"], run.rows
+            subject, graph, fresh, union, nodes, corruptions, config.seed + SEEDS["replicate"], run.rows, config.positions
         )
     score_of = {}
     for c in reversed(corruptions):  # each edge's score under the first corruption whose circuit kept it

@@ -190,6 +190,7 @@ class CircuitResult:
     context_runs: int = 0
     interventions: list[dict] = field(default_factory=list)
     scoring_note: str | None = None  # why the edges were ranked by EAP-IG, not by the exact patching asked for
+    trained_on: str = "all"  # the target positions the model's loss used (Subject.trained_on)
     timings: dict[str, tuple[float, float]] = field(default_factory=dict, compare=False)  # stage: (wall, CPU) s
 
     @property
@@ -214,6 +215,7 @@ class CircuitResult:
             "n_edges_total": self.n_edges_total, "corruptions": corruptions, "method": cfg.method,
             "direction": cfg.direction, "ablation": "mean" if averaged else "patch from a run on other contexts",
             "corruption": " + ".join(CORRUPTIONS[c].words for c in corruptions), "metric": METRIC,
+            "positions": cfg.positions, "trained_on": self.trained_on,
             "search": cfg.search, "target": cfg.target, "min_z": cfg.min_z, "target_se": cfg.target_se,
             "checkpoint_hash": self.checkpoint_hash,
             "nll": self.nll, "nll_bma": self.nll_bma, "nll_plateau": self.nll_plateau,
@@ -232,7 +234,8 @@ class CircuitResult:
             "n_edges_total": self.n_edges_total, "corruptions": corruptions,
             "searches": {c: s.to_dict() for c, s in self.searches.items()},
             "all_edges": first["all_edges"], "by_input": first["by_input"],
-            **{k: about[k] for k in ("method", "direction", "ablation", "corruption", "metric", "search", "target",
+            **{k: about[k] for k in ("method", "direction", "ablation", "corruption", "metric", "positions",
+                                     "trained_on", "search", "target",
                                      "min_z", "target_se", "checkpoint_hash", "nll", "nll_bma", "nll_plateau",
                                      "progress", "progress_se")},
             "faithfulness": self.faithfulness.value, "faithfulness_se": self.faithfulness.se,

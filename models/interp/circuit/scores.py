@@ -78,6 +78,12 @@ def mean_se(x: Float[Tensor, " n"]) -> tuple[float, float]:
     return x.mean().item(), (x.std() / len(x) ** 0.5).item() if len(x) > 1 else float("nan")
 
 
+def beyond_2se(mean: float, se: float, floor: float = 0.0) -> bool:
+    """A share's denominator is worth dividing by: its ``mean`` beyond 2 standard errors ``se`` of zero,
+    positive, and above ``floor`` (float rounding, where the caller has one)."""
+    return mean > 2 * se and mean > floor
+
+
 # What a circuit keeps ----------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class CurvePoint:
