@@ -22,7 +22,8 @@ from models.loading.named import STANDARD_CHECKPOINT
 
 GPT2_SMALL = {"n_layer": 12, "n_head": 12, "n_embd": 768}  # GPT2Config's other defaults: vocab 50257, 1024 positions
 STAND_IN = {"n_layer": 4, "n_head": 8, "n_embd": 64, "vocab_size": 1000}
-# (row name, the analysis's module). The circuit joins once its big-graph method lands: ("circuit", "analyses.circuit")
+# (row name, the analysis's module). The circuit on this shape is bench's own row, ``circuit-scale``
+# (bench.rows.circuit_scale_row: discover at small sizes, the default run taking far longer than a benchmark should)
 ANALYSES = [("inspect", "analyses.inspect")]
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -326,7 +326,7 @@ COMMANDS = [
         "a second environment beside TransformerLens 2.x for the peer tools; it cannot sit beside this suite's TransformerLens 4",
     ),
     (
-        r"mkdocs (serve|build)",
+        r"mkdocs (serve|build)( --strict)?",
         "test_mkdocs_build_strict builds the site (serve is the same build and a local web server)",
     ),
     (r"python -m [\w.]+ --help", "run here: test_help_commands_run"),
