@@ -469,10 +469,13 @@ BMA_WITHOUT_NAMES = {
 
 
 def _heads_short(heads: list[str]) -> str:
-    """``L0H0, L0H1, L0H2, L0H4`` -> ``L0H0-2, 4``: a head list that fits under a bar."""
+    """``L0H0, L0H1, L0H2, L0H4`` -> ``L0H0-2,4``: a head list of one layer that fits under a bar."""
     if not heads:
         return ""
-    layer, nums = heads[0][: heads[0].index("H") + 1], [int(h[h.index("H") + 1 :]) for h in heads]
+    from models.interp.circuit import Node
+
+    nodes = [Node.parse(h) for h in heads]
+    layer, nums = f"L{nodes[0].layer}H", [n.head for n in nodes]
     runs, start = [], nums[0]
     for a, b in zip(nums, nums[1:] + [None]):
         if b != a + 1:

@@ -386,6 +386,11 @@ COMMANDS = [
         "tests/models/interp/test_circuit_big_graph.py runs the same stages on a small stand-in",
     ),
     (
+        r"python -m analyses\.circuit --checkpoint DIR",
+        "a GPT-2-small-shaped model's circuit (refused for memory at the default sizes, docs/results/open.md); "
+        "tests/models/interp/test_circuit_big_graph.py runs discover on a small stand-in of that shape",
+    ),
+    (
         r"python -m bench\.deepened \S+",
         "writes a GPT-2-small-shaped model (500 MB); tests/models/interp/test_circuit_big_graph.py checks deepen() "
         "on a small stand-in computes what the shipped model computes",
