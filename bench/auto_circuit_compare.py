@@ -61,20 +61,33 @@ def export(out: Path) -> None:
         scores = fn(runner)
         timings[name] = {"wall_s": time.perf_counter() - wall, "cpu_s": time.process_time() - cpu}
         timings[name]["scores"] = [scores.means()[e] for e in graph.edges]
-    first = subject.layout.token_offset
     record = {
-        "clean_ids": subject.layout.encode(tokens).tolist(),
-        "corrupted_ids": subject.layout.encode(corrupted).tolist(),
-        "prediction_positions": subject.layout.prediction_positions().tolist(),
-        "targets": tokens.tolist(),
-        "columns": [first, first + subject.task.d_vocab],
-        "edges": [{**e.to_dict(), "positions": graph.groups[graph.receiver_of(e).site][e.group]} for e in graph.edges],
+        **contexts_record(subject, tokens, corrupted),
+        "edges": [edge_record(graph, e) for e in graph.edges],
         "ours": timings,
         "load": __import__("os").getloadavg()[0],
     }
     (out / "compare.json").write_text(json.dumps(record))
     print(f"wrote {out}: {len(graph.edges)} edges, exact {timings['exact']['wall_s']:.1f} s wall "
           f"({timings['exact']['cpu_s']:.1f} s CPU), EAP {timings['eap']['wall_s']:.1f} s wall")  # fmt: skip
+
+
+def contexts_record(subject, tokens, corrupted) -> dict:
+    """What ``by_hand`` and auto-circuit's step read of the contexts: the model's input ids of the clean and
+    corrupted contexts, the prediction positions, the targets and the task's token columns (JSON lists)."""
+    first = subject.layout.token_offset
+    return {
+        "clean_ids": subject.layout.encode(tokens).tolist(),
+        "corrupted_ids": subject.layout.encode(corrupted).tolist(),
+        "prediction_positions": subject.layout.prediction_positions().tolist(),
+        "targets": tokens.tolist(),
+        "columns": [first, first + subject.task.d_vocab],
+    }
+
+
+def edge_record(graph, edge) -> dict:
+    """One of our edges as ``by_hand`` reads it: its sender, receiver, input and group, and its positions."""
+    return {**edge.to_dict(), "positions": graph.groups[graph.receiver_of(edge).site][edge.group]}
 
 
 def _metric(logits, record, t):

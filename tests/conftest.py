@@ -41,6 +41,7 @@ SLOW = {
     "test_cape_structure.py::test_analysis_bma_needs_fewer_samples_than_structure_learning": 3.7,
     "test_cape_structure.py::test_quadratic_edges_are_invisible_to_the_linear_f_and_found_by_the_mlp_f": 7.4,
     "test_circuit.py::test_batched_exact_patching_equals_edge_by_edge_runs_per_context": 1.9,
+    "test_circuit.py::test_exact_edge_scores_equal_plain_torch_hooks_on_the_huggingface_gpt2": 6.7,
     "test_circuit.py::test_the_default_finds_the_target_side_head_and_reports_node_level_sufficiency": 4.4,
     "test_circuit_library.py::test_the_notebook_call_on_the_shipped_gpt2_equals_the_command_lines_json": 40.0,
     "test_distributed.py::test_two_gloo_processes_match_one_process": 12.1,
