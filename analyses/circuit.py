@@ -163,11 +163,12 @@ def _held_out_words(r: dict) -> str:
 
 
 def summary(r: dict) -> str:
+    over = common.positions_words(r.get("positions", "all"), r.get("trained_on", "all"))
     if r.get("refused"):
         return "\n".join([
             f"{NAME}: {r['method']} scores ({r['direction']}) under {', '.join(r['corruptions'])}; model NLL "
             f"{r['nll']:.4f}, BMA {r['nll_bma']:.4f}, plateau {r['nll_plateau']:.4f} on {r['n_contexts']} contexts "
-            + common.positions_words(r.get("positions", "all"), r.get("trained_on", "all")),
+            + over,
             f"no circuit: {r['refused']}",
         ])  # fmt: skip
     denoised = "denoising_faithfulness" in r
@@ -181,8 +182,7 @@ def summary(r: dict) -> str:
         replicated = answers(r, "replicate")[0].strip()
     lines = [
         f"{NAME}: {r['method']} scores ({r.get('direction', 'noising')}) under {', '.join(r['corruptions'])}; search on "
-        f"{r['n_contexts']} contexts, {_held_out_words(r)}; means over {r['n_mean_reference']} more); NLLs "
-        + common.positions_words(r.get("positions", "all"), r.get("trained_on", "all")),
+        f"{r['n_contexts']} contexts, {_held_out_words(r)}; means over {r['n_mean_reference']} more); NLLs " + over,
         f"model NLL {r['nll']:.4f}, BMA {r['nll_bma']:.4f}, plateau {r['nll_plateau']:.4f}: progress "
         f"{r['progress']:.3f} +- {r['progress_se']:.3f} (search contexts), {h['progress']:.3f} +- "
         f"{h['progress_se']:.3f} (held out; analyses.inspect samples its own contexts from the same seed, so the two "

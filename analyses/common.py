@@ -229,7 +229,7 @@ def add_positions_flag(p: argparse.ArgumentParser, what: str) -> None:
 
 def positions(args: argparse.Namespace, subject: Subject) -> str:
     """What ``--positions`` names for ``subject``: its trained positions unless another was chosen."""
-    return subject.trained_on if getattr(args, "positions", "trained") == "trained" else args.positions
+    return subject.scored_positions(getattr(args, "positions", None))
 
 
 def positions_words(chosen: str, trained_on: str) -> str:

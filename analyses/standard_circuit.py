@@ -55,6 +55,7 @@ import torch.nn.functional as F
 from jaxtyping import Float
 from torch import Tensor
 
+from models.interp.circuit import Node
 from models.interp.interventions import ablate, corrupted_contexts, head_outputs, patch_heads
 from models.interp.path_patching import bma_without, kl_rows, path_patch
 from models.interp.subject import Subject, head_label
@@ -472,8 +473,6 @@ def _heads_short(heads: list[str]) -> str:
     """``L0H0, L0H1, L0H2, L0H4`` -> ``L0H0-2,4``: a head list of one layer that fits under a bar."""
     if not heads:
         return ""
-    from models.interp.circuit import Node
-
     nodes = [Node.parse(h) for h in heads]
     layer, nums = f"L{nodes[0].layer}H", [n.head for n in nodes]
     runs, start = [], nums[0]

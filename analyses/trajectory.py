@@ -242,7 +242,7 @@ def trajectory(subject, snapshots: list[tuple[int, Path]], n_contexts: int, seed
     """Every snapshot measured on the same contexts of ``subject``'s task, and the phases; NLL, KL and progress
     over the target ``positions`` (default: those ``subject`` was trained on)."""
     task = subject.task
-    positions = positions or subject.trained_on
+    positions = subject.scored_positions(positions)
     tokens, parents = common.sample_contexts(task, n_contexts, seed)
     strats = merge_identical(strategies(task, tokens))
     base = baselines(task, tokens, parents, positions)

@@ -466,7 +466,7 @@ def inspect_subject(subject, n_contexts: int = 512, seed: int = 0, batch: int = 
     (``probes.metrics.scored_rows``; default: those the subject was trained on, ``Subject.trained_on``): a model
     trained on the last token is judged on it."""
     bound = WORK_BOUND if bound is None else bound
-    positions = positions or subject.trained_on
+    positions = subject.scored_positions(positions)
     task = subject.task
     L, H = task.n_examples, task.seq_len
     tokens, parents = task.sample(n_contexts, torch.Generator().manual_seed(seed))

@@ -131,6 +131,11 @@ class Subject:
         # token) or "last" (the last token only); what the analyses average NLL and progress over unless told
         self.trained_on = "all"
 
+    def scored_positions(self, chosen: str | None = None) -> str:
+        """The target positions an analysis averages over: ``chosen`` ("all" or "last"), or, for None or
+        "trained", those its training loss used (``trained_on``)."""
+        return self.trained_on if chosen in (None, "trained") else chosen
+
     @property
     def n_layers(self) -> int:
         """The number of layers."""

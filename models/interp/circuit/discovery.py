@@ -214,8 +214,7 @@ class _Discovery:
     baselines, the runners of each corruption, the mean-ablation reference recorded once)."""
 
     def __init__(self, subject: Subject, config: CircuitConfig):
-        if config.positions == "trained":  # the positions the model's loss used (Subject.trained_on), recorded as such
-            config = dataclasses.replace(config, positions=subject.trained_on)
+        config = dataclasses.replace(config, positions=subject.scored_positions(config.positions))  # recorded resolved
         self.subject, self.config, self.task = subject, config, subject.task
         self.metric = partial(per_context_nll, positions=config.positions)  # resolved: never "trained" here
         self.graph = build_graph(subject)
