@@ -28,7 +28,13 @@ edges between those nodes (edges whose |score| exceeds ``--min-z`` standard erro
 ``--nodes`` choose otherwise. Exact patching that would take more than ``--exact-budget`` CPU seconds
 (estimated from the clean pass: a graph of a GPT-2-small-sized model) is replaced by EAP-IG to rank the
 edges, said in the summary and the JSON; the nodes and the circuit are still chosen and judged by exact
-runs. The two answers, on ``--n-held-out`` fresh contexts the search never saw (default: as many as give
+runs. Where even one exact run of the search contexts per head and MLP would take more than that budget,
+or the edge-level answers would not fit in memory (``--level auto``; ``--level nodes`` asks for it), the
+circuit is chosen as NODES: heads and MLPs ranked by attribution (each one's mean ablation to first order,
+one backward pass), the first ranked measured exactly, chosen by the rules above with node-level runs; its
+edges are every edge among its nodes (scored by EAP, shown where beyond 2 SE), so that ablating every other
+edge is one run with every other head and MLP at its ablated value: each answer is one exact run, and
+faithfulness under ``mean`` is then mean-ablation sufficiency. It has no faithfulness curve. The two answers, on ``--n-held-out`` fresh contexts the search never saw (default: as many as give
 the progress a standard error of ``--target-se``, estimated from its spread over the search contexts; at
 least 512), and again on as many other fresh contexts:
 - faithfulness under each corruption: the share of the progress its edges keep with every other edge at
@@ -48,7 +54,7 @@ import dataclasses
 import re
 
 from analyses import common
-from models.interp.circuit.config import DIRECTIONS, POSITIONS, CircuitConfig  # the flags: no torch before they are parsed
+from models.interp.circuit.config import DIRECTIONS, LEVELS, POSITIONS, CircuitConfig  # the flags: no torch before they are parsed
 from models.interp.circuit.corruptions import CORRUPTIONS
 from models.interp.circuit.methods import METHODS
 from models.interp.circuit.search import SEARCHES
@@ -84,7 +90,7 @@ def add_flags(parser) -> None:
     types = {"min_z": float, "n_held_out": int, "target_se": float, "n_edges": int, "target": float,
              "threshold": float, "curve_points": int, "ig_steps": int, "exact_budget": float}  # fmt: skip
     choices = {"method": list(METHODS), "direction": list(DIRECTIONS), "search": list(SEARCHES),
-               "positions": list(POSITIONS)}  # fmt: skip
+               "positions": list(POSITIONS), "level": list(LEVELS)}  # fmt: skip
     for name, (text, default) in helps.items():
         if name in ("n_contexts", "seed"):
             continue
@@ -151,8 +157,11 @@ def answers(r: dict, where: str = "held_out") -> list[str]:
     lines = [f"  {CORRUPTIONS[c].means}: its edges alone keep {m[f'faithfulness_{c}']:.3f} +- "
              f"{m[f'faithfulness_{c}_se']:.3f} of the progress (faithfulness; every other edge: {CORRUPTIONS[c].words})"
              for c in r["corruptions"]]  # fmt: skip
+    same = [c for c in r["corruptions"] if CORRUPTIONS[c].averaged] if r.get("level") == "nodes" else []
     lines += [f"  {COMPUTES}: its nodes alone keep {m[f'sufficiency_{a}']:.3f} +- {m[f'sufficiency_{a}_se']:.3f} "
-              f"(sufficiency; every other head and MLP: {NODE_ABLATIONS[a]})" for a in NODE_ABLATIONS]  # fmt: skip
+              f"(sufficiency; every other head and MLP: {NODE_ABLATIONS[a]}"
+              + (f"; for a circuit of nodes, the same run as faithfulness under {same[0]})" if a == "mean" and same else ")")
+              for a in NODE_ABLATIONS]  # fmt: skip
     return lines
 
 
@@ -180,40 +189,47 @@ def summary(r: dict) -> str:
     )
     if not beyond_2se(rep["progress"], rep["progress_se"]):
         replicated = answers(r, "replicate")[0].strip()
+    nodes_level = r.get("level") == "nodes"
+    scorer = r.get("scored_with", r["method"])
     lines = [
-        f"{NAME}: {r['method']} scores ({r.get('direction', 'noising')}) under {', '.join(r['corruptions'])}; search on "
+        f"{NAME}: {scorer} scores ({r.get('direction', 'noising')}) under {', '.join(r['corruptions'])}; search on "
         f"{r['n_contexts']} contexts, {_held_out_words(r)}; means over {r['n_mean_reference']} more); NLLs " + over,
         f"model NLL {r['nll']:.4f}, BMA {r['nll_bma']:.4f}, plateau {r['nll_plateau']:.4f}: progress "
         f"{r['progress']:.3f} +- {r['progress_se']:.3f} (search contexts), {h['progress']:.3f} +- "
         f"{h['progress_se']:.3f} (held out; analyses.inspect samples its own contexts from the same seed, so the two "
         "agree within their standard errors, not to the digit)",
-        f"circuit: {len(r['edges'])} of {r['n_edges_total']} edges ({len(r['edges']) / r['n_edges_total']:.2f}), "
-        f"nodes {', '.join(r['nodes']) or 'none'}; on {h['n_contexts']} held-out contexts:",
+        f"circuit: {len(r['edges'])} of {r['n_edges_total']} edges ({len(r['edges']) / r['n_edges_total']:.2f}"
+        + ("; every edge among its nodes" if nodes_level else "")
+        + f"), nodes {', '.join(r['nodes']) or 'none'}; on {h['n_contexts']} held-out contexts:",
         *answers(r),
         f"re-measured on {rep['n_contexts']} fresh contexts: " + replicated,
         *([f"scored with EAP-IG: {r['scoring_note']}"] if r.get("scoring_note") else []),
+        *([f"a circuit of nodes: {r['level_note']}"] if nodes_level else []),
     ]
     for c in r["corruptions"]:
         b = r["searches"][c]
         lines.append(
             f"search under {c} ({b['corruption']}): {len(b['edges'])} edges keep {b['faithfulness']:.3f} +- "
             f"{b['faithfulness_se']:.3f} on the search contexts; {b['n_within_2se']} of them within 2 SE of zero "
-            f"({b['n_beyond_min_z']} edges of the graph beyond {r['min_z']:g} SE); needs nodes "
+            f"({b['n_beyond_min_z']} edges of the {'circuit' if nodes_level else 'graph'} beyond {r['min_z']:g} SE); needs nodes "
             + (", ".join(n for n, x in r["node_roles"].items() if c in x["needed_by"]) or "none")
         )
-        if c == r["corruptions"][0]:
+        if c == r["corruptions"][0] and "kl_to_full" in b:
             lines.append(f"  KL(full || circuit) {b['kl_to_full']:.4f} +- {b['kl_to_full_se']:.4f}; faithfulness "
                          f"curve area {b['curve_area']:.3f}: " + _curve_words(b["curve"]))  # fmt: skip
     lines.append("node roles (which corruptions need it; where it reads and writes; why added):")
     for n, x in r["node_roles"].items():
-        cost = r["node_costs"].get(n, {})
+        cost, exact = r["node_costs"].get(n) or r.get("node_attribution", {}).get(n, {}), n in r["node_costs"]
         where = ", ".join(f"{g} {c['cost']:+.4f} +- {c['se']:.4f}" for g, c in x.get("ablated_at", {}).items())
         lines.append(f"  {n}: {x['side']}, needed by {', '.join(x['needed_by']) or 'no edge search'}; mean ablation "
                      f"alone {cost.get('cost', float('nan')):+.4f} +- {cost.get('se', float('nan')):.4f} nats"
+                     + ("" if exact else " to first order (attribution)")
                      + (f" (at the positions of {where})" if where else "")
                      + (f"; added: {x['added']}" if "added" in x else ""))  # fmt: skip
     left = [f"{n} ({c['cost']:+.4f} +- {c['se']:.4f})" for n, c in r["node_costs"].items() if n not in r["nodes"]]
-    lines.append("outside the circuit (mean ablation alone): " + (", ".join(left) or "none"))
+    estimated = [n for n in r.get("node_attribution", {}) if n not in r["node_costs"] and n not in r["nodes"]]
+    lines.append("outside the circuit (mean ablation alone): " + (", ".join(left) or "none")
+                 + (f"; {len(estimated)} more estimated to first order only (the JSON's node_attribution)" if estimated else ""))  # fmt: skip
     if denoised and beyond_2se(r.get("denoising_cost", 1.0), r.get("denoising_cost_se", 0.0)):
         lines.append(f"restored alone in the corrupted run, it recovers {r['denoising_faithfulness']:.3f} +- "
                      f"{r['denoising_faithfulness_se']:.3f} of the clean-minus-corrupted NLL; denoising curve area "
@@ -231,7 +247,7 @@ def summary(r: dict) -> str:
         ),
         "strongest edges (sender -> receiver.input @ positions: score, the metric's change when it alone is "
         + ("restored to its clean value in the corrupted run" if r.get("direction") == "denoising" else "ablated")
-        + ("" if r["method"] == "exact" else ", to first order (attribution)")
+        + ("" if scorer == "exact" else ", to first order (attribution)")
         + ", under the corruption named, mean over the search contexts with its standard error):",
     ]
     for e in r["edges"][:15]:
@@ -329,7 +345,9 @@ def figures(r: dict, args) -> dict:
         title = f"{common.title_name(args.subject_name)}: no circuit ({r['method']}, {', '.join(r['corruptions'])})"
         return {"circuit_graph": _message_figure(title, r["refused"]),
                 "circuit_curve": _message_figure(f"faithfulness curve: {title}", r["refused"])}  # fmt: skip
-    edges = [{**e, "sender": Node.parse(e["sender"]), "receiver": Node.parse(e["receiver"])} for e in r["edges"]]
+    nodes_level, scorer = r.get("level") == "nodes", r.get("scored_with", r["method"])
+    edges = [{**e, "sender": Node.parse(e["sender"]), "receiver": Node.parse(e["receiver"])} for e in r["edges"]
+             if not nodes_level or abs(e["score"]) > 2 * e["se"]]  # a circuit of nodes: its edges beyond 2 SE
     kept = [Node.parse(n) for n in r["nodes"]]
     ends = [Node("embed"), Node("pos_embed"), *kept, Node("output")]
     nodes = [n for n in ends if n in kept or any(n in (e["sender"], e["receiver"]) for e in edges)]
@@ -365,8 +383,10 @@ def figures(r: dict, args) -> dict:
         ax.text(0, -0.3, "no edge kept", ha="center", va="center")
     h = r["held_out"]
     ax.set_title(
-        f"{common.title_name(args.subject_name)}: {len(edges)} of {r['n_edges_total']} edges ({r['method']}, "
-        f"{', '.join(r['corruptions'])}); on {h['n_contexts']} held-out contexts\n{r['faithfulness_means']}: "
+        f"{common.title_name(args.subject_name)}: "
+        + (f"{len(r['nodes'])} nodes, {len(r['edges'])} edges among them ({len(edges)} drawn: |{scorer} score| > 2 SE; "
+           if nodes_level else f"{len(edges)} of {r['n_edges_total']} edges ({scorer}, ")
+        + f"{', '.join(r['corruptions'])}); on {h['n_contexts']} held-out contexts\n{r['faithfulness_means']}: "
         f"{r['faithfulness']:.3f} \u00b1 {r['faithfulness_se']:.3f} of the progress (faithfulness)\n{COMPUTES}: "
         f"{h['sufficiency_mean']:.3f} \u00b1 {h['sufficiency_mean_se']:.3f} (nodes alone, rest mean-ablated)",
         fontsize=9)  # fmt: skip
@@ -386,6 +406,10 @@ def figures(r: dict, args) -> dict:
         path = CurvePath([p0, c, p1], [CurvePath.MOVETO, CurvePath.CURVE3, CurvePath.CURVE3])
         ax.add_patch(FancyArrowPatch(path=path, arrowstyle="-|>", mutation_scale=8, color=COLOURS[e["input"]],
                                      lw=width(e["score"]), ls=STYLES[e["group"]], alpha=0.75, zorder=2))  # fmt: skip
+    if not r["curve"]:
+        return {"circuit_graph": fig, "circuit_curve": _message_figure(
+            f"{common.title_name(args.subject_name)}: no faithfulness curve",
+            "a circuit of nodes (every edge among them) has no curve of top-n edges: " + r["level_note"])}  # fmt: skip
     fig2, ax2 = plt.subplots(figsize=(5.5, 3.5))
     n = [c["n_edges"] for c in r["curve"]]
     f = [c["faithfulness"] for c in r["curve"]]

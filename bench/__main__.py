@@ -17,8 +17,8 @@ the recipe it replaced; the time to regenerate every paper figure; on the shippe
 the Spearman rank correlation of their edge scores with the exact ones). Each time is the median of a few
 repeats after a warm-up (the circuit rows: one run); ``scale`` (``bench.scale``, about 10 minutes on a
 quiet core): ``analyses.inspect`` with its default flags on a GPT-2-small-shaped model beside the same on the
-shipped GPT-2, wall and CPU time and peak memory of each process; ``circuit-scale``: ``discover`` at small sizes
-on a GPT-2-small shape (``bench.deepened``) beside the shipped GPT-2, CPU time. It measures; it asserts nothing about speed.
+shipped GPT-2, wall and CPU time and peak memory of each process; ``circuit-scale``: ``discover`` with the default flags
+(small sizes with --quick) on a GPT-2-small shape (``bench.deepened``) beside the shipped GPT-2, CPU time. It measures; it asserts nothing about speed.
 """
 
 from __future__ import annotations
@@ -100,7 +100,7 @@ def _main(argv: list[str]) -> None:
 
         rows += scale_rows(args.device, args.threads, args.quick)
     if "circuit-scale" in only:
-        rows.append(circuit_scale_row(*((8, 16) if args.quick else (16, 32))))
+        rows.append(circuit_scale_row(*((8, 16) if args.quick else ())))
     print(table(rows))
     if args.json:
         record = {

@@ -129,3 +129,21 @@ def test_the_circuit_graph_draws_no_edge_through_another_nodes_label_and_marks_q
     finally:
         for f in figs.values():
             plt.close(f)
+
+
+def test_a_circuit_of_nodes_says_so_and_draws_no_curve(tmp_path, capsys):
+    """--level nodes (what auto chooses on a GPT-2-small-sized model): the summary says the circuit is every
+    edge among its nodes and why, scores are named as EAP's, a node measured only by attribution is marked
+    so, the JSON records the level, and the curve figure says why there is none."""
+    r = circuit.main(["--checkpoint", "standard", "--level", "nodes", "--n-contexts", "32", "--n-held-out", "32",
+                      "--out", str(tmp_path)])  # fmt: skip
+    out = capsys.readouterr().out
+    saved = json.loads((tmp_path / "circuit.json").read_text())["results"]
+    assert saved["level"] == "nodes" and saved["scored_with"] == "eap" and saved["curve"] == []
+    assert "; every edge among its nodes)" in out and "a circuit of nodes: asked for by --level nodes" in out
+    assert out.splitlines()[0].startswith("circuit: eap scores (noising)")
+    estimated = [n for n in r["nodes"] if n not in r["node_costs"]]
+    assert all(f"{n}: side not measured" in out for n in r["nodes"])
+    assert all("to first order (attribution)" in next(line for line in out.splitlines() if line.startswith(f"  {n}:"))
+               for n in estimated)  # fmt: skip
+    assert (tmp_path / "circuit_curve.png").exists() and (tmp_path / "circuit_graph.png").exists()

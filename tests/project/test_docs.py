@@ -386,9 +386,9 @@ COMMANDS = [
         "tests/models/interp/test_circuit_big_graph.py runs the same stages on a small stand-in",
     ),
     (
-        r"python -m analyses\.circuit --checkpoint DIR",
-        "a GPT-2-small-shaped model's circuit (refused for memory at the default sizes, docs/results/open.md); "
-        "tests/models/interp/test_circuit_big_graph.py runs discover on a small stand-in of that shape",
+        r"python -m analyses\.circuit --checkpoint /tmp/gpt2_deep",
+        "a GPT-2-small-shaped model's circuit (15 minutes, 15 GB); tests/models/interp/test_circuit_big_graph.py "
+        "runs discover at the level of nodes on a small stand-in of that shape",
     ),
     (
         r"python -m bench\.deepened \S+",

@@ -51,11 +51,14 @@ importable from ``models.interp.circuit``):
   batch]``, keyed by edge (``scores[edge]``; ``means()`` is ``{Edge: float}``); what a circuit keeps
   (``faithfulness``, ``restored``); the searches' primitives on a score mapping (``top_n``, ``threshold``)
   or on the runs (``greedy``); ``mean_se``, ``ratio_se``, ``beyond_2se``, ``roc_auc``.
-- ``nodes``: node ablation, ``node_ablated_values`` and ``node_costs``.
+- ``nodes``: node ablation, ``node_ablated_values`` and ``node_costs``; attribution of nodes,
+  ``output_grads`` and ``node_attribution``.
 
 Node ablation (``node_ablated_values``): every head and MLP outside a set of nodes set to its mean over
 held-out contexts (``mean``) or its value on a fresh context of the task (``resample``), at every position:
-the circuit's sufficiency, which does not depend on a corruption that keeps part of the context.
+the circuit's sufficiency, which does not depend on a corruption that keeps part of the context. With a
+corruption's other contexts as the reference it is also the faithfulness of a circuit of nodes (every edge
+among them kept): ``CircuitConfig.level`` ``"nodes"``, which ``auto`` chooses on a model of GPT-2 small's size.
 
 Conventions. Scores are "noising" by default: ``score(edge) = metric(clean run, the edge's receiver seeing
 its sender's ablated value) - metric(clean run)``; with the default metric (target NLL) a positive score is
@@ -98,6 +101,9 @@ _PUBLIC = {  # name -> the module that defines it; each is imported on first use
     "NODE_ABLATIONS": "models.interp.circuit.nodes",
     "node_ablated_values": "models.interp.circuit.nodes",
     "node_costs": "models.interp.circuit.nodes",
+    "node_attribution": "models.interp.circuit.nodes",
+    "output_grads": "models.interp.circuit.nodes",
+    "run_and_record": "models.interp.circuit.nodes",
     "node_outputs": "models.interp.circuit.nodes",
     "record_outputs": "models.interp.circuit.nodes",
     "CircuitResult": "models.interp.circuit.result",

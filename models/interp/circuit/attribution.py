@@ -13,30 +13,33 @@ from models.interp.circuit.scores import EdgeScores
 from models.interp.interventions import Intervention
 
 
-def input_grads(runner: Runner, fwd_hooks=()) -> dict:
+def input_grads(runner: Runner, fwd_hooks=(), edges=None) -> dict:
     """d metric / d (each receiver's input), ``{(node, input): [batch, pos, D]}``, at the run under
     ``fwd_hooks``: the gradient at the receiver's captured activation pulled back to its site. Each
-    context's metric is differentiated with respect to its own inputs (their sum's gradient)."""
+    context's metric is differentiated with respect to its own inputs (their sum's gradient). ``edges``:
+    only the receivers these edges enter (default: every receiver)."""
     sites, acts = {}, {}
-    captures = {r.capture for r in runner.graph.receivers if r.capture}
+    wanted = None if edges is None else {(e.receiver, e.input) for e in edges}
+    receivers = [r for r in runner.graph.receivers if wanted is None or (r.node, r.input) in wanted]
+    captures = {r.capture for r in receivers if r.capture}
 
     def leaf(x, hook):
         return x.detach().requires_grad_(True)
 
     hooks = [*fwd_hooks]
     hooks += [(s, leaf) for s in ("hook_embed", "hook_pos_embed") if s in runner.subject.model.hook_dict]
-    hooks += [Intervention(s, "record", store=sites).fwd_hook() for s in {r.site for r in runner.graph.receivers}]
+    hooks += [Intervention(s, "record", store=sites).fwd_hook() for s in {r.site for r in receivers}]
     hooks += [Intervention(c, "record", store=acts).fwd_hook() for c in captures]
     with torch.enable_grad():
         lp = runner.subject.log_probs(runner.tokens, hooks)
         m = runner.metric(lp, runner.targets).sum()
         names = sorted(captures)
-        final = [r.site for r in runner.graph.receivers if r.capture is None]
+        final = [r.site for r in receivers if r.capture is None]
         grads = torch.autograd.grad(m, [acts[c] for c in names] + [sites[s] for s in final], retain_graph=True,
                                     allow_unused=True)  # fmt: skip
         g_act = dict(zip(names, grads[: len(names)]))
         out = {}
-        for r in runner.graph.receivers:
+        for r in receivers:
             if r.capture is None:
                 out[(r.node, r.input)] = grads[len(names) + final.index(r.site)]
                 continue
@@ -56,7 +59,7 @@ def input_grads(runner: Runner, fwd_hooks=()) -> dict:
     return {k: v.detach() for k, v in out.items()}
 
 
-def _attribution(runner: Runner, grads: dict, edges) -> EdgeScores:
+def attribution(runner: Runner, grads: dict, edges) -> EdgeScores:
     """Per edge and context: the sender's change at the edge's positions times the gradient there."""
     out: list[Float[Tensor, " batch"]] = []
     for e in edges:
@@ -70,7 +73,7 @@ def eap_scores(runner: Runner, edges=None) -> EdgeScores:
     """EAP, per edge of ``edges`` (default: every edge) and context, ``[edge, batch]``: ``(ablated - clean
     write) . d metric / d input`` at the clean run (first order in the change)."""
     edges = runner.graph.edges if edges is None else edges
-    return _attribution(runner, input_grads(runner), edges)
+    return attribution(runner, input_grads(runner), edges)
 
 
 def eap_ig_scores(runner: Runner, edges=None, steps: int = 8, progress=None) -> EdgeScores:
@@ -92,4 +95,4 @@ def eap_ig_scores(runner: Runner, edges=None, steps: int = 8, progress=None) -> 
             hooks.append(Intervention(hook, "add", value=a * diff).fwd_hook())
         g = input_grads(runner, hooks)
         total = g if total is None else {k: total[k] + g[k] for k in total}
-    return _attribution(runner, {k: v / steps for k, v in total.items()}, edges)
+    return attribution(runner, {k: v / steps for k, v in total.items()}, edges)

@@ -11,6 +11,7 @@ from models.interp.circuit.methods import METHODS
 from models.interp.circuit.search import SEARCHES
 
 DIRECTIONS = ("noising", "denoising")  # an edge's receiver sees the ablated value in the clean run, or the reverse
+LEVELS = ("auto", "edges", "nodes")  # what the circuit is made of: edges, or nodes with every edge among them
 POSITIONS = ("trained", "all", "last")  # the targets every NLL averages over (probes.metrics.scored_rows), or those the model was trained on
 
 MAX_CURVE_POINTS = 1000  # circuit sizes on the curve; each is one ablated run over every context
@@ -61,6 +62,10 @@ class CircuitConfig:
                                              "clean pass before it starts: beyond it, the edges are ranked by EAP-IG "
                                              "instead (said in the summary and the JSON; the circuit chosen is still "
                                              "judged by exact runs)")  # fmt: skip
+    level: str = _doc("auto", "what the circuit is chosen as: edges (scored one by one), or nodes (heads and MLPs, "
+                              "with every edge among them: each answer is then one run of the contexts); auto: edges, "
+                              "unless one exact run of the search contexts per node would already take more than "
+                              "--exact-budget (a model of GPT-2-small size)")  # fmt: skip
     positions: str = _doc("trained", "the target positions every NLL averages over: trained (those the model's loss "
                                      "used: the last token for a CatFormer or a model trained with --loss-on last, "
                                      "else all; the result records which), all (every h >= 1) or last")  # fmt: skip
@@ -81,7 +86,8 @@ class CircuitConfig:
         if bad or not self.corruptions or len(set(self.corruptions)) != len(self.corruptions):
             raise ValueError(f"corruptions: expected distinct names among {', '.join(CORRUPTIONS)}, comma-separated; "
                              f"got {','.join(self.corruptions)!r}")  # fmt: skip
-        for name, registry in (("method", METHODS), ("search", SEARCHES), ("direction", DIRECTIONS), ("positions", POSITIONS)):
+        for name, registry in (("method", METHODS), ("search", SEARCHES), ("direction", DIRECTIONS), ("positions", POSITIONS),
+                               ("level", LEVELS)):
             if getattr(self, name) not in registry:
                 raise ValueError(f"{name}: expected one of {', '.join(registry)}, got {getattr(self, name)!r}")
         if self.direction == "denoising":
@@ -89,6 +95,8 @@ class CircuitConfig:
             if averaged:
                 raise ValueError(f"direction denoising needs a corruption that is a run on other contexts, not "
                                  f"{', '.join(averaged)}")  # fmt: skip
+        if self.level == "nodes" and self.direction == "denoising":
+            raise ValueError("level nodes judges a circuit by noising only: use --direction noising, or --level edges")
         for name, low, high in (("n_contexts", 2, None), ("curve_points", 1, MAX_CURVE_POINTS),
                                 ("ig_steps", 1, MAX_IG_STEPS), ("n_held_out", 2, None), ("n_edges", 0, None)):  # fmt: skip
             value = getattr(self, name)

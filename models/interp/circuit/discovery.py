@@ -3,7 +3,9 @@
 Scores every edge under each corruption, chooses the nodes and the edges, and answers two questions on
 held-out contexts the search never saw: the share of the model's progress the circuit's edges keep under
 each corruption (faithfulness), and the share its nodes keep with every other head and MLP ablated
-(sufficiency). ``analyses.circuit``'s docstring says the rules in words; this module is them.
+(sufficiency). ``analyses.circuit``'s docstring says the rules in words; this module is them. On a model
+whose graph is too big for exact runs per edge or per node (GPT-2 small: 156 heads and MLPs), the circuit
+is chosen as nodes with every edge among them (``CircuitConfig.level``; ``_node_circuit``).
 
     import models
     from models.interp.circuit import CircuitConfig, discover
@@ -25,18 +27,22 @@ import torch
 from torch import Tensor
 
 from models.interp.baselines import per_context_baselines
-from models.interp.circuit.config import MAX_HELD_OUT, MIN_HELD_OUT, CircuitConfig
+from models.interp.circuit.config import LEVELS, MAX_HELD_OUT, MIN_HELD_OUT, CircuitConfig
 from models.interp.circuit.corruptions import CORRUPTIONS, denoising_runner, source_writes
 from models.interp.circuit.exact import copy_runs
 from models.interp.circuit.graph import Edge, Graph, Node, build_graph
 from models.interp.circuit.methods import METHODS
+from models.interp.circuit.attribution import attribution, input_grads
 from models.interp.circuit.nodes import (
     NODE_ABLATIONS,
     node_ablated_values,
+    node_attribution,
     node_costs,
     node_outputs,
+    output_grads,
     output_hooks,
     record_outputs,
+    run_and_record,
 )
 from models.interp.circuit.result import (
     CircuitResult,
@@ -69,6 +75,8 @@ from models.plumbing.progress import progress
 from probes.metrics import per_context_nll
 
 N_MEAN = 2048  # held-out contexts whose mean is each sender's / node's mean-ablated value
+N_MEAN_NODES = 512  # the same at the level of nodes, where each run of them is one of a big model
+NODES_EXACT = 12  # at the level of nodes: the first-ranked heads and MLPs whose cost alone is measured exactly
 COST_Z = 3.0  # a node whose mean ablation alone costs more than this many standard errors is in the circuit
 SEEDS = {"held_out": 1_000_003, "replicate": 2_000_006, "reference": 3_000_009}  # offsets from the config's seed
 
@@ -88,9 +96,10 @@ def named_edges(graph: Graph, names) -> list[Edge]:
     return among(graph, names)
 
 
-def context_bytes(subject: Subject, graph: Graph) -> tuple[int, int]:
+def context_bytes(subject: Subject, graph: Graph) -> tuple[int, int, int]:
     """Memory one more context costs, about: (the senders' writes a ``Runner`` holds, one forward pass's
-    activations), measured on one context (each storage counted once)."""
+    activations, the heads' and MLPs' outputs a node-level answer records), measured on one context (each
+    storage counted once)."""
     seen: dict[int, int] = {}
 
     def grab(t, hook):
@@ -101,27 +110,37 @@ def context_bytes(subject: Subject, graph: Graph) -> tuple[int, int]:
         warnings.simplefilter("ignore")
         writes, _ = sender_writes(subject, graph, sample(subject.task, 1, 0), [(lambda name: True, grab)])
     held = {w.untyped_storage().data_ptr(): w.untyped_storage().nbytes() for w in writes.values()}
-    return sum(held.values()), sum(seen.values())
+    recorded = record_outputs(subject, sample(subject.task, 1, 0), output_hooks(node_outputs(subject, graph)))
+    outputs = sum(v.numel() * v.element_size() for v in recorded.values())
+    return sum(held.values()), sum(seen.values()), outputs
 
 
-def check_fits(subject: Subject, config: CircuitConfig, graph: Graph | None = None) -> tuple[int, int]:
+def check_fits(subject: Subject, config: CircuitConfig, graph: Graph | None = None,
+               level: str = "edges") -> tuple[int, int]:  # fmt: skip
     """One-line ValueError, before any work, if the search or the held-out answers would not fit in memory:
     each Runner holds the senders' clean and ablated writes on its contexts (the search one per corruption,
     two when denoising), a pass runs on ``rows`` contexts or all of them, and the receivers' patched
     activations at most double a pass's. ``rows`` is ``ROWS``, or fewer where a pass of ``ROWS`` contexts
     would take more than a quarter of the memory (a big model). The held-out sample is sized at
-    ``n_held_out``, or at its least size. Returns the most held-out contexts that fit beside the search, and
-    ``rows``."""
-    writes, forward = context_bytes(subject, build_graph(subject) if graph is None else graph)
+    ``n_held_out``, or at its least size. At the ``level`` of nodes the answers hold the heads' and MLPs'
+    outputs of two samples and one other run instead of the senders' writes, the search's runners freed.
+    Returns the most held-out contexts that fit, and ``rows``."""
+    writes, forward, outputs = context_bytes(subject, build_graph(subject) if graph is None else graph)
     rows = max(1, min(ROWS, int(MEMORY_FRACTION * memory_limit()[0] / 4 // (2 * forward))))
     runners = len(config.corruptions) * (2 if config.direction == "denoising" else 1)
     n, held = config.n_contexts, config.n_held_out or MIN_HELD_OUT
     search = 2 * writes * runners * n + 2 * forward * max(n, rows)
     check_memory(search, f"n_contexts {n} (the search: {size(2 * writes * runners + 2 * forward)} a context)")
+    bound = MEMORY_FRACTION * memory_limit()[0]
+    if level == "nodes":
+        passes = 2 * forward * min(held, rows)
+        check_memory(3 * outputs * held + passes, f"n_held_out {held} ({size(3 * outputs)} a context, and "
+                                                  f"{size(passes)} for a pass)")  # fmt: skip
+        return int((bound - 2 * forward * rows) // (3 * outputs)), rows
     answers = 2 * writes * held + 2 * forward * max(held, rows)
     check_memory(search + answers, f"n_held_out {held} ({size(2 * writes + 2 * forward)} a context; the search "
                                    f"holds {size(search)} besides)")  # fmt: skip
-    return int((MEMORY_FRACTION * memory_limit()[0] - search) // (2 * writes + 2 * forward)), rows
+    return int((bound - search) // (2 * writes + 2 * forward)), rows
 
 
 def held_out_size(config: CircuitConfig, plateau: Tensor, full: Tensor, bma: Tensor, most: int | None = None) -> int:
@@ -219,20 +238,41 @@ class _Discovery:
         self.metric = partial(per_context_nll, positions=config.positions)  # resolved: never "trained" here
         self.graph = build_graph(subject)
         self.named = named_edges(self.graph, config.nodes) if config.nodes is not None else None  # before any work
-        self.most_held_out, self.rows = check_fits(subject, config, self.graph)
+        self.fits = {}  # per level: (the most held-out contexts, rows), or why they do not fit
+        for level in LEVELS[1:] if config.level == "auto" else (config.level,):
+            try:
+                self.fits[level] = check_fits(subject, config, self.graph, level)
+            except ValueError as e:
+                self.fits[level] = e
+        if all(isinstance(f, ValueError) for f in self.fits.values()):
+            raise next(iter(self.fits.values()))
+        self.most_held_out, self.rows = next(f for f in self.fits.values() if not isinstance(f, ValueError))
         self.tokens = sample(self.task, config.n_contexts, config.seed)
         self.plateau, self.bma = per_context_baselines(self.task, self.tokens, config.positions)
         self.corruptions, self.stages = list(config.corruptions), Stages()
         with self.stages("clean and corrupted runs"):
             cpu = time.process_time()
-            clean = sender_writes(subject, self.graph, self.tokens)
+            self.clean = sender_writes(subject, self.graph, self.tokens)
             self.pass_s = time.process_time() - cpu  # CPU seconds of one run of the search contexts
-            self.runners = {c: Runner(subject, self.graph, self.tokens,
-                                      source_writes(subject, self.graph, self.tokens, c, config.seed), self.metric, clean=clean,
-                                      rows=self.rows)
-                            for c in self.corruptions}  # fmt: skip
-        self.full = self.runners[self.corruptions[0]].clean_values
+        self.full = self.metric(self.clean[1], self.tokens)
         self.progress = Estimate(*ratio_se(self.plateau - self.full, self.plateau - self.bma))
+        self.runners: dict[str, Runner] = {}
+
+    def build_runners(self, keep=None) -> dict[str, Runner]:
+        """Each corruption's Runner on the search contexts, sharing the clean run; ``keep``: the senders'
+        writes of these nodes only (a circuit of nodes scores the edges among them; the others' writes of a
+        big model would take gigabytes)."""
+
+        def only(writes: dict) -> dict:
+            return writes if keep is None else {k: v for k, v in writes.items() if k[0] in keep}
+
+        with self.stages("clean and corrupted runs"):
+            clean = (only(self.clean[0]), self.clean[1])
+            self.runners = {c: Runner(self.subject, self.graph, self.tokens,
+                                      only(source_writes(self.subject, self.graph, self.tokens, c, self.config.seed)),
+                                      self.metric, clean=clean, rows=self.rows)
+                            for c in self.corruptions}  # fmt: skip
+        return self.runners
 
     def result(self, **found) -> CircuitResult:
         return CircuitResult(
@@ -254,6 +294,27 @@ class _Discovery:
                           f"{config.exact_budget:g} s: the edges are ranked by EAP-IG ({config.ig_steps} steps) "
                           "instead, and the circuit chosen is judged by exact runs")  # fmt: skip
 
+    def level(self) -> tuple[str, str | None]:
+        """What the circuit is chosen as, and why, if it was not asked for: ``config.level``, or (auto)
+        nodes where one exact run of the search contexts per head and MLP (the node costs alone) is
+        estimated beyond ``exact_budget``, or where the edge-level answers would not fit in memory;
+        else edges. A level whose answers do not fit is refused here (ValueError)."""
+        config, n = self.config, len(node_outputs(self.subject, self.graph))
+        if config.level != "auto":
+            level, why = config.level, None
+        elif isinstance(self.fits["edges"], ValueError):
+            level, why = "nodes", f"the edge-level answers would not fit in memory ({self.fits['edges']})"
+        elif n * self.pass_s > config.exact_budget and config.direction == "noising":
+            level, why = "nodes", (f"one exact run of the {len(self.tokens)} search contexts per head and MLP "
+                                   f"({n} at {self.pass_s:.2f} CPU s each, about {n * self.pass_s / 60:.0f} CPU "
+                                   f"minutes) is beyond --exact-budget {config.exact_budget:g} s")  # fmt: skip
+        else:
+            level, why = "edges", None
+        if isinstance(self.fits[level], ValueError):
+            raise self.fits[level]
+        self.most_held_out, self.rows = self.fits[level]
+        return level, why
+
     def scores(self, method: str) -> dict:
         """Per corruption: (its runner, the runner scored (the denoising one, if denoising), the edges'
         scores ``[edge, context]`` by ``method``, ``{edge: (mean, se)}``, the edges ranked)."""
@@ -268,11 +329,13 @@ class _Discovery:
                 scored[c] = (runner, scorer, values, stats, ranked(stats, self.config.min_z))
         return scored
 
-    def choose_nodes(self, scored: dict, costs: dict, reference, recorded: dict) -> tuple[list[Node], dict]:
-        """The nodes: every head or MLP whose mean ablation alone costs > COST_Z standard errors, then the
-        costliest others until the nodes alone (the rest mean-ablated) keep ``target`` of the progress, then,
-        for each corruption whose edges among them do not keep ``target``, the nodes its edges' scores weigh
-        most. Returns them in the graph's order and why each was added."""
+    def choose_nodes(self, costs: dict, by_cost: list[Node], by_weight: dict, faithful, reference,
+                     recorded: dict) -> tuple[list[Node], dict]:  # fmt: skip
+        """The nodes: every head or MLP whose mean ablation alone costs > COST_Z standard errors (``costs``),
+        then others in the order ``by_cost`` until the nodes alone (the rest mean-ablated) keep ``target`` of
+        the progress, then, for each corruption c whose circuit among them does not keep ``target``
+        (``faithful(c, nodes)``, a share), the nodes in the order ``by_weight[c]``. Returns them in the
+        graph's order and why each was added."""
         target, plateau, full = self.config.target, self.plateau, self.full
         added: dict = {}
         for n, (cost, cost_se) in costs.items():
@@ -286,7 +349,7 @@ class _Discovery:
             )
             return ratio_se(plateau - values, plateau - full)[0]
 
-        for n in sorted(costs, key=lambda n: -costs[n][0]):
+        for n in by_cost:
             if n in added:
                 continue
             share = sufficient(list(added))
@@ -294,16 +357,23 @@ class _Discovery:
                 break
             added[n] = f"the nodes before it alone kept {share:.3f} < {target:g} of the progress, rest mean-ablated"
         for c in self.corruptions:
-            runner, _, _, stats, _ = scored[c]
-            weight = {n: sum(abs(x) for e, (x, _) in stats.items() if n in (e.sender, e.receiver)) for n in costs}
-            for n in sorted(costs, key=lambda n: -weight[n]):
+            for n in by_weight[c]:
                 if n in added:
                     continue
-                share = faithfulness(runner, among(self.graph, added), plateau, full).faithfulness
+                share = faithful(c, list(added))
                 if share >= target:
                     break
                 added[n] = f"the edges among the nodes before it kept {share:.3f} < {target:g} under {c}"
         return [n for n in self.graph.node_order if n in added], added
+
+    def edge_weights(self, scored: dict, costs: dict) -> dict[str, list[Node]]:
+        """Per corruption, the nodes by the summed |score| of their edges, descending."""
+        out = {}
+        for c in self.corruptions:
+            stats = scored[c][3]
+            weight = {n: sum(abs(x) for e, (x, _) in stats.items() if n in (e.sender, e.receiver)) for n in costs}
+            out[c] = sorted(costs, key=lambda n: -weight[n])
+        return out
 
     def search(self, c: str, scored: dict, within: set, sizes: list[int]) -> tuple[CorruptionSearch, list[Edge]]:
         """Corruption ``c``'s circuit among the edges ``within``, its faithfulness and curve on the search
@@ -403,6 +473,10 @@ def discover(subject: Subject, config: CircuitConfig | None = None) -> CircuitRe
     if reason is not None:
         return run.result(refused=reason)
     graph, tokens, corruptions, stage = run.graph, run.tokens, run.corruptions, run.stages
+    level, why = run.level()
+    if level == "nodes":
+        return _node_circuit(run, why)
+    run.build_runners()
     method, note = run.method()
     scored = run.scores(method)
     with stage("node costs"):
@@ -415,7 +489,9 @@ def discover(subject: Subject, config: CircuitConfig | None = None) -> CircuitRe
         if run.named is not None:
             nodes, added = graph.nodes(run.named), {}
         else:
-            nodes, added = run.choose_nodes(scored, costs, reference, recorded)
+            faithful = lambda c, ns: faithfulness(scored[c][0], among(graph, ns), run.plateau, run.full).faithfulness  # noqa: E731
+            nodes, added = run.choose_nodes(costs, sorted(costs, key=lambda n: -costs[n][0]),
+                                            run.edge_weights(scored, costs), faithful, reference, recorded)  # fmt: skip
     within = set(run.named) if run.named is not None else set(among(graph, nodes))
     sizes = curve_sizes(len(graph.edges), config.curve_points)
     searches, kept_by, passes, runs = {}, {}, 0, 0
@@ -452,3 +528,147 @@ def discover(subject: Subject, config: CircuitConfig | None = None) -> CircuitRe
         nodes=nodes, node_roles=node_roles(kept_by, nodes, added, at), node_costs=costs, edges=kept_edges,
         searches=searches, held_out=held_out, replicate=replicate, n_held_out=n_held, n_mean_reference=N_MEAN,
         forward_passes=passes, context_runs=runs, interventions=run.interventions(), scoring_note=note)  # fmt: skip
+
+
+# At the level of nodes ----------------------------------------------------------------------------------
+# A circuit of nodes keeps every edge among them (and the embeddings and the output): ablating every other
+# edge then equals setting each head and MLP outside it to its ablated value in one run (every receiver of a
+# node outside sees its ablated value; what the nodes inside compute follows), so each answer is one exact
+# run of the contexts, not one per receiver (tests check the equality on the shipped GPT-2).
+
+
+class _NodeAnswers:
+    """The node-level answers on one sample: the clean run (its metric, the nodes' outputs recorded), and
+    the circuit's metric with every other head and MLP at its value under a corruption or an ablation."""
+
+    def __init__(self, run: _Discovery, tokens, seed: int, reference, recorded: dict, full: Tensor | None = None):
+        self.run, self.tokens, self.seed, self.reference, self.recorded = run, tokens, seed, reference, recorded
+        self.hooks = output_hooks(node_outputs(run.subject, run.graph))
+        if full is None:  # its outputs recorded in the clean run: the other sample's resample values
+            self.outputs, self.full = run_and_record(run.subject, tokens, self.hooks, run.metric, run.rows)
+        else:
+            self.outputs, self.full = None, full
+        self.plateau, self.bma = per_context_baselines(run.task, tokens, run.config.positions)
+        self._other: dict = {}
+
+    def source(self, c: str) -> tuple[Tensor, dict]:
+        """Corruption ``c``'s contexts and the nodes' outputs on them: the reference (averaged: its mean is the
+        value), else the corruption's other context of each context (recorded once)."""
+        if CORRUPTIONS[c].averaged:
+            return self.reference, self.recorded
+        if c not in self._other:
+            other = CORRUPTIONS[c].other_contexts(self.run.task, self.tokens, self.seed)
+            self._other[c] = (other, record_outputs(self.run.subject, other, self.hooks, self.run.rows))
+        return self._other[c]
+
+    def values(self, nodes, c: str) -> Tensor:
+        """Per context, the metric with every head and MLP outside ``nodes`` at its value under corruption
+        ``c`` (averaged: its mean over the reference contexts, as mean ablation; else its output on the
+        corruption's other context of each context)."""
+        return self.ablated(nodes, "mean" if CORRUPTIONS[c].averaged else "resample", *self.source(c))
+
+    def ablated(self, nodes, ablation: str, reference, recorded) -> Tensor:
+        run = self.run
+        return node_ablated_values(run.subject, run.graph, self.tokens, nodes, ablation, reference, run.metric,
+                                   rows=run.rows, recorded=recorded)  # fmt: skip
+
+    def share(self, values: Tensor) -> Estimate:
+        return Estimate(*ratio_se(self.plateau - values, self.plateau - self.full))
+
+    def measurement(self, nodes, other: "_NodeAnswers") -> Measurement:
+        """Faithfulness under each corruption, sufficiency with the rest mean-ablated (the reference's
+        mean) and resampled (each context paired with ``other``'s sample, fresh contexts of the task)."""
+        averaged = [c for c in self.run.corruptions if CORRUPTIONS[c].averaged]
+        runs = [("faithfulness", c) for c in self.run.corruptions]
+        runs += [("sufficiency", a) for a in NODE_ABLATIONS if a == "resample" or not averaged]
+        got = {}
+        for what, name in _bar(runs, f"answers on {len(self.tokens)} contexts"):
+            values = (self.ablated(nodes, "resample", other.tokens, other.outputs) if (what, name) == ("sufficiency", "resample")
+                      else self.values(nodes, name))  # "mean": mean ablation  # fmt: skip
+            got[(what, name)] = self.share(values)
+        self._other.clear()  # the corruptions' outputs: gigabytes on a big model
+        shares = {c: got[("faithfulness", c)] for c in self.run.corruptions}
+        mean = got[("faithfulness", averaged[0])] if averaged else got[("sufficiency", "mean")]
+        resample = got[("sufficiency", "resample")]
+        progress = Estimate(*ratio_se(self.plateau - self.full, self.plateau - self.bma))
+        return Measurement(len(self.tokens), shares, progress, self.full.mean().item(),
+                           {"mean": mean, "resample": resample})  # fmt: skip
+
+
+def _node_circuit(run: _Discovery, why: str | None) -> CircuitResult:
+    """``discover`` at the level of nodes: heads and MLPs ranked by attribution (their mean ablation alone
+    to first order, one backward pass), the first ``NODES_EXACT`` measured exactly, chosen as
+    ``choose_nodes`` does with node-level runs; the circuit's edges every edge among them, scored by EAP;
+    the answers on held-out and replicate samples, each one exact run of the contexts."""
+    subject, graph, config, stage = run.subject, run.graph, run.config, run.stages
+    tokens, hooks = run.tokens, output_hooks(node_outputs(subject, graph))
+    with stage("node attribution"):
+        reference = sample(subject.task, N_MEAN_NODES, config.seed + SEEDS["reference"])
+        recorded = record_outputs(subject, reference, hooks, run.rows)
+        search = _NodeAnswers(run, tokens, config.seed, reference, recorded, full=run.full)
+        means = {h: recorded[h].mean(0, keepdim=True) for h in hooks}
+        clean, grads = output_grads(subject, graph, tokens, run.metric)
+        estimate = {n: Estimate(*mean_se(v)) for n, v in node_attribution(subject, graph, clean, grads, means).items()}
+        by_corruption = {}
+        for c in run.corruptions:
+            value = means if CORRUPTIONS[c].averaged else search.source(c)[1]
+            att = {n: v.mean().item() for n, v in node_attribution(subject, graph, clean, grads, value).items()}
+            by_corruption[c] = sorted(att, key=lambda n: -abs(att[n]))
+    ranked_nodes = sorted(estimate, key=lambda n: -abs(estimate[n].value))
+    exact = [n for n in ranked_nodes[:NODES_EXACT] if estimate[n].value != 0 or estimate[n].se != 0]
+    with stage("node costs"):
+        costs = {n: Estimate(*mean_se(v)) for n, v in node_costs(
+            subject, graph, tokens, reference, run.metric, rows=run.rows, nodes=exact, recorded=recorded,
+            clean=run.full, progress=lambda p: _bar(p, "node costs")).items()} if exact else {}  # fmt: skip
+    by_cost = sorted(costs, key=lambda n: -costs[n][0]) + [n for n in ranked_nodes if n not in costs]
+    with stage("node search"):
+        if run.named is not None:
+            nodes, added = graph.nodes(run.named), {}
+        else:
+            nodes, added = run.choose_nodes(costs, by_cost, by_corruption,
+                                            lambda c, ns: search.share(search.values(ns, c)).value, reference,
+                                            recorded)  # fmt: skip
+    edges = among(graph, nodes)
+    run.build_runners(keep=set(nodes) | {n for n in graph.node_order if n.is_end})
+    run.clean = None  # every sender's clean writes: only the nodes' are needed from here
+    with stage("edge scores (eap, among the nodes)"):
+        grads_in = input_grads(run.runners[run.corruptions[0]], edges=edges)
+        searches = {}
+        for c in run.corruptions:
+            values = attribution(run.runners[c], grads_in, edges)
+            stats = values.with_se()
+            found = search.share(search.values(nodes, c))
+            rows_ = [ScoredEdge(e, *stats[e]) for e in sorted(edges, key=lambda e: -abs(stats[e][0]))]
+            searches[c] = CorruptionSearch(
+                c, rows_, sum(abs(x) <= 2 * se for x, se in stats.values()),
+                sum(abs(x) > config.min_z * se for x, se in stats.values()), found, [], None,
+                [ScoredEdge(e, *stats[e]) for e in edges], input_sums(values))  # fmt: skip
+    run.runners.clear()  # the senders' writes: the answers below do not need them
+    kept_by = {c: edges for c in run.corruptions}
+    n_held = held_out_size(config, run.plateau, run.full, run.bma, run.most_held_out)
+    with stage("held-out answers"):
+        held = _NodeAnswers(run, sample(subject.task, n_held, config.seed + SEEDS["held_out"]),
+                            config.seed + SEEDS["held_out"], reference, recorded)  # fmt: skip
+        fresh = _NodeAnswers(run, sample(subject.task, n_held, config.seed + SEEDS["replicate"]),
+                             config.seed + SEEDS["replicate"], reference, recorded)  # fmt: skip
+        held_out = held.measurement(nodes, fresh)
+    with stage("replicate"):
+        replicate = fresh.measurement(nodes, held)
+    first = searches[run.corruptions[0]]
+    kept_edges = [KeptEdge(s.edge, s.score, s.se, run.corruptions[0], tuple(run.corruptions)) for s in first.edges]
+    interventions = [description(h, "mean" if CORRUPTIONS[c].averaged else "patch",
+                                 f"every head / MLP outside the circuit: {CORRUPTIONS[c].words}")
+                     for c in run.corruptions for h in hooks]  # fmt: skip
+    interventions += [description(h, kind, f"every head / MLP outside the circuit: {NODE_ABLATIONS[a]}")
+                      for a, kind in (("mean", "mean"), ("resample", "patch")) for h in hooks]  # fmt: skip
+    note = (f"{why or 'asked for by --level nodes'}. Heads and MLPs are ranked by attribution (the first-order "
+            f"cost of each one's mean ablation, one backward pass), the first {len(exact)} measured exactly; the "
+            f"circuit's edges are every edge among its nodes, scored by EAP; each answer is one exact run (every "
+            f"other head and MLP at its ablated value, the same as ablating every other edge)")  # fmt: skip
+    roles = {n: dataclasses.replace(r, side="side not measured (a circuit of nodes)")
+             for n, r in node_roles(kept_by, nodes, added, {}).items()}  # every edge among them: both sides  # fmt: skip
+    return run.result(
+        nodes=nodes, node_roles=roles, node_costs=costs, edges=kept_edges,
+        searches=searches, held_out=held_out, replicate=replicate, n_held_out=n_held, n_mean_reference=N_MEAN_NODES,
+        interventions=interventions, level="nodes", level_note=note, node_attribution=estimate, forward_passes=None,
+        context_runs=None)  # fmt: skip

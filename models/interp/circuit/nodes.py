@@ -5,6 +5,8 @@ context. Runs the subject itself, not a ``Runner`` (no edge is ablated)."""
 
 from __future__ import annotations
 
+from functools import partial
+
 import torch
 from jaxtyping import Float
 from torch import Tensor
@@ -39,13 +41,53 @@ def output_hooks(outputs: dict[Node, tuple[str, int | None]]) -> list[str]:
 
 def record_outputs(subject: Subject, tokens, hooks_: list[str], rows: int = ROWS) -> dict:
     """The activations at ``hooks_`` on ``tokens``, ``{hook: [batch, ...]}``, ``rows`` contexts a pass."""
+    return run_and_record(subject, tokens, hooks_, None, rows)[0]
+
+
+def run_and_record(subject: Subject, tokens, hooks_: list[str], metric: Metric | None,
+                   rows: int = ROWS) -> tuple[dict, Float[Tensor, " batch"] | None]:  # fmt: skip
+    """``record_outputs`` and, in the same passes, the clean run's ``metric`` per context (None without one)."""
     parts: list[dict] = []
+    values = []
     for i in range(0, len(tokens), rows):
         store: dict = {}
         with torch.no_grad():
-            subject.log_probs(tokens[i : i + rows], [Intervention(h, "record", store=store).fwd_hook() for h in hooks_])
+            lp = subject.log_probs(tokens[i : i + rows], [Intervention(h, "record", store=store).fwd_hook() for h in hooks_])
         parts.append({h: store[h].detach() for h in hooks_})
-    return {h: torch.cat([p[h] for p in parts]) for h in hooks_}
+        if metric is not None:
+            values.append(metric(lp, tokens[i : i + rows]))
+    return {h: torch.cat([p[h] for p in parts]) for h in hooks_}, torch.cat(values) if values else None
+
+
+def output_grads(subject: Subject, graph: Graph, tokens, metric: Metric) -> tuple[dict, dict]:
+    """The clean run's node outputs on ``tokens`` and the metric's gradient there, ``({hook: [batch, ...]},
+    {hook: [batch, ...]})`` at the hooks of ``node_outputs``: each context's metric differentiated with
+    respect to its own outputs (their sum's gradient). One forward and one backward pass."""
+    hooks_, acts = output_hooks(node_outputs(subject, graph)), {}
+
+    def leaf(x, hook, name):
+        acts[name] = x.detach().requires_grad_(True)
+        return acts[name]
+
+    with torch.enable_grad():
+        total = metric(subject.log_probs(tokens, [(h, partial(leaf, name=h)) for h in hooks_]), tokens).sum()
+        grads = torch.autograd.grad(total, [acts[h] for h in hooks_], allow_unused=True)
+    return ({h: acts[h].detach() for h in hooks_},
+            {h: torch.zeros_like(acts[h]) if g is None else g for h, g in zip(hooks_, grads)})  # fmt: skip
+
+
+def node_attribution(subject: Subject, graph: Graph, clean: dict, grads: dict, value: dict,
+                     ) -> dict[Node, Float[Tensor, " batch"]]:  # fmt: skip
+    """Per head and MLP, per context: the first-order change of the metric when that node alone is set to
+    ``value`` (``{hook: [batch or 1, ...]}``: a mean, or the outputs on other contexts), the rest clean:
+    ``(value - clean) . d metric / d output`` over its positions and dimensions (attribution patching of
+    the node; ``clean``, ``grads``: ``output_grads``)."""
+    out = {}
+    for n, (hook, head) in node_outputs(subject, graph).items():
+        diff = value[hook].to(clean[hook].dtype) - clean[hook]
+        prod = diff * grads[hook]
+        out[n] = (prod if head is None else prod[:, :, head]).double().flatten(1).sum(1)
+    return out
 
 
 def node_ablated_values(subject: Subject, graph: Graph, tokens, kept, ablation: str, reference,

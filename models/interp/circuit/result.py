@@ -91,7 +91,7 @@ class CorruptionSearch:
     n_beyond_min_z: int
     faithfulness: Estimate
     curve: list[CurvePoint]
-    curve_area: float
+    curve_area: float | None  # None: no curve (a circuit of nodes)
     all_edges: list[ScoredEdge]
     by_input: list[InputSum]
     denoising: Denoising | None = None
@@ -166,7 +166,10 @@ class CircuitResult:
     ``edges``, each node's role and mean-ablation cost alone (every head and MLP), each corruption's search,
     and the answers on ``held_out`` contexts the search never saw and on a ``replicate`` sample as large.
     ``scoring_note``: why the edges were ranked by EAP-IG instead of exact patching, if they were (the JSON's
-    ``scored_with``); ``timings``: each stage's wall and CPU seconds (not in the JSON: they vary run to run)."""
+    ``scored_with``). ``level`` ``"nodes"``: the circuit is a set of heads and MLPs with every edge among
+    them (``level_note`` says why, ``node_attribution`` holds every node's cost to first order, ``node_costs``
+    those measured exactly; the edges' scores are EAP's, there is no faithfulness curve, and faithfulness
+    under an averaged corruption is mean-ablation sufficiency, one measurement). ``timings``: each stage's wall and CPU seconds (not in the JSON: they vary run to run)."""
 
     config: CircuitConfig
     checkpoint_hash: str | None
@@ -186,11 +189,14 @@ class CircuitResult:
     replicate: Measurement | None = None
     n_held_out: int | None = None
     n_mean_reference: int | None = None
-    forward_passes: int = 0
-    context_runs: int = 0
+    forward_passes: int | None = 0  # the edge-level runners' (None for a circuit of nodes: not counted)
+    context_runs: int | None = 0
     interventions: list[dict] = field(default_factory=list)
     scoring_note: str | None = None  # why the edges were ranked by EAP-IG, not by the exact patching asked for
     trained_on: str = "all"  # the target positions the model's loss used (Subject.trained_on)
+    level: str = "edges"  # what the circuit was chosen as: edges, or nodes with every edge among them
+    level_note: str | None = None  # a circuit of nodes: why, and how it was found
+    node_attribution: dict[Node, Estimate] = field(default_factory=dict)  # nodes: each one's cost to first order
     timings: dict[str, tuple[float, float]] = field(default_factory=dict, compare=False)  # stage: (wall, CPU) s
 
     @property
@@ -244,7 +250,7 @@ class CircuitResult:
             "sufficiency_means": f"{COMPUTES}: its nodes alone, every other head and MLP mean-ablated "
                                  f"({NODE_ABLATIONS['mean']})",
             "held_out": h.to_dict(), "replicate": self.replicate.to_dict(),
-            "kl_to_full": first["kl_to_full"], "kl_to_full_se": first["kl_to_full_se"],
+            **{k: first[k] for k in ("kl_to_full", "kl_to_full_se") if k in first},
             "curve": first["curve"], "curve_area": first["curve_area"],
             **{k: first[k] for k in ("denoising_curve", "denoising_curve_area", "denoising_faithfulness",
                                      "denoising_faithfulness_se", "denoising_cost", "denoising_cost_se") if k in first},
@@ -253,4 +259,7 @@ class CircuitResult:
             "forward_passes": self.forward_passes, "context_runs": self.context_runs,
             "interventions": self.interventions,
             **({} if self.scoring_note is None else {"scored_with": "eap-ig", "scoring_note": self.scoring_note}),
+            **({} if self.level == "edges" else {
+                "level": self.level, "scored_with": "eap", "level_note": self.level_note,
+                "node_attribution": {str(n): {"cost": c, "se": s} for n, (c, s) in self.node_attribution.items()}}),
         }  # fmt: skip

@@ -11,9 +11,29 @@ import torch
 import models
 from bench.deepened import deepen
 from models import STANDARD_CHECKPOINT
-from models.interp.circuit import CircuitConfig, Node, Runner, build_graph, discover, eap_ig_scores, source_writes
+from models.interp.circuit import (
+    CircuitConfig,
+    Node,
+    Runner,
+    among,
+    build_graph,
+    discover,
+    eap_ig_scores,
+    eap_scores,
+    mean_writes,
+    node_ablated_values,
+    other_contexts,
+    sender_writes,
+    source_writes,
+)
 
 CONFIG = dict(n_contexts=16, n_held_out=32, curve_points=1, ig_steps=2, corruptions=("demonstrations",))
+
+
+def placed(label: str) -> str:
+    """A node of the shipped model as the stand-in has it: layers 0 and 1 at 0 and 2."""
+    n = Node.parse(label)
+    return label if n.is_end else str(Node(n.kind, {0: 0, 1: 2}[n.layer], n.head))
 
 
 @pytest.fixture(scope="module")
@@ -38,7 +58,7 @@ def test_beyond_the_budget_edges_are_ranked_by_eap_ig_and_the_circuit_is_judged_
     the same held-out answers (exact runs of the circuit: the two models compute the same to 1e-5)."""
     from analyses import circuit
 
-    found = discover(stand_in, CircuitConfig(exact_budget=0, **CONFIG))
+    found = discover(stand_in, CircuitConfig(exact_budget=0, level="edges", **CONFIG))
     r = found.to_dict()
     assert r["scored_with"] == "eap-ig" and "beyond --exact-budget 0 s" in r["scoring_note"]
     assert "scored with EAP-IG: exact edge patching of the" in circuit.summary(r)
@@ -51,12 +71,6 @@ def test_beyond_the_budget_edges_are_ranked_by_eap_ig_and_the_circuit_is_judged_
     assert all(r["node_costs"][str(n)]["cost"] == 0 for n in idle) and not set(map(str, idle)) & set(r["nodes"])
 
     small = discover(models.load_subject("standard"), CircuitConfig(method="eap-ig", **CONFIG)).to_dict()
-    moved = {0: 0, 1: 2}
-
-    def placed(label: str) -> str:
-        n = Node.parse(label)
-        return label if n.is_end else str(Node(n.kind, moved[n.layer], n.head))
-
     assert r["nodes"] == [placed(n) for n in small["nodes"]]
     assert {(e["sender"], e["receiver"], e["input"], e["group"]) for e in r["edges"]} == {
         (placed(e["sender"]), placed(e["receiver"]), e["input"], e["group"]) for e in small["edges"]}  # fmt: skip
@@ -79,3 +93,80 @@ def test_the_budget_is_compared_with_the_estimate_of_exact_patching_from_one_tim
     for budget, method in ((estimate * 1.01, "exact"), (estimate * 0.99, "eap-ig")):
         run.config = CircuitConfig(**CONFIG, exact_budget=budget)
         assert run.method()[0] == method
+
+
+@pytest.mark.parametrize("corruption", ["demonstrations", "mean"])
+def test_a_circuit_of_nodes_answers_as_ablating_every_edge_outside_it(corruption):
+    """The level of nodes rests on one equality: with every edge among the nodes kept (and the embeddings'
+    and the output's), ablating every other edge (``Runner.keep_only_values``, ACDC's semantics, a run per
+    receiver) equals one run with every head and MLP outside the nodes at its ablated value: its output on
+    the corruption's other context, or its mean over the same reference contexts."""
+    subject = models.load_subject("standard")
+    graph = build_graph(subject)
+    tokens = subject.task.sample(24, torch.Generator().manual_seed(5))[0]
+    nodes = ["L0H0", "L0H4", "MLP0", "L1H2", "L1H5", "MLP1"]
+    if corruption == "mean":
+        reference = subject.task.sample(40, torch.Generator().manual_seed(6))[0]
+        source = mean_writes(sender_writes(subject, graph, reference)[0])
+        ablation = "mean"
+    else:
+        reference = other_contexts(subject.task, tokens, corruption, 3)
+        source = source_writes(subject, graph, tokens, corruption, 3)
+        ablation = "resample"
+    edges = Runner(subject, graph, tokens, source).keep_only_values(among(graph, nodes))
+    one_run = node_ablated_values(subject, graph, tokens, nodes, ablation, reference)
+    clean = Runner(subject, graph, tokens, source).clean_values
+    assert (edges - clean).abs().max() > 0.05  # the ablation moves the metric: the equality says something
+    assert torch.allclose(one_run, edges, atol=2e-5), (one_run - edges).abs().max()
+
+
+def test_the_nodes_of_the_stand_in_are_the_placed_layers_and_answer_as_the_shipped_model(stand_in):
+    """At the level of nodes, on the stand-in: the identity layers' heads and MLPs, which write nothing, are
+    estimated at exactly 0 and are not in the circuit; the circuit is the shipped model's found the same
+    way, its layers 0 and 1 at 0 and 2, with the same answers (the two compute the same to 1e-5); the edges
+    are every edge among the nodes, each scored by EAP (computed here by eap_scores itself); faithfulness
+    under mean is mean-ablation sufficiency, one run; and the summary says it is a circuit of nodes."""
+    from analyses import circuit
+
+    config = dict(CONFIG, corruptions=("demonstrations", "mean"))
+    r = discover(stand_in, CircuitConfig(level="nodes", **config)).to_dict()
+    graph = build_graph(stand_in)
+    idle = [str(n) for n in graph.node_order if not n.is_end and n.layer in (1, 3)]
+    assert all(r["node_attribution"][n] == {"cost": 0.0, "se": 0.0} for n in idle)
+    assert not set(idle) & set(r["nodes"]) and not set(idle) & set(r["node_costs"])
+    assert r["level"] == "nodes" and len(r["edges"]) == len(among(graph, r["nodes"]))
+    tokens = stand_in.task.sample(CONFIG["n_contexts"], torch.Generator().manual_seed(0))[0]
+    runner = Runner(stand_in, graph, tokens, source_writes(stand_in, graph, tokens, "demonstrations", 0))
+    means = eap_scores(runner).means()
+    assert all(e["score"] == pytest.approx(means[_edge(graph, e)], abs=1e-9) for e in r["edges"])
+    for m in (r["held_out"], r["replicate"]):
+        assert m["faithfulness_mean"] == m["sufficiency_mean"]
+    assert "a circuit of nodes: asked for by --level nodes" in circuit.summary(r)
+
+    small = discover(models.load_subject("standard"), CircuitConfig(level="nodes", **config)).to_dict()
+    assert r["nodes"] == [placed(n) for n in small["nodes"]]
+    for key in ("faithfulness_demonstrations", "sufficiency_mean", "sufficiency_resample", "progress"):
+        assert r["held_out"][key] == pytest.approx(small["held_out"][key], abs=1e-4)
+
+
+def _edge(graph, e: dict):
+    return next(x for x in graph.edges if (str(x.sender), str(x.receiver), x.input, x.group)
+                == (e["sender"], e["receiver"], e["input"], e["group"]))  # fmt: skip
+
+
+def test_auto_chooses_nodes_where_one_exact_run_per_node_is_beyond_the_budget(stand_in):
+    """auto: edges while one exact run of the search contexts per head and MLP is within --exact-budget,
+    nodes beyond it (the reason in the result); a level asked for is kept whatever the budget."""
+    from models.interp.circuit import discovery
+
+    run = discovery._Discovery(stand_in, CircuitConfig(**CONFIG))
+    n = len(discovery.node_outputs(stand_in, run.graph))
+    assert n == 4 * 8 + 4
+    for budget, level in ((n * run.pass_s * 1.01, "edges"), (n * run.pass_s * 0.99, "nodes")):
+        run.config = CircuitConfig(**CONFIG, exact_budget=budget)
+        got, why = run.level()
+        assert got == level and (why is None) == (level == "edges")
+        if why:
+            assert f"({n} at {run.pass_s:.2f} CPU s each" in why
+    run.config = CircuitConfig(**CONFIG, exact_budget=0, level="edges")
+    assert run.level() == ("edges", None)
