@@ -240,8 +240,11 @@ def test_ctrl_c_to_the_main_process_stops_the_workers_and_keeps_what_finished(tm
     (tmp_path / "slow_jobs.py").write_text(JOBS)
     (tmp_path / "main.py").write_text(MAIN)
     env = {**os.environ, "PYTHONPATH": f"{tmp_path}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
+    # SIGINT as a terminal delivers it: a shell's background job (CI started with `&`) inherits it ignored,
+    # and Python then installs no KeyboardInterrupt at all
     proc = subprocess.Popen([sys.executable, str(tmp_path / "main.py"), str(tmp_path)], env=env,
-                            stderr=subprocess.PIPE, text=True)  # fmt: skip
+                            stderr=subprocess.PIPE, text=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))  # fmt: skip
     deadline = time.monotonic() + 240  # the workers start (spawned: they import torch) on a busy machine
     while not ((tmp_path / "pid_1").exists() and (tmp_path / "pid_2").exists()):
         assert proc.poll() is None and time.monotonic() < deadline, "the pool did not start its jobs"
