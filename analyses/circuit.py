@@ -126,7 +126,7 @@ PAPER_ARGS = ["--checkpoint", "standard"]  # the committed figures/circuit*: the
 QUICK_ARGS = ["--n-held-out", "16"]  # tests/analyses/test_every_family.py: the held-out sample at a quick size
 FIGURES = {
     "circuit_graph.png": "the discovered circuit: nodes by layer, each kept edge coloured by the input it enters (q, k, v, MLP, output), drawn by position group, width by |score|.",
-    "circuit_curve.png": "faithfulness (share of the full model's progress over the uniform-parent plateau kept) against the number of edges kept, top-n by |score|, with standard errors (denoising: also the share of the clean-minus-corrupted NLL recovered with only those edges restored).",
+    "circuit_curve.png": "faithfulness (share of the full model's progress over the uniform-parent plateau kept) against the number of edges kept, top-n by |score|, with standard errors (denoising: also the share of the clean-minus-corrupted NLL recovered with only those edges restored); for a circuit of nodes, which has none, a note saying why.",
 }
 def compute(subject: Subject, args) -> dict:
     """``discover`` with the flags' config; its result as the JSON records it. A library error about a

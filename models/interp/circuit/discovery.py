@@ -604,9 +604,9 @@ def _node_circuit(run: _Discovery, why: str | None) -> CircuitResult:
     tokens, hooks = run.tokens, output_hooks(node_outputs(subject, graph))
     with stage("node attribution"):
         reference = sample(subject.task, N_MEAN_NODES, config.seed + SEEDS["reference"])
-        recorded = record_outputs(subject, reference, hooks, run.rows)
+        means = {h: v.mean(0, keepdim=True) for h, v in record_outputs(subject, reference, hooks, run.rows).items()}
+        recorded = means  # mean ablation reads only the mean (the mean of one row is itself)
         search = _NodeAnswers(run, tokens, config.seed, reference, recorded, full=run.full)
-        means = {h: recorded[h].mean(0, keepdim=True) for h in hooks}
         clean, grads = output_grads(subject, graph, tokens, run.metric)
         estimate = {n: Estimate(*mean_se(v)) for n, v in node_attribution(subject, graph, clean, grads, means).items()}
         by_corruption = {}

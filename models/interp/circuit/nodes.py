@@ -47,16 +47,20 @@ def record_outputs(subject: Subject, tokens, hooks_: list[str], rows: int = ROWS
 def run_and_record(subject: Subject, tokens, hooks_: list[str], metric: Metric | None,
                    rows: int = ROWS) -> tuple[dict, Float[Tensor, " batch"] | None]:  # fmt: skip
     """``record_outputs`` and, in the same passes, the clean run's ``metric`` per context (None without one)."""
-    parts: list[dict] = []
+    out: dict = {}  # filled part by part: a big model's outputs are gigabytes, not to be held twice
     values = []
     for i in range(0, len(tokens), rows):
         store: dict = {}
         with torch.no_grad():
             lp = subject.log_probs(tokens[i : i + rows], [Intervention(h, "record", store=store).fwd_hook() for h in hooks_])
-        parts.append({h: store[h].detach() for h in hooks_})
+        for h in hooks_:
+            part = store[h].detach()
+            if h not in out:
+                out[h] = part.new_empty((len(tokens), *part.shape[1:]))
+            out[h][i : i + len(part)] = part
         if metric is not None:
             values.append(metric(lp, tokens[i : i + rows]))
-    return {h: torch.cat([p[h] for p in parts]) for h in hooks_}, torch.cat(values) if values else None
+    return out, torch.cat(values) if values else None
 
 
 def output_grads(subject: Subject, graph: Graph, tokens, metric: Metric) -> tuple[dict, dict]:

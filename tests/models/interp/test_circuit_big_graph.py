@@ -1,7 +1,9 @@
 """Circuit discovery on a graph too big for exact edge patching (issue 44), on a scaled-down stand-in of a
 GPT-2-small-shaped model: the shipped 2-layer GPT-2 placed in a 4-layer, 8-head GPT-2 with a 1,000-token
 vocabulary whose other two layers are identity layers (``bench.deepened``: they read with random weights and
-write nothing). It computes what the shipped model computes, so its circuit is the shipped model's."""
+write nothing). It computes what the shipped model computes, so its circuit is the shipped model's: at the level
+of edges with the edges ranked by EAP-IG, and at the level of nodes (every edge among them), whose answers rest on
+the equality of one node-level run with ablating every other edge, checked on the shipped model."""
 
 from __future__ import annotations
 
