@@ -387,7 +387,7 @@ COMMANDS = [
     ),
     (
         r"python -m analyses\.circuit --checkpoint /tmp/gpt2_deep",
-        "a GPT-2-small-shaped model's circuit (15 minutes, 15 GB); tests/models/interp/test_circuit_big_graph.py "
+        "a GPT-2-small-shaped model's circuit (15 minutes, 13 GB); tests/models/interp/test_circuit_big_graph.py "
         "runs discover at the level of nodes on a small stand-in of that shape",
     ),
     (
