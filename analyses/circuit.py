@@ -54,7 +54,12 @@ import dataclasses
 import re
 
 from analyses import common
-from models.interp.circuit.config import DIRECTIONS, LEVELS, POSITIONS, CircuitConfig  # the flags: no torch before they are parsed
+from models.interp.circuit.config import (  # the flags: no torch before they are parsed
+    DIRECTIONS,
+    LEVELS,
+    POSITIONS,
+    CircuitConfig,
+)
 from models.interp.circuit.corruptions import CORRUPTIONS
 from models.interp.circuit.methods import METHODS
 from models.interp.circuit.search import SEARCHES

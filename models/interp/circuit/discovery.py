@@ -27,12 +27,12 @@ import torch
 from torch import Tensor
 
 from models.interp.baselines import per_context_baselines
+from models.interp.circuit.attribution import attribution, input_grads
 from models.interp.circuit.config import LEVELS, MAX_HELD_OUT, MIN_HELD_OUT, CircuitConfig
 from models.interp.circuit.corruptions import CORRUPTIONS, denoising_runner, source_writes
 from models.interp.circuit.exact import copy_runs
 from models.interp.circuit.graph import Edge, Graph, Node, build_graph
 from models.interp.circuit.methods import METHODS
-from models.interp.circuit.attribution import attribution, input_grads
 from models.interp.circuit.nodes import (
     NODE_ABLATIONS,
     node_ablated_values,
@@ -106,17 +106,18 @@ def context_bytes(subject: Subject, graph: Graph) -> tuple[int, int, int]:
         if isinstance(t, torch.Tensor):
             seen[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
 
+    one = sample(subject.task, 1, 0)
     with warnings.catch_warnings():  # hooking every name: the bridge warns of gated ones
         warnings.simplefilter("ignore")
-        writes, _ = sender_writes(subject, graph, sample(subject.task, 1, 0), [(lambda name: True, grab)])
+        writes, _ = sender_writes(subject, graph, one, [(lambda name: True, grab)])
     held = {w.untyped_storage().data_ptr(): w.untyped_storage().nbytes() for w in writes.values()}
-    recorded = record_outputs(subject, sample(subject.task, 1, 0), output_hooks(node_outputs(subject, graph)))
+    recorded = record_outputs(subject, one, output_hooks(node_outputs(subject, graph)))
     outputs = sum(v.numel() * v.element_size() for v in recorded.values())
     return sum(held.values()), sum(seen.values()), outputs
 
 
-def check_fits(subject: Subject, config: CircuitConfig, graph: Graph | None = None,
-               level: str = "edges") -> tuple[int, int]:  # fmt: skip
+def check_fits(subject: Subject, config: CircuitConfig, graph: Graph | None = None, level: str = "edges",
+               sizes: tuple[int, int, int] | None = None) -> tuple[int, int]:  # fmt: skip
     """One-line ValueError, before any work, if the search or the held-out answers would not fit in memory:
     each Runner holds the senders' clean and ablated writes on its contexts (the search one per corruption,
     two when denoising), a pass runs on ``rows`` contexts or all of them, and the receivers' patched
@@ -124,8 +125,9 @@ def check_fits(subject: Subject, config: CircuitConfig, graph: Graph | None = No
     would take more than a quarter of the memory (a big model). The held-out sample is sized at
     ``n_held_out``, or at its least size. At the ``level`` of nodes the answers hold the heads' and MLPs'
     outputs of two samples and one other run instead of the senders' writes, the search's runners freed.
-    Returns the most held-out contexts that fit, and ``rows``."""
-    writes, forward, outputs = context_bytes(subject, build_graph(subject) if graph is None else graph)
+    ``sizes``: ``context_bytes`` measured already. Returns the most held-out contexts that fit, and ``rows``."""
+    graph = build_graph(subject) if graph is None else graph
+    writes, forward, outputs = context_bytes(subject, graph) if sizes is None else sizes
     rows = max(1, min(ROWS, int(MEMORY_FRACTION * memory_limit()[0] / 4 // (2 * forward))))
     runners = len(config.corruptions) * (2 if config.direction == "denoising" else 1)
     n, held = config.n_contexts, config.n_held_out or MIN_HELD_OUT
@@ -238,15 +240,15 @@ class _Discovery:
         self.metric = partial(per_context_nll, positions=config.positions)  # resolved: never "trained" here
         self.graph = build_graph(subject)
         self.named = named_edges(self.graph, config.nodes) if config.nodes is not None else None  # before any work
-        self.fits = {}  # per level: (the most held-out contexts, rows), or why they do not fit
+        self.fits = {}  # per level: (the most held-out contexts, rows), or why they do not fit; level() picks
+        sizes = context_bytes(subject, self.graph)
         for level in LEVELS[1:] if config.level == "auto" else (config.level,):
             try:
-                self.fits[level] = check_fits(subject, config, self.graph, level)
+                self.fits[level] = check_fits(subject, config, self.graph, level, sizes)
             except ValueError as e:
                 self.fits[level] = e
         if all(isinstance(f, ValueError) for f in self.fits.values()):
             raise next(iter(self.fits.values()))
-        self.most_held_out, self.rows = next(f for f in self.fits.values() if not isinstance(f, ValueError))
         self.tokens = sample(self.task, config.n_contexts, config.seed)
         self.plateau, self.bma = per_context_baselines(self.task, self.tokens, config.positions)
         self.corruptions, self.stages = list(config.corruptions), Stages()
@@ -329,26 +331,31 @@ class _Discovery:
                 scored[c] = (runner, scorer, values, stats, ranked(stats, self.config.min_z))
         return scored
 
-    def choose_nodes(self, costs: dict, by_cost: list[Node], by_weight: dict, faithful, reference,
-                     recorded: dict) -> tuple[list[Node], dict]:  # fmt: skip
-        """The nodes: every head or MLP whose mean ablation alone costs > COST_Z standard errors (``costs``),
-        then others in the order ``by_cost`` until the nodes alone (the rest mean-ablated) keep ``target`` of
-        the progress, then, for each corruption c whose circuit among them does not keep ``target``
-        (``faithful(c, nodes)``, a share), the nodes in the order ``by_weight[c]``. Returns them in the
-        graph's order and why each was added."""
-        target, plateau, full = self.config.target, self.plateau, self.full
-        added: dict = {}
-        for n, (cost, cost_se) in costs.items():
-            if cost > COST_Z * cost_se:
-                added[n] = f"its mean ablation alone costs {cost:+.4f} +- {cost_se:.4f} nats (> {COST_Z:g} SE)"
+    def mean_sufficiency(self, reference, recorded: dict):
+        """``sufficient(nodes)``: the share of the progress on the search contexts that ``nodes`` alone keep,
+        every other head and MLP mean-ablated (its mean over ``reference``, whose outputs are ``recorded``)."""
 
         def sufficient(ns) -> float:
             values = node_ablated_values(
                 self.subject, self.graph, self.tokens, ns, "mean", reference, self.metric, recorded=recorded,
                 rows=self.rows,
             )
-            return ratio_se(plateau - values, plateau - full)[0]
+            return ratio_se(self.plateau - values, self.plateau - self.full)[0]
 
+        return sufficient
+
+    def choose_nodes(self, costs: dict, by_cost: list[Node], by_weight: dict, sufficient,
+                     faithful) -> tuple[list[Node], dict]:  # fmt: skip
+        """The nodes: every head or MLP whose mean ablation alone costs > COST_Z standard errors (``costs``),
+        then others in the order ``by_cost`` until the nodes alone (the rest mean-ablated) keep ``target`` of
+        the progress (``sufficient(nodes)``, a share), then, for each corruption c whose circuit among them
+        does not keep ``target`` (``faithful(c, nodes)``), the nodes in the order ``by_weight[c]``. Returns
+        them in the graph's order and why each was added."""
+        target = self.config.target
+        added: dict = {}
+        for n, (cost, cost_se) in costs.items():
+            if cost > COST_Z * cost_se:
+                added[n] = f"its mean ablation alone costs {cost:+.4f} +- {cost_se:.4f} nats (> {COST_Z:g} SE)"
         for n in by_cost:
             if n in added:
                 continue
@@ -491,7 +498,8 @@ def discover(subject: Subject, config: CircuitConfig | None = None) -> CircuitRe
         else:
             faithful = lambda c, ns: faithfulness(scored[c][0], among(graph, ns), run.plateau, run.full).faithfulness  # noqa: E731
             nodes, added = run.choose_nodes(costs, sorted(costs, key=lambda n: -costs[n][0]),
-                                            run.edge_weights(scored, costs), faithful, reference, recorded)  # fmt: skip
+                                            run.edge_weights(scored, costs), run.mean_sufficiency(reference, recorded),
+                                            faithful)  # fmt: skip
     within = set(run.named) if run.named is not None else set(among(graph, nodes))
     sizes = curve_sizes(len(graph.edges), config.curve_points)
     searches, kept_by, passes, runs = {}, {}, 0, 0
@@ -550,6 +558,7 @@ class _NodeAnswers:
             self.outputs, self.full = None, full
         self.plateau, self.bma = per_context_baselines(run.task, tokens, run.config.positions)
         self._other: dict = {}
+        self._runs: dict = {}  # (ablated value, nodes) -> the metric: each run made once
 
     def source(self, c: str) -> tuple[Tensor, dict]:
         """Corruption ``c``'s contexts and the nodes' outputs on them: the reference (averaged: its mean is the
@@ -563,9 +572,13 @@ class _NodeAnswers:
 
     def values(self, nodes, c: str) -> Tensor:
         """Per context, the metric with every head and MLP outside ``nodes`` at its value under corruption
-        ``c`` (averaged: its mean over the reference contexts, as mean ablation; else its output on the
-        corruption's other context of each context)."""
-        return self.ablated(nodes, "mean" if CORRUPTIONS[c].averaged else "resample", *self.source(c))
+        ``c`` (averaged: its mean over the reference contexts, as mean ablation, whatever its name; else its
+        output on the corruption's other context of each context). Each run is made once."""
+        averaged = CORRUPTIONS[c].averaged
+        key = ("mean" if averaged else c, frozenset(nodes))
+        if key not in self._runs:
+            self._runs[key] = self.ablated(nodes, "mean" if averaged else "resample", *self.source(c))
+        return self._runs[key]
 
     def ablated(self, nodes, ablation: str, reference, recorded) -> Tensor:
         run = self.run
@@ -578,18 +591,15 @@ class _NodeAnswers:
     def measurement(self, nodes, other: "_NodeAnswers") -> Measurement:
         """Faithfulness under each corruption, sufficiency with the rest mean-ablated (the reference's
         mean) and resampled (each context paired with ``other``'s sample, fresh contexts of the task)."""
-        averaged = [c for c in self.run.corruptions if CORRUPTIONS[c].averaged]
-        runs = [("faithfulness", c) for c in self.run.corruptions]
-        runs += [("sufficiency", a) for a in NODE_ABLATIONS if a == "resample" or not averaged]
+        runs = [("faithfulness", c) for c in self.run.corruptions] + [("sufficiency", a) for a in NODE_ABLATIONS]
         got = {}
         for what, name in _bar(runs, f"answers on {len(self.tokens)} contexts"):
             values = (self.ablated(nodes, "resample", other.tokens, other.outputs) if (what, name) == ("sufficiency", "resample")
-                      else self.values(nodes, name))  # "mean": mean ablation  # fmt: skip
+                      else self.values(nodes, name))  # "mean": mean ablation, made once with an averaged corruption  # fmt: skip
             got[(what, name)] = self.share(values)
         self._other.clear()  # the corruptions' outputs: gigabytes on a big model
         shares = {c: got[("faithfulness", c)] for c in self.run.corruptions}
-        mean = got[("faithfulness", averaged[0])] if averaged else got[("sufficiency", "mean")]
-        resample = got[("sufficiency", "resample")]
+        mean, resample = got[("sufficiency", "mean")], got[("sufficiency", "resample")]
         progress = Estimate(*ratio_se(self.plateau - self.full, self.plateau - self.bma))
         return Measurement(len(self.tokens), shares, progress, self.full.mean().item(),
                            {"mean": mean, "resample": resample})  # fmt: skip
@@ -626,8 +636,8 @@ def _node_circuit(run: _Discovery, why: str | None) -> CircuitResult:
             nodes, added = graph.nodes(run.named), {}
         else:
             nodes, added = run.choose_nodes(costs, by_cost, by_corruption,
-                                            lambda c, ns: search.share(search.values(ns, c)).value, reference,
-                                            recorded)  # fmt: skip
+                                            lambda ns: search.share(search.values(ns, "mean")).value,
+                                            lambda c, ns: search.share(search.values(ns, c)).value)  # fmt: skip
     edges = among(graph, nodes)
     run.build_runners(keep=set(nodes) | {n for n in graph.node_order if n.is_end})
     run.clean = None  # every sender's clean writes: only the nodes' are needed from here
