@@ -46,8 +46,14 @@ from analyses import common
 from models.plumbing.io import UsageError
 
 NAME = "activation_patching"
-N_CONTEXTS = 512  # default --n-contexts
 REQUIRES = frozenset({common.DISENTANGLED, common.MARKOV_TASK})  # what it needs of its subject
+
+
+class Config(common.Config):
+    """What ``run`` computes: every field is also a flag."""
+
+    n_contexts: int = common.n_contexts(512)
+
 
 common.parse_first(globals())  # python -m: --help and a mistyped flag answer here, before torch is imported
 
@@ -411,14 +417,15 @@ def summary(r: dict) -> str:
     return "\n".join(lines)
 
 
-def compute(subject: DisentangledSubject, args) -> dict:
-    generator = torch.Generator().manual_seed(args.seed)
-    tokens, parents = subject.task.sample(args.n_contexts, generator)  # corrupted demos: same generator, next draws
-    return activation_patching(subject, tokens.to(args.device), parents, generator)
+def compute(subject: DisentangledSubject, config: Config) -> dict:
+    generator = torch.Generator().manual_seed(config.seed)
+    tokens, parents = subject.task.sample(config.n_contexts, generator)  # corrupted demos: same generator, next draws
+    return activation_patching(subject, tokens.to(subject.device), parents, generator)
 
 
-def figures(r: dict, args) -> dict:
-    return {f"{NAME}_{name}": fig for name, fig in plot(r, args.n_contexts, args.subject_name).items()}
+def figures(result: common.Result) -> dict:
+    r = result.data
+    return {f"{NAME}_{name}": fig for name, fig in plot(r, result.config.n_contexts, result.title).items()}
 
 
 ANALYSIS = common.register(globals())

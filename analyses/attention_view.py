@@ -24,14 +24,13 @@ from __future__ import annotations
 from analyses import common
 
 NAME = "attention_view"
-N_CONTEXTS = None  # one context, --context of those --seed samples
 REQUIRES = frozenset({common.MARKOV_TASK})  # what it needs of its subject
 
 
-def add_flags(p) -> None:
-    p.add_argument(
-        "--context", type=int, default=0, help="which of the contexts sampled with --seed to show (default: 0)"
-    )
+class Config(common.Config):
+    """What ``run`` computes: every field is also a flag."""
+
+    context: int = common.option(0, "which of the contexts sampled with --seed to show", minimum=0)  # memory: compute
 
 
 common.parse_first(globals())  # python -m: --help and a mistyped flag answer here, before torch is imported
@@ -43,8 +42,7 @@ from pathlib import Path
 import circuitsvis
 import torch
 
-from models import cli
-from models.plumbing.io import UsageError, check_memory, write_json, write_set
+from models.plumbing.io import UsageError, check_memory
 
 MAX_CELLS = 5_000_000  # numbers in the page's views: about 40 MB of HTML
 # Chart.js (circuitsvis's plots) skips tick labels closer than ~17 px: each view is made at least this many
@@ -96,15 +94,15 @@ def layer_view(pattern: torch.Tensor, query_labels: list[str], key_labels: list[
     return {"tokens": query_labels + key_labels, "attention": square.round(decimals=4).tolist()}
 
 
-def compute(subject, args) -> dict:
+def compute(subject, config: Config) -> dict:
     """The patterns of context ``--context`` of those sampled with ``--seed``, with their labels."""
     task = subject.task
-    n = args.context + 1  # the contexts and their sampling buffers (int64), as models.interp.memory.forward_bytes counts them
-    check_memory(3 * n * task.n_tokens * 8, f"--context {args.context} (samples {n} contexts of {task.n_tokens} tokens)")
-    tokens, parents = common.sample_contexts(task, n, args.seed)
-    tokens, parents = tokens[args.context :], parents[args.context]
+    n = config.context + 1  # the contexts and their sampling buffers (int64), as models.interp.memory.forward_bytes counts them
+    check_memory(3 * n * task.n_tokens * 8, f"--context {config.context} (samples {n} contexts of {task.n_tokens} tokens)")
+    tokens, parents = common.sample_contexts(task, n, config.seed)
+    tokens, parents = tokens[config.context :], parents[config.context]
     with torch.no_grad():
-        layers = subject.attention(tokens.to(getattr(subject.model.cfg, "device", "cpu")))
+        layers = subject.attention(tokens.to(subject.device))
     heads = subject.head_labels()
     out, start = [], 0
     for i, layer in enumerate(layers):
@@ -130,7 +128,7 @@ def compute(subject, args) -> dict:
     sequences = tokens[0].view(task.n_examples + 1, H).tolist()
     return {
         "model": subject.describe(),
-        "context": args.context,
+        "context": config.context,
         "tokens": {("tgt" if l == task.n_examples else f"d{l}"): seq for l, seq in enumerate(sequences)},
         "parents": parents.tolist(),
         "layers": out,
@@ -286,50 +284,10 @@ def summary(result: dict) -> str:
     return f"{NAME}: context {result['context']}; " + "; ".join(parts)
 
 
-def _check_flags(p, args) -> None:
-    if args.context < 0:
-        p.error(f"--context must be >= 0, got {args.context}")
+def pages(result: common.Result) -> dict[str, str]:
+    """``{"attention_view.html": the page}``: what this analysis writes instead of figures."""
+    c = result.config
+    return {f"{NAME}.html": render_html(result.data, f"Attention of {result.subject}, context {c.context} (seed {c.seed})")}
 
 
-ANALYSIS = common.Analysis(
-    NAME,
-    __doc__,
-    compute,
-    lambda result, args: {},
-    summary,
-    n_contexts=None,
-    requires=REQUIRES,
-    add_flags=add_flags,
-    check_flags=_check_flags,
-)
-
-
-def main(argv: list[str] | None = None) -> dict:
-    """``common.main``'s steps, writing HTML (not a matplotlib figure) and the JSON of its numbers."""
-    p, args = common.parse(ANALYSIS, argv)
-    subject = cli.subject_or_exit(p, args)
-    try:
-        common.check_requirements(ANALYSIS, subject)
-    except ValueError as e:
-        p.error(str(e))
-    subject.model.eval()
-    torch.manual_seed(args.seed)
-    result = compute(subject, args)
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    page = render_html(result, f"Attention of {subject.name}, context {args.context} (seed {args.seed})")
-    written = write_set(  # the page and its numbers as one set: both new, or both as they were
-        out,
-        NAME,
-        {
-            "attention_view.html": lambda path: path.write_text(page, encoding="utf-8"),
-            f"{NAME}.json": lambda path: write_json(path, common.json_record(args, subject, result)),
-        },
-    )
-    print(summary(result))
-    common.report_written(written)
-    return result
-
-
-if __name__ == "__main__":
-    common.run(main)
+ANALYSIS = common.register(globals())

@@ -21,23 +21,16 @@ from __future__ import annotations
 from analyses import common
 
 NAME = "block_structure"
-
-
-def add_flags(parser) -> None:
-    parser.add_argument(
-        "--snapshots", default=None, help="run folder (or its snapshots/) of models.train --snapshot-every N"
-    )
-    parser.add_argument(
-        "--train-steps",
-        type=int,
-        default=500,
-        help="without --snapshots: steps of the short run to train (0: no emergence plot; default 500)",
-    )
-    parser.add_argument("--snapshot-every", type=int, default=50, help="snapshot interval of that run (default 50)")
-
-
 REQUIRES = frozenset({common.BILINEAR})  # what it needs of its subject (the disentangled model or a CatFormer)
 
+
+class Config(common.Config):
+    """What ``run`` computes: every field is also a flag."""
+
+    snapshots: str | None = common.option(None, "run folder (or its snapshots/) of models.train --snapshot-every N")
+    train_steps: int = common.option(500, "without --snapshots: steps of the short run to train (0: no emergence "
+                                     "plot)", minimum=0, maximum=10**7)  # fmt: skip
+    snapshot_every: int = common.option(50, "snapshot interval of that run", minimum=1, maximum=10**7)
 
 common.parse_first(globals())  # python -m: --help and a mistyped flag answer here, before torch is imported
 
@@ -45,14 +38,9 @@ import tempfile
 from pathlib import Path
 
 import numpy as np
-import torch
 
-import models
-from models.interp.subject import head_label
-from models.plumbing.progress import progress as progress_bar
+from models.interp.weights import block_structure, catformer_blocks, emergence  # the maths; here, its report
 from models.training.short_run import find_snapshots, train_short_run
-from probes import head_assignment
-from probes.metrics import block_norms, dag_parent_mass, off_diagonal_ratio
 
 FIGURES = {
     "block_structure.png": (
@@ -63,42 +51,6 @@ FIGURES = {
     ),
 }
 CLAIM_RATIO = 0.1  # off-diagonal / diagonal block norm on the copy subspaces of a trained model
-
-
-@torch.no_grad()
-def block_structure(model) -> dict:
-    """Block norms of W_KQ and the summary ratios.
-
-    Returns ``norms`` [(K+1), (K+1)], ``ratio`` (mean off-diagonal / mean diagonal norm over the copy
-    blocks 1..K), ``diag_mean``, ``off_mean``, ``off_max``, ``token_key_row`` [K] (norms of the blocks
-    pairing the key's token subspace with each query copy), ``token_query_column`` [K+1] (the query's
-    token subspace: masked, zero), and the head -> demonstration labels.
-    """
-    d, K = model.cfg.d_vocab, model.cfg.n_copy_heads
-    norms = block_norms(model.W_KQ.cpu(), d)
-    copy = norms[1:, 1:]
-    off = copy[~torch.eye(K, dtype=torch.bool)] if K > 1 else copy.new_zeros(0)
-    demos, _ = head_assignment(model.copyer_pattern().cpu(), model.cfg.n_examples)
-    return {
-        "norms": norms,
-        "ratio": off_diagonal_ratio(copy) if K > 1 else float("nan"),
-        "diag_mean": copy.diagonal().mean().item(),
-        "off_mean": off.mean().item() if K > 1 else float("nan"),
-        "off_max": off.max().item() if K > 1 else float("nan"),
-        "token_key_row": norms[0, 1:],
-        "token_key_row_mean_over_diag": (norms[0, 1:].mean() / copy.diagonal().mean()).item(),
-        "token_query_column": norms[:, 0],
-        "head_demo": demos,
-        "labels": ["tok"] + [f"{head_label(0, k)}\n(d{demos[k]})" for k in range(K)],
-    }
-
-
-def emergence(snapshots: list[tuple[int, Path]], progress: bool = True) -> list[dict]:
-    """``block_structure`` of every snapshot, in step order (plus ``step``)."""
-    out = []
-    for step, path in progress_bar(snapshots, "snapshots", enabled=progress):
-        out.append({"step": step, **block_structure(models.load(path))})
-    return out
 
 
 def _grid_axes(ax, K: int, d: int, labels: list[str]):
@@ -176,35 +128,7 @@ def _plot_emergence(series: list[dict], source: str):
 
 
 
-def check_flags(parser, args) -> None:
-    if args.train_steps < 0 or args.snapshot_every < 1:
-        parser.error(
-            f"need --train-steps >= 0 and --snapshot-every >= 1, got {args.train_steps} and {args.snapshot_every}"
-        )
-
-
-@torch.no_grad()
-def catformer_blocks(model, parents: list[list[int]] | None) -> dict:
-    """Per head of a CatFormer (``models.nets.catformer``), the Frobenius norm of every block of its A over the
-    named blocks of its residual (token, position, each earlier head's copy), rows the query's blocks and
-    columns the key's (their ``x A x^T``). With a fixed graph, also Nichani et al.'s measure of layer 0: the
-    softmax of the causally masked position-position block, its mass on each position's parent, averaged
-    over the positions that have one (their ``many_graphs.ipynb``)."""
-    heads = []
-    for layer, block in enumerate(model.blocks):
-        names = model.residual_blocks(layer)
-        for h, A in enumerate(block.attn.A.detach().double().cpu()):
-            norms = [[A[a0:a1, b0:b1].norm().item() for _, b0, b1 in names] for _, a0, a1 in names]
-            heads.append({"head": head_label(layer, h), "blocks": [n for n, _, _ in names], "norms": norms})
-    out = {"family": "CatFormer", "heads": heads, "parent_attention": None}
-    if parents is not None:
-        out["parent_attention"] = dag_parent_mass(model.positional_attention(0, 0), parents)
-        if out["parent_attention"] is not None:
-            out["parent_edges"] = sum(len(ps) == 1 for ps in parents[: model.cfg.n_ctx])
-    return out
-
-
-def compute(subject, args) -> dict:
+def compute(subject, config: Config) -> dict:
     """The block structure of the subject (with ``w_kq_abs``, |W_KQ|, for the figure) and, from
     ``--snapshots`` or a short training run, its emergence."""
     if subject.family == "CatFormer":
@@ -212,14 +136,14 @@ def compute(subject, args) -> dict:
     res = block_structure(subject.model)
     series, source = None, None
     with tempfile.TemporaryDirectory() as tmp:
-        if args.snapshots is not None:
-            snaps, source = find_snapshots(args.snapshots), f"snapshots in {args.snapshots}"
-        elif args.train_steps > 0:
-            print(f"training a {args.train_steps}-step run with snapshots every {args.snapshot_every} steps ...")
-            run_dir = train_short_run(Path(tmp), args.checkpoint, args.train_steps, args.snapshot_every, args.seed)
+        if config.snapshots is not None:
+            snaps, source = find_snapshots(config.snapshots), f"snapshots in {config.snapshots}"
+        elif config.train_steps > 0:
+            print(f"training a {config.train_steps}-step run with snapshots every {config.snapshot_every} steps ...")
+            run_dir = train_short_run(Path(tmp), subject.name, config.train_steps, config.snapshot_every, config.seed)
             snaps, source = (
                 find_snapshots(run_dir),
-                f"a {args.train_steps}-step run of the training config, seed {args.seed}",
+                f"a {config.train_steps}-step run of the training config, seed {config.seed}",
             )
         if source is not None:
             series = emergence(snaps)
@@ -255,10 +179,11 @@ def _plot_catformer(r: dict, name: str):
     return fig
 
 
-def figures(r: dict, args) -> dict:
+def figures(result: common.Result) -> dict:
+    r = result.data
     if r.get("family") == "CatFormer":
-        return {NAME: _plot_catformer(r, args.subject_name)}
-    figs = {NAME: _plot_structure(r, args.subject_name)}
+        return {NAME: _plot_catformer(r, result.title)}
+    figs = {NAME: _plot_structure(r, result.title)}
     if r["emergence"] is not None:
         figs[f"{NAME}_emergence"] = _plot_emergence(r["emergence"], r["emergence_source"])
     return figs

@@ -20,15 +20,19 @@ NAME = "bma_agreement"
 BMA_LENGTHS = (1, 2, 4, 8, 16, 32, 64)
 
 
-def add_flags(parser) -> None:
-    parser.add_argument("--bma-L", default=",".join(map(str, BMA_LENGTHS)), help="L values for the BMA curve")
-    parser.add_argument(
-        "--train-L", default="1,4,16", help="L values to train a model for ('none': skip; default 1,4,16)"
-    )
-    parser.add_argument("--train-steps", type=int, default=300, help="training steps per L (default 300)")
-
-
 REQUIRES = frozenset({common.DISENTANGLED, common.MARKOV_TASK})  # what it needs of its subject
+MAX_L = 65536  # probes.tasks.MAX_N_EXAMPLES (that module loads torch)
+
+
+class Config(common.Config):
+    """What ``run`` computes: every field is also a flag."""
+
+    n_contexts: int = common.n_contexts(2048)
+    bma_lengths: tuple[int, ...] = common.option(BMA_LENGTHS, "L values for the BMA curve (comma-separated, or "
+                                                 "none)", flag="bma_L", sep=",", minimum=1, maximum=MAX_L)  # fmt: skip
+    train_lengths: tuple[int, ...] = common.option((1, 4, 16), "L values to train a model for (comma-separated, or "
+                                                   "none: skip)", flag="train_L", sep=",", minimum=1, maximum=MAX_L)  # fmt: skip
+    train_steps: int = common.option(300, "training steps per L", minimum=1, maximum=10**7)
 
 common.parse_first(globals())  # python -m: --help and a mistyped flag answer here, before torch is imported
 
@@ -48,7 +52,6 @@ from models.training.short_run import training_config
 from models.training.train import train
 from probes import MarkovTreeTask, bma_posterior, bma_predictive, mean_tv, parent_accuracy, target_nll
 from probes.metrics import parent_mass
-from probes.tasks import MAX_N_EXAMPLES
 
 FIGURES = {
     "bma_agreement.png": (
@@ -174,55 +177,33 @@ def _plot(t1: dict, bma_rows: list[dict], trained: list[dict] | None, name: str,
     return fig
 
 
-def _lengths(parser, text: str, flag: str) -> list[int]:
-    if text.strip().lower() in ("", "none"):
-        return []
-    try:
-        values = [int(v) for v in text.split(",")]
-    except ValueError:
-        parser.error(f"{flag} {text!r}: expected comma-separated positive integers (e.g. 1,2,4,8) or 'none'")
-    if any(v < 1 or v > MAX_N_EXAMPLES for v in values):
-        parser.error(f"{flag} {text!r}: every L must be in [1, {MAX_N_EXAMPLES}]")
-    return values
-
-
-
-
-def check_flags(parser, args) -> None:
-    """Parses --bma-L and --train-L into ``args.bma_lengths`` and ``args.train_lengths``."""
-    args.bma_lengths, args.train_lengths = (
-        _lengths(parser, args.bma_L, "--bma-L"),
-        _lengths(parser, args.train_L, "--train-L"),
-    )
-    common.check_at_least(parser, args, train_steps=1)
-
-
-def compute(subject, args) -> dict:
+def compute(subject, config: Config) -> dict:
     task = subject.task
-    if args.bma_lengths:  # BMA's posterior, float64 [n_contexts, H, (L+1) H], at the longest L, before any work
-        L, H = max(args.bma_lengths), task.seq_len
-        check_memory(args.n_contexts * H * (L + 1) * H * 8, f"--bma-L {L} with --n-contexts {args.n_contexts}")
-    tokens, _ = sample_contexts(task, args.n_contexts, args.seed)
+    if config.bma_lengths:  # BMA's posterior, float64 [n_contexts, H, (L+1) H], at the longest L, before any work
+        L, H = max(config.bma_lengths), task.seq_len
+        check_memory(config.n_contexts * H * (L + 1) * H * 8, f"--bma-L {L} with --n-contexts {config.n_contexts}")
+    tokens, _ = sample_contexts(task, config.n_contexts, config.seed)
     t1 = theorem1_sweep(task, tokens)
-    bma_rows = bma_vs_length(task.pi, task.seq_len, args.bma_lengths, args.n_contexts, args.seed, task.root)
+    bma_rows = bma_vs_length(task.pi, task.seq_len, config.bma_lengths, config.n_contexts, config.seed, task.root)
     trained = None
-    if args.train_lengths:
+    if config.train_lengths:
         with tempfile.TemporaryDirectory() as tmp:
             trained = trained_vs_length(
-                training_config(args.checkpoint),
-                args.train_lengths,
-                args.train_steps,
-                args.n_contexts,
-                args.seed,
+                training_config(subject.name),
+                config.train_lengths,
+                config.train_steps,
+                config.n_contexts,
+                config.seed,
                 Path(tmp),
             )
-    return {"theorem1": t1, "bma_vs_L": bma_rows, "trained_vs_L": trained, "train_steps": args.train_steps}
+    return {"theorem1": t1, "bma_vs_L": bma_rows, "trained_vs_L": trained, "train_steps": config.train_steps}
 
 
-def figures(r: dict, args) -> dict:
+def figures(result: common.Result) -> dict:
+    r = result.data
     return {
         NAME: _plot(
-            r["theorem1"], r["bma_vs_L"], r["trained_vs_L"], args.subject_name, args.n_contexts, r["train_steps"]
+            r["theorem1"], r["bma_vs_L"], r["trained_vs_L"], result.title, result.config.n_contexts, r["train_steps"]
         )
     }
 

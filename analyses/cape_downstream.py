@@ -81,7 +81,24 @@ from cape.downstream import (
 from models.plumbing.io import UsageError
 
 NAME = "cape_downstream"
-N_CONTEXTS = 2000  # default --n-contexts
+REQUIRES = None  # its own synthetic tasks: no --checkpoint
+
+
+class Config(common.Config):
+    """What ``run`` computes: every field is also a flag."""
+
+    n_contexts: int = common.n_contexts(2000, "test samples of the downstream task (N_test)", minimum=2)
+    model_seeds: int = common.option(3, "model seeds per variant", minimum=1, maximum=1000)
+    steps: int = common.option(DownstreamConfig.steps, "training steps of each downstream model", minimum=1,
+                               maximum=10**7)  # fmt: skip
+    n_train: int = common.option(DownstreamConfig.n_train, "training samples of the downstream task", minimum=2,
+                                 maximum=10**7)  # fmt: skip
+    variants: str = common.option("default", f"comma-separated subset of {','.join(ALL_VARIANTS)}, or default / all")
+
+    def validate(self):
+        unknown = [v for v in variant_list(self.variants) if v not in ALL_VARIANTS]
+        if unknown:
+            raise ValueError(f"variants: unknown {unknown}; expected names from {','.join(ALL_VARIANTS)}")
 FIGURES = {
     "cape_downstream.png": (
         "CAPE downstream: test MSE of a masked feature (random slot order, one fixed tree, linear-Gaussian) for "
@@ -156,7 +173,8 @@ def measure(
     return res
 
 
-def figures(res: dict, args=None):
+def figures(result: common.Result):
+    res = result.data
     import matplotlib.pyplot as plt  # plotting stays off the import path of the CLI's --help
     from matplotlib.patches import Patch
 
@@ -231,10 +249,10 @@ def variant_list(spec: str) -> tuple[str, ...]:
     return {"default": VARIANTS, "all": ALL_VARIANTS}.get(spec) or tuple(spec.split(","))
 
 
-def compute(subject, args) -> dict:
+def compute(subject, config: Config) -> dict:
     """``measure`` with the CLI's --n-train, --n-contexts (N_test), --steps, --model-seeds, --variants."""
-    cfg = DownstreamConfig(n_train=args.n_train, n_test=args.n_contexts, steps=args.steps)
-    return measure(cfg, args.seed, args.model_seeds, variant_list(args.variants))
+    cfg = DownstreamConfig(n_train=config.n_train, n_test=config.n_contexts, steps=config.steps)
+    return measure(cfg, config.seed, config.model_seeds, variant_list(config.variants))
 
 
 def summary(res: dict) -> str:
@@ -259,28 +277,4 @@ def summary(res: dict) -> str:
     return "\n".join(lines)
 
 
-def add_flags(parser) -> None:
-    parser.add_argument("--model-seeds", type=int, default=3, help="model seeds per variant (default: 3)")
-    parser.add_argument(
-        "--steps", type=int, default=DownstreamConfig.steps, help="training steps of each downstream model (default: %(default)s)"
-    )
-    parser.add_argument(
-        "--n-train", type=int, default=DownstreamConfig.n_train, help="training samples of the downstream task (default: %(default)s)"
-    )
-    parser.add_argument(
-        "--variants",
-        default="default",
-        help=f"comma-separated subset of {','.join(ALL_VARIANTS)}, or 'default' / 'all' (default: default)",
-    )
-
-
-def check_flags(parser, args) -> None:
-    if args.model_seeds < 1 or args.steps < 1 or args.n_train < 2:
-        parser.error("need --model-seeds >= 1, --steps >= 1 and --n-train >= 2")
-    unknown = [v for v in variant_list(args.variants) if v not in ALL_VARIANTS]
-    if unknown:
-        parser.error(f"--variants: unknown {unknown}; expected names from {','.join(ALL_VARIANTS)}")
-
-
-REQUIRES = None  # its own synthetic tasks: no --checkpoint
 ANALYSIS = common.register(globals())

@@ -25,17 +25,18 @@ from __future__ import annotations
 from analyses import common
 
 NAME = "cape_properties"
-N_CONTEXTS = 40  # default --n-contexts
-
-
-def add_flags(parser) -> None:
-    parser.add_argument("--nodes", type=int, default=15, help="features (DAG nodes) per graph (default: 15)")
-    parser.add_argument("--dim", type=int, default=4, help="hyperbolic dimension n; d_head = 2n (default: 4)")
-    parser.add_argument("--n-queries", type=int, default=256, help="random q per score (default: 256)")
-    parser.add_argument("--n-perm", type=int, default=20, help="graphs that get the permutation test (default: 20)")
-
-
 REQUIRES = None  # its own synthetic tasks: no --checkpoint
+
+
+class Config(common.Config):
+    """What ``run`` computes: every field is also a flag."""
+
+    n_contexts: int = common.n_contexts(40, "random graphs to measure", minimum=2)
+    # sizes bounded by the memory they need, checked before any work (compute)
+    nodes: int = common.option(15, "features (DAG nodes) per graph", minimum=3)
+    dim: int = common.option(4, "hyperbolic dimension n; d_head = 2n", minimum=1)
+    n_queries: int = common.option(256, "random q per score", minimum=1)
+    n_perm: int = common.option(20, "graphs that get the permutation test (at most n_contexts)", minimum=1)
 
 common.parse_first(globals())  # python -m: --help and a mistyped flag answer here, before torch is imported
 
@@ -275,13 +276,16 @@ def _plot_permutation(res: dict):
     return fig
 
 
-def compute(subject, args) -> dict:
-    """``measure`` with the CLI's --n-contexts (graphs), --nodes, --dim, --n-queries and --n-perm."""
-    n_perm = min(args.n_perm, args.n_contexts)
-    return measure(args.n_contexts, args.nodes, args.dim, args.n_queries, n_perm, args.seed, progress=True)
+def compute(subject, config: Config) -> dict:
+    """``measure`` with the config's n_contexts (graphs), nodes, dim, n_queries and n_perm."""
+    M, n = config.nodes, config.dim  # float64: each graph's A, distances and embedding; q and R(phi) q per query
+    check_memory(8 * (config.n_queries * M * (4 * n + M) + M * M * (n + 4)), f"--nodes {M} --dim {n} --n-queries {config.n_queries}")
+    n_perm = min(config.n_perm, config.n_contexts)
+    return measure(config.n_contexts, config.nodes, config.dim, config.n_queries, n_perm, config.seed, progress=True)
 
 
-def figures(res: dict, args) -> dict:
+def figures(result: common.Result) -> dict:
+    res = result.data
     return {
         "cape_distance": _plot_distance(res),
         "cape_generality": _plot_generality(res),
@@ -300,14 +304,6 @@ def summary(res: dict) -> str:
     return "\n".join(lines)
 
 
-
-
-def check_flags(parser, args) -> None:
-    if args.n_contexts < 2 or args.nodes < 3 or args.dim < 1 or args.n_queries < 1 or args.n_perm < 1:
-        parser.error("need --n-contexts >= 2, --nodes >= 3, --dim >= 1, --n-queries >= 1, --n-perm >= 1")
-    M, n = args.nodes, args.dim  # float64: each graph's A, distances and embedding; q and R(phi) q per query
-    needed = 8 * (args.n_queries * M * (4 * n + M) + M * M * (n + 4))
-    check_memory(needed, f"--nodes {M} --dim {n} --n-queries {args.n_queries}")  # one line (common.parse)
 
 
 ANALYSIS = common.register(globals())

@@ -33,17 +33,15 @@ from __future__ import annotations
 from analyses import common
 
 NAME = "cape_structure"
-N_CONTEXTS = 128  # default --n-contexts
-
-
-def add_flags(parser) -> None:
-    parser.add_argument("--n-trees", type=int, default=3, help="fixed trees to average over (default: 3)")
-    parser.add_argument(
-        "--inner-steps", type=int, default=50, help="L-BFGS iterations per augmented-Lagrangian step (default: 50)"
-    )
-
-
 REQUIRES = frozenset({common.MARKOV_TASK})  # what it needs of its subject
+
+
+class Config(common.Config):
+    """What ``run`` computes: every field is also a flag."""
+
+    n_contexts: int = common.n_contexts(128, "contexts per tree and L")
+    n_trees: int = common.option(3, "fixed trees to average over", minimum=1)  # bounded by memory (compute)
+    inner_steps: int = common.option(50, "L-BFGS iterations per augmented-Lagrangian step", minimum=1, maximum=10**6)
 
 common.parse_first(globals())  # python -m: --help and a mistyped flag answer here, before torch is imported
 
@@ -174,7 +172,8 @@ def measure(
     return res
 
 
-def figures(res: dict, args):
+def figures(result: common.Result):
+    res = result.data
     import matplotlib.pyplot as plt  # plotting stays off the import path of the CLI's --help
 
     fig, axes = plt.subplots(1, 4, figsize=(19, 4.3))
@@ -230,18 +229,18 @@ def figures(res: dict, args):
         ax.set_xlabel("samples N (= demonstrations L)")
     fig.suptitle(
         f"CAPE step 1 from N samples vs in-context BMA / two-layer model from L demonstrations: mean over "
-        f"{len(res['trees'])} fixed trees (H={len(res['trees'][0])}; {args.n_contexts} contexts per tree and L; grey: chance)"
+        f"{len(res['trees'])} fixed trees (H={len(res['trees'][0])}; {result.config.n_contexts} contexts per tree and L; grey: chance)"
     )
     fig.tight_layout()
     return fig
 
 
-def compute(subject: Subject, args) -> dict:
+def compute(subject: Subject, config: Config) -> dict:
     """``measure`` with the CLI's --n-contexts, --n-trees and --inner-steps, at ``LS`` and the subject's L."""
     Ls = tuple(sorted({*LS, subject.task.n_examples}))
     H = subject.task.seq_len  # every tree's parents, int64 [n_trees, H], are drawn at once
-    check_memory(args.n_trees * H * 8, f"--n-trees {args.n_trees} (trees of {H} positions)")
-    return measure(subject, args.seed, args.n_contexts, Ls=Ls, n_trees=args.n_trees, inner_steps=args.inner_steps)
+    check_memory(config.n_trees * H * 8, f"--n-trees {config.n_trees} (trees of {H} positions)")
+    return measure(subject, config.seed, config.n_contexts, Ls=Ls, n_trees=config.n_trees, inner_steps=config.inner_steps)
 
 
 def summary(res: dict) -> str:
@@ -268,9 +267,5 @@ def summary(res: dict) -> str:
 
 
 
-def check_flags(parser, args) -> None:
-    common.check_at_least(parser, args, n_trees=1, inner_steps=1)
-
-
-QUICK_ARGS = ["--n-trees", "1", "--inner-steps", "5"]  # tests/analyses/test_every_family.py: runs, on one tree
+QUICK_CONFIG = {"n_trees": 1, "inner_steps": 5}  # tests/analyses/test_every_family.py: runs, on one tree
 ANALYSIS = common.register(globals())

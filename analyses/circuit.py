@@ -51,70 +51,15 @@ gets one line saying so, and no circuit (exit 0; the JSON's ``refused`` says why
 from __future__ import annotations
 
 import dataclasses
-import re
 
 from analyses import common
-from models.interp.circuit.config import (  # the flags: no torch before they are parsed
-    DIRECTIONS,
-    LEVELS,
-    POSITIONS,
-    CircuitConfig,
-)
+from models.interp.circuit.config import CircuitConfig  # the flags: no torch before they are parsed
 from models.interp.circuit.corruptions import CORRUPTIONS
-from models.interp.circuit.methods import METHODS
-from models.interp.circuit.search import SEARCHES
 from models.plumbing.io import UsageError
 
 NAME = "circuit"
-N_CONTEXTS = CircuitConfig.n_contexts  # default --n-contexts (each exact edge score is one forward pass on all of them)
 REQUIRES = frozenset({common.MARKOV_TASK})  # what it needs of its subject
-FLAGS = {"corruptions": "corruption"}  # config fields whose flag has another name (--corruption a,b)
-
-
-def config_of(args) -> CircuitConfig:
-    """The ``CircuitConfig`` of the parsed flags (a ``UsageError``, its leading word the flag, for a bad one)."""
-    given = {f.name: getattr(args, FLAGS.get(f.name, f.name)) for f in dataclasses.fields(CircuitConfig)}
-    try:
-        return CircuitConfig(**given)
-    except ValueError as e:
-        raise UsageError(as_flag(str(e))) from None
-
-
-def as_flag(message: str) -> str:
-    """A library message about a config field, for the command line: its leading field named as its flag."""
-    names = {f.name for f in dataclasses.fields(CircuitConfig)}
-    return re.sub(r"^(\w+)", lambda m: "--" + FLAGS.get(m[1], m[1]).replace("_", "-") if m[1] in names else m[1],
-                  message)  # fmt: skip
-
-
-def add_flags(parser) -> None:
-    """A flag per field of ``CircuitConfig`` (``--n-contexts`` and ``--seed`` are every analysis's), its help
-    the field's."""
-    helps = {f.name: (f.metadata["help"], f.default) for f in dataclasses.fields(CircuitConfig)}
-    corruption_words = "; ".join(f"{k}: {c.words}" for k, c in CORRUPTIONS.items())
-    types = {"min_z": float, "n_held_out": int, "target_se": float, "n_edges": int, "target": float,
-             "threshold": float, "curve_points": int, "ig_steps": int, "exact_budget": float}  # fmt: skip
-    choices = {"method": list(METHODS), "direction": list(DIRECTIONS), "search": list(SEARCHES),
-               "positions": list(POSITIONS), "level": list(LEVELS)}  # fmt: skip
-    for name, (text, default) in helps.items():
-        if name in ("n_contexts", "seed"):
-            continue
-        if name == "corruptions":
-            default = ",".join(default)
-            text = f"{text} ({corruption_words})"
-        shown = (
-            ""
-            if default is None
-            else f" (default: {default:g})"
-            if isinstance(default, float)
-            else f" (default: {default})"
-        )
-        parser.add_argument("--" + FLAGS.get(name, name).replace("_", "-"), type=types.get(name, str), default=default,
-                            choices=choices.get(name), help=text + shown)  # fmt: skip
-
-
-def check_flags(parser, args) -> None:
-    config_of(args)  # a ValueError is the parser's one-line error
+Config = CircuitConfig  # the library's config: a flag per field (models.interp.circuit.config)
 
 
 common.parse_first(globals())  # python -m: --help and a mistyped flag answer here, before torch is imported
@@ -128,24 +73,23 @@ from models.interp.subject import Subject
 from models.training.optim import keep_freed_memory
 
 PAPER_ARGS = ["--checkpoint", "standard"]  # the committed figures/circuit*: the shipped GPT-2's circuit
-QUICK_ARGS = ["--n-held-out", "16"]  # tests/analyses/test_every_family.py: the held-out sample at a quick size
+QUICK_CONFIG = {"n_held_out": 16}  # tests/analyses/test_every_family.py: the held-out sample at a quick size
 FIGURES = {
     "circuit_graph.png": "the discovered circuit: nodes by layer, each kept edge coloured by the input it enters (q, k, v, MLP, output), drawn by position group, width by |score|.",
     "circuit_curve.png": "faithfulness (share of the full model's progress over the uniform-parent plateau kept) against the number of edges kept, top-n by |score|, with standard errors (denoising: also the share of the clean-minus-corrupted NLL recovered with only those edges restored); for a circuit of nodes, which has none, a note saying why.",
 }
-def compute(subject: Subject, args) -> dict:
+def compute(subject: Subject, config: Config) -> dict:
     """``discover`` with the flags' config; its result as the JSON records it. A library error about a
     config field (a node the model lacks, sizes that do not fit) names the field's flag. The process keeps
     the memory it frees (``keep_freed_memory``): its passes ask for the same buffers again and again, and
     mapping them afresh cost a fifth of exact patching's CPU time (measured on the shipped GPT-2)."""
-    config = config_of(args)
     keep_freed_memory()
     try:
         return find_circuit(subject, config).to_dict()
-    except ValueError as e:
-        if as_flag(str(e)) == str(e):
+    except ValueError as e:  # about a field (a node the model lacks, sizes that do not fit): bad input, not a bug
+        if str(e).split(" ")[0].rstrip(":") not in {f.name for f in dataclasses.fields(CircuitConfig)}:
             raise
-        raise UsageError(as_flag(str(e))) from e
+        raise UsageError(str(e)) from e
 
 
 def _curve_words(curve: list[dict]) -> str:
@@ -207,6 +151,8 @@ def summary(r: dict) -> str:
         + ("; every edge among its nodes" if nodes_level else "")
         + f"), nodes {', '.join(r['nodes']) or 'none'}; on {h['n_contexts']} held-out contexts:",
         *answers(r),
+        *([f"MISSED ITS TARGET: {'; '.join(r['missed_target'])} (more search contexts, --n-contexts, or a higher "
+           "--target make a larger circuit)"] if r.get("missed_target") else []),
         f"re-measured on {rep['n_contexts']} fresh contexts: " + replicated,
         *([f"scored with EAP-IG: {r['scoring_note']}"] if r.get("scoring_note") else []),
         *([f"a circuit of nodes: {r['level_note']}"] if nodes_level else []),
@@ -340,14 +286,15 @@ def _message_figure(title: str, text: str):
     return fig
 
 
-def figures(r: dict, args) -> dict:
+def figures(result: common.Result) -> dict:
+    r = result.data
     import matplotlib.pyplot as plt
     from matplotlib.lines import Line2D
     from matplotlib.patches import FancyArrowPatch
     from matplotlib.path import Path as CurvePath
 
     if r.get("refused"):
-        title = f"{common.title_name(args.subject_name)}: no circuit ({r['method']}, {', '.join(r['corruptions'])})"
+        title = f"{common.title_name(result.title)}: no circuit ({r['method']}, {', '.join(r['corruptions'])})"
         return {"circuit_graph": _message_figure(title, r["refused"]),
                 "circuit_curve": _message_figure(f"faithfulness curve: {title}", r["refused"])}  # fmt: skip
     nodes_level, scorer = r.get("level") == "nodes", r.get("scored_with", r["method"])
@@ -388,7 +335,7 @@ def figures(r: dict, args) -> dict:
         ax.text(0, -0.3, "no edge kept", ha="center", va="center")
     h = r["held_out"]
     ax.set_title(
-        f"{common.title_name(args.subject_name)}: "
+        f"{common.title_name(result.title)}: "
         + (f"{len(r['nodes'])} nodes, {len(r['edges'])} edges among them ({len(edges)} drawn: |{scorer} score| > 2 SE; "
            if nodes_level else f"{len(edges)} of {r['n_edges_total']} edges ({scorer}, ")
         + f"{', '.join(r['corruptions'])}); on {h['n_contexts']} held-out contexts\n{r['faithfulness_means']}: "
@@ -413,7 +360,7 @@ def figures(r: dict, args) -> dict:
                                      lw=width(e["score"]), ls=STYLES[e["group"]], alpha=0.75, zorder=2))  # fmt: skip
     if not r["curve"]:
         return {"circuit_graph": fig, "circuit_curve": _message_figure(
-            f"{common.title_name(args.subject_name)}: no faithfulness curve",
+            f"{common.title_name(result.title)}: no faithfulness curve",
             "a circuit of nodes (every edge among them) has no curve of top-n edges: " + r["level_note"])}  # fmt: skip
     fig2, ax2 = plt.subplots(figsize=(5.5, 3.5))
     n = [c["n_edges"] for c in r["curve"]]

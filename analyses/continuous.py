@@ -25,15 +25,19 @@ from __future__ import annotations
 from analyses import common
 
 NAME = "continuous"
-N_CONTEXTS = 1024  # default --n-contexts
-
-
-def add_flags(parser) -> None:
-    parser.add_argument("--rho", type=float, default=0.5, help="parent-to-child correlation rho of the Gaussian task (default: 0.5)")
-    parser.add_argument("--steps", type=int, default=300, help="training steps per L (default: 300)")
-
-
 REQUIRES = None  # its own synthetic tasks: no --checkpoint
+
+
+class Config(common.Config):
+    """What ``run`` computes: every field is also a flag."""
+
+    n_contexts: int = common.n_contexts(1024)
+    rho: float = common.option(0.5, "parent-to-child correlation rho of the Gaussian task, in (0, 1)")
+    steps: int = common.option(300, "training steps per L", minimum=1, maximum=10**7)
+
+    def validate(self):
+        if not 0 < self.rho < 1:
+            raise ValueError(f"rho must lie in (0, 1), got {self.rho}")
 
 common.parse_first(globals())  # python -m: --help and a mistyped flag answer here, before torch is imported
 
@@ -214,7 +218,8 @@ def measure(
     return out
 
 
-def figures(res: dict, args=None):
+def figures(result: common.Result):
+    res = result.data
     import matplotlib.pyplot as plt  # plotting stays off the import path of the CLI's --help
 
     L = res["L"]
@@ -267,10 +272,10 @@ def figures(res: dict, args=None):
     return fig
 
 
-def compute(subject, args) -> dict:
+def compute(subject, config: Config) -> dict:
     """``measure`` with the CLI's --rho, --n-contexts (held-out contexts per L) and --steps."""
-    res = measure(rho=args.rho, n_eval=args.n_contexts, steps=args.steps, seed=args.seed, progress=True)
-    return {**res, "n_eval": args.n_contexts}
+    res = measure(rho=config.rho, n_eval=config.n_contexts, steps=config.steps, seed=config.seed, progress=True)
+    return {**res, "n_eval": config.n_contexts}
 
 
 def summary(res: dict) -> str:
@@ -289,12 +294,6 @@ def summary(res: dict) -> str:
     return "\n".join(lines)
 
 
-
-
-def check_flags(parser, args) -> None:
-    if not 0 < args.rho < 1:
-        parser.error(f"--rho must lie in (0, 1), got {args.rho}")
-    common.check_at_least(parser, args, steps=1)
 
 
 ANALYSIS = common.register(globals())

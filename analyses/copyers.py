@@ -17,6 +17,11 @@ from analyses import common
 NAME = "copyers"
 REQUIRES = frozenset({common.CONTENT_FREE_COPYERS})  # what it needs of its subject
 
+
+class Config(common.Config):
+    """What ``run`` computes: nothing but the seed (everything is read off the weights)."""
+
+
 common.parse_first(globals())  # python -m: --help and a mistyped flag answer here, before torch is imported
 
 import numpy as np
@@ -75,7 +80,8 @@ def duplicate_warning(res: dict) -> str | None:
     )
 
 
-def figures(res: dict, args):
+def figures(result: common.Result):
+    res = result.data
     import matplotlib.pyplot as plt
 
     K, H2 = np.shape(res["w_H"])  # tensors from compute, lists from a saved JSON: redrawn alike
@@ -113,7 +119,7 @@ def figures(res: dict, args):
             t.set_fontweight("bold")
     flag = f"DUPLICATES: {res['duplicates']}" if res["duplicates"] else "all heads copy distinct demonstrations"
     fig.suptitle(
-        f"{args.subject_name}: copyer heads; {res['distinct_demos']}/{K} distinct demonstrations, "
+        f"{result.title}: copyer heads; {res['distinct_demos']}/{K} distinct demonstrations, "
         f"min purity {min(res['purity']):.3f}, min same-position copy mass {min(res['copy_purity']):.3f}; {flag}",
         fontsize=10,
         color="C3" if res["duplicates"] else "k",
@@ -121,7 +127,7 @@ def figures(res: dict, args):
     return fig
 
 
-def compute(subject, args) -> dict:
+def compute(subject, config: Config) -> dict:
     res = copyer_report(subject.model)
     res["warning"] = duplicate_warning(res)
     return res

@@ -40,6 +40,13 @@ from models.plumbing.io import UsageError
 NAME = "head_ablation"
 REQUIRES = frozenset({common.DISENTANGLED, common.MARKOV_TASK})  # what it needs of its subject
 
+
+class Config(common.Config):
+    """What ``run`` computes: every field is also a flag."""
+
+    n_contexts: int = common.n_contexts(2048)
+
+
 common.parse_first(globals())  # python -m: --help and a mistyped flag answer here, before torch is imported
 
 import math
@@ -394,13 +401,14 @@ def summary(r: dict) -> str:
     return "\n".join(lines)
 
 
-def compute(subject: DisentangledSubject, args) -> dict:
-    tokens, parents = common.sample_contexts(subject.task, args.n_contexts, args.seed)
-    return head_ablation(subject, tokens.to(args.device), parents)
+def compute(subject: DisentangledSubject, config: Config) -> dict:
+    tokens, parents = common.sample_contexts(subject.task, config.n_contexts, config.seed)
+    return head_ablation(subject, tokens.to(subject.device), parents)
 
 
-def figures(r: dict, args) -> dict:
-    per_head, cumulative = plot(r, args.n_contexts, args.subject_name)
+def figures(result: common.Result) -> dict:
+    r = result.data
+    per_head, cumulative = plot(r, result.config.n_contexts, result.title)
     return {f"{NAME}_per_head": per_head, f"{NAME}_cumulative": cumulative}
 
 

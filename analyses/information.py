@@ -18,8 +18,14 @@ from __future__ import annotations
 from analyses import common
 
 NAME = "information"
-N_CONTEXTS = 200  # default --n-contexts
 REQUIRES = None  # its own synthetic tasks: no --checkpoint
+
+
+class Config(common.Config):
+    """What ``run`` computes: every field is also a flag."""
+
+    n_contexts: int = common.n_contexts(200)
+
 
 common.parse_first(globals())  # python -m: --help and a mistyped flag answer here, before torch is imported
 
@@ -118,7 +124,8 @@ def measure(
     }
 
 
-def figures(res: dict, args=None):
+def figures(result: common.Result):
+    res = result.data
     import matplotlib.pyplot as plt  # plotting stays off the import path of the CLI's --help
 
     fig, axes = plt.subplots(1, 3, figsize=(14, 4))
@@ -166,10 +173,10 @@ def figures(res: dict, args=None):
     return fig
 
 
-def compute(subject, args) -> dict:
+def compute(subject, config: Config) -> dict:
     """``measure`` on the shipped task's kernel, root and H, with --n-contexts random trees."""
     task = models.load_task(models.DEFAULT_CHECKPOINT)
-    return measure(args.n_contexts, task.seq_len, seed=args.seed, pi=task.pi, root=task.root, progress=True)
+    return measure(config.n_contexts, task.seq_len, seed=config.seed, pi=task.pi, root=task.root, progress=True)
 
 
 def summary(res: dict) -> str:

@@ -29,14 +29,21 @@ from __future__ import annotations
 from analyses import common
 
 NAME = "init_gradient"
-
-
-def add_flags(parser) -> None:
-    parser.add_argument("--n-trees", type=int, default=32, help="random trees for the expected gradient (default: 32)")
-    parser.add_argument("--steps", type=int, default=300, help="Adam steps on W_KQ from 0 (default: 300)")
-
-
 REQUIRES = None  # its own synthetic tasks: no --checkpoint
+MAX_SAMPLES = 2**24  # n_trees x n_contexts target sequences (the default is 2**16): the work, chunked, is not memory
+
+
+class Config(common.Config):
+    """What ``run`` computes: every field is also a flag."""
+
+    n_contexts: int = common.n_contexts(2048, "target sequences per tree")
+    n_trees: int = common.option(32, "random trees for the expected gradient", minimum=1)  # with MAX_SAMPLES
+    steps: int = common.option(300, "Adam steps on W_KQ from 0", minimum=1, maximum=100_000)
+
+    def validate(self):
+        if self.n_trees * self.n_contexts > MAX_SAMPLES:
+            raise ValueError(f"n_trees {self.n_trees} x n_contexts {self.n_contexts} = {self.n_trees * self.n_contexts} "
+                             f"target sequences, more than the bound of {MAX_SAMPLES} (2**24); use fewer")  # fmt: skip
 
 common.parse_first(globals())  # python -m: --help and a mistyped flag answer here, before torch is imported
 
@@ -266,7 +273,8 @@ def measure(
     }
 
 
-def figures(res: dict, args=None):
+def figures(result: common.Result):
+    res = result.data
     import matplotlib.pyplot as plt  # plotting stays off the import path of the CLI's --help
 
     bt, al, tr = res["by_tree"], res["against_L"], res["training"]
@@ -332,10 +340,12 @@ def figures(res: dict, args=None):
     return fig
 
 
-def compute(subject, args) -> dict:
-    """``measure`` on the shipped task with the CLI's --n-trees, --n-contexts (targets per tree), --steps."""
+def compute(subject, config: Config) -> dict:
+    """``measure`` on the shipped task with the config's n_trees, n_contexts (targets per tree), steps."""
     task = models.load_task(models.DEFAULT_CHECKPOINT)
-    res = measure(task, args.n_trees, args.n_contexts, steps=args.steps, seed=args.seed, progress=True)
+    # every tree's parents, int64 [n_trees, H], are drawn at once
+    check_memory(config.n_trees * task.seq_len * 8, f"--n-trees {config.n_trees} (trees of {task.seq_len} positions)")
+    res = measure(task, config.n_trees, config.n_contexts, steps=config.steps, seed=config.seed, progress=True)
     return {**res, "task": {"d": task.d_vocab, "L": task.n_examples, "H": task.seq_len}}  # for the titles
 
 
@@ -362,24 +372,6 @@ def summary(res: dict) -> str:
     )
 
 
-
-
-MAX_SAMPLES = 2**24  # --n-trees x --n-contexts target sequences (the default is 2**17): the work, chunked, is not memory
-MAX_STEPS = 100_000
-
-
-def check_flags(parser, args) -> None:
-    if args.n_trees < 1 or args.steps < 1:
-        parser.error(f"--n-trees and --steps must be >= 1, got {args.n_trees} and {args.steps}")
-    common.check_at_most(parser, args, steps=MAX_STEPS)
-    if args.n_trees * args.n_contexts > MAX_SAMPLES:
-        parser.error(
-            f"--n-trees {args.n_trees} x --n-contexts {args.n_contexts} = {args.n_trees * args.n_contexts} target "
-            f"sequences, more than the bound of {MAX_SAMPLES} (2**24); use fewer"
-        )
-    H = models.load_task(models.DEFAULT_CHECKPOINT).seq_len
-    # every tree's parents, int64 [n_trees, H], are drawn at once (a ValueError is one line: common.parse)
-    check_memory(args.n_trees * H * 8, f"--n-trees {args.n_trees} (trees of {H} positions)")
 
 
 def record(res) -> dict:

@@ -58,12 +58,14 @@ from __future__ import annotations
 from analyses import common
 
 NAME = "inspect"
-N_CONTEXTS = 512  # default --n-contexts: the attention statistics and the progress
 REQUIRES = frozenset({common.BAYES_TASK})  # what it needs of its subject
 
 
-def add_flags(parser) -> None:
-    common.add_positions_flag(parser, "NLL, progress, ablation and patching")
+class Config(common.Config):
+    """What ``run`` computes: every field is also a flag."""
+
+    n_contexts: int = common.n_contexts(512, "contexts of the attention statistics and the progress")
+    positions: str = common.positions_option("NLL, progress, ablation and patching")
 
 
 common.parse_first(globals())  # python -m: --help and a mistyped flag answer here, before torch is imported
@@ -350,11 +352,12 @@ def _pair(v: list[float]) -> str:
     return "/".join("-" if x != x else f"{x:.2f}" for x in v)
 
 
-def figures(r: dict, args) -> dict:
+def figures(result: common.Result) -> dict:
+    r = result.data
     import matplotlib.pyplot as plt
     import numpy as np
 
-    n = args.n_contexts
+    n = result.config.n_contexts
     labels = [h["label"] for h in r["heads"]]
     x = np.arange(len(labels))
     verdict_text = (
@@ -530,10 +533,10 @@ def _roles_figure(r: dict, n: int):
     return fig
 
 
-def compute(subject, args) -> dict:
+def compute(subject, config: Config) -> dict:
     """The measurement (``models.interp.inspection.inspect_subject``) and where this model's circuit is."""
-    r = inspect_subject(subject, args.n_contexts, args.seed, positions=common.positions(args, subject))
-    r["circuit_link"] = circuit_link(getattr(args, "checkpoint", None), subject.hash)
+    r = inspect_subject(subject, config.n_contexts, config.seed, positions=subject.scored_positions(config.positions))
+    r["circuit_link"] = circuit_link(subject.name, subject.hash)
     return r
 
 

@@ -10,28 +10,21 @@ verdict rules), on a standard transformer: README section "Standard transformers
 
 from __future__ import annotations
 
-import dataclasses
-
 from analyses import common, inspect
+from analyses.inspect import Config, compute, summary  # noqa: F401 (this analysis's hooks: inspect's)
 
 NAME = "inspect_standard"
+REQUIRES = inspect.REQUIRES  # what it needs of its subject
+CHECKPOINT = "standard"  # the default --checkpoint: the point of this set is the standard GPT-2
 FIGURES = {
     name.replace(inspect.NAME, NAME, 1): f"{what} On the shipped standard GPT-2 (`--checkpoint standard`)."
     for name, what in inspect.FIGURES.items()
 }
 
 
-def figures(r: dict, args) -> dict:
+def figures(result: common.Result) -> dict:
     """``analyses.inspect``'s figures, filed under ``inspect_standard_*``."""
-    return {stem.replace(inspect.NAME, NAME, 1): fig for stem, fig in inspect.figures(r, args).items()}
+    return {stem.replace(inspect.NAME, NAME, 1): fig for stem, fig in inspect.figures(result).items()}
 
 
-def add_flags(parser) -> None:
-    parser.set_defaults(checkpoint="standard")  # the point of this set: the standard GPT-2
-
-
-REQUIRES = inspect.REQUIRES  # what it needs of its subject
-ANALYSIS = common.register(
-    globals(),
-    dataclasses.replace(inspect.ANALYSIS, name=NAME, requires=REQUIRES, doc=__doc__, figures=figures, add_flags=add_flags),
-)
+ANALYSIS = common.register(globals())

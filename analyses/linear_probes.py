@@ -15,22 +15,27 @@ next to a shuffled-label control:
 from __future__ import annotations
 
 from analyses import common
+from models import cli
 from models.plumbing.io import UsageError
 
 NAME = "linear_probes"
-N_CONTEXTS = 256  # default --n-contexts
-
-
-def add_flags(parser) -> None:
-    parser.add_argument(
-        "--standard",
-        default=None,
-        metavar="HF_FOLDER",
-        help="a standard transformer folder (default: train a small one here, ~100 steps)",
-    )
-
-
 REQUIRES = frozenset({common.MARKOV_TASK})  # what it needs of its subject
+
+
+class Config(common.Config):
+    """What ``run`` computes: every field is also a flag."""
+
+    n_contexts: int = common.n_contexts(256)
+    standard: str | None = common.option(None, "a standard transformer folder (default: train a small one here, "
+                                         "~100 steps)", metavar="HF_FOLDER")  # fmt: skip
+
+    def validate(self):
+        if self.standard is not None:
+            cli.check_path(self.standard, "standard", utf8=False)
+
+    def reads(self) -> list[str]:
+        """What the run reads beyond its subject (no output may be, or lie in, it)."""
+        return [self.standard] if self.standard is not None else []
 
 common.parse_first(globals())  # python -m: --help and a mistyped flag answer here, before torch is imported
 
@@ -41,7 +46,6 @@ import torch
 from torch import Tensor
 
 import models
-from models import cli
 from models.interp.subject import DISENTANGLED, Subject, load_subject, subject_of
 from models.plumbing.progress import progress as progress_bar
 from models.training.standard import StandardConfig, train_standard
@@ -131,11 +135,12 @@ def train_small_standard(seed: int, out: Path) -> Subject:
     return subject_of(models.load(out), cfg.task(), None, "standard trained here (100 steps)", "")
 
 
-def figures(results: dict, args) -> dict:
+def figures(result: common.Result) -> dict:
+    results = result.data
     import matplotlib.pyplot as plt
     import numpy as np
 
-    n, out = args.n_contexts, {}
+    n, out = result.config.n_contexts, {}
     if "copyers" in results:
         r = results["copyers"]
         acc, ctrl = np.array(r["test_acc"]), np.array(r["control_acc"])
@@ -202,20 +207,20 @@ def probes_of(subject: Subject, standard: Subject | None, n_contexts: int = 256,
     return results
 
 
-def compute(subject: Subject, args) -> dict:
+def compute(subject: Subject, config: Config) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
         standard = None
         if DISENTANGLED in subject.capabilities:
-            if args.standard is not None:
-                standard = load_subject(args.standard, args.device)
+            if config.standard is not None:
+                standard = load_subject(config.standard, subject.device)
                 if DISENTANGLED in standard.capabilities:
                     raise UsageError(
-                        f"--standard {args.standard!r} is a {standard.describe()}; expected a standard "
+                        f"--standard {config.standard!r} is a {standard.describe()}; expected a standard "
                         "transformer (a Hugging Face folder such as python -m models.standard writes)"
                     )
             else:
-                standard = train_small_standard(args.seed, Path(tmp) / "standard")
-        return probes_of(subject, standard, args.n_contexts, args.seed)
+                standard = train_small_standard(config.seed, Path(tmp) / "standard")
+        return probes_of(subject, standard, config.n_contexts, config.seed)
 
 
 def summary(results: dict) -> str:
@@ -235,14 +240,6 @@ def summary(results: dict) -> str:
     return "\n".join(lines)
 
 
-
-
-def check_flags(parser, args) -> None:
-    """``--standard`` is a path read like ``--checkpoint``: no output may be, or lie in, it."""
-    if args.standard is not None:  # a ValueError is one line (common.parse)
-        cli.check_path(args.standard, "--standard")
-        args.reads.append(Path(args.standard))
-        cli.check_not_an_input(args.out, args, "--out")
 
 
 ANALYSIS = common.register(globals())

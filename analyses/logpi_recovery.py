@@ -21,19 +21,22 @@ W_OV is fitted as ``W_OV ~ c log pi + b 1^T`` (a constant per row) and compared 
 from __future__ import annotations
 
 from analyses import common
-from models.plumbing.io import UsageError
 
 NAME = "logpi_recovery"
 REQUIRES = frozenset({common.DISENTANGLED, common.MARKOV_TASK})  # what it needs of its subject
 
+
+class Config(common.Config):
+    """What ``run`` computes: every field is also a flag."""
+
+    n_contexts: int = common.n_contexts(2048, "contexts on which the values W_OV mixes are measured")
+
+
 common.parse_first(globals())  # python -m: --help and a mistyped flag answer here, before torch is imported
 
 import numpy as np
-import torch
 
-from models.interp.subject import head_label
-from probes import head_assignment
-from probes.metrics import column_softmax_error, fit_column_shift
+from models.interp.weights import effective_value_error, logpi_recovery  # the maths; here, its report
 
 FIGURES = {
     "logpi_recovery.png": (
@@ -44,93 +47,6 @@ FIGURES = {
     ),
 }
 CLAIM_FITTED_ERROR = 0.05  # the paper's column-softmax error bound for trained models
-
-
-def _fit(block: torch.Tensor, log_pi: torch.Tensor) -> dict:
-    """Fit ``block ~ c log_pi + 1 a^T`` and measure the column-softmax error at scale c and at 1."""
-    c, shift, residual, corr = fit_column_shift(block, log_pi)
-    err_fit = column_softmax_error(block.double() / c, log_pi) if c != 0 else (float("nan"),) * 2
-    err_unit = column_softmax_error(block, log_pi)
-    # Share of the residual's energy that is a constant down each ROW (a key-token bias, which the
-    # column-shift invariance does not absorb).
-    row_part = residual.mean(1, keepdim=True).expand_as(residual)
-    row_share = (row_part.norm() ** 2 / residual.norm() ** 2).item() if residual.norm() > 0 else 0.0
-    return {
-        "c": c,
-        "correlation": corr,
-        "error_fitted_max": err_fit[0],
-        "error_fitted_mean": err_fit[1],
-        "error_unit_max": err_unit[0],
-        "error_unit_mean": err_unit[1],
-        "shift": shift,
-        "residual_row_share": row_share,
-        "block": block.double(),
-        "residual": residual,
-    }
-
-
-@torch.no_grad()
-def logpi_recovery(model, pi: torch.Tensor) -> dict:
-    """Fit every diagonal copy block of W_KQ to log pi and the token block of W_OV to log pi.
-
-    Returns ``blocks`` (one dict per head k: head, demonstration, purity, c, correlation, errors,
-    block [d,d], residual [d,d]), ``ov`` (the same for W_OV[:d] in row convention: block and residual
-    are [d,d] with rows = current token), ``log_pi`` [d,d], and the worst errors over heads.
-    """
-    log_pi = pi.double().log()
-    d, K = model.cfg.d_vocab, model.cfg.n_copy_heads
-    if tuple(log_pi.shape) != (d, d):
-        raise UsageError(f"pi has shape {tuple(pi.shape)}, expected ({d}, {d}) to match the model's d_vocab")
-    if not torch.isfinite(log_pi).all():
-        raise UsageError("pi has zero entries, so log pi is not finite; expected a kernel with pi > 0")
-    demos, purity = head_assignment(model.copyer_pattern().cpu(), model.cfg.n_examples)
-    W = model.W_KQ.detach().cpu()
-    blocks = []
-    for k in range(K):
-        s = slice((k + 1) * d, (k + 2) * d)
-        blocks.append(
-            {"head": head_label(0, k), "demonstration": demos[k], "purity": purity[k], **_fit(W[s, s], log_pi)}
-        )
-    # W_OV: softmax over each row, invariance = constant per row, i.e. the column convention on W^T.
-    ov = _fit(model.W_OV.detach().cpu()[:d].T, log_pi.T)
-    ov.update(
-        block=ov["block"].T,
-        residual=ov["residual"].T,
-        copy_rows_norm=model.W_OV.detach()[d:].norm().item(),
-        token_rows_norm=model.W_OV.detach()[:d].norm().item(),
-    )
-    worst = {key: max(b[key] for b in blocks) for key in ("error_fitted_max", "error_unit_max")}
-    # In W_OV the roles swap: rows = current token, the residual's share constant down each COLUMN is
-    # an offset on the next-token logits shared by all tokens (what the copy rows of W_OV add on average).
-    ov["residual_column_share"] = ov.pop("residual_row_share")
-    return {
-        "log_pi": log_pi,
-        "blocks": blocks,
-        "ov": ov,
-        "worst": worst,
-        "c_range": [min(b["c"] for b in blocks), max(b["c"] for b in blocks)],
-        "min_correlation": min(b["correlation"] for b in blocks),
-    }
-
-
-@torch.no_grad()
-def effective_value_error(model, pi: torch.Tensor, tokens: torch.Tensor) -> dict:
-    """The value distribution the head actually mixes, ``softmax(resid_h' @ W_OV)`` (copy rows
-    included), averaged over key positions with target token a, against ``pi[a]``.
-
-    Returns ``mean_value`` [d,d] (row a: average value given x_h' = a; NaN for tokens never seen) and
-    ``error_max``, the max abs difference to pi over tokens that occur.
-    """
-    _, cache = model.run_with_cache(tokens, names_filter="blocks.1.attn.hook_v")
-    value = cache["blocks.1.attn.hook_v"][:, :, 0].exp().double().cpu()  # [batch, H, d]
-    x = tokens[:, -model.cfg.seq_len :]
-    d = model.cfg.d_vocab
-    mean = torch.full((d, d), float("nan"), dtype=torch.float64)
-    for a in range(d):
-        if (x == a).any():
-            mean[a] = value[x == a].mean(0)
-    seen = ~mean.isnan().any(1)
-    return {"mean_value": mean, "error_max": (mean[seen] - pi.double()[seen]).abs().max().item()}
 
 
 def _heatmap(ax, m, vmax, title: str, xlabel: str, ylabel: str):
@@ -222,15 +138,16 @@ def _plot_errors(res: dict, name: str):
     return fig
 
 
-def compute(subject, args) -> dict:
+def compute(subject, config: Config) -> dict:
     res = logpi_recovery(subject.model, subject.task.pi)
-    tokens, _ = common.sample_contexts(subject.task, args.n_contexts, args.seed)
+    tokens, _ = common.sample_contexts(subject.task, config.n_contexts, config.seed)
     res["ov"]["effective_value"] = effective_value_error(subject.model, subject.task.pi, tokens)
     return res
 
 
-def figures(res: dict, args) -> dict:
-    return {NAME: _plot(res, args.subject_name), f"{NAME}_errors": _plot_errors(res, args.subject_name)}
+def figures(result: common.Result) -> dict:
+    res = result.data
+    return {NAME: _plot(res, result.title), f"{NAME}_errors": _plot_errors(res, result.title)}
 
 
 def summary(res: dict) -> str:

@@ -30,6 +30,8 @@ keeps every finished DAG and exits 130. ``--sweep`` re-plots finished JSONs or p
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from analyses import common
 from models.plumbing.io import UsageError
 from models.training import sweep
@@ -41,37 +43,64 @@ DEFAULTS = {  # per model: steps, batch size, learning rate (the CatFormer's are
 }
 
 
-def add_flags(p) -> None:
-    p.add_argument("--model", choices=sorted(DEFAULTS), default="catformer",
-                   help="catformer (theirs, their recipe: the default) or gpt2 (a standard GPT-2, AdamW)")  # fmt: skip
-    p.add_argument("--dags", default="0-19", help="which of their 20 DAGs to train: 0-19, 3 or 0,2,5 (default: 0-19)")
-    for flag, what in (("steps", "training steps per DAG"), ("batch-size", "sequences per step"),
-                       ("lr", "learning rate (the CatFormer's: plain SGD; the GPT-2's: AdamW)")):
-        kind = float if flag == "lr" else int
-        p.add_argument(f"--{flag}", type=kind, default=None,
-                       help=f"{what} (default: catformer {DEFAULTS['catformer'][flag.replace('-', '_')]}, their notebook's; "
-                       f"gpt2 {DEFAULTS['gpt2'][flag.replace('-', '_')]})")  # fmt: skip
-    p.add_argument("--n-contexts", type=int, default=256, help="held-out contexts of the attention pattern (default: 256)")
-    p.add_argument(
-        "--sweep",
-        nargs="+",
-        default=None,
-        metavar="FILE",
-        help="re-plot these files instead of training: the JSON an earlier run wrote, or the "
-        f"{NAME}_partial.jsonl of a stopped one; one per model, drawn side by side",
-    )
-    sweep.add_flags(p)
+def parse_dags(text: str) -> list[int]:
+    """``"0-19"``, ``"3"`` or ``"0,2,5"`` -> DAG indices (one UsageError otherwise)."""
+    out = []
+    for part in text.split(","):
+        a, dash, b = part.partition("-")
+        if not (a.isdigit() and (not dash or b.isdigit())):
+            raise UsageError(f"--dags {text!r}: expected indices like 0-19, 3 or 0,2,5")
+        out += list(range(int(a), int(b) + 1)) if dash else [int(a)]
+    if not out or min(out) < 0 or max(out) > 19 or len(set(out)) != len(out):
+        raise UsageError(f"--dags {text!r}: expected distinct indices in 0..19 (their 20 DAGs)")
+    return out
+
+
+class Config(sweep.SweepConfig):
+    """What ``run`` computes: every field is also a flag."""
+
+    model: str = common.option("catformer", "catformer (theirs, their recipe: the default) or gpt2 (a standard "
+                               "GPT-2, AdamW)", choices=tuple(sorted(DEFAULTS)))  # fmt: skip
+    dags: str = common.option("0-19", "which of their 20 DAGs to train: 0-19, 3 or 0,2,5")
+    steps: int | None = common.option(None, f"training steps per DAG (default: catformer {DEFAULTS['catformer']['steps']}, "
+                                      f"their notebook's; gpt2 {DEFAULTS['gpt2']['steps']})", minimum=1, maximum=10**8)  # fmt: skip
+    batch_size: int | None = common.option(None, f"sequences per step (default: catformer "
+                                           f"{DEFAULTS['catformer']['batch_size']}, their notebook's; gpt2 "
+                                           f"{DEFAULTS['gpt2']['batch_size']})", minimum=1, maximum=2**24)  # fmt: skip
+    lr: float | None = common.option(None, f"learning rate (the CatFormer's: plain SGD, default {DEFAULTS['catformer']['lr']}, "
+                                     f"their notebook's; the GPT-2's: AdamW, default {DEFAULTS['gpt2']['lr']})")  # fmt: skip
+    n_contexts: int = common.n_contexts(256, "held-out contexts of the attention pattern")
+    sweep: tuple[str, ...] | None = common.option(None, "re-plot these files instead of training: the JSON an earlier "
+                                                  f"run wrote, or the {NAME}_partial.jsonl of a stopped one; one per "
+                                                  "model, drawn side by side", metavar="FILE")  # fmt: skip
+    work_dir: str | None = common.option(None, f"folder for the trained models and {NAME}_partial.jsonl, the record of "
+                                         "the finished DAGs from which a stopped run resumes (default: --out; from "
+                                         "Python: none, nothing kept)", same_numbers=True)  # fmt: skip
+
+    def validate(self):
+        super().validate()
+        parse_dags(self.dags)
+        if self.lr is not None and not self.lr > 0:
+            raise ValueError(f"lr must be a positive number, got {self.lr}")
+
+    def recipe(self) -> dict:
+        """Steps, batch size and learning rate: those given, else the model's ``DEFAULTS``."""
+        return {k: v if getattr(self, k) is None else getattr(self, k) for k, v in DEFAULTS[self.model].items()}
+
+    def reads(self) -> list[str]:
+        """The files it re-plots (no output may be one)."""
+        return list(self.sweep or ())
 
 
 REQUIRES = None  # its own synthetic tasks: no --checkpoint
-N_CONTEXTS = None  # its own --n-contexts (held-out contexts of the attention)
 
 common.parse_first(globals())  # python -m: --help and a mistyped flag answer here, before torch is imported
 
+import dataclasses
 import json
 import math
+import tempfile
 import time
-from pathlib import Path
 
 import numpy as np
 import torch
@@ -103,7 +132,6 @@ FIGURES = {
         "nichani_dags.json"
     ),
 }
-MAX_N_CONTEXTS = 2**24  # the bound on --n-contexts; the memory it needs is checked before any work
 
 
 def spec(index: int, model: str) -> str:
@@ -183,45 +211,6 @@ def train_gpt2_dag(index: int, steps: int, batch_size: int, lr: float, seed: int
 TRAIN = {"catformer": train_catformer_dag, "gpt2": train_gpt2_dag}
 
 
-def parse_dags(text: str) -> list[int]:
-    """``"0-19"``, ``"3"`` or ``"0,2,5"`` -> DAG indices (one UsageError otherwise)."""
-    out = []
-    for part in text.split(","):
-        a, dash, b = part.partition("-")
-        if not (a.isdigit() and (not dash or b.isdigit())):
-            raise UsageError(f"--dags {text!r}: expected indices like 0-19, 3 or 0,2,5")
-        out += list(range(int(a), int(b) + 1)) if dash else [int(a)]
-    if not out or min(out) < 0 or max(out) > 19 or len(set(out)) != len(out):
-        raise UsageError(f"--dags {text!r}: expected distinct indices in 0..19 (their 20 DAGs)")
-    return out
-
-
-def check_flags(p, args) -> None:
-    args.dag_list = parse_dags(args.dags)  # a UsageError is one line (common.parse)
-    for key, value in DEFAULTS[args.model].items():
-        if getattr(args, key) is None:
-            setattr(args, key, value)
-    common.check_at_least(p, args, steps=1, batch_size=1, n_contexts=1)
-    common.check_at_most(p, args, n_contexts=MAX_N_CONTEXTS)
-    if not (math.isfinite(args.lr) and args.lr > 0):
-        p.error(f"--lr must be a positive number, got {args.lr}")
-    sweep.check_flags(p, args)
-    if args.sweep is not None:
-        written = (Path(args.out) / f"{NAME}.json").resolve()
-        for f in args.sweep:
-            if not Path(f).is_file():
-                p.error(f"--sweep {f}: no such file; expected the JSON an earlier run of analyses.{NAME} wrote")
-            if Path(f).resolve() == written:
-                p.error(f"--sweep {f} is the run record this re-plot would write over; choose another --out")
-        return
-    check_memory(args.n_contexts * context_bytes(args.model), f"--n-contexts {args.n_contexts} "
-                 f"({size(context_bytes(args.model))} a context)")  # fmt: skip
-    if args.model == "catformer":
-        CatFormerTrainConfig(task_kind=spec(0, "catformer"), steps=args.steps, batch_size=args.batch_size, lr=args.lr)
-    args.run = run_record(args)
-    args.done = finished(Path(args.out) / f"{NAME}_partial.jsonl", args.run)  # before any work: another run refused
-
-
 def context_bytes(model: str) -> int:
     """Memory of one held-out context's measurement, float32: every layer's patterns and residual (the
     CatFormer's widths 23 and 46, the GPT-2's 64), with the logits and a copy of each for the read-out."""
@@ -230,10 +219,9 @@ def context_bytes(model: str) -> int:
     return 4 * T * (2 * 2 * T + width) * 2
 
 
-def run_record(args) -> dict:
+def run_record(config: Config) -> dict:
     """The settings that make a DAG's result what it is (every line of the partial file carries them)."""
-    return {"model": args.model, "steps": args.steps, "batch_size": args.batch_size, "lr": args.lr,
-            "seed": args.seed, "n_contexts": args.n_contexts}  # fmt: skip
+    return {"model": config.model, **config.recipe(), "seed": config.seed, "n_contexts": config.n_contexts}
 
 
 def read_partial(path: Path) -> list[dict]:
@@ -274,34 +262,46 @@ def finished(partial: Path, run: dict) -> dict[int, dict]:
     return {r["index"]: r for r in done}
 
 
-def compute(subject, args) -> dict:
-    if args.sweep is not None:
-        return {"sweeps": [read_sweep(f) for f in args.sweep]}
-    out = Path(args.out)
+def compute(subject, config: Config) -> dict:
+    if config.sweep is not None:
+        for f in config.sweep:
+            if not Path(f).is_file():
+                raise UsageError(f"sweep {f}: no such file; expected the JSON an earlier run of analyses.{NAME} wrote")
+        return {"sweeps": [read_sweep(f) for f in config.sweep]}
+    check_memory(config.n_contexts * context_bytes(config.model), f"--n-contexts {config.n_contexts} "
+                 f"({size(context_bytes(config.model))} a context)")  # fmt: skip
+    recipe, record, dag_list = config.recipe(), run_record(config), parse_dags(config.dags)
+    if config.model == "catformer":
+        CatFormerTrainConfig(task_kind=spec(0, "catformer"), **recipe)
+    if config.work_dir is None:
+        with tempfile.TemporaryDirectory() as tmp:
+            return compute(None, dataclasses.replace(config, work_dir=tmp))
+    out = Path(config.work_dir)
     out.mkdir(parents=True, exist_ok=True)
     partial = out / f"{NAME}_partial.jsonl"  # each finished DAG at once, so a stopped sweep keeps its runs
-    todo = [i for i in args.dag_list if i not in args.done]
-    if len(todo) < len(args.dag_list):
-        print(f"  resuming: DAGs {sorted(set(args.dag_list) - set(todo))} finished earlier ({partial})", flush=True)
+    finished_before = finished(partial, record)  # before any work: another run's record refused
+    todo = [i for i in dag_list if i not in finished_before]
+    if len(todo) < len(dag_list):
+        print(f"  resuming: DAGs {sorted(set(dag_list) - set(todo))} finished earlier ({partial})", flush=True)
     kept = []
 
     def done(i, run):
-        run["run"] = args.run
+        run["run"] = record
         with partial.open("a") as f:
             f.write(json.dumps(run) + "\n")
         kept.append(run["index"])
         print(f"  DAG {run['index']}: attention on the parent {run['parent_attention']:.3f} "
               f"({run['seconds']:.0f} s wall, {run['cpu_seconds']:.0f} s CPU)", flush=True)  # fmt: skip
 
-    kwargs = [dict(index=i, steps=args.steps, batch_size=args.batch_size, lr=args.lr, seed=args.seed,
-                   n_contexts=args.n_contexts, save_to=str(out / "models" / f"dag_{i:02d}")) for i in todo]  # fmt: skip
+    kwargs = [dict(index=i, **recipe, seed=config.seed, n_contexts=config.n_contexts,
+                   save_to=str(out / "models" / f"dag_{i:02d}")) for i in todo]  # fmt: skip
     try:
-        sweep.run_jobs(TRAIN[args.model], kwargs, args.cluster, args.jobs, on_done=done)
+        sweep.run_jobs(TRAIN[config.model], kwargs, config.cluster, config.jobs, on_done=done)
     except KeyboardInterrupt:
-        n = len(args.done) + len(kept)
+        n = len(finished_before) + len(kept)
         raise KeyboardInterrupt(f"{n} finished DAGs kept in {partial}; the same command resumes from them") from None
-    runs = [r for r in read_partial(partial) if r["index"] in args.dag_list]
-    return {"sweeps": [{"model": args.model, **args.run, "runs": runs, **aggregate(runs)}]}
+    runs = [r for r in read_partial(partial) if r["index"] in dag_list]
+    return {"sweeps": [{"model": config.model, **record, "runs": runs, **aggregate(runs)}]}
 
 
 def read_sweep(path: str) -> dict:
@@ -351,7 +351,8 @@ LABELS = {"catformer": "CatFormer trained here (their measure, from A)", "gpt2":
 COLOURS = {"catformer": "tab:blue", "gpt2": "tab:green"}
 
 
-def figures(res: dict, args):
+def figures(result: common.Result):
+    res = result.data
     import matplotlib.pyplot as plt
 
     sweeps = res["sweeps"]

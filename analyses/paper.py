@@ -163,4 +163,4 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    common.run(main)
+    common.run_cli(main)

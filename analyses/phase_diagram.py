@@ -37,28 +37,35 @@ SWEEP = common.FIGURES_DIR / "phase_diagram_sweep.json"  # what `--full --out DI
 FAMILIES = ("gpt2", "attn_only", "disentangled")
 
 
-def add_flags(parser) -> None:
-    what = parser.add_mutually_exclusive_group()
-    what.add_argument(
-        "--quick", action="store_true", help="train a small grid now (3 kernels, L=6, all-token loss, 600 steps)"
-    )
-    what.add_argument(
-        "--full", action="store_true", help="train the full grid now (44 cells and the boundary cells' seeds)"
-    )
-    what.add_argument(
-        "--sweep",
-        metavar="FILE",
-        help=f"re-plot this phase_diagram.json of an earlier --full or --quick run (default without --quick or --full: "
-        f"{os.path.relpath(SWEEP, common.FIGURES_DIR.parent)}, the committed full sweep)",
-    )
-    parser.add_argument(
-        "--families", nargs="+", choices=FAMILIES, default=None, help="families to train (default: all)"
-    )
-    sweep.add_flags(parser)
-
-
 REQUIRES = None  # its own synthetic tasks: no --checkpoint
-N_CONTEXTS = None  # no --n-contexts
+
+
+class Config(sweep.SweepConfig):
+    """What ``run`` computes: every field is also a flag. Without ``quick`` or ``full`` it re-plots ``sweep``
+    (default: the committed full sweep)."""
+
+    quick: bool = common.option(False, "train a small grid now (3 kernels, L=6, all-token loss, 600 steps)")
+    full: bool = common.option(False, "train the full grid now (44 cells and the boundary cells' seeds)")
+    sweep: str | None = common.option(None, f"re-plot this phase_diagram.json of an earlier --full or --quick run "
+                                      f"(default without --quick or --full: {os.path.relpath(SWEEP, common.FIGURES_DIR.parent)}, "
+                                      "the committed full sweep)", metavar="FILE")  # fmt: skip
+    families: tuple[str, ...] | None = common.option(None, "families to train (default: all)", choices=FAMILIES)
+    device: str = common.option("cpu", "torch device to train on, e.g. cpu or cuda")
+
+    def validate(self):
+        super().validate()
+        chosen = [n for n in ("quick", "full", "sweep") if getattr(self, n) not in (False, None)]
+        if len(chosen) > 1:
+            raise ValueError(f"{chosen[0]} and {chosen[1]} exclude each other: train a grid, or re-plot a sweep")
+        given = [n for n, on in (("families", self.families), ("jobs", self.jobs != 1),
+                                 ("cluster", self.cluster != "local")) if on]  # fmt: skip
+        if not (self.quick or self.full) and given:
+            raise ValueError(f"{given[0]} applies to training; add --quick or --full (without them the committed "
+                             "sweep is re-plotted)")  # fmt: skip
+
+    def reads(self) -> list[str]:
+        """The sweep it re-plots (no output may be it)."""
+        return [] if self.quick or self.full else [str(self.sweep or SWEEP)]
 
 common.parse_first(globals())  # python -m: --help and a mistyped flag answer here, before torch is imported
 
@@ -204,7 +211,7 @@ def cells_of(grid: Grid) -> list[dict]:
     )
 
 
-def compute(grid: Grid, seed: int = 0, device: str = "cpu", log=print, cluster: str = "local", jobs: int = 1) -> dict:
+def train_grid(grid: Grid, seed: int = 0, device: str = "cpu", log=print, cluster: str = "local", jobs: int = 1) -> dict:
     """Train every cell with ``seed``, then the boundary cells with the extra seeds ``seed + 1, ...``, every
     run a job of ``models.training.sweep.run_jobs`` on ``cluster``, ``jobs`` at a time; plain data (``runs[0]`` of
     every cell is the ``seed`` run)."""
@@ -391,7 +398,7 @@ def plot_curves(res: dict):
     return fig
 
 
-def summary(res: dict) -> list[str]:
+def cell_lines(res: dict) -> list[str]:
     """One line per cell, grouped by family."""
     lines = []
     for c in res["cells"]:
@@ -404,30 +411,6 @@ def summary(res: dict) -> list[str]:
     return lines
 
 
-
-
-def check_flags(parser, args) -> None:
-    sweep.check_flags(parser, args)
-    training = args.quick or args.full
-    given = [
-        flag
-        for flag, on in (
-            ("--families", args.families),
-            ("--jobs", args.jobs != 1),
-            ("--cluster", args.cluster != "local"),
-        )
-        if on
-    ]
-    if not training and given:
-        parser.error(
-            f"{given[0]} applies to training; add --quick or --full (without them the committed sweep is re-plotted)"
-        )
-    if not training and args.sweep is None:
-        args.sweep = str(SWEEP)
-    if args.sweep is not None and Path(args.sweep).resolve() == (Path(args.out) / f"{NAME}.json").resolve():
-        parser.error(
-            f"--sweep {args.sweep!r} is the file this run writes; copy it elsewhere first (the committed one: {os.path.relpath(SWEEP)})"
-        )
 
 
 def read_sweep(path: str | Path) -> dict:
@@ -456,15 +439,14 @@ def read_sweep(path: str | Path) -> dict:
     return {**res, "sweep": {"file": shown, "command": record.get("command")}}
 
 
-def compute_from_args(subject, args) -> dict:
-    if args.sweep is not None:
-        return read_sweep(args.sweep)
-    grid = dataclasses.replace(
-        QUICK if args.quick else Grid(), **({"families": args.families} if args.families else {})
-    )
-    mode = "quick" if args.quick else "full"
-    print(f"{NAME}: {len(cells_of(grid))} cells ({mode} grid) on --cluster {args.cluster}, --jobs {args.jobs}")
-    return {**compute(grid, args.seed, args.device, cluster=args.cluster, jobs=args.jobs), "mode": mode}
+def compute(subject, config: Config) -> dict:
+    """The grid trained now (``quick`` or ``full``), or an earlier sweep re-plotted."""
+    if not (config.quick or config.full):
+        return read_sweep(config.sweep or SWEEP)
+    grid = dataclasses.replace(QUICK if config.quick else Grid(), **({"families": config.families} if config.families else {}))
+    mode = "quick" if config.quick else "full"
+    print(f"{NAME}: {len(cells_of(grid))} cells ({mode} grid) on --cluster {config.cluster}, --jobs {config.jobs}")
+    return {**train_grid(grid, config.seed, config.device, cluster=config.cluster, jobs=config.jobs), "mode": mode}
 
 
 def describe_run(res: dict) -> str:
@@ -478,14 +460,12 @@ def describe_run(res: dict) -> str:
     return f"{NAME} ({trained}):"
 
 
-ANALYSIS = common.register(globals(), common.Analysis(
-    NAME,
-    __doc__,
-    compute_from_args,
-    lambda res, args: {NAME: plot(res), f"{NAME}_curves": plot_curves(res)},
-    lambda res: describe_run(res) + "\n" + "\n".join(summary(res)),
-    n_contexts=N_CONTEXTS,
-    requires=REQUIRES,
-    add_flags=add_flags,
-    check_flags=check_flags,
-))
+def figures(result: common.Result) -> dict:
+    return {NAME: plot(result.data), f"{NAME}_curves": plot_curves(result.data)}
+
+
+def summary(res: dict) -> str:
+    return describe_run(res) + "\n" + "\n".join(cell_lines(res))
+
+
+ANALYSIS = common.register(globals())

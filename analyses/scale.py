@@ -12,32 +12,36 @@ Retraining takes tens of minutes on 2 cores, so the figure reads the evaluation 
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from analyses import common
+from models import cli
+from models.plumbing.io import UsageError, what_is
 
 NAME = "scale"
-N_CONTEXTS = None  # no --n-contexts: it samples no contexts of a checkpoint
+REQUIRES = None  # its own synthetic tasks: no --checkpoint (it reads training histories)
 HISTORIES = common.FIGURES_DIR / "scale_histories.json"
 
 
-def add_flags(parser) -> None:
-    parser.add_argument(
-        "--from-runs",
-        nargs="+",
-        metavar="LABEL=FOLDER",
-        help=f"collect these checkpoints' histories into {HISTORIES.name} first (added to the runs already there)",
-    )
-    parser.add_argument("--histories", default=str(HISTORIES), help="the collected histories (JSON)")
 
 
-REQUIRES = None  # its own synthetic tasks: no --checkpoint
+
+class Config(common.Config):
+    """What ``run`` computes: every field is also a flag."""
+
+    from_runs: tuple[str, ...] | None = common.option(None, f"collect these checkpoints' histories into "
+                                                      f"{HISTORIES.name} first (added to the runs already there)",
+                                                      metavar="LABEL=FOLDER")  # fmt: skip
+    histories: str = common.option(str(HISTORIES), "the collected histories (JSON)")
+
+    def reads(self) -> list[str]:
+        """The run folders it collects (no output may lie in one)."""
+        return [folder for _, folder in run_pairs(self.from_runs)] if self.from_runs else []
 
 common.parse_first(globals())  # python -m: --help and a mistyped flag answer here, before torch is imported
 
-from pathlib import Path
-
-from models import cli
 from models.loading.checkpoint import read_config
-from models.plumbing.io import UsageError, exclusive_lock, read_json, what_is, write_json
+from models.plumbing.io import exclusive_lock, read_json, write_json
 
 FIGURES = {
     "scale.png": "NLL gap to BMA, TV to the BMA posterior and the least pure copyer head over training "
@@ -104,7 +108,8 @@ def curves(histories: dict) -> dict:
     return result
 
 
-def figures(result: dict, args=None):
+def figures(r: common.Result):
+    result = r.data
     import matplotlib.pyplot as plt  # plotting stays off the import path of the CLI's --help
 
     fig, axes = plt.subplots(1, 3, figsize=(14, 3.8))
@@ -150,17 +155,34 @@ def run_pairs(items: list[str]) -> list[tuple[str, str]]:
     return pairs
 
 
-def compute(subject, args) -> dict:
+def check_files(config: Config) -> None:
+    """``from_runs`` well formed and ``histories`` an output under the rules of ``--out`` (a file in a writable
+    folder, none of the runs read); without runs to collect, an existing file."""
+    if config.from_runs:
+        cli.check_out_file(config.histories, "histories")
+        target = Path(config.histories).expanduser().resolve()
+        for folder in config.reads():
+            source = Path(folder).expanduser().resolve()
+            if target == source or source in target.parents:
+                raise UsageError(f"histories {config.histories!r} would write into {str(source)!r}, which this "
+                                 "command reads; pick another path")  # fmt: skip
+    elif not Path(config.histories).is_file():
+        raise UsageError(f"histories {config.histories!r} {what_is(config.histories)}; collect it with --from-runs "
+                         "LABEL=FOLDER ...")  # fmt: skip
+
+
+def compute(subject, config: Config) -> dict:
     """Collect ``--from-runs`` into ``--histories`` (merged into the runs already there: earlier runs'
     folders need not exist any more), then the curves of every run in it. Every run is checked first:
     ``--histories`` is rewritten only once all of them can be plotted. The read, the merge and the write
     hold a lock on ``--histories``: two collections at once take turns, and neither loses the other's runs."""
-    path = Path(args.histories)
-    if not args.from_runs:
+    check_files(config)
+    path = Path(config.histories)
+    if not config.from_runs:
         return curves(read_histories(path))
-    with exclusive_lock(path.parent / f".{path.name}.lock", what=f"--histories {args.histories!r}"):
+    with exclusive_lock(path.parent / f".{path.name}.lock", what=f"--histories {config.histories!r}"):
         histories = read_histories(path) if path.is_file() else {}
-        histories.update(collect(dict(run_pairs(args.from_runs))))
+        histories.update(collect(dict(run_pairs(config.from_runs))))
         result = curves(histories)
         write_json(path, histories)
     return result
@@ -187,20 +209,6 @@ def summary(result: dict) -> str:
     return "\n".join(lines)
 
 
-
-
-def check_flags(parser, args) -> None:
-    """``--from-runs`` well formed and ``--histories`` an output under the rules of ``--out`` (a file in a
-    writable folder, none of the runs read); without runs to collect, an existing file. A ``ValueError`` is
-    one line (``common.parse``)."""
-    if args.from_runs:
-        args.reads = [Path(folder) for _, folder in run_pairs(args.from_runs)]
-        cli.check_out_file(args.histories, "--histories")
-        cli.check_not_an_input(args.histories, args, "--histories")
-    elif not Path(args.histories).is_file():
-        raise UsageError(
-            f"--histories {args.histories!r} {what_is(args.histories)}; collect it with --from-runs LABEL=FOLDER ..."
-        )
 
 
 ANALYSIS = common.register(globals())

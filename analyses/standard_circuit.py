@@ -36,14 +36,14 @@ from __future__ import annotations
 from analyses import common
 
 NAME = "standard_circuit"
-N_CONTEXTS = 512  # default --n-contexts
-
-
-def add_flags(parser) -> None:
-    parser.set_defaults(checkpoint="standard")  # this analysis is about the shipped standard GPT-2
-
-
 REQUIRES = frozenset({common.MARKOV_TASK})  # what it needs of its subject
+CHECKPOINT = "standard"  # the default --checkpoint: this analysis is about the shipped standard GPT-2
+
+
+class Config(common.Config):
+    """What ``run`` computes: every field is also a flag."""
+
+    n_contexts: int = common.n_contexts(512, "contexts to sample (at least 16: the probes' train/test split)", 16)
 
 common.parse_first(globals())  # python -m: --help and a mistyped flag answer here, before torch is imported
 
@@ -413,8 +413,8 @@ def circuit(subject: Subject, n_contexts: int, seed: int) -> dict:
     return r
 
 
-def compute(subject: Subject, args) -> dict:
-    return circuit(subject, args.n_contexts, args.seed)
+def compute(subject: Subject, config: Config) -> dict:
+    return circuit(subject, config.n_contexts, config.seed)
 
 
 def summary(r: dict) -> str:
@@ -483,7 +483,8 @@ def _heads_short(heads: list[str]) -> str:
     return layer + ",".join(runs)
 
 
-def figures(r: dict, args) -> dict:
+def figures(result: common.Result) -> dict:
+    r = result.data
     import textwrap
 
     import matplotlib.pyplot as plt
@@ -570,7 +571,7 @@ def figures(r: dict, args) -> dict:
     ax.set_title("zeroing what layer 1 reads from demonstration l\nmoves the model like BMA without l", fontsize=11)
     ax.legend(fontsize=8, loc="upper left")
     first = r["conclusion"].splitlines()[0]
-    model = Path(str(args.subject_name or "model")).name or str(args.subject_name)  # a user's path by its last part
+    model = Path(str(result.title or "model")).name or str(result.title)  # a user's path by its last part
     fig.suptitle("\n".join(textwrap.wrap(f"{model}: {first}", 110)), fontsize=12)
 
     fig2, axes2 = plt.subplots(1, 3, figsize=(17, 5), layout="constrained")
@@ -622,12 +623,6 @@ def figures(r: dict, args) -> dict:
     fig2.suptitle(f"{model}: where the pairs and log π live", fontsize=12)
     return {"standard_circuit": fig, "standard_circuit_logpi": fig2}
 
-
-
-
-def check_flags(parser, args) -> None:
-    if args.n_contexts < 16:
-        parser.error(f"--n-contexts must be >= 16 for the probes' train/test split, got {args.n_contexts}")
 
 
 ANALYSIS = common.register(globals())

@@ -16,18 +16,18 @@ from analyses import common
 from models.plumbing.io import UsageError
 
 NAME = "standard_vs_disentangled"
-N_CONTEXTS = None  # no --n-contexts: it samples no contexts of a checkpoint
-
-
-def add_flags(parser) -> None:
-    parser.add_argument("--retrain", action="store_true", help="train the standard recipe here instead of reading it")
-    parser.add_argument(
-        "--disentangled-steps", type=int, default=1000, help="training steps of the disentangled model (default: 1000)"
-    )
-    parser.add_argument("--eval-every", type=int, default=100, help="its steps between evaluations (default: 100)")
 
 
 REQUIRES = None  # its own synthetic tasks: no --checkpoint
+
+
+class Config(common.Config):
+    """What ``run`` computes: every field is also a flag."""
+
+    retrain: bool = common.option(False, "train the standard recipe here instead of reading it")
+    disentangled_steps: int = common.option(1000, "training steps of the disentangled model", minimum=1, maximum=10**7)
+    eval_every: int = common.option(100, "its steps between evaluations", minimum=1, maximum=10**7)
+    device: str = common.option("cpu", "torch device to train on, e.g. cpu or cuda")
 
 common.parse_first(globals())  # python -m: --help and a mistyped flag answer here, before torch is imported
 
@@ -81,24 +81,24 @@ def curves(cfg: StandardConfig, standard: list[dict], disentangled_steps: int, e
     return {
         "task": {k: getattr(cfg, k) for k in ("d_vocab", "n_examples", "seq_len", "alpha", "gamma", "task_seed")},
         "standard_config": dataclasses.asdict(cfg),
-        "disentangled_config": dataclasses.asdict(tcfg),
+        "disentangled_config": {k: v for k, v in dataclasses.asdict(tcfg).items() if k != "out"},  # not its temporary folder
         "standard": [{k: m[k] for k in (*KEYS, "progress", "seconds")} for m in standard],
         "disentangled": [{k: m[k] for k in (*KEYS, "seconds")} for m in disentangled],
         "plateau_gap": standard[-1]["plateau_gap"],
     }
 
 
-def compute(subject, args) -> dict:
-    if args.retrain:
-        cfg = StandardConfig(seed=args.seed, device=args.device)
+def compute(subject, config: Config) -> dict:
+    if config.retrain:
+        cfg = StandardConfig(seed=config.seed, device=config.device)
         _, history = train_standard(cfg, progress=False, save=False)
     else:
         cfg, history = shipped_history()
-    res = curves(cfg, history, args.disentangled_steps, args.eval_every)
-    return {**res, "source": "retrained here" if args.retrain else str(STANDARD_CHECKPOINT / TRAINING_JSON)}
+    res = curves(cfg, history, config.disentangled_steps, config.eval_every)
+    return {**res, "source": "retrained here" if config.retrain else str(STANDARD_CHECKPOINT / TRAINING_JSON)}
 
 
-def plot(res: dict, args=None):
+def plot(res: dict):
     import matplotlib.pyplot as plt  # heavy; only when plotting
 
     s, t = res["standard_config"], res["task"]
@@ -133,14 +133,8 @@ def summary(res: dict) -> str:
 
 
 
-def check_flags(parser, args) -> None:
-    if args.disentangled_steps < 1 or args.eval_every < 1:
-        parser.error(
-            f"--disentangled-steps and --eval-every must be >= 1, got {args.disentangled_steps} and {args.eval_every}"
-        )
-
-
-figures = plot  # one figure, filed under NAME
+def figures(result: common.Result):
+    return plot(result.data)  # one figure, filed under NAME
 
 
 ANALYSIS = common.register(globals())

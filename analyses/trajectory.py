@@ -42,26 +42,22 @@ from analyses import common
 from models.plumbing.io import UsageError
 
 NAME = "trajectory"
-N_CONTEXTS = 256  # default --n-contexts: every snapshot is measured on them
-
-
-def add_flags(parser) -> None:
-    common.add_positions_flag(parser, "NLL, KL to each strategy and progress")
-    parser.add_argument(
-        "--train-steps", type=int, default=0,
-        help="train a short run of --checkpoint's training config (models.train) with snapshots and read those "
-        "instead of --checkpoint's snapshots/ (default 0: read them)",
-    )  # fmt: skip
-    parser.add_argument(
-        "--snapshot-every", type=int, default=20, help="with --train-steps: the snapshot interval (default 20)"
-    )
-    parser.add_argument(
-        "--min-phase", type=int, default=1,
-        help="a phase lasts at least this many snapshots; shorter runs join the phase before (default: 1)",
-    )  # fmt: skip
 
 
 REQUIRES = frozenset({common.BAYES_TASK})  # what it needs of its subject
+
+
+class Config(common.Config):
+    """What ``run`` computes: every field is also a flag."""
+
+    n_contexts: int = common.n_contexts(256, "contexts every snapshot is measured on")
+    positions: str = common.positions_option("NLL, KL to each strategy and progress")
+    train_steps: int = common.option(0, "train a short run of --checkpoint's training config (models.train) with "
+                                     "snapshots and read those instead of --checkpoint's snapshots/ (0: read them)",
+                                     minimum=0, maximum=10**7)  # fmt: skip
+    snapshot_every: int = common.option(20, "with --train-steps: the snapshot interval", minimum=1, maximum=10**7)
+    min_phase: int = common.option(1, "a phase lasts at least this many snapshots; shorter runs join the phase before",
+                                   minimum=1, maximum=10**6)  # fmt: skip
 
 common.parse_first(globals())  # python -m: --help and a mistyped flag answer here, before torch is imported
 
@@ -275,27 +271,21 @@ def trajectory(subject, snapshots: list[tuple[int, Path]], n_contexts: int, seed
     }
 
 
-def compute(subject, args) -> dict:
-    positions = common.positions(args, subject)
-    if not args.train_steps:
+def compute(subject, config: Config) -> dict:
+    positions = subject.scored_positions(config.positions)
+    if not config.train_steps:
         return trajectory(
-            subject, run_snapshots(args.checkpoint), args.n_contexts, args.seed, args.min_phase, args.device,
+            subject, run_snapshots(subject.name), config.n_contexts, config.seed, config.min_phase, subject.device,
             positions=positions,
         )
     with tempfile.TemporaryDirectory() as tmp:
-        print(f"training a {args.train_steps}-step run with snapshots every {args.snapshot_every} steps ...")
-        run = train_short_run(Path(tmp), args.checkpoint, args.train_steps, args.snapshot_every, args.seed)
+        print(f"training a {config.train_steps}-step run with snapshots every {config.snapshot_every} steps ...")
+        run = train_short_run(Path(tmp), subject.name, config.train_steps, config.snapshot_every, config.seed)
         snaps = find_snapshots(run / "snapshots")
-        return trajectory(subject, snaps, args.n_contexts, args.seed, args.min_phase, args.device, progress=False,
+        return trajectory(subject, snaps, config.n_contexts, config.seed, config.min_phase, subject.device, progress=False,
                           positions=positions)
 
 
-
-
-def check_flags(parser, args) -> None:
-    common.check_at_least(parser, args, min_phase=1, train_steps=0, snapshot_every=1)
-    if not args.train_steps:
-        run_snapshots(args.checkpoint)  # a ValueError is one line (common.parse)
 
 
 def summary(r: dict) -> str:
@@ -339,7 +329,8 @@ def _per_head(ax, steps: list[int], rows: list[dict], styles: dict[str, str]) ->
     ax.legend(fontsize=8)
 
 
-def figures(r: dict, args) -> dict:
+def figures(result: common.Result) -> dict:
+    r = result.data
     import matplotlib.pyplot as plt
 
     steps = [row["step"] for row in r["snapshots"]]

@@ -25,6 +25,7 @@ from pathlib import Path
 
 from models.loading.named import NAMED, THEOREM1, THEOREM1_USAGE
 from models.nets.dtypes import RUN_DTYPES
+from models.plumbing.config import MAX_CONTEXTS
 from models.plumbing.io import (
     UsageError,
     exclusive_lock,
@@ -52,7 +53,6 @@ __all__ = [
 ]
 
 PATH_FLAGS = ("checkpoint", "config", "key_map")  # flags naming files to read (unless a named checkpoint)
-MAX_CONTEXTS = 10**7  # --n-contexts and the like: work grows with the count even where chunks bound the memory
 
 
 def finite_float(text: str) -> float:
@@ -79,9 +79,10 @@ class OneLineParser(argparse.ArgumentParser):
         self.exit(2, f"{self.prog}: error: {one_line(' '.join(str(message).split()))}\n")
 
 
-def parser(prog: str, doc: str | None) -> argparse.ArgumentParser:
-    """A ``OneLineParser`` whose description is the first paragraph of ``doc``; ``--debug`` is documented."""
-    p = OneLineParser(prog=prog, description=(doc or "").strip().split("\n\n")[0])
+def parser(prog: str, doc: str | None, cls: type[OneLineParser] = OneLineParser) -> argparse.ArgumentParser:
+    """A ``OneLineParser`` (or subclass ``cls``) whose description is the first paragraph of ``doc``; ``--debug`` is
+    documented."""
+    p = cls(prog=prog, description=(doc or "").strip().split("\n\n")[0])
     p.add_argument("--debug", action="store_true", help="show the traceback of an error")
     return p
 
@@ -365,16 +366,19 @@ def check_not_an_input(out: str, args: argparse.Namespace, flag: str) -> None:
             raise UsageError(f"{flag} {out!r} would write into {str(source)!r}, which this command reads; pick another path")
 
 
-def subject_or_exit(p: argparse.ArgumentParser, args: argparse.Namespace):
-    """The ``models.Subject`` of ``--checkpoint`` with the common flags, checked to fit ``--n-contexts`` in memory
-    (``models.interp.memory``); a bad checkpoint is ``parser.error`` (exit 2, one line)."""
+def subject_or_exit(p: argparse.ArgumentParser, args: argparse.Namespace, n_contexts: int | None = None):
+    """The ``models.Subject`` of ``--checkpoint`` with the common flags, checked to fit ``n_contexts`` (default:
+    ``--n-contexts``, or ``--batch-size`` if smaller) in memory (``models.interp.memory``); a bad checkpoint is
+    ``parser.error`` (exit 2, one line)."""
     from models.interp.memory import check_contexts_fit
     from models.interp.subject import load_subject
 
+    if n_contexts is None and hasattr(args, "n_contexts"):
+        n_contexts = min(args.n_contexts, getattr(args, "batch_size", args.n_contexts))
     try:
         subject = load_subject(args.checkpoint, args.device, key_map=args.key_map, config=args.config, dtype=args.dtype)
-        if hasattr(args, "n_contexts"):
-            check_contexts_fit(subject, min(args.n_contexts, getattr(args, "batch_size", args.n_contexts)))
+        if n_contexts is not None:
+            check_contexts_fit(subject, n_contexts)
     except ValueError as e:
         if args.debug:
             raise

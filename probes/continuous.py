@@ -99,7 +99,7 @@ class ContinuousTask:
             **task_header(self, "continuous"),
             "rho": self.rho,
             "A": self.A.tolist(),
-            "layout": "example-major: flat index l*H + h, l = n_examples is the target; x is [batch, T, d]",
+            "layout": {"order": "example-major"},  # flat index l*H + h, l = n_examples the target; x is [batch, T, d]
         }
 
     @classmethod

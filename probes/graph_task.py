@@ -298,7 +298,7 @@ class GraphTask:
             "alpha": self.alpha,
             "root": self.root.tolist(),
             "stationary_root": self.stationary_root,
-            "layout": "example-major: flat index l*H + h, l = n_examples is the target",
+            "layout": {"order": "example-major"},  # probes.layout: flat index l*H + h, l = n_examples the target
         }
         if self.kernel == "fixed":
             out["tables"] = {str(k): t.tolist() for k, t in self.tables.items()}

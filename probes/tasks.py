@@ -267,7 +267,7 @@ class MarkovTreeTask:
             **task_header(self, "markov_tree"),
             "pi": self.pi.tolist(),
             "root": self.root.tolist(),
-            "layout": "example-major: flat index l*H + h, l = n_examples is the target",
+            "layout": {"order": "example-major"},  # probes.layout: flat index l*H + h, l = n_examples the target
         }
 
     @classmethod

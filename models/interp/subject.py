@@ -38,6 +38,7 @@ from models.loading.sources import resolve
 from models.nets.catformer import CatFormer
 from models.nets.causal_transformer import CausalTransformer
 from models.nets.chen import ChenTransformer
+from models.nets.dtypes import dtype_name
 from models.plumbing.io import UsageError
 from probes import MarkovTreeTask, oracles
 from probes.graph_task import GraphTask
@@ -135,6 +136,11 @@ class Subject:
         """The target positions an analysis averages over: ``chosen`` ("all" or "last"), or, for None or
         "trained", those its training loss used (``trained_on``)."""
         return self.trained_on if chosen in (None, "trained") else chosen
+
+    @property
+    def device(self):
+        """Where the model's weights are (``torch.device``)."""
+        return self.model.cfg.device
 
     @property
     def n_layers(self) -> int:
@@ -423,7 +429,8 @@ def load_subject(
         key_map (dict | str | Path | None): for a weight file in our parameterisation with other key names
             (``models.load``).
         config (dict | str | Path | None): for a bare weight file: our ``config.json`` or a ``task.json``.
-        dtype: ``"float32"`` or ``"float64"``: convert the weights after loading.
+        dtype: ``"float32"`` or ``"float64"`` (or ``torch.float32``, ``torch.float64``): convert the weights
+            after loading.
 
     Returns:
         A ``DisentangledSubject`` (our model, the Theorem 1 construction), a ``StandardSubject`` (any decoder-only
@@ -433,4 +440,10 @@ def load_subject(
         ValueError: as ``models.load``: one line saying what was wrong and what was expected.
     """
     source = resolve(spec, device, dtype=dtype, key_map=key_map, config=config)
-    return subject_of(source.model, source.task, source.layout, source.name, source.digest, source.trained_on or "all")
+    subject = subject_of(source.model, source.task, source.layout, source.name, source.digest, source.trained_on or "all")
+    # the flags of ``python -m analyses.X`` that load it again (a key map or config given as a dict has none)
+    given = {"--key-map": key_map, "--config": config, "--dtype": dtype_name(dtype) if dtype is not None else None}
+    subject.load_flags = ["--checkpoint", str(spec)] + [
+        a for flag, value in given.items() if isinstance(value, (str, Path)) for a in (flag, str(value))
+    ]
+    return subject

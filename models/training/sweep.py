@@ -27,9 +27,11 @@ from __future__ import annotations
 import signal
 from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor, as_completed, wait
+from dataclasses import fields
 from multiprocessing import get_context
 from pathlib import Path
 
+from models.plumbing.config import Config, option
 from models.plumbing.io import UsageError
 from models.plumbing.progress import progress as progress_bar
 
@@ -59,30 +61,35 @@ def parse_cluster(cluster: str) -> tuple[str, str | None]:
     return kind, partition.strip() or None
 
 
+class SweepConfig(Config):
+    """The fields of a config whose runs are a sweep of jobs: where they run and how many at once."""
+
+    cluster: str = option("local", "where the jobs run: 'local' (this machine: in this process for --jobs 1, else a "
+                          "pool of --jobs processes), 'slurm:PARTITION' (a Slurm job array on PARTITION through "
+                          "submitit; pip install -e \".[sweep]\") or 'submitit-local' (submitit's path without Slurm: "
+                          f"every job a fresh process, a check before a cluster); logs and pickles in {SWEEPS_DIR}/")  # fmt: skip
+    jobs: int = option(1, "jobs running at once (the result does not depend on it)", minimum=1, maximum=MAX_JOBS)
+
+    def validate(self) -> None:
+        parse_cluster(self.cluster)
+
+
 def add_flags(p, jobs: int = 1) -> None:
-    """``--cluster`` and ``--jobs`` (default ``jobs``) of an entry point that runs a sweep."""
-    p.add_argument(
-        "--cluster",
-        default="local",
-        help="where the jobs run: 'local' (this machine: in this process for --jobs 1, else a pool of --jobs "
-        "processes), 'slurm:PARTITION' (a Slurm job array on PARTITION through submitit; pip install -e "
-        "\".[sweep]\") or 'submitit-local' (submitit's path without Slurm: every job a fresh process, "
-        f"a check before a cluster); logs and pickles in {SWEEPS_DIR}/ (default: local)",
-    )
-    p.add_argument(
-        "--jobs", type=int, default=jobs, help=f"jobs running at once (default: {jobs}; the result does not depend on it)"
-    )
+    """``--cluster`` and ``--jobs`` (default ``jobs``) of an entry point that runs a sweep and has no config of its
+    own (``analyses.paper``): ``SweepConfig``'s fields."""
+    for f in fields(SweepConfig):
+        if f.name in ("cluster", "jobs"):
+            default = jobs if f.name == "jobs" else f.default
+            p.add_argument("--" + f.name, type=int if f.name == "jobs" else str, default=default,
+                           help=f"{f.metadata['help']} (default: {default})")  # fmt: skip
 
 
 def check_flags(p, args) -> None:
     """``--cluster`` and ``--jobs`` checked before any work (``parser.error``: one line, exit 2)."""
-    from probes.tasks import check_int
-
     try:
-        parse_cluster(args.cluster)
-        check_int(args.jobs, "--jobs", 1, MAX_JOBS)
-    except ValueError as e:
-        p.error(str(e))
+        SweepConfig(cluster=args.cluster, jobs=args.jobs)
+    except (TypeError, ValueError) as e:
+        p.error(("--" + str(e)) if str(e).startswith(("jobs", "cluster")) else str(e))
 
 
 def run_jobs(

@@ -112,7 +112,7 @@ def test_bad_context_is_one_line(tmp_path, capsys):
 def test_a_view_too_big_for_a_browser_is_refused_in_one_line(tmp_path, monkeypatch, capsys):
     monkeypatch.setattr(attention_view, "MAX_CELLS", 1000)
     with pytest.raises(SystemExit) as e:
-        attention_view.common.run(attention_view.main, ["--out", str(tmp_path)])
+        attention_view.common.run_cli(attention_view.main, ["--out", str(tmp_path)])
     assert e.value.code == 2
     err = capsys.readouterr().err.strip()
     assert "\n" not in err and "more than a browser page holds" in err
@@ -130,10 +130,9 @@ def test_its_errors_name_the_entry_point_the_user_ran(tmp_path, monkeypatch, cap
     as_run = types.ModuleType("__main__")
     as_run.__spec__ = importlib.machinery.ModuleSpec("analyses.attention_view", None)
     monkeypatch.setitem(sys.modules, "__main__", as_run)
-    monkeypatch.setattr(attention_view.main, "__module__", "__main__")
     monkeypatch.setattr(attention_view, "MAX_CELLS", 1000)
     with pytest.raises(SystemExit) as e:
-        attention_view.common.run(attention_view.main, ["--out", str(tmp_path)])
+        attention_view.common.run_cli(attention_view.main, ["--out", str(tmp_path)])
     assert e.value.code == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith("python -m analyses.attention_view: error: the view of") and "__main__" not in err

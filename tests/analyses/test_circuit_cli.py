@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import copy
 import json
-import shlex
 
 import pytest
 from conftest import build_task
@@ -21,7 +20,7 @@ from models.interp.circuit import CircuitConfig, discover
 def test_a_model_without_progress_is_told_in_one_line_with_no_circuit_and_exit_0(tmp_path, capsys):
     """theorem1:beta=1e-9 (progress -0.001 +- 0.001 in issue 41): the run ends normally, the JSON records the
     reason and no circuit, the summary says so in one line after its header, and both figures are drawn."""
-    r = circuit.main(["--checkpoint", "theorem1:beta=1e-9", "--n-contexts", "64", "--out", str(tmp_path)])
+    r = circuit.main(["--checkpoint", "theorem1:beta=1e-9", "--n-contexts", "64", "--out", str(tmp_path)]).data
     saved = json.loads((tmp_path / "circuit.json").read_text())["results"]
     assert saved["refused"] == r["refused"] and saved["edges"] == [] and saved["nodes"] == []
     out = capsys.readouterr().out.splitlines()
@@ -40,10 +39,10 @@ def test_a_held_out_sample_too_large_for_memory_is_refused_before_any_work(tmp_p
     monkeypatch.setattr(discovery, "per_context_baselines", no_work)
     argv = ["--checkpoint", "theorem1:beta=5", "--n-contexts", "8", "--out", str(tmp_path / "out")]
     with pytest.raises(SystemExit) as e:
-        common.run(circuit.main, [*argv, "--n-held-out", "100000000"])
+        common.run_cli(circuit.main, [*argv, "--n-held-out", "9000000"])  # 1e8 is beyond the flag's range
     assert e.value.code == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and "--n-held-out 100000000" in err[0] and "would need about" in err[0], err
+    assert len(err) == 1 and "--n-held-out 9000000" in err[0] and "would need about" in err[0], err
     assert not (tmp_path / "out" / "circuit.json").exists()
 
 
@@ -100,10 +99,7 @@ def test_the_circuit_graph_draws_no_edge_through_another_nodes_label_and_marks_q
     import matplotlib.pyplot as plt
 
     record = json.loads((common.FIGURES_DIR / "circuit.json").read_text())
-    args = common.parser_for(circuit.ANALYSIS).parse_args(shlex.split(record["command"])[3:])
-    args.subject_name = record["checkpoint"]
-    common.style()
-    figs = circuit.figures(record["results"], args)
+    figs = circuit.ANALYSIS.load(record).figures()
     fig = figs["circuit_graph"]
     try:
         ax = fig.axes[0]
@@ -136,7 +132,7 @@ def test_a_circuit_of_nodes_says_so_and_draws_no_curve(tmp_path, capsys):
     edge among its nodes and why, scores are named as EAP's, a node measured only by attribution is marked
     so, the JSON records the level, and the curve figure says why there is none."""
     r = circuit.main(["--checkpoint", "standard", "--level", "nodes", "--n-contexts", "32", "--n-held-out", "32",
-                      "--out", str(tmp_path)])  # fmt: skip
+                      "--out", str(tmp_path)]).data  # fmt: skip
     out = capsys.readouterr().out
     saved = json.loads((tmp_path / "circuit.json").read_text())["results"]
     assert saved["level"] == "nodes" and saved["scored_with"] == "eap" and saved["curve"] == []

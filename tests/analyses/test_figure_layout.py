@@ -10,22 +10,19 @@ from __future__ import annotations
 
 import importlib
 import json
-import shlex
 from pathlib import Path
 
-import torch
-
 import matplotlib
+import torch
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import pytest  # noqa: E402
+from conftest import build_task  # noqa: E402
 from layout_check import legends_over_data, small_text, text_problems, title_gap  # noqa: E402
 
-from analyses import common  # noqa: E402
-from conftest import build_task  # noqa: E402
-
 import models  # noqa: E402
+from analyses import common  # noqa: E402
 from models.interp.subject import DisentangledSubject, load_subject  # noqa: E402
 
 FIGURES = Path(common.FIGURES_DIR)
@@ -36,11 +33,8 @@ REDRAWN = ["circuit", "inspect", "inspect_standard", "copyers", "standard_circui
 def draw(name: str, results: dict, command: str | None, checkpoint: str | None) -> dict:
     """The analysis's figures of ``results``, with the flags of the command that measured them."""
     module = importlib.import_module(f"analyses.{name}")
-    args = common.parser_for(module.ANALYSIS).parse_args(shlex.split(command)[3:] if command else [])
-    args.subject_name = checkpoint
-    common.style()
-    figs = module.ANALYSIS.figures(results, args)
-    return figs if isinstance(figs, dict) else {name: figs}
+    record = {"command": command, "checkpoint": checkpoint, "results": results}
+    return module.ANALYSIS.load(record).figures()
 
 
 @pytest.mark.parametrize("name", REDRAWN)
@@ -73,32 +67,26 @@ def small_subjects(tmp_path_factory) -> dict:
     return {"gpt2": load_subject(folder), "theorem1": theorem1}
 
 
-MEASURED = {  # analysis -> the small subject it runs on, and flags small enough for a test
-    "inspect": ("gpt2", ["--n-contexts", "16"]),
-    "inspect_standard": ("gpt2", ["--n-contexts", "16"]),
-    "standard_circuit": ("gpt2", ["--n-contexts", "16"]),
-    "circuit": ("gpt2", ["--n-contexts", "8", "--n-held-out", "16", "--curve-points", "3", "--corruption", "demonstrations"]),
-    "copyers": ("theorem1", ["--n-contexts", "16"]),
-    "head_ablation": ("theorem1", ["--n-contexts", "16"]),
-    "bma_agreement": ("theorem1", ["--n-contexts", "16", "--train-L", "none", "--bma-L", "1,4"]),
+MEASURED = {  # analysis -> the small subject it runs on, and a config small enough for a test
+    "inspect": ("gpt2", {"n_contexts": 16}),
+    "inspect_standard": ("gpt2", {"n_contexts": 16}),
+    "standard_circuit": ("gpt2", {"n_contexts": 16}),
+    "circuit": ("gpt2", {"n_contexts": 8, "n_held_out": 16, "curve_points": 3, "corruptions": ("demonstrations",)}),
+    "copyers": ("theorem1", {}),
+    "head_ablation": ("theorem1", {"n_contexts": 16}),
+    "bma_agreement": ("theorem1", {"n_contexts": 16, "train_lengths": (), "bma_lengths": (1, 4)}),
 }  # fmt: skip
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("name", MEASURED)
 def test_figures_measured_on_a_small_model_keep_every_text_on_the_canvas_and_apart(name, small_subjects, tmp_path):
-    """The analysis measured here (its ``compute``, as ``python -m analyses.NAME`` runs it), then drawn."""
-    which, flags = MEASURED[name]
-    subject = small_subjects[which]
-    analysis = importlib.import_module(f"analyses.{name}").ANALYSIS
-    _, args = common.parse(analysis, [*flags, "--out", str(tmp_path)])
-    args.subject_name = subject.name
-    torch.manual_seed(args.seed)
+    """The analysis measured here (its ``run``, as ``python -m analyses.NAME`` runs it), then drawn."""
+    which, given = MEASURED[name]
+    module = importlib.import_module(f"analyses.{name}")
     with common.single_thread():
-        result = analysis.compute(subject, args)
-    common.style()
-    figs = analysis.figures(result, args)
-    for stem, fig in (figs if isinstance(figs, dict) else {name: figs}).items():
+        result = module.run(small_subjects[which], module.Config(**given))
+    for stem, fig in result.figures().items():
         try:
             assert text_problems(fig) == [], stem
         finally:
@@ -207,13 +195,9 @@ def test_activation_patching_heatmaps_of_a_kind_share_one_colour_scale(small_sub
 
     from analyses import activation_patching
 
-    subject = small_subjects["theorem1"]
-    _, args = common.parse(activation_patching.ANALYSIS, ["--n-contexts", "16", "--out", str(tmp_path)])
-    args.subject_name = subject.name
     with common.single_thread():
-        r = activation_patching.ANALYSIS.compute(subject, args)
-    common.style()
-    for stem, fig in activation_patching.ANALYSIS.figures(r, args).items():
+        r = activation_patching.run(small_subjects["theorem1"], activation_patching.Config(n_contexts=16))
+    for stem, fig in r.figures().items():
         images = [im for ax in fig.axes for im in ax.get_images()]
         by_width = {}
         for im in images:  # a map at one position is H wide; a map at all positions, one column

@@ -10,7 +10,7 @@ import torch
 
 import models
 from analyses import head_ablation as ha
-from analyses.common import run, sample_contexts, single_thread
+from analyses.common import run_cli, sample_contexts, single_thread
 from models import CausalTransformer, CausalTransformerConfig, DisentangledSubject, load_subject
 from probes import bma_posterior, bma_predictive, mean_tv, target_nll
 from tests.conftest import build_task
@@ -142,7 +142,7 @@ def test_cli_writes_figures_and_json_with_the_claim(tmp_path, capsys):
 @pytest.mark.parametrize("argv", [["--n-contexts", "0"], ["--checkpoint", "theorem1:beta=-1"]])
 def test_cli_bad_input_exits_2(argv, tmp_path, capsys):
     with pytest.raises(SystemExit) as e:
-        run(ha.main, argv + ["--out", str(tmp_path)])
+        run_cli(ha.main, argv + ["--out", str(tmp_path)])
     assert e.value.code == 2
     err = capsys.readouterr().err.strip()
     assert err and "Traceback" not in err

@@ -338,7 +338,7 @@ def test_cli_on_a_pt_file_writes_the_report(tmp_path, capsys):
             "--out",
             str(tmp_path / "out"),
         ]
-    )
+    ).data
     assert r["parent_selecting"] == ["L1H0"]
     saved = json.loads((tmp_path / "out" / "inspect.json").read_text())
     assert saved["results"]["progress"] == r["progress"] and saved["checkpoint_hash"]

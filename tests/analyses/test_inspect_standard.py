@@ -15,7 +15,7 @@ from analyses import common, inspect, inspect_standard
 
 def test_the_default_checkpoint_is_the_standard_gpt2():
     args = common.parser_for(inspect_standard.ANALYSIS).parse_args([])
-    assert args.checkpoint == "standard" and args.n_contexts == inspect.N_CONTEXTS
+    assert args.checkpoint == "standard" and args.n_contexts == inspect.Config().n_contexts
 
 
 def test_same_numbers_as_inspect_under_its_own_file_names(tmp_path):

@@ -12,7 +12,7 @@ from conftest import build_task
 
 import models
 from analyses import logpi_recovery as lr
-from analyses.common import run
+from analyses.common import run_cli
 from probes.metrics import column_softmax_error, fit_column_shift
 
 
@@ -98,6 +98,6 @@ def test_cli_theorem1_writes_numbers(tmp_path):
 
 def test_cli_bad_checkpoint_exits_2(tmp_path, capsys):
     with pytest.raises(SystemExit) as e:
-        run(lr.main, ["--checkpoint", str(tmp_path / "nope"), "--out", str(tmp_path)])
+        run_cli(lr.main, ["--checkpoint", str(tmp_path / "nope"), "--out", str(tmp_path)])
     assert e.value.code == 2
     assert "does not exist" in capsys.readouterr().err

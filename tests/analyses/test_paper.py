@@ -105,7 +105,7 @@ def test_analyses_fix_the_thread_count_and_reject_a_bad_one(tmp_path, capsys):
             copyers.main(["--threads", "0", "--out", str(tmp_path)])
         err = capsys.readouterr().err
         assert e.value.code == 2 and "--threads must be" in err and "got 0" in err
-        copyers.main(["--threads", "1", "--n-contexts", "16", "--out", str(tmp_path)])
+        copyers.main(["--threads", "1", "--out", str(tmp_path)])
         assert torch.get_num_threads() == 1
     finally:
         torch.set_num_threads(before)

@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from analyses import phase_diagram
-from analyses.phase_diagram import QUICK, Grid, compute, plot, plot_curves, steps_to
+from analyses.phase_diagram import QUICK, Grid, plot, plot_curves, steps_to, train_grid
 from models.training.standard import StandardConfig
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -53,7 +53,7 @@ TINY = dataclasses.replace(  # the quick grid (one extra seed, one boundary cell
 
 @pytest.fixture(scope="module")
 def tiny():
-    return compute(TINY, log=lambda s: None)
+    return train_grid(TINY, log=lambda s: None)
 
 
 def check_progress(res: dict, eval_contexts: int) -> None:
@@ -112,7 +112,7 @@ def test_a_sweep_file_that_cannot_be_replotted_is_one_line(tiny, results, messag
         results["cells"] = results["cells"][1:]
     (tmp_path / "sweep.json").write_text(json.dumps({"command": "x", "results": results}))
     with pytest.raises(SystemExit) as e:
-        phase_diagram.common.run(phase_diagram.main, ["--sweep", str(tmp_path / "sweep.json"), "--out", str(tmp_path)])
+        phase_diagram.common.run_cli(phase_diagram.main, ["--sweep", str(tmp_path / "sweep.json"), "--out", str(tmp_path)])
     err = capsys.readouterr().err
     assert e.value.code == 2 and message in err and len(err.strip().splitlines()) == 1
 

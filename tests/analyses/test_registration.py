@@ -31,17 +31,18 @@ def test_each_analysis_declares_its_needs_in_its_module(name):
 
 
 def namespace(**extra):
-    return {"NAME": "x", "__doc__": "x", "compute": None, "figures": None, "summary": None, "REQUIRES": None, **extra}
+    return {"NAME": "x", "__doc__": "x", "Config": common.Config, "compute": None, "figures": None, "summary": None,
+            "REQUIRES": None, **extra}  # fmt: skip
 
 
-@pytest.mark.parametrize("typo", ["add_flag", "check_flag", "N_CONTEXT", "records", "REQUIRE"])
+@pytest.mark.parametrize("typo", ["Confg", "computes", "page", "records", "REQUIRE", "CHECKPOINTS"])
 def test_a_misspelt_hook_is_refused(typo):
     with pytest.raises(ValueError, match=typo):
         common.Analysis.from_module(namespace(**{typo: None}))
 
 
 def test_a_missing_requires_is_refused_and_helpers_are_not_hooks():
-    ns = namespace(plot=None, measure=None, FIGURES={}, add_flags=lambda p: None)
+    ns = namespace(plot=None, measure=None, FIGURES={})
     del ns["REQUIRES"]
     with pytest.raises(ValueError, match="REQUIRES"):
         common.Analysis.from_module(ns)

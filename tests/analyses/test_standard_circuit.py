@@ -116,7 +116,7 @@ def test_sender_delta_is_what_the_head_adds_to_the_residual(tmp_path):
 
 def test_cli_writes_the_set_and_calls_an_untrained_model_a_plateau(tmp_path, capsys):
     folder, _, _ = hf_folder(tmp_path, build_task(n_examples=3, seq_len=4, alpha=0.3))
-    r = sc.main(["--checkpoint", str(folder), "--n-contexts", "48", "--out", str(tmp_path / "out")])
+    r = sc.main(["--checkpoint", str(folder), "--n-contexts", "48", "--out", str(tmp_path / "out")]).data
     saved = json.loads((tmp_path / "out" / "standard_circuit.json").read_text())
     assert saved["results"]["conclusion"] == r["conclusion"]
     for stem in sc.FIGURES:

@@ -74,7 +74,7 @@ OUTPUTS = {
         (r"circuit: (?:(\d+) of (\d+) edges|the model's progress over the uniform-parent plateau is .* not beyond 2)",
          lambda kept, total: kept is None or 0 < int(kept) <= int(total)),
     ],
-    "paper_analyses": [(r"wrote \d+ files to .*: copyers\.png", lambda: True)],
+    "paper_analyses": [(r"copyers: (\d+) distinct demonstrations for (\d+) heads", lambda n, k: 0 < int(n) <= int(k))],
     "nanogpt": [(r"target NLL ([\d.]+) nats", lambda nll: 0 < float(nll) < 1.7)],  # uniform guessing: log 5 = 1.61
 }
 
@@ -180,7 +180,7 @@ def test_quick_sizes_are_smaller_than_the_pages():
 
 # How-to guides whose Python blocks run as written (the rest show a skeleton to fill in); FOLLOWED: the pages
 # whose blocks tests/project/test_howtos.py writes into a copy of the repository and runs.
-HOWTO_RUN = ["load.md", "add_intervention.md", "beside_your_project.md"]
+HOWTO_RUN = ["load.md", "add_intervention.md", "beside_your_project.md", "notebook.md"]
 FOLLOWED = ["write_analysis.md", "add_format.md"]
 
 

@@ -67,7 +67,7 @@ def changed(before: dict[str, bytes], after: dict[str, bytes]) -> set[str]:
 @pytest.mark.slow
 def test_write_analysis_page_end_to_end(repo, tmp_path):
     before = snapshot(repo)
-    (module,) = python_blocks("write_analysis.md")
+    module, notebook = python_blocks("write_analysis.md")
     (repo / "analyses" / "mine.py").write_text(module)  # the page: "analyses/<name>.py ... Nothing else registers it"
     assert changed(before, snapshot(repo)) == {"analyses/mine.py"}
 
@@ -103,6 +103,17 @@ def test_write_analysis_page_end_to_end(repo, tmp_path):
     # bad input is one line and exit 2, before any work
     bad = run(repo, "analyses.mine", "--from-positon", "2")
     assert bad.returncode == 2 and len(bad.stderr.splitlines()) == 1 and "unrecognized arguments" in bad.stderr
+
+    # the page's notebook block: the same numbers from Python as the command line's (both at 32 contexts, seed 5)
+    script = notebook.replace("mine.Config(n_contexts=128)", "mine.Config(n_contexts=32, seed=5)")
+    script += "\nimport json, sys; json.dump([record, again.to_dict()], sys.stdout)\n"
+    (repo / "notebook.py").write_text(script)
+    env = {**os.environ, "PYTHONPATH": str(repo), "OMP_NUM_THREADS": "1", "MPLBACKEND": "Agg"}
+    done = subprocess.run([sys.executable, "notebook.py"], cwd=repo, env=env, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-3000:]
+    from_python, reseeded = json.loads(done.stdout.splitlines()[-1])
+    assert from_python["results"] == record["results"] and reseeded["seed"] == 1
+    assert reseeded["results"]["model"] != record["results"]["model"]
 
 
 @pytest.mark.slow

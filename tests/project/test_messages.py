@@ -32,7 +32,7 @@ def test_every_entry_point_makes_the_missing_parents_of_out_and_json(tmp_path):
     assert (tmp_path / "r" / "u" / "run" / "config.json").is_file()
     run_cli(evaluate.main, ["--n-contexts", "8", "--json", str(tmp_path / "e" / "v" / "m.json")])
     assert json.loads((tmp_path / "e" / "v" / "m.json").read_text())["n_contexts"] == 8
-    copyers.main(["--n-contexts", "8", "--out", str(tmp_path / "c" / "w" / "figs")])
+    copyers.main(["--out", str(tmp_path / "c" / "w" / "figs")])
     assert (tmp_path / "c" / "w" / "figs" / "copyers.json").is_file()
 
 
@@ -73,7 +73,7 @@ def test_ctrl_c_in_an_analysis_is_one_line_with_the_entry_points_prefix(monkeypa
 
     monkeypatch.setattr(copyers.ANALYSIS, "compute", interrupted)
     with pytest.raises(SystemExit) as e:
-        common.run(copyers.main, ["--n-contexts", "8", "--out", str(tmp_path / "o")])
+        common.run_cli(copyers.main, ["--out", str(tmp_path / "o")])
     assert e.value.code == 130
     assert capsys.readouterr().err.splitlines() == ["python -m analyses.copyers: error: interrupted"]
     assert not (tmp_path / "o").exists()

@@ -68,7 +68,7 @@ def digests(folder: Path) -> dict[str, str]:
 def test_an_analysis_of_another_checkpoint_leaves_the_committed_figures_alone(tmp_path, monkeypatch, capsys):
     before = digests(common.FIGURES_DIR)
     monkeypatch.chdir(tmp_path)
-    copyers.main(["--checkpoint", "theorem1:beta=50", "--n-contexts", "16"])
+    copyers.main(["--checkpoint", "theorem1:beta=50"])
     out = tmp_path / "runs" / "figures" / "theorem1_beta=50"
     written = sorted(p.name for p in out.iterdir())
     assert written == sorted(["copyers.png", "copyers.pdf", "copyers.json"])

@@ -28,7 +28,7 @@ def test_every_slow_and_figures_entry_names_a_test_function():
 
 def _copyers(out: Path) -> list[bytes]:
     """A small analysis run as ``python -m`` runs it, in this process: its two figure files' first bytes."""
-    proc = inproc.analysis("copyers", "theorem1:beta=5", out, "--n-contexts", "8")
+    proc = inproc.analysis("copyers", "theorem1:beta=5", out)
     assert proc.returncode == 0, proc.stderr
     assert (out / "copyers.json").is_file()
     return [(out / f"copyers.{ext}").read_bytes()[:100] for ext in ("png", "pdf")]

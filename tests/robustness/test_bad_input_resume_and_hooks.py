@@ -213,7 +213,7 @@ def test_cli_errors_exit_2_with_one_line_and_keep_existing_files(files, capsys):
     (keep / "notes.txt").write_text("precious")
     before = _snapshot(tmp)
     cases = [
-        (inspect.main, ["--n-contexts", "0"], "--n-contexts must be >= 1"),
+        (inspect.main, ["--n-contexts", "0"], "--n-contexts must be in [1, "),
         (inspect.main, ["--out", str(tmp / "cfg.json" / "dir")], "is not a folder"),
         (inspect.main, ["--out", str(tmp / "cfg.json")], "is a file"),
         (
@@ -246,9 +246,9 @@ def test_cli_errors_exit_2_with_one_line_and_keep_existing_files(files, capsys):
     ]
     for main, argv, expected in cases:
         with pytest.raises(SystemExit) as exit_info:
-            from analyses.common import run
+            from analyses.common import run_cli
 
-            run(main, argv) if main is inspect.main else main(argv)
+            run_cli(main, argv) if main is inspect.main else main(argv)
         assert exit_info.value.code == 2, argv
         err = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
         assert expected in err[-1], (argv, err)

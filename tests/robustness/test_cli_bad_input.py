@@ -130,8 +130,14 @@ def _evaluate(*argv):
     return lambda a: run_cli(evaluate.main, a), ["--n-contexts", "8", "--batch-size", "8", *argv]
 
 
+def _head_ablation(*argv):
+    from analyses import head_ablation
+
+    return lambda a: run_cli(head_ablation.main, a), [*argv]
+
+
 def _copyers(*argv):
-    return lambda a: run_cli(copyers.main, a), ["--n-contexts", "8", *argv]
+    return lambda a: run_cli(copyers.main, a), [*argv]
 
 
 def _out(t: Path, name: str = "out") -> list[str]:
@@ -206,7 +212,7 @@ CASES = [
         lambda t: _evaluate("--n-contexts", HUGE, "--batch-size", HUGE),
         "--n-contexts 10000000000",
     ),
-    ("bomb", "analysis n-contexts huge", lambda t: _copyers("--n-contexts", HUGE, *_out(t)), "is more than the bound"),
+    ("bomb", "analysis n-contexts huge", lambda t: _head_ablation("--n-contexts", HUGE, *_out(t)), "--n-contexts must be in [1, 10000000]"),
     ("bomb", "config seq_len huge", lambda t: _evaluate("--checkpoint", str(t / "huge_seq_len")), "seq_len must be in"),
     ("bomb", "config seq_len vs weights", lambda t: _evaluate("--checkpoint", str(t / "big_seq_len")), "wrong shape"),
     (
@@ -473,7 +479,7 @@ def test_an_internal_error_in_an_analysis_exits_1_with_its_traceback(tmp_path):
         "def compute(subject, args):\n"
         "    raise RuntimeError('an invariant of the analysis broke')\n"
         "copyers.ANALYSIS.compute = compute\n"
-        "common.run(copyers.ANALYSIS.main, sys.argv[1:])\n"
+        "common.run_cli(copyers.ANALYSIS.main, sys.argv[1:])\n"
     )
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
     proc = forked.run("-c", code, "--out", str(tmp_path / "out"), cwd=ROOT, env=env)
@@ -483,9 +489,9 @@ def test_an_internal_error_in_an_analysis_exits_1_with_its_traceback(tmp_path):
     assert err[-1].startswith("python -m analyses.copyers: error: this is a bug in causal-icl-probes")
     assert not (tmp_path / "out" / "copyers.json").exists()
     # the same entry with bad input: one line, exit 2
-    proc = forked.run("-c", code, "--n-contexts", "0", cwd=ROOT, env=env)
+    proc = forked.run("-c", code, "--seed", "-1", cwd=ROOT, env=env)
     assert proc.returncode == 2 and proc.stderr.splitlines() == [
-        "python -m analyses.copyers: error: --n-contexts must be >= 1, got 0"
+        "python -m analyses.copyers: error: --seed must be in [0, 9223372036854775807], got -1"
     ], proc.stderr
 
 

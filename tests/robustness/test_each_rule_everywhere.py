@@ -216,12 +216,12 @@ def test_a_key_map_pad_into_an_integer_tensor_names_its_dtype(tmp_path):
 
 COUNT_FLAGS = [
     ("models.evaluate", "--n-contexts", str(10**12), "is more than the bound of 10000000 contexts"),
-    ("analyses.copyers", "--n-contexts", str(10**12), "is more than the bound of 10000000 contexts"),
-    ("analyses.head_ablation", "--n-contexts", str(10**12), "is more than the bound of 10000000 contexts"),
+    ("analyses.inspect", "--n-contexts", str(10**12), "--n-contexts must be in [1, 10000000]"),
+    ("analyses.head_ablation", "--n-contexts", str(10**12), "--n-contexts must be in [1, 10000000]"),
     ("analyses.init_gradient", "--n-contexts", str(10**7), "target sequences, more than the bound"),
     ("analyses.init_gradient", "--n-trees", str(10**9), "target sequences, more than the bound"),
-    ("analyses.init_gradient", "--steps", str(10**12), "--steps must be <= 100000"),
-    ("analyses.circuit", "--curve-points", str(10**12), "--curve-points must be <="),
+    ("analyses.init_gradient", "--steps", str(10**12), "--steps must be in [1, 100000]"),
+    ("analyses.circuit", "--curve-points", str(10**12), "--curve-points must be in [1, 1000]"),
 ]
 
 
@@ -264,7 +264,7 @@ PATH_FLAGS = {
     "--key-map": lambda lab, p: (*EVALUATE, "--checkpoint", str(lab / "good.pt"), "--config", str(lab / "cfg.json"), "--key-map", str(p)),
     "--json": lambda lab, p: (*EVALUATE, "--checkpoint", str(lab / "ckpt"), "--json", str(p)),
     "--out (train)": lambda lab, p: (*TRAIN, "--out", str(p)),
-    "--out (analysis)": lambda lab, p: ("analyses.copyers", "--n-contexts", "8", "--checkpoint", str(lab / "ckpt"), "--out", str(p)),
+    "--out (analysis)": lambda lab, p: ("analyses.copyers", "--checkpoint", str(lab / "ckpt"), "--out", str(p)),
 }
 
 
@@ -429,8 +429,8 @@ def test_a_kill_inside_a_snapshot_write_leaves_nothing_after_resume(tmp_path, tr
 
 READ_THROUGH = [
     ("theorem1 from= and --json its config", lambda t: (*EVALUATE, "--checkpoint", f"theorem1:beta=5,from={t / 'ckpt'}", "--json", str(t / "ckpt" / "config.json"), "--overwrite")),
-    ("theorem1 from= and --out its folder", lambda t: ("analyses.copyers", "--n-contexts", "8", "--checkpoint", f"theorem1:beta=5,from={t / 'ckpt'}", "--out", str(t / "ckpt"))),
-    ("theorem1 without from= and --out the shipped folder", lambda t: ("analyses.copyers", "--n-contexts", "8", "--checkpoint", "theorem1:beta=5", "--out", str(checkpoint.DEFAULT_CHECKPOINT))),
+    ("theorem1 from= and --out its folder", lambda t: ("analyses.copyers", "--checkpoint", f"theorem1:beta=5,from={t / 'ckpt'}", "--out", str(t / "ckpt"))),
+    ("theorem1 without from= and --out the shipped folder", lambda t: ("analyses.copyers", "--checkpoint", "theorem1:beta=5", "--out", str(checkpoint.DEFAULT_CHECKPOINT))),
     ("weight file and --json its <stem>.json", lambda t: (*EVALUATE, "--checkpoint", str(t / "wf" / "w.safetensors"), "--json", str(t / "wf" / "w.json"), "--overwrite")),
     ("weight file and --json the config.json beside it", lambda t: (*EVALUATE, "--checkpoint", str(t / "good.pt"), "--config", str(t / "cfg.json"), "--json", str(t / "config.json"), "--overwrite")),
     ("weight file and --json the task.json beside it", lambda t: (*EVALUATE, "--checkpoint", str(t / "good.pt"), "--config", str(t / "cfg.json"), "--json", str(t / "task.json"), "--overwrite")),

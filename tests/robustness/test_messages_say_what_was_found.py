@@ -104,7 +104,7 @@ def test_the_folder_written_is_reported_as_given(tmp_path, monkeypatch, capsys):
     """``--out`` given as an absolute path from another folder: the last line names that path, not ``../ha2``."""
     (tmp_path / "here").mkdir()
     monkeypatch.chdir(tmp_path / "here")
-    copyers.main(["--n-contexts", "8", "--out", str(tmp_path / "ha2")])
+    copyers.main(["--out", str(tmp_path / "ha2")])
     last = capsys.readouterr().out.strip().splitlines()[-1]
     assert last.startswith(f"wrote 3 files to {tmp_path / 'ha2'}/: "), last
 
@@ -114,7 +114,7 @@ def test_an_analysis_of_a_checkpoint_at_a_path_that_is_not_utf8_draws_its_title(
     where matplotlib's set_text refused the name; the JSON keeps the name itself."""
     folder = os.fsdecode(bytes(tmp_path) + b"/" + BAD_NAME)
     shutil.copytree(models.DEFAULT_CHECKPOINT, folder)
-    copyers.main(["--checkpoint", folder, "--n-contexts", "8", "--out", str(tmp_path / "o")])
+    copyers.main(["--checkpoint", folder, "--out", str(tmp_path / "o")])
     record = json.loads((tmp_path / "o" / "copyers.json").read_text())
     assert record["checkpoint"] == folder and (tmp_path / "o" / "copyers.png").stat().st_size > 0
     from analyses.common import title_name

@@ -4,11 +4,10 @@ its range are refused when the config is built, in one line naming the field."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-
 from models.interp.circuit.corruptions import CORRUPTIONS
 from models.interp.circuit.methods import METHODS
 from models.interp.circuit.search import SEARCHES
+from models.plumbing.config import MAX_CONTEXTS, MAX_SEED, Config, option
 
 DIRECTIONS = ("noising", "denoising")  # an edge's receiver sees the ablated value in the clean run, or the reverse
 LEVELS = ("auto", "edges", "nodes")  # what the circuit is made of: edges, or nodes with every edge among them
@@ -24,63 +23,72 @@ DEFAULT_CORRUPTIONS = (
 )  # the task's corruption, and mean ablation (which sees the target side)
 
 
-def _doc(default, text: str):
-    """A field with its default and its sentence (the command line's ``--help``, without the default)."""
-    return field(default=default, metadata={"help": text})
+def _doc(default, text: str, **accepts):
+    """A field with its default, its sentence (the command line's ``--help``) and what it accepts (``option``)."""
+    return option(default, text, **accepts)
 
 
-@dataclass(frozen=True)
-class CircuitConfig:
+class CircuitConfig(Config):
     """Every option of circuit discovery (``discover``); each field's ``metadata["help"]`` says what it does,
-    and is the ``--help`` of its flag in ``python -m analyses.circuit``."""
+    and is the ``--help`` of its flag in ``python -m analyses.circuit``. Checked where it is made (types, ranges,
+    names: ``models.plumbing.config``)."""
 
     n_contexts: int = _doc(128, "contexts the search scores the edges on (each exact edge score is one forward "
-                                "pass on all of them)")  # fmt: skip
-    seed: int = _doc(0, "seed of everything random: the search contexts, the corruptions, the held-out samples")
-    method: str = _doc("exact", "how each edge is scored: exact path patching, or attribution patching (EAP, EAP-IG)")
+                                "pass on all of them)", minimum=2, maximum=MAX_CONTEXTS)  # fmt: skip
+    seed: int = _doc(0, "seed of everything random: the search contexts, the corruptions, the held-out samples",
+                     minimum=0, maximum=MAX_SEED)  # fmt: skip
+    method: str = _doc("exact", "how each edge is scored: exact path patching, or attribution patching (EAP, EAP-IG)",
+                       choices=tuple(METHODS))  # fmt: skip
     corruptions: tuple[str, ...] = _doc(DEFAULT_CORRUPTIONS, "the senders' ablated values, comma-separated: the "
-                                        "circuit is the union of the circuits each finds")  # fmt: skip
-    min_z: float = _doc(2.0, "edges whose |score| exceeds this many standard errors come first in the top-n order")
+                                        "circuit is the union of the circuits each finds ("
+                                        + "; ".join(f"{k}: {c.words}" for k, c in CORRUPTIONS.items()) + ")",
+                                        sep=",", flag="corruption")  # fmt: skip
+    min_z: float = _doc(2.0, "edges whose |score| exceeds this many standard errors come first in the top-n order",
+                        minimum=0)  # fmt: skip
     n_held_out: int | None = _doc(None, "fresh contexts for the held-out answers (default: the number whose "
                                         "progress SE is --target-se, estimated from the spread of the progress over "
-                                        f"the search contexts, at least {MIN_HELD_OUT}, at most {MAX_HELD_OUT})")  # fmt: skip
+                                        f"the search contexts, at least {MIN_HELD_OUT}, at most {MAX_HELD_OUT})",
+                                  minimum=2, maximum=MAX_CONTEXTS)  # fmt: skip
     target_se: float = _doc(0.01, "the standard error of the model's progress that the held-out sample must reach")
     direction: str = _doc("noising", "noising: an edge's receiver sees the ablated value in the clean run; "
                                      "denoising: it sees the clean value in the corrupted run (a circuit found by "
-                                     "denoising is judged by noising and by denoising)")  # fmt: skip
+                                     "denoising is judged by noising and by denoising)", choices=DIRECTIONS)  # fmt: skip
     search: str = _doc("top-n", "how the circuit is chosen from the scores: top-n edges, a score threshold, or "
-                                "greedy ACDC-style pruning")  # fmt: skip
-    n_edges: int | None = _doc(None, "top-n: keep this many edges (default: the fewest that keep --target)")
+                                "greedy ACDC-style pruning", choices=tuple(SEARCHES))  # fmt: skip
+    n_edges: int | None = _doc(None, "top-n: keep this many edges (default: the fewest that keep --target)",
+                               minimum=0)  # fmt: skip
     target: float = _doc(0.9, "top-n without --n-edges: the share of the model's progress the circuit must keep")
     threshold: float | None = _doc(None, "threshold / greedy: keep edges whose |score| exceeds this (default: 1e-3)")
     nodes: tuple[str, ...] | None = _doc(None, "score a given circuit instead of searching: every edge among these "
-                                               "comma-separated nodes (L1H2,MLP0,...)")  # fmt: skip
+                                               "comma-separated nodes (L1H2,MLP0,...)", sep=",")  # fmt: skip
     curve_points: int = _doc(8, "number of non-empty circuit sizes on the faithfulness curve, which also plots the "
-                                f"empty circuit (0 edges), at most {MAX_CURVE_POINTS}")  # fmt: skip
-    ig_steps: int = _doc(8, f"EAP-IG: interpolation steps between the clean and corrupted runs, at most {MAX_IG_STEPS}")
+                                f"empty circuit (0 edges), at most {MAX_CURVE_POINTS}", minimum=1,
+                                maximum=MAX_CURVE_POINTS)  # fmt: skip
+    ig_steps: int = _doc(8, f"EAP-IG: interpolation steps between the clean and corrupted runs, at most {MAX_IG_STEPS}",
+                         minimum=1, maximum=MAX_IG_STEPS)  # fmt: skip
     exact_budget: float = _doc(EXACT_BUDGET, "seconds of CPU that exact edge patching may take, estimated from the "
                                              "clean pass before it starts: beyond it, the edges are ranked by EAP-IG "
                                              "instead (said in the summary and the JSON; the circuit chosen is still "
-                                             "judged by exact runs)")  # fmt: skip
+                                             "judged by exact runs)", minimum=0)  # fmt: skip
     level: str = _doc("auto", "what the circuit is chosen as: edges (scored one by one), or nodes (heads and MLPs, "
                               "with every edge among them: each answer is then one run of the contexts); auto: edges, "
                               "unless one exact run of the search contexts per node would already take more than "
-                              "--exact-budget (a model of GPT-2-small size)")  # fmt: skip
+                              "--exact-budget (a model of GPT-2-small size)", choices=LEVELS)  # fmt: skip
     positions: str = _doc("trained", "the target positions every NLL averages over: trained (those the model's loss "
                                      "used: the last token for a CatFormer or a model trained with --loss-on last, "
-                                     "else all; the result records which), all (every h >= 1) or last")  # fmt: skip
+                                     "else all; the result records which), all (every h >= 1) or last",
+                                     choices=POSITIONS)  # fmt: skip
 
     def __post_init__(self):
+        """Strings split as the command line writes them ("demonstrations,mean"), then every field checked."""
         if isinstance(self.corruptions, str):  # "demonstrations,mean", as the command line writes it
             object.__setattr__(self, "corruptions", tuple(c.strip() for c in self.corruptions.split(",") if c.strip()))
         object.__setattr__(self, "corruptions", tuple(self.corruptions))
         if isinstance(self.nodes, str):
             object.__setattr__(self, "nodes", tuple(n.strip() for n in self.nodes.split(",") if n.strip()))
-        if self.nodes is not None:
-            object.__setattr__(self, "nodes", tuple(str(n) for n in self.nodes))
-        self._check()
+        super().__post_init__()
 
-    def _check(self) -> None:
+    def validate(self) -> None:
         """One-line ValueError, its leading word the field, for the first option out of its range."""
         bad = [c for c in self.corruptions if c not in CORRUPTIONS]
         if bad or not self.corruptions or len(set(self.corruptions)) != len(self.corruptions):

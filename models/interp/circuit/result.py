@@ -213,6 +213,19 @@ class CircuitResult:
         """Held out: the share its nodes keep with every other head and MLP mean-ablated."""
         return None if self.held_out is None else self.held_out.sufficiency["mean"]
 
+    @property
+    def missed(self) -> list[str]:
+        """Where the circuit, searched for to keep ``target`` of the progress (top-n without ``n_edges``, no
+        ``nodes`` given), keeps less on the held-out contexts by more than 2 standard errors: one sentence per
+        answer that falls short (the search met the target on its own contexts; these are fresh ones)."""
+        cfg = self.config
+        if self.held_out is None or cfg.search != "top-n" or cfg.n_edges is not None or cfg.nodes is not None:
+            return []
+        answers = {**{f"faithfulness under {c}": e for c, e in self.held_out.faithfulness.items()},
+                   "sufficiency (mean-ablated)": self.held_out.sufficiency["mean"]}  # fmt: skip
+        return [f"held-out {what} {share:.3f} +- {se:.3f} is below the target {cfg.target:g} by more than 2 SE"
+                for what, (share, se) in answers.items() if share + 2 * se < cfg.target]  # fmt: skip
+
     def to_dict(self) -> dict:
         """The JSON ``python -m analyses.circuit`` writes as its ``results``."""
         cfg, corruptions = self.config, self.corruptions
@@ -259,6 +272,7 @@ class CircuitResult:
             "forward_passes": self.forward_passes, "context_runs": self.context_runs,
             "interventions": self.interventions,
             **({} if self.scoring_note is None else {"scored_with": "eap-ig", "scoring_note": self.scoring_note}),
+            **({"missed_target": self.missed} if self.missed else {}),
             **({} if self.level == "edges" else {
                 "level": self.level, "scored_with": "eap", "level_note": self.level_note,
                 "node_attribution": {str(n): {"cost": c, "se": s} for n, (c, s) in self.node_attribution.items()}}),

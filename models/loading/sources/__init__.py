@@ -38,7 +38,7 @@ from models.loading.sources import (
     transformer_lens,
 )
 from models.loading.sources.files import Found, Source
-from models.nets.dtypes import RUN_DTYPES, torch_dtype
+from models.nets.dtypes import RUN_DTYPES, dtype_name, torch_dtype
 from models.plumbing import io
 from models.plumbing.io import UsageError, input_errors, warn_if_models_shadowed, what_is
 
@@ -131,6 +131,7 @@ def check_weight_file(path: Path) -> None:
 def _convert(source: Source, dtype: str | None, where: str) -> Source:
     if dtype is None or source.model is None:
         return source
+    dtype = dtype_name(dtype) or dtype  # torch.float64 as "float64"
     if dtype not in RUN_DTYPES:
         raise UsageError(f"dtype must be one of {', '.join(map(repr, RUN_DTYPES))}, got {dtype!r}")
     model = source.model.to(torch_dtype(dtype))

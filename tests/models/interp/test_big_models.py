@@ -8,7 +8,6 @@ or against the derivative taken by finite differences in float64."""
 
 from __future__ import annotations
 
-import argparse
 import copy
 import json
 
@@ -172,7 +171,7 @@ def run_inspect(folder, out, monkeypatch, bound=None) -> dict:
         monkeypatch.setattr(inspection, "WORK_BOUND", bound)
     monkeypatch.setattr(inspection, "progress_bar", Stages)
     Stages.seen = []
-    return inspect.main(["--checkpoint", str(folder), "--n-contexts", "64", "--out", str(out)])
+    return inspect.main(["--checkpoint", str(folder), "--n-contexts", "64", "--out", str(out)]).data
 
 
 def exact_heads(hf, layout, tokens, bad, only=None):
@@ -240,9 +239,9 @@ def test_beyond_the_work_bound_heads_are_estimated_by_attribution_and_the_first_
     Stages.seen = []
     r = inspection.inspect_subject(subject, n, 0, bound=spent + 3.5 * 2 * n * f)  # room for 3 heads
     est = r["estimated"]
-    assert "29 heads are first-order estimates" in inspect.summary({**r, "circuit_link": None})
-    common.style()
-    figures = inspect.figures(r, argparse.Namespace(n_contexts=n))
+    result = common.Result(inspect.ANALYSIS, inspect.Config(n_contexts=n), {**r, "circuit_link": None}, subject.name)
+    assert "29 heads are first-order estimates" in result.summary()
+    figures = result.figures()
     hatched = [b.get_hatch() for b in figures["inspect_interventions"].axes[0].patches]
     assert [h == "////" for h in hatched] == [h["label"] in est["heads"] for h in r["heads"]]
     plt.close("all")

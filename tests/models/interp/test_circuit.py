@@ -316,7 +316,7 @@ def test_cli_writes_the_set_and_refuses_an_unknown_node_in_one_line(tmp_path, ca
 
     argv = ["--checkpoint", "theorem1:beta=50", "--out", str(tmp_path), "--n-contexts", "8", "--curve-points", "2",
             "--n-held-out", "16"]  # fmt: skip
-    r = circuit.main(argv + ["--nodes", ",".join([f"L0H{k}" for k in range(10)] + ["L1H0"])])
+    r = circuit.main(argv + ["--nodes", ",".join([f"L0H{k}" for k in range(10)] + ["L1H0"])]).data
     assert r["faithfulness"] == pytest.approx(1.0, abs=1e-9)  # every edge between every node: the full model
     saved = json.loads((tmp_path / "circuit.json").read_text())["results"]
     assert {"nodes", "edges", "n_edges_total", "ablation", "corruption", "metric", "checkpoint_hash", "curve"} <= set(
@@ -337,7 +337,7 @@ def test_cli_writes_the_set_and_refuses_an_unknown_node_in_one_line(tmp_path, ca
     nodes = ",".join([f"L0H{k}" for k in range(10)] + ["L1H0"])
     denoised = [a if a != str(tmp_path) else str(tmp_path / "denoised") for a in argv]
     r = circuit.main(denoised + ["--direction", "denoising", "--method", "eap", "--nodes", nodes, "--corruption",
-                                 "demonstrations"])  # fmt: skip
+                                 "demonstrations"]).data  # fmt: skip
     assert r["faithfulness"] == pytest.approx(1.0, abs=1e-9) and r["denoising_faithfulness"] == pytest.approx(1.0, abs=1e-5)
     assert [c["n_edges"] for c in r["denoising_curve"]] == [c["n_edges"] for c in r["curve"]]
     assert r["denoising_curve"][0]["faithfulness"] == pytest.approx(0.0, abs=1e-12)
@@ -345,12 +345,12 @@ def test_cli_writes_the_set_and_refuses_an_unknown_node_in_one_line(tmp_path, ca
     assert all(e["se"] > 0 for e in r["edges"] if e["score"] != 0)  # EAP scores carry their standard error
     capsys.readouterr()
     with pytest.raises(SystemExit) as e:
-        common.run(circuit.main, argv + ["--nodes", "L7H3"])
+        common.run_cli(circuit.main, argv + ["--nodes", "L7H3"])
     assert e.value.code == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "no node L7H3" in err[0]
     with pytest.raises(SystemExit) as e:
-        common.run(circuit.main, argv + ["--direction", "denoising", "--corruption", "mean"])
+        common.run_cli(circuit.main, argv + ["--direction", "denoising", "--corruption", "mean"])
     assert e.value.code == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "--direction denoising needs a corruption that is a run on other contexts" in err[0]

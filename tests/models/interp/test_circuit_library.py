@@ -5,6 +5,7 @@ docs' examples run, and no share of a progress that is not there (issue 41)."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import re
@@ -186,3 +187,23 @@ def test_a_model_without_progress_gets_no_circuit_and_no_share():
     assert d["refused"] == r.refused and d["edges"] == [] and not {"faithfulness", "sufficiency", "held_out"} & set(d)
     assert (d["nll_plateau"] - d["nll"]) / (d["nll_plateau"] - d["nll_bma"]) == pytest.approx(d["progress"], abs=1e-9)
     assert d["progress"] <= 2 * d["progress_se"] and abs(d["progress"]) < 0.05
+
+
+def test_a_circuit_that_keeps_less_than_its_target_on_held_out_contexts_says_so():
+    """Issue 50: a small search on the paper's model (32 contexts, the demonstrations corruption) met its
+    target on its own contexts but kept 0.695 +- 0.056 held out. Whether a held-out answer is beyond 2 SE below
+    the target is recomputed here from the answers themselves; the result lists exactly those, and the JSON too."""
+    from analyses import circuit
+
+    subject = load_subject("default")
+    config = CircuitConfig(n_contexts=16, n_held_out=128, corruptions=("demonstrations",), target=0.99)
+    r = discover(subject, config)
+    h = r.held_out
+    answers = {"faithfulness under demonstrations": h.faithfulness["demonstrations"],
+               "sufficiency (mean-ablated)": h.sufficiency["mean"]}  # fmt: skip
+    short = [what for what, (share, se) in answers.items() if share + 2 * se < 0.99]
+    assert short, "the test needs a search that misses its target held out"
+    assert len(r.missed) == len(short) and all(any(what in m for m in r.missed) for what in short)
+    assert r.to_dict()["missed_target"] == r.missed
+    assert "MISSED ITS TARGET" in circuit.summary(r.to_dict())
+    assert not discover(subject, dataclasses.replace(config, n_edges=3)).missed  # no target asked for

@@ -14,7 +14,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[3]
 sys.path.insert(0, str(ROOT / "docs" / "scripts"))
-from entry_points import COLUMNS, PAGE, entry_points, help_text, page, parser_of  # noqa: E402
+from entry_points import COLUMNS, CONFIGS, PAGE, configs_page, entry_points, help_text, page, parser_of  # noqa: E402
 
 ENTRY_POINTS = entry_points()
 # Entry points whose flags are still declared in a module that imports torch (their --help is right, and slow):
@@ -43,6 +43,18 @@ def run(name: str, *argv: str) -> tuple[subprocess.CompletedProcess, set[str]]:
 
 def test_the_reference_page_is_what_each_parser_prints():
     assert PAGE.read_text() == page(), f"stale {PAGE.name}: python docs/scripts/entry_points.py rewrites it"
+
+
+def test_the_analyses_reference_page_is_every_config_field():
+    """docs/reference/analyses.md is what the configs say, and names every field of every analysis's config."""
+    import dataclasses
+
+    from analyses import common
+
+    assert CONFIGS.read_text() == configs_page(), f"stale {CONFIGS.name}: python docs/scripts/entry_points.py rewrites it"
+    for name, analysis in common.registry().items():
+        section = CONFIGS.read_text().split(f"## `{name}`\n", 1)[1].split("\n## ", 1)[0]
+        assert all(f"| `{f.name}` |" in section for f in dataclasses.fields(analysis.config)), name
 
 
 def test_every_flag_is_explained_in_words():

@@ -63,7 +63,7 @@ def direct():
 def test_the_two_cell_sweep_through_the_local_engine_equals_the_cells_run_directly(direct):
     cells, want = direct
     assert [c["family"] for c in cells] == ["gpt2", "disentangled"]
-    res = phase_diagram.compute(GRID, seed=0, log=lambda s: None, cluster="local", jobs=2)
+    res = phase_diagram.train_grid(GRID, seed=0, log=lambda s: None, cluster="local", jobs=2)
     got = [numbers(run) for c in res["cells"] for run in c["runs"]]
     assert [c["seeds"] for c in res["cells"]] == [[0], [0]]
     assert got == [{"seed": 0, **w} for w in want]  # bit for bit: every number of every evaluation
