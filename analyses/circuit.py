@@ -25,9 +25,9 @@ keep ``--target`` of the progress, then, for each corruption under which the edg
 the nodes its edge scores weigh most. Its EDGES, for each corruption, are the smallest top-n among the
 edges between those nodes (edges whose |score| exceeds ``--min-z`` standard errors first) keeping
 ``--target``; the circuit's edges are their union. ``--n-edges`` / ``--threshold`` / ``--search greedy`` /
-``--nodes`` choose otherwise. Exact patching that would take more than ``--exact-budget`` CPU seconds
-(estimated from the clean pass: a graph of a GPT-2-small-sized model) is replaced by EAP-IG to rank the
-edges, said in the summary and the JSON; the nodes and the circuit are still chosen and judged by exact
+``--nodes`` choose otherwise. Exact patching that would take more than ``--exact-budget`` teraFLOPs
+(counted from the weights, the same on every machine: a graph of a GPT-2-small-sized model) is replaced by
+EAP-IG to rank the edges, said in the summary and the JSON; the nodes and the circuit are still chosen and judged by exact
 runs. Where even one exact run of the search contexts per head and MLP would take more than that budget,
 or the edge-level answers would not fit in memory (``--level auto``; ``--level nodes`` asks for it), the
 circuit is chosen as NODES: heads and MLPs ranked by attribution (each one's mean ablation to first order,

@@ -64,7 +64,8 @@ REQUIRES = frozenset({common.BAYES_TASK})  # what it needs of its subject
 class Config(common.Config):
     """What ``run`` computes: every field is also a flag."""
 
-    n_contexts: int = common.n_contexts(512, "contexts of the attention statistics and the progress")
+    n_contexts: int = common.n_contexts(512, "contexts of the attention statistics and the progress (at least 2: "
+                                        "each number has a standard error)", minimum=2)  # fmt: skip
     positions: str = common.positions_option("NLL, progress, ablation and patching")
 
 

@@ -237,6 +237,9 @@ def read_partial(path: Path) -> list[dict]:
             index = r["index"]
         except (json.JSONDecodeError, KeyError, TypeError):
             raise UsageError(f"{path}: line {n} is not a DAG's result of analyses.{NAME}") from None
+        why = unusable(r)
+        if why:
+            raise UsageError(f"{path}: line {n}, DAG {index!r}: {why}; expected a finished DAG's result of analyses.{NAME}")
         if r.get("run") not in settings:
             settings.append(r.get("run"))
         runs.setdefault(index, r)
@@ -304,6 +307,12 @@ def compute(subject, config: Config) -> dict:
     return {"sweeps": [{"model": config.model, **record, "runs": runs, **aggregate(runs)}]}
 
 
+def shown(path: str) -> str:
+    """A file read, as the JSON records it: relative to the repository if inside it (the same on every machine)."""
+    where, root = Path(path).resolve(), common.FIGURES_DIR.parent
+    return str(where.relative_to(root)) if where.is_relative_to(root) else str(where)
+
+
 def read_sweep(path: str) -> dict:
     """One model's sweep from a file: a JSON an earlier run wrote (its first sweep, with the command that trained
     it) or a partial file (its DAGs, each once)."""
@@ -312,7 +321,7 @@ def read_sweep(path: str) -> dict:
         if not runs:
             raise UsageError(f"--sweep {path}: no finished DAG in it")
         record = runs[0].get("run") or {}
-        return {"model": runs[0].get("model", "gpt2"), **record, "runs": runs, **aggregate(runs), "source": path}
+        return {"model": runs[0].get("model", "gpt2"), **record, "runs": runs, **aggregate(runs), "source": shown(path)}
     try:
         d = json.loads(Path(path).read_text())
         res = d["results"]
@@ -321,7 +330,27 @@ def read_sweep(path: str) -> dict:
     except (json.JSONDecodeError, KeyError, TypeError, IndexError):
         raise UsageError(f"--sweep {path}: not the JSON of analyses.{NAME} (results.sweeps or results.runs)") from None
     keep = {k: v for k, v in res.items() if k not in ("runs", "sweep", "source", "theirs", "trained_by")}
-    return {**keep, "runs": runs, **aggregate(runs), "source": path, "trained_by": d.get("command")}
+    return {**keep, "runs": runs, **aggregate(runs), "source": shown(path),
+            "trained_by": d.get("command")}
+
+
+def unusable(run: dict) -> str | None:
+    """Why a DAG's record cannot be counted (a resumed or re-plotted one): its index out of 0..19, no headline
+    number, or a number that is not finite anywhere in it; None if it can."""
+    def numbers(x):
+        if isinstance(x, dict):
+            return [v for value in x.values() for v in numbers(value)]
+        if isinstance(x, list):
+            return [v for value in x for v in numbers(value)]
+        return [x] if isinstance(x, float) else []
+
+    if not isinstance(run.get("index"), int) or not 0 <= run["index"] < len(THEIRS_PER_DAG):
+        return f"index must be one of their DAGs 0..{len(THEIRS_PER_DAG) - 1}"
+    if "parent_attention" not in run and "mean_attention_on_parent" not in run:
+        return "it holds neither parent_attention nor mean_attention_on_parent"
+    if not all(math.isfinite(v) for v in numbers(run)):
+        return "it holds a number that is not finite (NaN or infinity)"
+    return None
 
 
 def headline(run: dict) -> float:

@@ -51,6 +51,8 @@ def parent_accuracy(attention: Float[Tensor, "batch H H"], parents: Int[Tensor, 
     Returns:
         The accuracy, in [0, 1].
     """
+    if attention.isnan().any():
+        raise ValueError("attention holds NaN: no argmax to score; expected rows of finite weights")
     return parent_hits(attention, parents).mean().item()
 
 

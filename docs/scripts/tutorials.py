@@ -279,8 +279,8 @@ def main(argv: list[str] | None = None) -> int:
     if unknown:
         print(f"error: no tutorial named {', '.join(unknown)}; the tutorials: {', '.join(known)}", file=sys.stderr)
         return 2
-    if args.check:
-        bad = {n: why for n in wanted if (why := stale(f"{n}.md"))}
+    if args.check:  # the renders in --out (default: the committed ones)
+        bad = {n: why for n in wanted if (why := stale(f"{n}.md", args.out or RENDERED))}
         for n, why in bad.items():
             print(f"{n}: {why} (python docs/scripts/tutorials.py {n})")
         return 1 if bad else 0

@@ -41,7 +41,7 @@ from models.interp.interventions import (
     rows_per_pass,
     run_copies,
 )
-from models.interp.memory import forward_bytes, forward_peak
+from models.interp.memory import flops_per_context, forward_bytes, forward_peak
 from models.interp.subject import head_label
 from models.plumbing.progress import progress as progress_bar
 from probes import target_nll
@@ -225,17 +225,6 @@ WORK_BOUND = 2e13  # FLOPs (flops_per_context x context runs) a stage may spend 
 # (a GPT-2 small: 12 layers of width 768, 42 positions: 7 heads, about 5 min of one core in all; the shipped models:
 # every head, exactly). Only heads measured exactly are named as carriers (``carriers``).
 GRAD_PASS = 3  # a pass with gradients costs about three forward passes (the backward pass: two)
-
-
-def flops_per_context(subject) -> float:
-    """Floating-point operations of one forward pass on one context, from the weights: 2 x the parameters of
-    the model's blocks x the positions it reads (the attention's own products, which grow with the square of
-    the positions, left out: small at these lengths; the embeddings and the unembedding, which the task's
-    read-out touches in a few columns only, left out). A weight held twice (a TransformerBridge's W_Q, W_K, W_V
-    are views of GPT-2's joint c_attn) counts once."""
-    blocks = getattr(subject.model, "blocks", subject.model)
-    storages = {p.untyped_storage().data_ptr(): p.untyped_storage().nbytes() // p.element_size() for p in blocks.parameters()}
-    return 2.0 * sum(storages.values()) * subject.layout.n_positions
 
 
 @dataclass

@@ -143,14 +143,32 @@ def corrupted_contexts(task, tokens: Int[Tensor, "batch n_tokens"], generator: t
     return corrupted, parents
 
 
+def checked_heads(subject: Subject, layer: int, heads) -> tuple[int, ...]:
+    """``heads`` as a tuple of head indices of ``layer`` (integers in range); else a ``TypeError`` or ``ValueError``
+    naming what was given and what ``subject`` has."""
+    if isinstance(layer, bool) or not isinstance(layer, int) or not 0 <= layer < subject.n_layers:
+        raise ValueError(f"layer {layer!r}: the model has layers 0..{subject.n_layers - 1}")
+    if isinstance(heads, (str, bytes)) or not hasattr(heads, "__iter__"):
+        raise TypeError(f"heads must be a list of head indices of layer {layer} (e.g. [0, 3]), got {heads!r}")
+    heads = tuple(heads)
+    n = subject.n_heads[layer]
+    for h in heads:
+        if isinstance(h, bool) or not isinstance(h, int):
+            raise TypeError(f"heads must be a list of head indices of layer {layer} (e.g. [0, 3]), got {heads!r}")
+        if not 0 <= h < n:
+            raise ValueError(f"head {h} of layer {layer}: layer {layer} has heads 0..{n - 1}")
+    return heads
+
+
 def head_ablation(subject: Subject, layer: int, heads, kind: str = "zero", mean: Tensor | None = None) -> Intervention:
     """Zero-ablate (``kind="zero"``) or mean-ablate (``"mean"``) ``heads`` of ``layer``'s ``hook_z``. Mean
     ablation uses ``mean`` (``hook_z`` averaged over contexts, ``[pos, head, d_head]``) when given, else
     the mean over the batch being run."""
     if kind not in ("zero", "mean"):
         raise ValueError(f"ablation kind must be 'zero' or 'mean', got {kind!r}")
+    heads = checked_heads(subject, layer, heads)
     source = None if kind == "zero" else ("mean over the batch" if mean is None else "mean over contexts")
-    return Intervention(subject.head_output(layer), kind, heads=tuple(heads), source=source, value=mean)
+    return Intervention(subject.head_output(layer), kind, heads=heads, source=source, value=mean)
 
 
 def ablate(subject: Subject, layer: int, heads: list[int], kind: str = "zero", mean: Tensor | None = None, log=None):

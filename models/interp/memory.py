@@ -61,3 +61,14 @@ def check_contexts_fit(subject: Subject, n_contexts: int, flag: str = "--n-conte
     what every batch shares. A floor for what an analysis holds."""
     one, per = forward_peak(subject)
     check_memory(one - per + per * n_contexts, f"{flag} {n_contexts} ({size(per)} a context)")
+
+
+def flops_per_context(subject) -> float:
+    """Floating-point operations of one forward pass on one context, from the weights: 2 x the parameters of
+    the model's blocks x the positions it reads (the attention's own products, which grow with the square of
+    the positions, left out: small at these lengths; the embeddings and the unembedding, which the task's
+    read-out touches in a few columns only, left out). A weight held twice (a TransformerBridge's W_Q, W_K, W_V
+    are views of GPT-2's joint c_attn) counts once."""
+    blocks = getattr(subject.model, "blocks", subject.model)
+    storages = {p.untyped_storage().data_ptr(): p.untyped_storage().nbytes() // p.element_size() for p in blocks.parameters()}
+    return 2.0 * sum(storages.values()) * subject.layout.n_positions

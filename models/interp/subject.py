@@ -40,7 +40,7 @@ from models.nets.causal_transformer import CausalTransformer
 from models.nets.chen import ChenTransformer
 from models.nets.dtypes import dtype_name
 from models.plumbing.io import UsageError
-from probes import MarkovTreeTask, oracles
+from probes import MarkovTreeTask, check_tokens, oracles
 from probes.graph_task import GraphTask
 from probes.layout import Layout
 
@@ -135,6 +135,8 @@ class Subject:
     def scored_positions(self, chosen: str | None = None) -> str:
         """The target positions an analysis averages over: ``chosen`` ("all" or "last"), or, for None or
         "trained", those its training loss used (``trained_on``)."""
+        if chosen not in (None, "trained", "all", "last"):
+            raise ValueError(f"positions must be one of trained, all, last; got {chosen!r}")
         return self.trained_on if chosen in (None, "trained") else chosen
 
     @property
@@ -187,8 +189,11 @@ class Subject:
             demonstrations and ``x_<h`` (row 0: the root), over the task's d tokens.
 
         Raises:
-            ValueError: the forward pass gave NaN or +Inf.
+            ValueError: tokens that are not the task's (an id outside [0, d), a shape other than
+                ``[batch, (L+1)*H]``), or a forward pass that gave NaN or +Inf.
         """
+        task = self.task
+        tokens = check_tokens(tokens, task.d_vocab, task.n_examples, task.seq_len)  # every family: ids and shape
         return check_finite(self._log_probs(tokens, fwd_hooks), f"--checkpoint {self.name}")
 
     def _log_probs(self, tokens, fwd_hooks) -> Float[Tensor, "batch H d"]:
@@ -286,7 +291,8 @@ class StandardSubject(Subject):
         ids = self.layout.encode(tokens).to(self.model.cfg.device)
         first, pos = self.layout.token_offset, self.layout.prediction_positions()
         with self.model.hooks(fwd_hooks=list(fwd_hooks)):
-            picked = task_logits(self.model, ids, pos.clamp_min(0), slice(first, first + self.task.d_vocab))
+            picked = task_logits(self.model, ids, pos.clamp_min(0), slice(first, first + self.task.d_vocab),
+                                 full=on_the_logits(fwd_hooks))  # fmt: skip
         return task_log_probs(picked, pos)
 
     def log_probs_and_attention(self, tokens, fwd_hooks=()):
@@ -310,8 +316,14 @@ class _Unembedding(Exception):
         self.resid = resid
 
 
-def task_logits(model, ids: Int[Tensor, "batch pos"], positions: Int[Tensor, " P"], columns: slice
-                ) -> Float[Tensor, "batch P C"]:  # fmt: skip
+def on_the_logits(fwd_hooks) -> bool:
+    """Whether a hook may sit at or after the unembedding (a name with ``unembed``, or a filter function that may
+    match it): then the read-out must run the full unembedding, so that the hook fires (``task_logits``)."""
+    return any(not isinstance(name, str) or "unembed" in name for name, _ in fwd_hooks)
+
+
+def task_logits(model, ids: Int[Tensor, "batch pos"], positions: Int[Tensor, " P"], columns: slice,
+                full: bool = False) -> Float[Tensor, "batch P C"]:  # fmt: skip
     """``model(ids)``'s logits at ``positions`` over the vocabulary ``columns`` (the task's ids), computed for
     those only where the family allows: the unembedding's columns for the task's ids at the positions read, so
     that a read-out's memory and work grow with the task, not with the vocabulary. A net with ``logits_at``
@@ -319,10 +331,11 @@ def task_logits(model, ids: Int[Tensor, "batch pos"], positions: Int[Tensor, " P
     over a model type of ``COLUMN_READOUT_TYPES`` runs to its unembedding's input (every hook before it fires
     as in a full pass) and applies lm_head's rows ``columns``; any other model runs in full and is sliced.
     The log-softmax over the task's ids (``Subject.log_probs``) reads these columns only, so the result is the
-    full-vocabulary computation's, to float rounding."""
-    if hasattr(model, "logits_at"):
+    full-vocabulary computation's, to float rounding. ``full``: the whole forward pass, sliced (a hook on the
+    unembedding fires: ``on_the_logits``)."""
+    if hasattr(model, "logits_at") and not full:
         return model.logits_at(ids, positions, columns)
-    head = _column_readout(model)
+    head = None if full else _column_readout(model)
     if head is None:
         logits = model(ids)
         logits = logits if isinstance(logits, Tensor) else logits.logits

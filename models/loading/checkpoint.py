@@ -151,6 +151,8 @@ def check_device(device: str) -> str:
         torch.device(device)
     except (RuntimeError, ValueError):
         raise UsageError(f"device {device!r} is not a torch device (expected cpu, cuda, cuda:0, ...)") from None
+    if torch.device(device).type == "meta":
+        raise UsageError(f"device {device!r} holds no values (only shapes); expected a device that computes: cpu, cuda")
     if device.startswith("cuda") and not torch.cuda.is_available():
         raise UsageError(f"device {device!r}: CUDA is not available on this machine; use cpu")
     try:

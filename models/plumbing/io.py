@@ -422,9 +422,15 @@ def check_environment() -> None:
             )
 
 
+OUT_OF_MEMORY = ("DefaultCPUAllocator: can't allocate memory", "DefaultCPUAllocator: not enough memory",
+                 "out of memory")  # torch's allocators' words (torch.OutOfMemoryError is a RuntimeError)
+
+
 def not_a_bug(e: BaseException) -> bool:
     """Whether ``e`` is bad input (``UsageError``) or the system refusing (an ``OSError`` with its reason,
-    ``MemoryError``): one line and exit 2. Anything else is a bug of the suite."""
+    ``MemoryError``, an allocator of torch out of memory): one line and exit 2. Anything else is a bug."""
+    if isinstance(e, RuntimeError) and any(words in str(e) for words in OUT_OF_MEMORY):
+        return True
     return isinstance(e, (UsageError, MemoryError)) or (isinstance(e, OSError) and bool(e.strerror))
 
 

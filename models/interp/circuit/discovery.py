@@ -69,6 +69,7 @@ from models.interp.circuit.scores import (
 )
 from models.interp.circuit.search import SEARCHES, among, ranked
 from models.interp.interventions import description
+from models.interp.memory import flops_per_context
 from models.interp.subject import Subject
 from models.plumbing.io import MEMORY_FRACTION, check_memory, memory_limit, size
 from models.plumbing.progress import progress
@@ -221,10 +222,17 @@ def node_roles(kept_by: dict, nodes: list[Node], added: dict, at: dict) -> dict[
     return roles
 
 
+TERA = 1e12  # --exact-budget's unit: teraFLOPs
+
+
 def _refused(progress: Estimate, n: int) -> str | None:
     """Why no share of the progress can be measured, if it cannot: the progress is not beyond 2 SE of zero."""
     if beyond_2se(progress.value, progress.se):
         return None
+    if progress.value < -2 * progress.se:
+        return (f"the model's progress over the uniform-parent plateau is {progress.value:.3f} +- {progress.se:.3f} on "
+                f"the {n} search contexts: the model is worse than the uniform-parent plateau, below it by more than 2 "
+                "standard errors; a share of a negative progress means nothing, so no circuit is reported")  # fmt: skip
     return (f"the model's progress over the uniform-parent plateau is {progress.value:.3f} +- {progress.se:.3f} on "
             f"the {n} search contexts, not beyond 2 standard errors of zero: a share of it would be a share of "
             "nothing, so no circuit is reported")  # fmt: skip
@@ -253,9 +261,10 @@ class _Discovery:
         self.plateau, self.bma = per_context_baselines(self.task, self.tokens, config.positions)
         self.corruptions, self.stages = list(config.corruptions), Stages()
         with self.stages("clean and corrupted runs"):
-            cpu = time.process_time()
             self.clean = sender_writes(subject, self.graph, self.tokens)
-            self.pass_s = time.process_time() - cpu  # CPU seconds of one run of the search contexts
+        # the work of one run of the search contexts, counted from the weights (never measured: the same command
+        # makes the same decisions on every machine)
+        self.pass_flops = flops_per_context(subject) * len(self.tokens)
         self.full = self.metric(self.clean[1], self.tokens)
         self.progress = Estimate(*ratio_se(self.plateau - self.full, self.plateau - self.bma))
         self.runners: dict[str, Runner] = {}
@@ -284,32 +293,33 @@ class _Discovery:
 
     def method(self) -> tuple[str, str | None]:
         """The score method to run, and why it is not the one asked for, if it is not: exact patching whose
-        estimated CPU time (each run of the contexts it makes, ``copy_runs``, as long as the clean one) is
-        beyond ``exact_budget`` is replaced by EAP-IG."""
+        counted work (each run of the contexts it makes, ``copy_runs``, a pass of ``pass_flops``) is beyond
+        ``exact_budget`` teraFLOPs is replaced by EAP-IG."""
         config = self.config
-        estimate = copy_runs(self.graph) * len(self.corruptions) * self.pass_s
-        if config.method != "exact" or estimate <= config.exact_budget:
+        estimate = copy_runs(self.graph) * len(self.corruptions) * self.pass_flops
+        if config.method != "exact" or estimate <= config.exact_budget * TERA:
             return config.method, None
-        return "eap-ig", (f"exact edge patching of the {len(self.graph.edges)} edges would take about "
-                          f"{estimate / 60:.0f} CPU minutes ({copy_runs(self.graph)} runs of the {len(self.tokens)} "
-                          f"contexts per corruption at {self.pass_s:.2f} s each), beyond --exact-budget "
-                          f"{config.exact_budget:g} s: the edges are ranked by EAP-IG ({config.ig_steps} steps) "
+        return "eap-ig", (f"exact edge patching of the {len(self.graph.edges)} edges would take {estimate / TERA:.1f} "
+                          f"TFLOP ({copy_runs(self.graph)} runs of the {len(self.tokens)} contexts per corruption at "
+                          f"{self.pass_flops / TERA:.3g} TFLOP each, counted from the weights), beyond --exact-budget "
+                          f"{config.exact_budget:g} TFLOP: the edges are ranked by EAP-IG ({config.ig_steps} steps) "
                           "instead, and the circuit chosen is judged by exact runs")  # fmt: skip
 
     def level(self) -> tuple[str, str | None]:
         """What the circuit is chosen as, and why, if it was not asked for: ``config.level``, or (auto)
         nodes where one exact run of the search contexts per head and MLP (the node costs alone) is
-        estimated beyond ``exact_budget``, or where the edge-level answers would not fit in memory;
+        counted beyond ``exact_budget`` teraFLOPs, or where the edge-level answers would not fit in memory;
         else edges. A level whose answers do not fit is refused here (ValueError)."""
         config, n = self.config, len(node_outputs(self.subject, self.graph))
         if config.level != "auto":
             level, why = config.level, None
         elif isinstance(self.fits["edges"], ValueError):
             level, why = "nodes", f"the edge-level answers would not fit in memory ({self.fits['edges']})"
-        elif n * self.pass_s > config.exact_budget and config.direction == "noising":
+        elif n * self.pass_flops > config.exact_budget * TERA and config.direction == "noising":
             level, why = "nodes", (f"one exact run of the {len(self.tokens)} search contexts per head and MLP "
-                                   f"({n} at {self.pass_s:.2f} CPU s each, about {n * self.pass_s / 60:.0f} CPU "
-                                   f"minutes) is beyond --exact-budget {config.exact_budget:g} s")  # fmt: skip
+                                   f"({n} at {self.pass_flops / TERA:.3g} TFLOP each, {n * self.pass_flops / TERA:.1f} "
+                                   f"TFLOP, counted from the weights) is beyond --exact-budget {config.exact_budget:g} "
+                                   "TFLOP")  # fmt: skip
         else:
             level, why = "edges", None
         if isinstance(self.fits[level], ValueError):
@@ -458,7 +468,7 @@ def discover(subject: Subject, config: CircuitConfig | None = None) -> CircuitRe
     Bad input (a node the graph lacks, sizes that do not fit in memory, a model without the hooks the graph
     needs) is a one-line ValueError before any work. A model whose progress over the plateau on the search
     contexts is not beyond 2 standard errors of zero gets a result with ``refused`` set and no circuit. Exact
-    edge patching estimated to take more than ``config.exact_budget`` CPU seconds is replaced by EAP-IG (the
+    edge patching counted to take more than ``config.exact_budget`` teraFLOPs is replaced by EAP-IG (the
     result's ``scoring_note`` says so). The result's ``timings`` hold each stage's wall and CPU seconds.
 
     Args:
@@ -474,6 +484,12 @@ def discover(subject: Subject, config: CircuitConfig | None = None) -> CircuitRe
     Raises:
         ValueError: bad input, in one line, before any work.
     """
+    if not isinstance(subject, Subject):
+        raise TypeError(f"subject must be a models.Subject, got {type(subject).__name__}; make one with "
+                        "models.load_subject(path)")  # fmt: skip
+    if config is not None and not isinstance(config, CircuitConfig):
+        raise TypeError(f"config must be a CircuitConfig, got {type(config).__name__}; make one with "
+                        "CircuitConfig(n_contexts=..., ...)")  # fmt: skip
     run = _Discovery(subject, CircuitConfig() if config is None else config)
     config = run.config  # its positions resolved
     reason = _refused(run.progress, len(run.tokens))
@@ -482,6 +498,9 @@ def discover(subject: Subject, config: CircuitConfig | None = None) -> CircuitRe
     graph, tokens, corruptions, stage = run.graph, run.tokens, run.corruptions, run.stages
     level, why = run.level()
     if level == "nodes":
+        if config.n_edges is not None:
+            raise ValueError(f"n_edges {config.n_edges} applies to a circuit of edges, and level auto chose nodes "
+                             f"({why}); use --level edges, or leave --n-edges out")  # fmt: skip
         return _node_circuit(run, why)
     run.build_runners()
     method, note = run.method()

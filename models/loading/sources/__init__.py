@@ -66,6 +66,8 @@ def resolve(
     converts the weights after loading; ``key_map`` and ``config`` are for weight files;
     ``weights=False`` reads the task and layout only (``model`` is None, ``digest`` empty)."""
     warn_if_models_shadowed()  # a project's own models/ first on sys.path: say so, once
+    if device is not None and weights:
+        checkpoint.check_device(str(device))  # one that works here and holds values (not meta)
     spec = str(spec)
     if theorem1.detect(spec):
         options = theorem1.parse(spec)

@@ -98,4 +98,5 @@ def read(found: Found, device: str | None = None, *, weights: bool = True) -> So
         raise UsageError(f"{found.where}: layer2.mydegree is not their itertools.product degree table")
     files.load_their_names(model, state, their_key, found.where, skip={"blocks.1.attn.mydegree"})
     name = "Chen et al. SimplifiedTwoLayerTransformer" if cfg.simplified else NAME
-    return Source(model.to(cfg.device).eval(), task, layout, found.where, found.digest(), name)
+    # their read-out is the last row, the only position their loss used (as the CatFormer's)
+    return Source(model.to(cfg.device).eval(), task, layout, found.where, found.digest(), name, trained_on="last")

@@ -124,9 +124,16 @@ class Found:
         if not file.is_file():
             return None
         record = self.json(file, "training.json")
-        config = record.get("config") if isinstance(record, dict) else None
+        if not isinstance(record, dict):
+            raise UsageError(f"{file}: training.json holds a JSON {type(record).__name__}; expected an object with "
+                             "loss_on (or a config holding it)")  # fmt: skip
+        config = record.get("config")
         loss_on = record.get("loss_on", config.get("loss_on") if isinstance(config, dict) else None)
-        return None if loss_on is None else "last" if loss_on == "last" else "all"
+        if loss_on is None:
+            return None
+        if not isinstance(loss_on, str) or loss_on.lower() not in ("all", "last"):
+            raise UsageError(f"{file}: training.json: loss_on must be 'all' or 'last', got {loss_on!r}")
+        return loss_on.lower()
 
     def key_map_spec(self) -> dict[str, dict]:
         """The validated key map (``models.loading.sources.key_map``); {} when none was given."""

@@ -189,17 +189,19 @@ def _boot(path, device: str):
 
     previous = {k: os.environ.get(k) for k in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE")}
     os.environ.update(HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")  # a local folder: never download
-    verbosity = transformers.logging.get_verbosity()
+    verbosity, bars = transformers.logging.get_verbosity(), transformers.logging.is_progress_bar_enabled()
     transformers.logging.set_verbosity_error()
     transformers.logging.disable_progress_bar()
+    rng = torch.random.get_rng_state()  # building the model draws its initial weights: the caller's stream is kept
     try:
         with io.openable(path) as name:  # any name the shell allows
             return TransformerBridge.boot_transformers(str(name), device=device)
     except Exception as e:  # missing/corrupt weights, unsupported architecture, ...
         raise UsageError(f"{path} could not be loaded as a Hugging Face model ({one_line(e)[:200]})") from None
     finally:
+        torch.random.set_rng_state(rng)
         transformers.logging.set_verbosity(verbosity)
-        transformers.logging.enable_progress_bar()
+        (transformers.logging.enable_progress_bar if bars else transformers.logging.disable_progress_bar)()
         for k, v in previous.items():
             if v is None:
                 os.environ.pop(k, None)
