@@ -55,6 +55,7 @@ from models.loading.named import NAMED
 from models.plumbing.config import MAX_SEED, Config, field_kind, n_contexts, option  # noqa: F401 (the analyses' names)
 from models.plumbing.io import UsageError, read_json, to_json, write_json, write_set
 from models.plumbing.progress import progress as progress_bar
+from models.plumbing.words import positions_words, title_name  # noqa: F401 (the analyses' names)
 
 if TYPE_CHECKING:
     from models.interp.subject import Subject
@@ -393,14 +394,6 @@ def parse(analysis: Analysis, argv: list[str] | None, check: bool = True) -> tup
     return p, args, config
 
 
-def title_name(name: str | None) -> str:
-    """A model's name as a figure's title shows it: a path by its last part (a user's path would fill the line),
-    its bytes that are not UTF-8 escaped (``ck\\xff``: matplotlib draws text, not bytes): ``Result.title``."""
-    name = str(name or "model").rstrip("/")
-    short = name.rsplit("/", 1)[-1] or name
-    return os.fsencode(short).decode("utf-8", "backslashreplace")
-
-
 def report_written(paths: list[Path]) -> None:
     """The one line that ends a run: where its files went."""
     folder = str(paths[0].parent) if paths else "?"  # --out as given (relpath would turn /tmp/x into ../x)
@@ -413,14 +406,6 @@ def positions_option(what: str):
     return option("trained", f"the target positions {what} average over: trained (those its loss used: the last "
                   "token for a CatFormer or a model trained with --loss-on last, else all), all (every h >= 1) or last",
                   choices=("trained", "all", "last"))  # fmt: skip
-
-
-def positions_words(chosen: str, trained_on: str) -> str:
-    """``over the last token (the positions it was trained on)``: for a summary."""
-    which = "the last token" if chosen == "last" else "every target position h >= 1"
-    trained = "the last token" if trained_on == "last" else "every position"
-    why = "the positions it was trained on" if chosen == trained_on else f"chosen with --positions; trained on {trained}"
-    return f"over {which} ({why})"
 
 
 def check_out(p: argparse.ArgumentParser, out: str) -> None:

@@ -40,7 +40,9 @@ def forward_bytes(forward, task, n_contexts: int, live: bool = False) -> int:
 
     with torch.no_grad(), warnings.catch_warnings():  # hooking every name: the bridge warns of gated ones
         warnings.simplefilter("ignore")
-        forward(tokens, [(lambda name: True, grab)])
+        # every name but the unembedding's: a hook there makes the read-out run the full vocabulary
+        # (``subject.on_the_logits``), which the analyses' passes never do
+        forward(tokens, [(lambda name: "unembed" not in name, grab)])
     held = peak if live else sum(n for n, _ in seen.values())
     return held + 3 * tokens.numel() * 8
 

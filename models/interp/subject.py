@@ -316,10 +316,15 @@ class _Unembedding(Exception):
         self.resid = resid
 
 
+UNEMBEDDING_HOOKS = ("unembed.hook_in", "unembed.hook_out")
+
+
 def on_the_logits(fwd_hooks) -> bool:
-    """Whether a hook may sit at or after the unembedding (a name with ``unembed``, or a filter function that may
-    match it): then the read-out must run the full unembedding, so that the hook fires (``task_logits``)."""
-    return any(not isinstance(name, str) or "unembed" in name for name, _ in fwd_hooks)
+    """Whether a hook sits on the unembedding (a name there, or a filter function that matches one): then the
+    read-out must run the full unembedding, so that the hook fires (``task_logits``)."""
+    return any(
+        any(name(n) for n in UNEMBEDDING_HOOKS) if callable(name) else "unembed" in name for name, _ in fwd_hooks
+    )
 
 
 def task_logits(model, ids: Int[Tensor, "batch pos"], positions: Int[Tensor, " P"], columns: slice,

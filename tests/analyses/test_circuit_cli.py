@@ -13,7 +13,7 @@ from conftest import build_task
 from constructed import transposed_subject
 
 from analyses import circuit, common
-from models.interp.circuit import CircuitConfig, discover
+from models.interp.circuit import CircuitConfig, discover, report
 
 
 @pytest.mark.slow  # 20 s at load 12 on 2 cores (the figures' set written)
@@ -119,7 +119,7 @@ def test_the_circuit_graph_draws_no_edge_through_another_nodes_label_and_marks_q
         letters = [t for t in ax.texts if t.get_text() in ("q", "k", "v")]
         into = {(e["receiver"], e["input"]) for e in r["edges"] if e["input"] in ("q", "k", "v")}
         assert len(letters) == len(into)
-        assert {t.get_text(): t.get_color() for t in letters} == {k: circuit.COLOURS[k] for _, k in into}
+        assert {t.get_text(): t.get_color() for t in letters} == {k: report.COLOURS[k] for _, k in into}
         labels = [t.get_text() for t in fig.legends[0].get_texts()]
         assert "into a head's query (at its q)" in labels
     finally:

@@ -213,7 +213,7 @@ def test_cli_errors_exit_2_with_one_line_and_keep_existing_files(files, capsys):
     (keep / "notes.txt").write_text("precious")
     before = _snapshot(tmp)
     cases = [
-        (inspect.main, ["--n-contexts", "0"], "--n-contexts must be in [1, "),
+        (inspect.main, ["--n-contexts", "0"], "--n-contexts must be in [2, "),
         (inspect.main, ["--out", str(tmp / "cfg.json" / "dir")], "is not a folder"),
         (inspect.main, ["--out", str(tmp / "cfg.json")], "is a file"),
         (

@@ -216,7 +216,7 @@ def test_a_key_map_pad_into_an_integer_tensor_names_its_dtype(tmp_path):
 
 COUNT_FLAGS = [
     ("models.evaluate", "--n-contexts", str(10**12), "is more than the bound of 10000000 contexts"),
-    ("analyses.inspect", "--n-contexts", str(10**12), "--n-contexts must be in [1, 10000000]"),
+    ("analyses.inspect", "--n-contexts", str(10**12), "--n-contexts must be in [2, 10000000]"),
     ("analyses.head_ablation", "--n-contexts", str(10**12), "--n-contexts must be in [1, 10000000]"),
     ("analyses.init_gradient", "--n-contexts", str(10**7), "target sequences, more than the bound"),
     ("analyses.init_gradient", "--n-trees", str(10**9), "target sequences, more than the bound"),

@@ -123,8 +123,10 @@ def test_the_allocators_refusal_is_the_system_refusing_not_a_bug():
 # --- files a run reads -------------------------------------------------------------------------------------
 @pytest.mark.parametrize(
     "edit, expected",
-    [(lambda r: {**r, "loss_on": "Last"}, "last"), (lambda r: {**r, "loss_on": ["last"]}, "loss_on must be 'all' or 'last'"),
-     (lambda r: {**r, "loss_on": "first"}, "loss_on must be 'all' or 'last'"), (lambda r: [r], "holds a JSON list")],
+    [(lambda r: {**r, "loss_on": "Last"}, "last"), (lambda r: {**r, "loss_on": "target"}, "all"),
+     (lambda r: {**r, "loss_on": ["last"]}, "loss_on must be one of all, target, last"),
+     (lambda r: {**r, "loss_on": "first"}, "loss_on must be one of all, target, last"),
+     (lambda r: [r], "holds a JSON list")],
 )  # fmt: skip
 def test_training_json_loss_on_is_read_or_refused_by_name(tmp_path, edit, expected):
     """``loss_on: "Last"`` was read as "all" (exit 0); a training.json that is a JSON list exited 1 with a
@@ -135,11 +137,11 @@ def test_training_json_loss_on_is_read_or_refused_by_name(tmp_path, edit, expect
     shutil.copytree(NAMED["standard"], folder)
     record = json.loads((folder / "training.json").read_text())
     (folder / "training.json").write_text(json.dumps(edit(record)))
-    if expected != "last":
+    if expected not in ("all", "last"):
         with pytest.raises(ValueError, match=expected):
             models.load_subject(folder)
     else:
-        assert models.load_subject(folder).trained_on == "last"
+        assert models.load_subject(folder).trained_on == expected
 
 
 def test_chens_model_is_judged_on_the_last_token_it_predicts(tmp_path):

@@ -243,7 +243,7 @@ CASES = [
         "bomb",
         "n-contexts huge on a TransformerLens model",
         lambda t: _inspect("--checkpoint", _ck(t, "tl"), "--n-contexts", HUGE, "--out", str(t / "out")),
-        "--n-contexts must be in [1, 10000000], got 10000000000",
+        "--n-contexts must be in [2, 10000000], got 10000000000",
     ),
     (
         "bomb",

@@ -18,7 +18,7 @@ MAX_IG_STEPS = 1024  # EAP-IG converges by 8 on the standard GPT-2 (README: Circ
 MIN_HELD_OUT, MAX_HELD_OUT = 512, 8192  # the held-out sample's bounds; its size in between is the pilot's estimate
 # teraFLOPs of exact edge patching (counted from the weights: 2 x the blocks' parameters x positions x contexts per
 # run) beyond which edges are ranked by EAP-IG: inspect's WORK_BOUND. The shipped GPT-2's default search counts
-# about 1.6 TFLOP (exact); a GPT-2-small-shaped model's one run per node about 220 TFLOP (a circuit of nodes).
+# 1.64 TFLOP (exact); a GPT-2-small-shaped model's one run per node 143 TFLOP (a circuit of nodes).
 EXACT_BUDGET = 20.0
 DEFAULT_CORRUPTIONS = (
     "demonstrations",

@@ -226,6 +226,19 @@ class CircuitResult:
         return [f"held-out {what} {share:.3f} +- {se:.3f} is below the target {cfg.target:g} by more than 2 SE"
                 for what, (share, se) in answers.items() if share + 2 * se < cfg.target]  # fmt: skip
 
+    def summary(self) -> str:
+        """The text ``python -m analyses.circuit`` prints (``models.interp.circuit.report.summary``)."""
+        from models.interp.circuit.report import summary
+
+        return summary(self.to_dict())
+
+    def figures(self, title: str = "model") -> dict:
+        """``{"circuit_graph": Figure, "circuit_curve": Figure}``: the graph of the circuit's nodes and kept edges,
+        and its faithfulness curve (``title``: the model's name, for the titles)."""
+        from models.interp.circuit.report import figures
+
+        return figures(self.to_dict(), title)
+
     def to_dict(self) -> dict:
         """The JSON ``python -m analyses.circuit`` writes as its ``results``."""
         cfg, corruptions = self.config, self.corruptions

@@ -30,6 +30,7 @@ from probes.layout import Layout
 TORCH_SUFFIXES = (".pt", ".pth", ".bin")
 SAFETENSORS_SUFFIX = ".safetensors"
 TASK_JSON = "task.json"
+LOSSES = ("all", "target", "last")  # models.training.standard.LOSSES: what the trainers write as loss_on
 TRAINING_JSON = "training.json"  # the suite's trainers' record beside the weights (config, loss_on, history)
 PREFIXES = ("_orig_mod.", "module.")
 HF_WEIGHTS = ("model.safetensors", "pytorch_model.bin")  # a Hugging Face folder's weights, in from_pretrained's order
@@ -131,9 +132,9 @@ class Found:
         loss_on = record.get("loss_on", config.get("loss_on") if isinstance(config, dict) else None)
         if loss_on is None:
             return None
-        if not isinstance(loss_on, str) or loss_on.lower() not in ("all", "last"):
-            raise UsageError(f"{file}: training.json: loss_on must be 'all' or 'last', got {loss_on!r}")
-        return loss_on.lower()
+        if not isinstance(loss_on, str) or loss_on.lower() not in LOSSES:
+            raise UsageError(f"{file}: training.json: loss_on must be one of {', '.join(LOSSES)}, got {loss_on!r}")
+        return "last" if loss_on.lower() == "last" else "all"  # a loss on the target's tokens: every position
 
     def key_map_spec(self) -> dict[str, dict]:
         """The validated key map (``models.loading.sources.key_map``); {} when none was given."""

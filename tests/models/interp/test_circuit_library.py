@@ -207,3 +207,26 @@ def test_a_circuit_that_keeps_less_than_its_target_on_held_out_contexts_says_so(
     assert r.to_dict()["missed_target"] == r.missed
     assert "MISSED ITS TARGET" in circuit.summary(r.to_dict())
     assert not discover(subject, dataclasses.replace(config, n_edges=3)).missed  # no target asked for
+
+
+def test_the_library_result_gives_the_analysis_summary_and_figures():
+    """Issue 50: ``CircuitResult.summary()`` is the text ``python -m analyses.circuit`` prints and ``figures()`` its
+    two figures, drawn from the result alone (no analysis imported by the library)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from analyses import circuit
+
+    subject = load_subject("default")
+    config = CircuitConfig(n_contexts=8, n_held_out=16, curve_points=1, corruptions=("demonstrations",))
+    r = discover(subject, config)
+    analysed = circuit.run(subject, config)
+    assert r.summary() == analysed.summary() and r.summary().startswith("circuit: exact scores")
+    figs = r.figures("default")
+    try:
+        assert set(figs) == set(analysed.figures()) == {"circuit_graph", "circuit_curve"}
+        assert figs["circuit_graph"].axes[0].get_title() == analysed.figures()["circuit_graph"].axes[0].get_title() != ""
+    finally:
+        plt.close("all")
