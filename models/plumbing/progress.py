@@ -19,6 +19,8 @@ from collections.abc import Iterable
 INTERVAL = 30.0  # seconds between two plain lines off a terminal
 INTERVAL_ENV = "CAUSAL_ICL_PROGRESS_S"  # an environment variable that sets another interval (seconds)
 
+_WRITING = threading.Lock()  # the plain progress lines of every bar in this process
+
 
 def progress(iterable: Iterable | None = None, desc: str = "", total: int | None = None, enabled: bool = True,
              interval: float | None = None, **tqdm_kw):  # fmt: skip
@@ -85,7 +87,9 @@ class PlainLines:
         return f"{self.desc or 'working'}: {where}{_clock(elapsed)} elapsed{left}{self.postfix}"
 
     def print_line(self) -> None:
-        print(self.line(), file=sys.stderr, flush=True)
+        with _WRITING:  # one write per line, one line at a time: two bars' threads never split each other's lines
+            sys.stderr.write(self.line() + "\n")
+            sys.stderr.flush()
         self.printed = True
 
     def __iter__(self):

@@ -10,9 +10,10 @@ import textwrap
 from models.interp.circuit.corruptions import CORRUPTIONS
 from models.interp.circuit.graph import INPUTS, Node
 from models.interp.circuit.nodes import NODE_ABLATIONS
-from models.interp.circuit.result import COMPUTES
 from models.interp.circuit.scores import beyond_2se
 from models.plumbing.words import positions_words
+
+COMPUTES = "computes the prediction"  # node-level sufficiency: every other head and MLP ablated
 
 
 def _curve_words(curve: list[dict]) -> str:

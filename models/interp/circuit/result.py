@@ -11,9 +11,9 @@ from models.interp.circuit.config import CircuitConfig
 from models.interp.circuit.corruptions import CORRUPTIONS
 from models.interp.circuit.graph import Edge, Node
 from models.interp.circuit.nodes import NODE_ABLATIONS
+from models.interp.circuit.report import COMPUTES
 from models.interp.circuit.scores import CurvePoint
 
-COMPUTES = "computes the prediction"  # node-level sufficiency: every other head and MLP ablated
 METRIC = "target NLL (nats, x_1..x_{H-1})"
 
 
