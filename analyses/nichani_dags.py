@@ -105,7 +105,7 @@ import time
 import numpy as np
 import torch
 
-from models.plumbing.io import check_memory, size
+from models.plumbing.io import check_memory, exclusive_lock, size
 from models.training.catformer import CatFormerTrainConfig, draw, save_catformer, train_catformer
 from models.training.standard import StandardConfig, train_standard
 
@@ -229,7 +229,10 @@ def read_partial(path: Path) -> list[dict]:
     by index; one UsageError if it mixes runs of different settings."""
     runs: dict[int, dict] = {}
     settings = []
-    for n, line in enumerate(Path(path).read_text().splitlines(), 1):
+    text = Path(path).read_text()
+    if text and not text.endswith("\n"):  # a line being written, or cut short: not a record yet
+        text = text[: text.rfind("\n") + 1]
+    for n, line in enumerate(text.splitlines(), 1):
         if not line.strip():
             continue
         try:
@@ -281,7 +284,15 @@ def compute(subject, config: Config) -> dict:
             return compute(None, dataclasses.replace(config, work_dir=tmp))
     out = Path(config.work_dir)
     out.mkdir(parents=True, exist_ok=True)
+    # one run at a time in a folder: a second one is refused at once (it would write the same records)
+    with exclusive_lock(out / f".{NAME}.lock", wait=False, what=f"the {NAME} sweep in {str(out)!r}"):
+        return sweep_dags(config, out, dag_list, recipe, record)
+
+
+def sweep_dags(config: Config, out: Path, dag_list: list[int], recipe: dict, record: dict) -> dict:
+    """Train the DAGs of ``dag_list`` not yet in ``out``'s record, each appended to it as it finishes."""
     partial = out / f"{NAME}_partial.jsonl"  # each finished DAG at once, so a stopped sweep keeps its runs
+    repair_torn(partial)
     finished_before = finished(partial, record)  # before any work: another run's record refused
     todo = [i for i in dag_list if i not in finished_before]
     if len(todo) < len(dag_list):
@@ -305,6 +316,21 @@ def compute(subject, config: Config) -> dict:
         raise KeyboardInterrupt(f"{n} finished DAGs kept in {partial}; the same command resumes from them") from None
     runs = [r for r in read_partial(partial) if r["index"] in dag_list]
     return {"sweeps": [{"model": config.model, **record, "runs": runs, **aggregate(runs)}]}
+
+
+def repair_torn(partial: Path) -> None:
+    """A record whose last line was cut short (a full disk, a kill during the write) is cut back to its last whole
+    line, said in one line: the DAGs before it are kept, the torn one is trained again."""
+    if not partial.exists():
+        return
+    data = partial.read_bytes()
+    if not data or data.endswith(b"\n"):
+        return
+    keep = data.rfind(b"\n") + 1
+    with partial.open("r+b") as f:
+        f.truncate(keep)
+    print(f"  {partial}: dropped its torn last line ({len(data) - keep} bytes, a write cut short); the DAGs before "
+          "it are kept", flush=True)
 
 
 def shown(path: str) -> str:

@@ -98,8 +98,14 @@ def target_nll(log_probs: Float[Tensor, "batch H d"], tokens: Int[Tensor, "batch
     Returns:
         The mean NLL in nats over contexts and those positions (x_0, the root, is always left out).
     """
-    H = log_probs.shape[1]
+    batch, H, d = log_probs.shape
+    if tokens.dim() != 2 or tokens.shape[0] != batch or tokens.shape[1] < H or tokens.shape[1] % H:
+        raise ValueError(f"tokens must be the contexts the log-probs were computed on, [{batch}, (L+1)*{H}]; got "
+                         f"shape {tuple(tokens.shape)}")  # fmt: skip
     target = tokens[:, -H:].to(log_probs.device)
+    if target.min() < 0 or target.max() >= d:
+        raise ValueError(f"the target tokens must be ids in [0, {d}) (the log-probs' columns); got values in "
+                         f"[{target.min().item()}, {target.max().item()}]")  # fmt: skip
     return -log_probs.double().gather(-1, target.unsqueeze(-1))[:, scored_rows(H, positions)].mean().item()
 
 

@@ -41,13 +41,15 @@ from models.interp.interventions import (
     rows_per_pass,
     run_copies,
 )
-from models.interp.memory import flops_per_context, forward_bytes, forward_peak
+from models.interp.memory import check_contexts_fit, flops_per_context, forward_bytes, forward_peak
 from models.interp.subject import head_label
+from models.plumbing.config import MAX_CONTEXTS
 from models.plumbing.progress import progress as progress_bar
 from probes import target_nll
 from probes.graph_task import context_order
 from probes.oracles import uniform_parent_predictive
 from probes.roles import attention_role, role_profile, sequence_scores
+from probes.tasks import check_int
 
 INTERVENTION_CONTEXTS = 128  # ablation, patching and sufficiency: the first of the contexts, as many as
 # analyses.circuit searches on (another sample: both report their standard errors, and agree within them)
@@ -456,6 +458,8 @@ def inspect_subject(subject, n_contexts: int = 512, seed: int = 0, batch: int = 
     trained on the last token is judged on it."""
     bound = WORK_BOUND if bound is None else bound
     positions = subject.scored_positions(positions)
+    n_contexts = check_int(n_contexts, "n_contexts", 2, MAX_CONTEXTS)  # 2: each number has a standard error
+    check_contexts_fit(subject, n_contexts)  # as the command line's, before any context is drawn
     task = subject.task
     L, H = task.n_examples, task.seq_len
     tokens, parents = task.sample(n_contexts, torch.Generator().manual_seed(seed))

@@ -173,6 +173,7 @@ def _pool(fn, kwargs_list, jobs, threads, on_done) -> list:
     A job's error cancels the jobs still waiting and lets the running ones finish (``on_done`` for each)."""
     results = [None] * len(kwargs_list)
     reported: set[int] = set()
+    terminate = _terminate_as_interrupt()  # SIGTERM (kill, timeout, a scheduler) stops the pool as Ctrl-C does
     pool = ProcessPoolExecutor(min(jobs, len(kwargs_list)), mp_context=get_context("spawn"), initializer=_ignore_sigint)
     futures = {pool.submit(_call, fn, kwargs, threads): i for i, kwargs in enumerate(kwargs_list)}
     try:
@@ -195,7 +196,23 @@ def _pool(fn, kwargs_list, jobs, threads, on_done) -> list:
         raise
     finally:
         pool.shutdown(wait=True, cancel_futures=True)
+        terminate()
     return results
+
+
+def _terminate_as_interrupt() -> Callable[[], None]:
+    """In the main thread, SIGTERM raises ``KeyboardInterrupt`` (what ``kill``, ``timeout`` and batch schedulers send
+    is handled as Ctrl-C: the workers stopped, the finished jobs kept); returns what restores the old handler."""
+    import threading
+
+    if threading.current_thread() is not threading.main_thread():
+        return lambda: None
+
+    def interrupt(signum, frame):
+        raise KeyboardInterrupt
+
+    before = signal.signal(signal.SIGTERM, interrupt)
+    return lambda: signal.signal(signal.SIGTERM, before)
 
 
 def _ignore_sigint() -> None:

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 import torch
 
-from analyses import nichani_dags
+from analyses import common, nichani_dags
 from probes.jax_random import nichani_dags as their_dags
 
 TINY = ["--steps", "3", "--batch-size", "16", "--n-contexts", "8"]
@@ -153,3 +153,36 @@ def test_inspect_refuses_a_saved_dag_model_in_one_line(tmp_path, capsys):
                       "--n-contexts", "16", "--out", str(tmp_path / "inspect")])  # fmt: skip
     err = capsys.readouterr().err.strip().splitlines()
     assert e.value.code == 2 and len(err) == 1 and "task with a Bayes oracle" in err[0], err
+
+
+def test_a_torn_last_record_is_dropped_on_resume_and_no_finished_dag_is_lost(tmp_path, monkeypatch, capsys):
+    """With --out on a full disk the record ended in half a line, and once space was back the same command refused
+    to resume ("line 4 is not a DAG's result"): finished DAGs lost without hand edits (issue 52)."""
+    out = tmp_path / "out"
+    nichani_dags.main(["--dags", "3", *TINY, "--out", str(out)])
+    partial = out / "nichani_dags_partial.jsonl"
+    whole = partial.read_text()
+    partial.write_text(whole + whole[: len(whole) // 2])  # a second record cut short
+    trained = []
+    real = nichani_dags.TRAIN["catformer"]
+    monkeypatch.setitem(nichani_dags.TRAIN, "catformer", lambda **kw: trained.append(kw["index"]) or real(**kw))
+    capsys.readouterr()
+    nichani_dags.main(["--dags", "3,4", *TINY, "--out", str(out)])
+    assert trained == [4] and "dropped its torn last line" in capsys.readouterr().out  # DAG 3 kept, said so
+    assert partial.read_text().startswith(whole) and partial.read_text().endswith("\n")
+    res = json.loads((out / "nichani_dags.json").read_text())["results"]["sweeps"][0]
+    assert [r["index"] for r in res["runs"]] == [3, 4]
+
+
+def test_a_second_sweep_into_the_same_folder_is_refused_at_once(tmp_path, capsys):
+    """A second run into the same --out was not refused (no lock): one died, the record held DAG 0 twice."""
+    from models.plumbing.io import exclusive_lock
+
+    out = tmp_path / "out"
+    out.mkdir()
+    with exclusive_lock(out / ".nichani_dags.lock", what="a sweep"):  # as a first run holds it while it trains
+        with pytest.raises(SystemExit) as e:
+            common.run_cli(nichani_dags.main, ["--dags", "3", *TINY, "--out", str(out)])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert e.value.code == 2 and len(err) == 1 and "another process is writing the nichani_dags sweep" in err[0], err
+    assert not (out / "nichani_dags_partial.jsonl").exists()

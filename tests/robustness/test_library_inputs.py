@@ -81,6 +81,18 @@ def test_ablate_takes_head_indices_in_range(standard):
     assert len(ablate(standard, 1, [0, 3])) == 1
 
 
+def test_target_nll_refuses_tokens_that_are_not_the_log_probs_contexts():
+    """``target_nll`` of log-probs over H = 12 targets with 10-column tokens returned 1.825."""
+    from probes import target_nll
+
+    log_probs = torch.full((2, 12, 5), -math.log(5), dtype=torch.float64)
+    tokens = torch.zeros(2, 132, dtype=torch.long)
+    assert target_nll(log_probs, tokens) == pytest.approx(math.log(5))  # uniform over 5: log 5 nats
+    for bad in (tokens[:, :10], tokens[:1], tokens[:, :-1], tokens + 5):
+        with pytest.raises(ValueError, match="tokens must be|must be ids in"):
+            target_nll(log_probs, bad)
+
+
 def test_parent_accuracy_refuses_nan_attention():
     """All-NaN attention scored 0.284 (argmax of NaN rows)."""
     parents = torch.tensor([[-1, 0, 1, 0]])
@@ -247,3 +259,14 @@ def test_every_family_refuses_tokens_that_are_not_the_tasks(standard, tmp_path, 
         with pytest.raises(ValueError, match=r"token ids must lie in \[0, \d+\)|tokens must have shape") as e:
             subject.log_probs(bad)
         assert "\n" not in str(e.value), subject.family
+
+
+@pytest.mark.parametrize("n, error", [(0, "n_contexts must be in \\[2, "), (1, "n_contexts must be in \\[2, "),
+                                      (2.5, "n_contexts must be an integer"), (10**7, "would need about")])
+def test_inspect_subject_sizes_its_contexts_before_any_work(n, error):
+    """From Python, ``inspect_subject(subject, n_contexts=10**9)`` asked the allocator for 48 GB and
+    ``n_contexts=0`` failed inside torch.cat: the command line's checks were the only ones."""
+    from models.interp.inspection import inspect_subject
+
+    with pytest.raises(ValueError, match=error):
+        inspect_subject(models.load_subject("default"), n_contexts=n)

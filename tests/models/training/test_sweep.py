@@ -230,9 +230,12 @@ def alive(pid: int) -> bool:
         return False
 
 
-def test_ctrl_c_to_the_main_process_stops_the_workers_and_keeps_what_finished(tmp_path):
+@pytest.mark.parametrize("name", ["SIGINT", "SIGTERM"])
+def test_ctrl_c_to_the_main_process_stops_the_workers_and_keeps_what_finished(tmp_path, name):
     """A SIGINT to the main process of a pool was ignored while the workers trained on (it waited for them), and
-    what finished meanwhile was never reported: now the workers stop at once, every finished job is kept, exit 130."""
+    what finished meanwhile was never reported: now the workers stop at once, every finished job is kept, exit 130.
+    SIGTERM (``kill``, ``timeout``, a batch scheduler) ended the main process at once with no message while its
+    workers trained on (issue 52): now it is handled as SIGINT."""
     import signal
     import subprocess
     import sys
@@ -250,7 +253,7 @@ def test_ctrl_c_to_the_main_process_stops_the_workers_and_keeps_what_finished(tm
         assert proc.poll() is None and time.monotonic() < deadline, "the pool did not start its jobs"
         time.sleep(0.2)
     time.sleep(0.5)
-    proc.send_signal(signal.SIGINT)
+    proc.send_signal(getattr(signal, name))
     try:
         _, err = proc.communicate(timeout=120)  # the sleeping jobs would hold it for 300 s
     except subprocess.TimeoutExpired:
