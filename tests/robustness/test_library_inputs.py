@@ -4,6 +4,7 @@ called, in one line naming the argument and what was expected; from the shell, o
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 
@@ -270,3 +271,56 @@ def test_inspect_subject_sizes_its_contexts_before_any_work(n, error):
 
     with pytest.raises(ValueError, match=error):
         inspect_subject(models.load_subject("default"), n_contexts=n)
+
+
+@pytest.mark.parametrize("method", ["ZIP_BZIP2", "ZIP_LZMA"])
+def test_an_npz_member_zipfile_would_decompress_unbounded_is_refused_before_decompression(tmp_path, monkeypatch, method):
+    """An 11 KB .npz (bzip2) declaring a [1, 12000, 12000] float64 array was refused only after 2.5 GB were
+    decompressed: Python's zipfile bounds deflate's output per read, not bzip2's or LZMA's, so even reading a
+    member's 128-byte header expanded it. Such a member is now refused from the zip's own header: the
+    decompressor is never called."""
+    import bz2
+    import io as stdio
+    import lzma
+    import zipfile
+
+    import numpy as np
+
+    path = tmp_path / "catformer.npz"
+    with zipfile.ZipFile(path, "w", compression=getattr(zipfile, method)) as archive:
+        for key, array in (("A.0", np.zeros((1, 8, 8), np.float32)), ("W", np.zeros((8, 3), np.float32))):
+            buffer = stdio.BytesIO()
+            np.lib.format.write_array(buffer, array)
+            archive.writestr(f"{key}.npy", buffer.getvalue())
+
+    def never(*args, **kwargs):
+        raise AssertionError("a member was decompressed")
+
+    monkeypatch.setattr(bz2, "BZ2Decompressor", never)
+    monkeypatch.setattr(lzma, "LZMADecompressor", never)
+    from models.loading.sources.catformer import read_npz  # what --checkpoint FILE.npz reads (with its task.json)
+
+    with pytest.raises(ValueError, match="bzip2 or LZMA.*np.savez"):
+        read_npz(path)
+
+
+def test_attribution_is_sized_before_any_work(standard, monkeypatch):
+    """``--method eap-ig --level edges --n-contexts 1024`` on the shipped GPT-2: check_fits estimated 1.4 GB and let
+    it start; the allocator failed 64-91 s later under a 5 GB cap: EAP-IG takes the gradients of every context in
+    one pass and keeps every receiver's gradient, and the check counted neither. Under a memory bound that the
+    search's runners fit but one pass with gradients over the contexts does not, exact patching is let through
+    and EAP / EAP-IG are refused, in one line naming the method, before any context is drawn."""
+    from models.interp.circuit import discovery
+
+    graph = discovery.build_graph(standard)
+    writes, forward, outputs = discovery.context_bytes(standard, graph)
+    config = CircuitConfig(n_contexts=1024, level="edges", corruptions=("demonstrations",))
+    search = 2 * writes * 1024 + 2 * forward * 1024
+    free = search + 1.5 * forward * 1024  # room for the search, not for a pass with gradients besides it
+    monkeypatch.setattr(discovery, "check_memory", lambda need, what: (_ for _ in ()).throw(
+        ValueError(f"{what} would need about {need}")) if need > free else None)  # fmt: skip
+    sizes = (writes, forward, outputs)
+    discovery.check_fits(standard, config, graph, "edges", sizes)  # exact: fits
+    for method in ("eap", "eap-ig"):
+        with pytest.raises(ValueError, match=f"with {method} .* a context for one pass with gradients"):
+            discovery.check_fits(standard, dataclasses.replace(config, method=method), graph, "edges", sizes)

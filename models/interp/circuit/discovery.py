@@ -118,6 +118,27 @@ def context_bytes(subject: Subject, graph: Graph) -> tuple[int, int, int]:
     return sum(held.values()), sum(seen.values()), outputs
 
 
+def scoring_method(subject: Subject, graph: Graph, config: CircuitConfig) -> tuple[str, str | None]:
+    """The score method to run, and why it is not the one asked for, if it is not: exact patching whose counted
+    work (each run of the search contexts it makes, ``copy_runs``, at ``flops_per_context`` each context) is
+    beyond ``exact_budget`` teraFLOPs is replaced by EAP-IG. Counted from the weights and the config only."""
+    one_pass = flops_per_context(subject) * config.n_contexts
+    estimate = copy_runs(graph) * len(config.corruptions) * one_pass
+    if config.method != "exact" or estimate <= config.exact_budget * TERA:
+        return config.method, None
+    return "eap-ig", (f"exact edge patching of the {len(graph.edges)} edges would take {estimate / TERA:.1f} "
+                      f"TFLOP ({copy_runs(graph)} runs of the {config.n_contexts} contexts per corruption at "
+                      f"{one_pass / TERA:.3g} TFLOP each, counted from the weights), beyond --exact-budget "
+                      f"{config.exact_budget:g} TFLOP: the edges are ranked by EAP-IG ({config.ig_steps} steps) "
+                      "instead, and the circuit chosen is judged by exact runs")  # fmt: skip
+
+
+# What attribution holds beyond the search's runners, in forward passes' activations per search context: one pass
+# with gradients over every search context at once (its activations kept for the backward), the gradients at every
+# receiver's input (at most a pass's activations), and for EAP-IG their running sum over the steps.
+ATTRIBUTION_PASSES = {"eap": 2, "eap-ig": 3}
+
+
 def check_fits(subject: Subject, config: CircuitConfig, graph: Graph | None = None, level: str = "edges",
                sizes: tuple[int, int, int] | None = None) -> tuple[int, int]:  # fmt: skip
     """One-line ValueError, before any work, if the search or the held-out answers would not fit in memory:
@@ -135,6 +156,11 @@ def check_fits(subject: Subject, config: CircuitConfig, graph: Graph | None = No
     n, held = config.n_contexts, config.n_held_out or MIN_HELD_OUT
     search = 2 * writes * runners * n + 2 * forward * max(n, rows)
     check_memory(search, f"n_contexts {n} (the search: {size(2 * writes * runners + 2 * forward)} a context)")
+    method = scoring_method(subject, graph, config)[0]
+    if level == "edges" and method in ATTRIBUTION_PASSES:  # at the level of nodes: the chosen nodes' edges only
+        grads = ATTRIBUTION_PASSES[method] * forward * n
+        check_memory(search + grads, f"n_contexts {n} with {method} ({size(grads / n)} a context for one pass with "
+                                     f"gradients over every search context, besides the search's {size(search)})")  # fmt: skip
     bound = MEMORY_FRACTION * memory_limit()[0]
     if level == "nodes":
         passes = 2 * forward * min(held, rows)
@@ -293,18 +319,8 @@ class _Discovery:
             timings=self.stages.times, **found)  # fmt: skip
 
     def method(self) -> tuple[str, str | None]:
-        """The score method to run, and why it is not the one asked for, if it is not: exact patching whose
-        counted work (each run of the contexts it makes, ``copy_runs``, a pass of ``pass_flops``) is beyond
-        ``exact_budget`` teraFLOPs is replaced by EAP-IG."""
-        config = self.config
-        estimate = copy_runs(self.graph) * len(self.corruptions) * self.pass_flops
-        if config.method != "exact" or estimate <= config.exact_budget * TERA:
-            return config.method, None
-        return "eap-ig", (f"exact edge patching of the {len(self.graph.edges)} edges would take {estimate / TERA:.1f} "
-                          f"TFLOP ({copy_runs(self.graph)} runs of the {len(self.tokens)} contexts per corruption at "
-                          f"{self.pass_flops / TERA:.3g} TFLOP each, counted from the weights), beyond --exact-budget "
-                          f"{config.exact_budget:g} TFLOP: the edges are ranked by EAP-IG ({config.ig_steps} steps) "
-                          "instead, and the circuit chosen is judged by exact runs")  # fmt: skip
+        """The score method to run, and why it is not the one asked for (``scoring_method``)."""
+        return scoring_method(self.subject, self.graph, self.config)
 
     def level(self) -> tuple[str, str | None]:
         """What the circuit is chosen as, and why, if it was not asked for: ``config.level``, or (auto)

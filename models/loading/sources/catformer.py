@@ -126,6 +126,10 @@ def _npz_headers(archive: zipfile.ZipFile, path: Path) -> dict[str, tuple[tuple[
         key = info.filename.removesuffix(".npy")
         if key == info.filename:
             raise UsageError(f"{path}: member {info.filename!r} is not a .npy array; expected A.0.npy, ..., W.npy")
+        if info.compress_type not in (zipfile.ZIP_STORED, zipfile.ZIP_DEFLATED):  # zipfile bounds deflate's output only
+            raise UsageError(f"{path}: member {info.filename!r} is compressed with method {info.compress_type} "
+                             "(bzip2 or LZMA, which Python decompresses unbounded even to read a header); expected "
+                             "np.savez (stored) or np.savez_compressed (deflate)")  # fmt: skip
         with archive.open(info) as member:
             version = _library(lambda: np.lib.format.read_magic(member), path)  # noqa: B023 (called at once)
             if version not in _NPY_HEADERS:
