@@ -32,7 +32,12 @@ class Config(common.Config):
     from_runs: tuple[str, ...] | None = common.option(None, f"collect these checkpoints' histories into "
                                                       f"{HISTORIES.name} first (added to the runs already there)",
                                                       metavar="LABEL=FOLDER")  # fmt: skip
-    histories: str = common.option(str(HISTORIES), "the collected histories (JSON)")
+    histories: str | None = common.option(None, "the collected histories (JSON; default: the committed "
+                                          f"figures/{HISTORIES.name})")  # fmt: skip
+
+    def histories_file(self) -> str:
+        """``histories``, or the committed file (a default that names no machine's path)."""
+        return self.histories or str(HISTORIES)
 
     def reads(self) -> list[str]:
         """The run folders it collects (no output may lie in one)."""
@@ -159,15 +164,15 @@ def check_files(config: Config) -> None:
     """``from_runs`` well formed and ``histories`` an output under the rules of ``--out`` (a file in a writable
     folder, none of the runs read); without runs to collect, an existing file."""
     if config.from_runs:
-        cli.check_out_file(config.histories, "histories")
-        target = Path(config.histories).expanduser().resolve()
+        cli.check_out_file(config.histories_file(), "histories")
+        target = Path(config.histories_file()).expanduser().resolve()
         for folder in config.reads():
             source = Path(folder).expanduser().resolve()
             if target == source or source in target.parents:
-                raise UsageError(f"histories {config.histories!r} would write into {str(source)!r}, which this "
+                raise UsageError(f"histories {config.histories_file()!r} would write into {str(source)!r}, which this "
                                  "command reads; pick another path")  # fmt: skip
-    elif not Path(config.histories).is_file():
-        raise UsageError(f"histories {config.histories!r} {what_is(config.histories)}; collect it with --from-runs "
+    elif not Path(config.histories_file()).is_file():
+        raise UsageError(f"histories {config.histories_file()!r} {what_is(config.histories_file())}; collect it with --from-runs "
                          "LABEL=FOLDER ...")  # fmt: skip
 
 
@@ -177,10 +182,10 @@ def compute(subject, config: Config) -> dict:
     ``--histories`` is rewritten only once all of them can be plotted. The read, the merge and the write
     hold a lock on ``--histories``: two collections at once take turns, and neither loses the other's runs."""
     check_files(config)
-    path = Path(config.histories)
+    path = Path(config.histories_file())
     if not config.from_runs:
         return curves(read_histories(path))
-    with exclusive_lock(path.parent / f".{path.name}.lock", what=f"--histories {config.histories!r}"):
+    with exclusive_lock(path.parent / f".{path.name}.lock", what=f"--histories {config.histories_file()!r}"):
         histories = read_histories(path) if path.is_file() else {}
         histories.update(collect(dict(run_pairs(config.from_runs))))
         result = curves(histories)
