@@ -307,19 +307,24 @@ def test_an_npz_member_zipfile_would_decompress_unbounded_is_refused_before_deco
 def test_attribution_is_sized_before_any_work(standard, monkeypatch):
     """``--method eap-ig --level edges --n-contexts 1024`` on the shipped GPT-2: check_fits estimated 1.4 GB and let
     it start; the allocator failed 64-91 s later under a 5 GB cap: EAP-IG takes the gradients of every context in
-    one pass and keeps every receiver's gradient, and the check counted neither. Under a memory bound that the
-    search's runners fit but one pass with gradients over the contexts does not, exact patching is let through
-    and EAP / EAP-IG are refused, in one line naming the method, before any context is drawn."""
+    one pass and keeps every receiver's gradient, and the check counted neither. Under a memory bound exactly as
+    large as exact patching's largest need, exact is let through and EAP / EAP-IG are refused, in one line naming
+    the method, before any context is drawn."""
     from models.interp.circuit import discovery
 
     graph = discovery.build_graph(standard)
-    writes, forward, outputs = discovery.context_bytes(standard, graph)
+    sizes = discovery.context_bytes(standard, graph)
     config = CircuitConfig(n_contexts=1024, level="edges", corruptions=("demonstrations",))
-    search = 2 * writes * 1024 + 2 * forward * 1024
-    free = search + 1.5 * forward * 1024  # room for the search, not for a pass with gradients besides it
-    monkeypatch.setattr(discovery, "check_memory", lambda need, what: (_ for _ in ()).throw(
-        ValueError(f"{what} would need about {need}")) if need > free else None)  # fmt: skip
-    sizes = (writes, forward, outputs)
+    needs = []
+    monkeypatch.setattr(discovery, "check_memory", lambda need, what: needs.append(need))
+    discovery.check_fits(standard, config, graph, "edges", sizes)
+    free = max(needs)  # room for everything exact patching holds, and no more
+
+    def bounded(need, what):
+        if need > free:
+            raise ValueError(f"{what} would need about {need}")
+
+    monkeypatch.setattr(discovery, "check_memory", bounded)
     discovery.check_fits(standard, config, graph, "edges", sizes)  # exact: fits
     for method in ("eap", "eap-ig"):
         with pytest.raises(ValueError, match=f"with {method} .* a context for one pass with gradients"):
