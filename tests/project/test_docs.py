@@ -391,6 +391,11 @@ COMMANDS = [
         "runs discover at the level of nodes on a small stand-in of that shape",
     ),
     (
+        r"python -m bench\.attribution_memory",
+        "peak memory of attribution at 128 and 512 contexts in fresh processes (a minute); "
+        "tests/robustness/test_library_inputs.py::test_attribution_is_sized_before_any_work checks the count it sets",
+    ),
+    (
         r"python -m bench\.deepened \S+",
         "writes a GPT-2-small-shaped model (500 MB); tests/models/interp/test_circuit_big_graph.py checks deepen() "
         "on a small stand-in computes what the shipped model computes",

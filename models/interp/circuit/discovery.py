@@ -135,9 +135,9 @@ def scoring_method(subject: Subject, graph: Graph, config: CircuitConfig) -> tup
 
 # What attribution holds beyond the search's runners, in a pass's hooked activations per search context: one pass
 # with gradients over every search context at once (autograd keeps more than the hooks see), the gradients at every
-# receiver's input, and for EAP-IG their running sum over the steps. Measured on the shipped GPT-2 (peak RSS of 128
-# and 512 contexts, 2026-12-07): 2.5 MB (EAP) and 3.0 MB (EAP-IG, 2 steps) a context against 0.46 MB of hooked
-# activations, 5.4 and 6.5 passes; rounded up.
+# receiver's input, and for EAP-IG their running sum over the steps. Measured on the shipped GPT-2 by
+# ``python -m bench.attribution_memory`` (peak RSS at 128 and 512 contexts): 5.4 passes (EAP) and 6.3-6.5 (EAP-IG,
+# 2 steps); rounded up.
 ATTRIBUTION_PASSES = {"eap": 6, "eap-ig": 7}
 
 
