@@ -52,7 +52,7 @@ from models.interp.capabilities import (  # noqa: F401 (analyses declare REQUIRE
     MARKOV_TASK,
 )
 from models.loading.named import NAMED
-from models.plumbing.config import MAX_SEED, Config, field_kind, n_contexts, option  # noqa: F401 (the analyses' names)
+from models.plumbing.config import MAX_SEED, Config, field_kind, flag_of, n_contexts, option  # noqa: F401 (the analyses' names)
 from models.plumbing.io import UsageError, read_json, to_json, write_json, write_set
 from models.plumbing.progress import progress as progress_bar
 from models.plumbing.words import positions_words, title_name  # noqa: F401 (the analyses' names)
@@ -113,7 +113,7 @@ def add_config_flags(p: argparse.ArgumentParser, config: type[Config]) -> None:
     for f in fields(config):
         kind, optional, many = field_kind(f)
         meta = f.metadata
-        flag = "--" + (meta.get("flag") or f.name).replace("_", "-")
+        flag = flag_of(f)
         shown = ",".join(map(str, f.default)) if many and f.default is not None else f.default
         text = meta["help"] if f.default is None else f"{meta['help']} (default: {shown})"
         if kind is bool:
@@ -144,13 +144,7 @@ def config_from_args(p: argparse.ArgumentParser, config: type[Config], args: arg
     try:
         return config(**{f.name: getattr(args, f.name) for f in fields(config)})
     except (TypeError, ValueError) as e:
-        p.error(as_flags(str(e), config))
-
-
-def as_flags(message: str, config: type[Config]) -> str:
-    """A message about a field of ``config``, for the command line: its leading field named as its flag."""
-    flags = {f.name: "--" + (f.metadata.get("flag") or f.name).replace("_", "-") for f in fields(config)}
-    return re.sub(r"^(\w+)", lambda m: flags.get(m[1], m[1]), message)
+        p.error(cli.as_flags(str(e), config))
 
 
 # Results ----------------------------------------------------------------------------------------------
@@ -432,7 +426,7 @@ def main(analysis: Analysis, argv: list[str] | None = None) -> Result:
         except UsageError as e:  # bad input found in the work (a node the model lacks): one line, its flag named
             if getattr(args, "debug", False):
                 raise
-            p.error(as_flags(str(e), analysis.config))
+            p.error(cli.as_flags(str(e), analysis.config))
         stages.set_postfix(stage="save")
         written = result.save(args.out)
     print(result.summary())

@@ -25,7 +25,7 @@ from pathlib import Path
 
 from models.loading.named import NAMED, THEOREM1, THEOREM1_USAGE
 from models.nets.dtypes import RUN_DTYPES
-from models.plumbing.config import MAX_CONTEXTS
+from models.plumbing.config import MAX_CONTEXTS, flag_of
 from models.plumbing.io import (
     UsageError,
     exclusive_lock,
@@ -146,9 +146,10 @@ def add_dataclass_flags(p: argparse.ArgumentParser, cls, choices: dict | None = 
 
 def as_flags(message: str, cls) -> str:
     """An error about a field of the dataclass ``cls`` for the command line: a leading field name becomes
-    its flag (``lr must be ...`` -> ``--lr must be ...``)."""
-    fields = {f.name for f in dataclasses.fields(cls)}
-    return re.sub(r"^ ?(\w+)", lambda m: "--" + m[1].replace("_", "-") if m[1] in fields else m[0], message)
+    its flag (``lr must be ...`` -> ``--lr must be ...``; a field declared with another flag name, by that:
+    ``models.plumbing.config.flag_of``)."""
+    flags = {f.name: flag_of(f) for f in dataclasses.fields(cls)}
+    return re.sub(r"^ ?(\w+)", lambda m: flags.get(m[1], m[0]), message)
 
 
 @contextlib.contextmanager

@@ -29,6 +29,11 @@ def option(default, help: str, *, choices=None, minimum=None, maximum=None, flag
     return field(default=default, metadata=meta)
 
 
+def flag_of(f) -> str:
+    """The command-line flag of a config field: ``--`` and its ``flag`` metadata, else its name, dashed."""
+    return "--" + (f.metadata.get("flag") or f.name).replace("_", "-")
+
+
 def n_contexts(default: int, what: str = "contexts to sample", minimum: int = 1):
     """The ``n_contexts`` field most configs have: at least ``minimum``, at most ``MAX_CONTEXTS``."""
     return option(default, what, minimum=minimum, maximum=MAX_CONTEXTS)
@@ -112,7 +117,7 @@ class Config:
             value = getattr(self, f.name)
             if value == f.default or f.metadata.get("same_numbers"):
                 continue
-            flag = "--" + (f.metadata.get("flag") or f.name).replace("_", "-")
+            flag = flag_of(f)
             kind, _, many = field_kind(f)
             if kind is bool:
                 argv.append(flag if value else "--no-" + flag[2:])
