@@ -40,9 +40,15 @@ def numbers(run: dict) -> dict:
     return {k: v for k, v in run.items() if k != "seconds"}
 
 
-def square_after(x: int, delay: float) -> tuple[int, int]:
-    """x squared after ``delay`` seconds, and the torch threads the job ran at."""
+def square_after(x: int, delay: float = 0.0, wait_for: str = "", write: str = "") -> tuple[int, int]:
+    """x squared, and the torch threads the job ran at; after ``delay`` seconds, after the file ``wait_for``
+    exists (a few minutes at most), and after writing the file ``write``."""
     time.sleep(delay)
+    deadline = time.monotonic() + 300
+    while wait_for and not os.path.exists(wait_for) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    if write:
+        open(write, "w").close()
     return x * x, torch.get_num_threads()
 
 
@@ -81,13 +87,16 @@ def test_the_submitit_path_equals_the_cells_run_directly(direct, tmp_path):
 
 
 @pytest.mark.parametrize("jobs", [1, 2])
-def test_results_come_back_in_order_at_the_threads_asked(jobs):
-    delays = [0.6, 0.0, 0.3]  # with 2 jobs at once the first ends last: the second and third run while it sleeps
+def test_results_come_back_in_order_at_the_threads_asked(jobs, tmp_path):
+    # With 2 jobs at once the first ends after the second: it waits for the file the second writes (no
+    # wall-clock race: a worker slow to start on a busy machine only makes the first wait longer).
+    marker = str(tmp_path / "second_done") if jobs == 2 else ""
+    kwargs = [{"x": 0, "wait_for": marker}, {"x": 1, "write": marker}, {"x": 2}]
     threads = torch.get_num_threads() + 1 if jobs == 1 else 1  # in this process: set, then restored
     before, done = torch.get_num_threads(), []
     got = sweep.run_jobs(
         square_after,
-        [{"x": x, "delay": d} for x, d in zip(range(3), delays)],
+        kwargs,
         "local",
         jobs,
         threads=threads,
