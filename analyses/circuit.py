@@ -51,6 +51,7 @@ gets one line saying so, and no circuit (exit 0; the JSON's ``refused`` says why
 from __future__ import annotations
 
 import dataclasses
+import sys
 
 from analyses import common
 from models.interp.circuit.config import CircuitConfig  # the flags: no torch before they are parsed
@@ -82,7 +83,10 @@ def compute(subject: Subject, config: Config) -> dict:
     mapping them afresh cost a fifth of exact patching's CPU time (measured on the shipped GPT-2)."""
     keep_freed_memory()
     try:
-        return find_circuit(subject, config).to_dict()
+        found = find_circuit(subject, config)
+        print("circuit: seconds each stage took (the work counted before it is in the summary): "  # on stderr: not
+              + ", ".join(f"{k} {wall:.0f}" for k, (wall, _) in found.timings.items()), file=sys.stderr)  # a number
+        return found.to_dict()
     except ValueError as e:  # about a field (a node the model lacks, sizes that do not fit): bad input, not a bug
         if str(e).split(" ")[0].rstrip(":") not in {f.name for f in dataclasses.fields(CircuitConfig)}:
             raise

@@ -17,6 +17,12 @@ its D dimensions (its queries times ``sqrt(D / d)``, so that the scores' ``1 / s
 model's ``1 / sqrt(d)``); the other heads, the other MLP neurons and the identity layers read with random
 weights (GPT-2's initialisation) and write nothing (their output weights 0). The unembedding's rows of the
 task's tokens are the small model's; the other rows of the embedding and unembedding are random.
+
+With ``--noise s`` the model is a planted one (issue 51): every other head and MLP neuron (the distractors: the
+other layers', and the placed layers' heads and neurons beyond the small model's) writes too, its output
+weights GPT-2's initialisation times ``s``, so that the model computes what the small one does plus noise,
+and the small model's heads are a circuit known in advance among distractors that read and write.
+``planted_nodes`` names them.
 """
 
 from __future__ import annotations
@@ -39,10 +45,12 @@ def _centred(w: torch.Tensor) -> torch.Tensor:
 
 
 def deepen(source: Path, out: Path, n_layer: int = 12, n_head: int = 12, n_embd: int = 768,
-           vocab_size: int = 50257, at: tuple[int, ...] | None = None, seed: int = 0) -> Path:  # fmt: skip
+           vocab_size: int = 50257, at: tuple[int, ...] | None = None, seed: int = 0,
+           noise: float = 0.0) -> Path:  # fmt: skip
     """Write to ``out`` (a Hugging Face folder with ``source``'s task.json) the GPT-2 of the given shape that
-    computes what the GPT-2 folder ``source`` computes, its layers at ``at`` (default: spread evenly); see
-    the module docstring. Returns ``out``."""
+    computes what the GPT-2 folder ``source`` computes, its layers at ``at`` (default: spread evenly), every
+    distractor's output weights GPT-2's initialisation times ``noise`` (0: they write nothing); see the
+    module docstring. Returns ``out``."""
     src_cfg = json.loads((Path(source) / "config.json").read_text())
     src = load_file(str(Path(source) / "model.safetensors"))
     n, H, L = src_cfg["n_embd"], src_cfg["n_head"], src_cfg["n_layer"]
@@ -60,6 +68,8 @@ def deepen(source: Path, out: Path, n_layer: int = 12, n_head: int = 12, n_embd:
                      bos_token_id=src_cfg.get("bos_token_id"), eos_token_id=src_cfg.get("eos_token_id"))  # fmt: skip
     model = GPT2LMHeadModel(cfg)
     sd = {k: v.clone() for k, v in model.state_dict().items()}
+    if not noise >= 0:
+        raise ValueError(f"noise: expected a scale >= 0 of GPT-2's initialisation, got {noise}")
     s, d, D, N = (n_embd / n) ** 0.5, n // H, n_embd // n_head, n_embd
     V = src_cfg["vocab_size"]
 
@@ -76,9 +86,9 @@ def deepen(source: Path, out: Path, n_layer: int = 12, n_head: int = 12, n_embd:
         sd[name][:rows, :n] = s * _centred(src[src_name])
     for i in range(n_layer):
         p = f"transformer.h.{i}."
-        sd[p + "attn.c_proj.weight"].zero_()
+        sd[p + "attn.c_proj.weight"].mul_(noise)  # the distractors' writes; the small model's are set below
         sd[p + "attn.c_proj.bias"].zero_()
-        sd[p + "mlp.c_proj.weight"].zero_()
+        sd[p + "mlp.c_proj.weight"].mul_(noise)
         sd[p + "mlp.c_proj.bias"].zero_()
         if i not in at:
             continue
@@ -96,6 +106,7 @@ def deepen(source: Path, out: Path, n_layer: int = 12, n_head: int = 12, n_embd:
                 sd[p + "attn.c_attn.bias"][part * N + h * D : part * N + (h + 1) * D] = 0
                 sd[p + "attn.c_attn.weight"][:n, new] = scale * w[:, cols]
                 sd[p + "attn.c_attn.bias"][new] = scale * b[cols]
+            sd[p + "attn.c_proj.weight"][h * D : (h + 1) * D] = 0  # the head's other D - d dimensions hold zero
             sd[p + "attn.c_proj.weight"][h * D : h * D + d, :n] = s * _centred(
                 src[q + "attn.c_proj.weight"][h * d : (h + 1) * d]
             )
@@ -103,6 +114,7 @@ def deepen(source: Path, out: Path, n_layer: int = 12, n_head: int = 12, n_embd:
         sd[p + "mlp.c_fc.weight"][:, :inner] = 0
         sd[p + "mlp.c_fc.weight"][:n, :inner] = src[q + "mlp.c_fc.weight"]
         sd[p + "mlp.c_fc.bias"][:inner] = src[q + "mlp.c_fc.bias"]
+        sd[p + "mlp.c_proj.weight"][:inner] = 0
         sd[p + "mlp.c_proj.weight"][:inner, :n] = s * _centred(src[q + "mlp.c_proj.weight"])
         sd[p + "mlp.c_proj.bias"][:n] = s * _centred(src[q + "mlp.c_proj.bias"])
     norm("transformer.ln_f", "transformer.ln_f")
@@ -115,6 +127,15 @@ def deepen(source: Path, out: Path, n_layer: int = 12, n_head: int = 12, n_embd:
     return out
 
 
+def planted_nodes(source: Path, n_layer: int, at: tuple[int, ...] | None = None) -> list[str]:
+    """The heads and MLPs of ``source`` (a GPT-2 folder) as ``deepen`` places them in ``n_layer`` layers
+    (``L{layer}H{head}``, ``MLP{layer}``): the circuit a planted model hides among its distractors."""
+    src_cfg = json.loads((Path(source) / "config.json").read_text())
+    L, H = src_cfg["n_layer"], src_cfg["n_head"]
+    at = tuple(round(i * (n_layer - 1) / max(L - 1, 1)) for i in range(L)) if at is None else tuple(at)
+    return [f"L{layer}H{h}" for layer in at for h in range(H)] + [f"MLP{layer}" for layer in at]
+
+
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(prog="python -m bench.deepened", description=__doc__.split("\n\n")[0])
     p.add_argument("out", help="folder to write (a Hugging Face GPT-2 folder with task.json)")
@@ -123,8 +144,12 @@ def main(argv: list[str] | None = None) -> None:
     )
     for flag, default in (("n-layer", 12), ("n-head", 12), ("n-embd", 768), ("vocab-size", 50257), ("seed", 0)):
         p.add_argument(f"--{flag}", type=int, default=default, help=f"(default: {default})")
+    p.add_argument("--at", type=int, nargs="+", help="the layers the small model's go to (default: spread evenly)")
+    p.add_argument("--noise", type=float, default=0.0,
+                   help="the distractors' output weights: GPT-2's initialisation times this (default: 0, no writes)")
     a = p.parse_args(argv)
-    deepen(Path(a.source), Path(a.out), a.n_layer, a.n_head, a.n_embd, a.vocab_size, seed=a.seed)
+    deepen(Path(a.source), Path(a.out), a.n_layer, a.n_head, a.n_embd, a.vocab_size,
+           at=None if a.at is None else tuple(a.at), seed=a.seed, noise=a.noise)
     print(f"wrote {a.out}")
 
 

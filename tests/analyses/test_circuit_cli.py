@@ -30,14 +30,15 @@ def test_a_model_without_progress_is_told_in_one_line_with_no_circuit_and_exit_0
 
 def test_a_held_out_sample_too_large_for_memory_is_refused_before_any_work(tmp_path, capsys, monkeypatch):
     """``--n-held-out 1e8`` failed in the allocator after the whole search (issue 41). Now: exit 2, one line
-    naming the flag and the memory it would need, before a single context is sampled."""
+    naming the flag and the memory it would need, before a single context is sampled. At the level of edges,
+    whose answers hold the senders' writes on every held-out context (at the level of nodes they stream)."""
     from models.interp.circuit import discovery
 
     def no_work(*a, **k):
         raise AssertionError("the search started before the sizes were checked")
 
     monkeypatch.setattr(discovery, "per_context_baselines", no_work)
-    argv = ["--checkpoint", "theorem1:beta=5", "--n-contexts", "8", "--out", str(tmp_path / "out")]
+    argv = ["--checkpoint", "theorem1:beta=5", "--n-contexts", "8", "--level", "edges", "--out", str(tmp_path / "out")]
     with pytest.raises(SystemExit) as e:
         common.run_cli(circuit.main, [*argv, "--n-held-out", "9000000"])  # 1e8 is beyond the flag's range
     assert e.value.code == 2

@@ -16,10 +16,13 @@ POSITIONS = ("trained", "all", "last")  # the targets every NLL averages over (p
 MAX_CURVE_POINTS = 1000  # circuit sizes on the curve; each is one ablated run over every context
 MAX_IG_STEPS = 1024  # EAP-IG converges by 8 on the standard GPT-2 (README: Circuit discovery)
 MIN_HELD_OUT, MAX_HELD_OUT = 512, 8192  # the held-out sample's bounds; its size in between is the pilot's estimate
-# teraFLOPs of exact edge patching (counted from the weights: 2 x the blocks' parameters x positions x contexts per
-# run) beyond which edges are ranked by EAP-IG: inspect's WORK_BOUND. The shipped GPT-2's default search counts
-# 1.64 TFLOP (exact); a GPT-2-small-shaped model's one run per node 143 TFLOP (a circuit of nodes).
-EXACT_BUDGET = 20.0
+# teraFLOPs (counted from the weights: 2 x the blocks' parameters x positions x contexts per run) that exact edge
+# patching, and the whole search at the level of edges, may take (``discovery.edge_level_work``): beyond the first the
+# edges are ranked by EAP-IG, beyond the second (auto) the circuit is one of nodes. One core runs about 20 GFLOP/s on
+# these models, so the default is minutes. The shipped GPT-2's default search counts 4.2 TFLOP (1.64 of them exact
+# patching); a planted 4-layer, 8-head, width-64 GPT-2's 25 TFLOP (about 18 minutes measured at the level of edges);
+# a GPT-2-small-shaped model's 23,700.
+EXACT_BUDGET = 6.0
 DEFAULT_CORRUPTIONS = (
     "demonstrations",
     "mean",
@@ -72,12 +75,15 @@ class CircuitConfig(Config):
     exact_budget: float = _doc(EXACT_BUDGET, "teraFLOPs (10^12 floating-point operations) that exact edge patching "
                                              "may take, counted from the weights before it starts (the same on every "
                                              "machine): beyond it, the edges are ranked by EAP-IG instead (said in the "
-                                             "summary and the JSON; the circuit chosen is still judged by exact runs)",
+                                             "summary and the JSON; the circuit chosen is still judged by exact runs); "
+                                             "--level auto compares the whole edge-level search with it, and at the "
+                                             "level of nodes half of it sets how many nodes are measured exactly",
                                minimum=0)  # fmt: skip
     level: str = _doc("auto", "what the circuit is chosen as: edges (scored one by one), or nodes (heads and MLPs, "
                               "with every edge among them: each answer is then one run of the contexts); auto: edges, "
-                              "unless one exact run of the search contexts per node would already take more than "
-                              "--exact-budget (a model of GPT-2-small size)", choices=LEVELS)  # fmt: skip
+                              "unless the search at the level of edges (scores, node costs, curves and searches) is "
+                              "counted beyond --exact-budget (a model deeper or wider than the shipped ones)",
+                      choices=LEVELS)  # fmt: skip
     positions: str = _doc("trained", "the target positions every NLL averages over: trained (those the model's loss "
                                      "used: the last token for a CatFormer or a model trained with --loss-on last, "
                                      "else all; the result records which), all (every h >= 1) or last",

@@ -47,12 +47,12 @@ class Corruption:
 
         return self.contexts(task, tokens, torch.Generator().manual_seed(seed + 7919))
 
-    def ablated_values(self, subject: Subject, graph: Graph, tokens, seed: int) -> dict:
+    def ablated_values(self, subject: Subject, graph: Graph, tokens, seed: int, keep=None) -> dict:
         """The senders' ablated values, ``{(node, site): [batch or 1, pos, D]}``: their writes on
-        ``other_contexts``, or (``averaged``) those writes' mean over the contexts."""
+        ``other_contexts``, or (``averaged``) those writes' mean over the contexts; ``keep``: of these nodes only."""
         from models.interp.circuit.runner import mean_writes, sender_writes
 
-        writes = sender_writes(subject, graph, self.other_contexts(subject.task, tokens, seed))[0]
+        writes = sender_writes(subject, graph, self.other_contexts(subject.task, tokens, seed), keep=keep)[0]
         return mean_writes(writes) if self.averaged else writes
 
 
@@ -99,9 +99,10 @@ def other_contexts(task, tokens: Int[Tensor, "batch T"], corruption: str, seed: 
     return CORRUPTIONS[corruption].other_contexts(task, tokens, seed)
 
 
-def source_writes(subject: Subject, graph: Graph, tokens, corruption: str, seed: int) -> dict:
-    """The senders' ablated values under the corruption named ``corruption`` (``Corruption.ablated_values``)."""
-    return CORRUPTIONS[corruption].ablated_values(subject, graph, tokens, seed)
+def source_writes(subject: Subject, graph: Graph, tokens, corruption: str, seed: int, keep=None) -> dict:
+    """The senders' ablated values under the corruption named ``corruption`` (``Corruption.ablated_values``;
+    ``keep``: of these nodes only)."""
+    return CORRUPTIONS[corruption].ablated_values(subject, graph, tokens, seed, keep)
 
 
 def denoising_runner(subject: Subject, graph: Graph, tokens, corruption: str, seed: int,

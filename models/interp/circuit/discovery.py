@@ -35,6 +35,7 @@ from models.interp.circuit.graph import Edge, Graph, Node, build_graph
 from models.interp.circuit.methods import METHODS
 from models.interp.circuit.nodes import (
     NODE_ABLATIONS,
+    mean_outputs,
     node_ablated_values,
     node_attribution,
     node_costs,
@@ -75,6 +76,7 @@ from models.plumbing.io import MEMORY_FRACTION, check_memory, memory_limit, size
 from models.plumbing.progress import progress
 from probes.metrics import per_context_nll
 
+PASS_BYTES = 768 * 2**20  # a pass's activations (twice what the hooks see, as check_fits counts them) at most
 N_MEAN = 2048  # held-out contexts whose mean is each sender's / node's mean-ablated value
 N_MEAN_NODES = 512  # the same at the level of nodes, where each run of them is one of a big model
 NODES_EXACT = 12  # at the level of nodes: the first-ranked heads and MLPs whose cost alone is measured exactly
@@ -101,11 +103,11 @@ def context_bytes(subject: Subject, graph: Graph) -> tuple[int, int, int]:
     """Memory one more context costs, about: (the senders' writes a ``Runner`` holds, one forward pass's
     activations, the heads' and MLPs' outputs a node-level answer records), measured on one context (each
     storage counted once)."""
-    seen: dict[int, int] = {}
+    seen: dict[int, tuple[int, Tensor]] = {}
 
-    def grab(t, hook):
+    def grab(t, hook):  # each kept alive till the count, so that no two activations share a freed address
         if isinstance(t, torch.Tensor):
-            seen[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
+            seen[t.untyped_storage().data_ptr()] = (t.untyped_storage().nbytes(), t)
 
     one = sample(subject.task, 1, 0)
     with warnings.catch_warnings():  # hooking every name: the bridge warns of gated ones
@@ -115,7 +117,7 @@ def context_bytes(subject: Subject, graph: Graph) -> tuple[int, int, int]:
     held = {w.untyped_storage().data_ptr(): w.untyped_storage().nbytes() for w in writes.values()}
     recorded = record_outputs(subject, one, output_hooks(node_outputs(subject, graph)))
     outputs = sum(v.numel() * v.element_size() for v in recorded.values())
-    return sum(held.values()), sum(seen.values()), outputs
+    return sum(held.values()), sum(n for n, _ in seen.values()), outputs
 
 
 def scoring_method(subject: Subject, graph: Graph, config: CircuitConfig) -> tuple[str, str | None]:
@@ -133,6 +135,47 @@ def scoring_method(subject: Subject, graph: Graph, config: CircuitConfig) -> tup
                       "instead, and the circuit chosen is judged by exact runs")  # fmt: skip
 
 
+def edge_level_work(subject: Subject, graph: Graph, config: CircuitConfig) -> dict[str, float]:
+    """FLOPs, per stage, of a circuit at the level of edges on the search contexts, counted from the weights and
+    the config before any of it runs (each run of the search contexts at ``flops_per_context`` a context): the
+    edges' scores by the method ``scoring_method`` picks (exact: ``copy_runs`` runs; EAP: a pass with gradients,
+    3 runs; EAP-IG: 3 runs a step), per corruption; the node costs (one run per head and MLP, one more per group
+    of positions, and the mean-ablation reference); the curves and searches (per corruption, the curve's points,
+    the top-n bisection's steps, the circuit and its KL, each at most one run per receiver and per level, and
+    one more; twice when denoising). The held-out answers come after and are not counted here."""
+    one = flops_per_context(subject) * config.n_contexts
+    k = len(config.corruptions)
+    method = scoring_method(subject, graph, config)[0]
+    per_method = {"exact": copy_runs(graph), "eap": 3, "eap-ig": 3 * config.ig_steps}
+    groups = len(graph.groups[graph.receivers[0].site]) if graph.family == "standard" else 0
+    nodes = len(node_outputs(subject, graph))
+    evaluations = config.curve_points + len(graph.edges).bit_length() + 2
+    runs = len(graph.receivers) + len({r.level for r in graph.receivers}) + 1
+    return {
+        f"edge scores ({method})": per_method.get(method, 3) * k * one,
+        "node costs": nodes * (1 + groups) * one + N_MEAN * one / config.n_contexts,
+        "faithfulness curves and searches": (2 if config.direction == "denoising" else 1) * k * evaluations * runs * one,
+    }
+
+
+def node_level_work(subject: Subject, graph: Graph, config: CircuitConfig) -> dict[str, float]:
+    """FLOPs, per stage, of a circuit at the level of nodes on the search contexts (as ``edge_level_work``): the
+    node attribution (a pass with gradients, 3 runs; the reference; a run per corruption that is not averaged)
+    and the ``exact_nodes`` node costs. The node search, the EAP scores among the nodes and the answers come after,
+    a few runs each, and are not counted here."""
+    one = flops_per_context(subject) * config.n_contexts
+    others = sum(not CORRUPTIONS[c].averaged for c in config.corruptions)
+    return {"node attribution": (3 + others) * one + N_MEAN_NODES * one / config.n_contexts,
+            "node costs": exact_nodes(subject, config) * one}  # fmt: skip
+
+
+def exact_nodes(subject: Subject, config: CircuitConfig) -> int:
+    """At the level of nodes, how many heads and MLPs (the first by attribution) are measured exactly: as many
+    runs of the search contexts as half of ``exact_budget`` allows, at most ``NODES_EXACT``."""
+    one = flops_per_context(subject) * config.n_contexts
+    return int(min(NODES_EXACT, config.exact_budget * TERA / 2 // one))
+
+
 # What attribution holds beyond the search's runners, in a pass's hooked activations per search context: one pass
 # with gradients over every search context at once (autograd keeps more than the hooks see), the gradients at every
 # receiver's input, and for EAP-IG their running sum over the steps. Measured on the shipped GPT-2 by
@@ -148,27 +191,30 @@ def check_fits(subject: Subject, config: CircuitConfig, graph: Graph | None = No
     two when denoising), a pass runs on ``rows`` contexts or all of them, and the receivers' patched
     activations at most double a pass's. ``rows`` is ``ROWS``, or fewer where a pass of ``ROWS`` contexts
     would take more than a quarter of the memory (a big model). The held-out sample is sized at
-    ``n_held_out``, or at its least size. At the ``level`` of nodes the answers hold the heads' and MLPs'
-    outputs of two samples and one other run instead of the senders' writes, the search's runners freed.
+    ``n_held_out``, or at its least size. ``rows`` is also at most what keeps a pass within ``PASS_BYTES``
+    (the shipped models' passes stay at ``ROWS``; a deep model's are smaller, so that a pass's memory is set
+    by one batch, whatever the machine has free). At the ``level`` of nodes every stage streams the contexts
+    a part of ``rows`` at a time: only a part's outputs and one pass with gradients are held, whatever
+    ``n_contexts`` and ``n_held_out`` (the EAP scores among the chosen nodes hold their writes on a part).
     ``sizes``: ``context_bytes`` measured already. Returns the most held-out contexts that fit, and ``rows``."""
     graph = build_graph(subject) if graph is None else graph
     writes, forward, outputs = context_bytes(subject, graph) if sizes is None else sizes
-    rows = max(1, min(ROWS, int(MEMORY_FRACTION * memory_limit()[0] / 4 // (2 * forward))))
+    rows = max(1, min(ROWS, PASS_BYTES // (2 * forward), int(MEMORY_FRACTION * memory_limit()[0] / 4 // (2 * forward))))
+    if level == "nodes":  # every stage runs a part of ``rows`` contexts at a time, the search's too
+        part = rows * (3 * outputs + ATTRIBUTION_PASSES["eap"] * forward)
+        check_memory(part, f"a part of {rows} contexts at the level of nodes ({size(part / rows)} a context: the "
+                           "heads' and MLPs' outputs and a pass with gradients)")  # fmt: skip
+        return MAX_HELD_OUT, rows
     runners = len(config.corruptions) * (2 if config.direction == "denoising" else 1)
     n, held = config.n_contexts, config.n_held_out or MIN_HELD_OUT
     search = 2 * writes * runners * n + 2 * forward * max(n, rows)
     check_memory(search, f"n_contexts {n} (the search: {size(2 * writes * runners + 2 * forward)} a context)")
     method = scoring_method(subject, graph, config)[0]
-    if level == "edges" and method in ATTRIBUTION_PASSES:  # at the level of nodes: the chosen nodes' edges only
+    if method in ATTRIBUTION_PASSES:
         grads = ATTRIBUTION_PASSES[method] * forward * n
         check_memory(search + grads, f"n_contexts {n} with {method} ({size(grads / n)} a context for one pass with "
                                      f"gradients over every search context, besides the search's {size(search)})")  # fmt: skip
     bound = MEMORY_FRACTION * memory_limit()[0]
-    if level == "nodes":
-        passes = 2 * forward * min(held, rows)
-        check_memory(3 * outputs * held + passes, f"n_held_out {held} ({size(3 * outputs)} a context, and "
-                                                  f"{size(passes)} for a pass)")  # fmt: skip
-        return int((bound - 2 * forward * rows) // (3 * outputs)), rows
     answers = 2 * writes * held + 2 * forward * max(held, rows)
     check_memory(search + answers, f"n_held_out {held} ({size(2 * writes + 2 * forward)} a context; the search "
                                    f"holds {size(search)} besides)")  # fmt: skip
@@ -289,12 +335,17 @@ class _Discovery:
         self.tokens = sample(self.task, config.n_contexts, config.seed)
         self.plateau, self.bma = per_context_baselines(self.task, self.tokens, config.positions)
         self.corruptions, self.stages = list(config.corruptions), Stages()
-        with self.stages("clean and corrupted runs"):
-            self.clean = sender_writes(subject, self.graph, self.tokens)
         # the work of one run of the search contexts, counted from the weights (never measured: the same command
         # makes the same decisions on every machine)
         self.pass_flops = flops_per_context(subject) * len(self.tokens)
-        self.full = self.metric(self.clean[1], self.tokens)
+        self.chosen_level = self.level()  # a level whose sizes do not fit is refused here, before any work
+        with self.stages("clean and corrupted runs"):
+            if self.chosen_level[0] == "edges":  # every sender's writes: the runners share them
+                self.clean = sender_writes(subject, self.graph, self.tokens)
+                self.full = self.metric(self.clean[1], self.tokens)
+            else:  # the nodes' writes only, once they are chosen (``build_runners``)
+                self.clean = None
+                self.full = run_and_record(subject, self.tokens, [], self.metric, self.rows)[1]
         self.progress = Estimate(*ratio_se(self.plateau - self.full, self.plateau - self.bma))
         self.runners: dict[str, Runner] = {}
 
@@ -302,14 +353,10 @@ class _Discovery:
         """Each corruption's Runner on the search contexts, sharing the clean run; ``keep``: the senders'
         writes of these nodes only (a circuit of nodes scores the edges among them; the others' writes of a
         big model would take gigabytes)."""
-
-        def only(writes: dict) -> dict:
-            return writes if keep is None else {k: v for k, v in writes.items() if k[0] in keep}
-
         with self.stages("clean and corrupted runs"):
-            clean = (only(self.clean[0]), self.clean[1])
+            clean = self.clean if keep is None else sender_writes(self.subject, self.graph, self.tokens, keep=keep)
             self.runners = {c: Runner(self.subject, self.graph, self.tokens,
-                                      only(source_writes(self.subject, self.graph, self.tokens, c, self.config.seed)),
+                                      source_writes(self.subject, self.graph, self.tokens, c, self.config.seed, keep),
                                       self.metric, clean=clean, rows=self.rows)
                             for c in self.corruptions}  # fmt: skip
         return self.runners
@@ -318,32 +365,35 @@ class _Discovery:
         return CircuitResult(
             self.config, self.subject.hash, len(self.graph.edges), self.full.mean().item(), self.bma.mean().item(),
             self.plateau.mean().item(), self.progress, len(self.tokens), trained_on=self.subject.trained_on,
-            timings=self.stages.times, **found)  # fmt: skip
+            timings=self.stages.times, work=self.work, **found)  # fmt: skip
 
     def method(self) -> tuple[str, str | None]:
         """The score method to run, and why it is not the one asked for (``scoring_method``)."""
         return scoring_method(self.subject, self.graph, self.config)
 
     def level(self) -> tuple[str, str | None]:
-        """What the circuit is chosen as, and why, if it was not asked for: ``config.level``, or (auto)
-        nodes where one exact run of the search contexts per head and MLP (the node costs alone) is
-        counted beyond ``exact_budget`` teraFLOPs, or where the edge-level answers would not fit in memory;
-        else edges. A level whose answers do not fit is refused here (ValueError)."""
-        config, n = self.config, len(node_outputs(self.subject, self.graph))
+        """What the circuit is chosen as, and why, if it was not asked for: ``config.level``, or (auto) nodes
+        where the search at the level of edges is counted beyond ``exact_budget`` teraFLOPs
+        (``edge_level_work``), or where the edge-level answers would not fit in memory; else edges. A level
+        whose answers do not fit is refused here (ValueError). Sets ``work``: the counted FLOPs per stage."""
+        config = self.config
+        work = edge_level_work(self.subject, self.graph, config)
+        total = sum(work.values())
         if config.level != "auto":
             level, why = config.level, None
         elif isinstance(self.fits["edges"], ValueError):
             level, why = "nodes", f"the edge-level answers would not fit in memory ({self.fits['edges']})"
-        elif n * self.pass_flops > config.exact_budget * TERA and config.direction == "noising":
-            level, why = "nodes", (f"one exact run of the {len(self.tokens)} search contexts per head and MLP "
-                                   f"({n} at {self.pass_flops / TERA:.3g} TFLOP each, {n * self.pass_flops / TERA:.1f} "
-                                   f"TFLOP, counted from the weights) is beyond --exact-budget {config.exact_budget:g} "
-                                   "TFLOP")  # fmt: skip
+        elif total > config.exact_budget * TERA and config.direction == "noising":
+            level, why = "nodes", (f"the search at the level of edges counts {total / TERA:.1f} TFLOP on the "
+                                   f"{len(self.tokens)} search contexts (" + ", ".join(
+                                       f"{k} {v / TERA:.2g}" for k, v in work.items()) + "; counted from the weights), "
+                                   f"beyond --exact-budget {config.exact_budget:g} TFLOP")  # fmt: skip
         else:
             level, why = "edges", None
         if isinstance(self.fits[level], ValueError):
             raise self.fits[level]
         self.most_held_out, self.rows = self.fits[level]
+        self.work = work if level == "edges" else node_level_work(self.subject, self.graph, config)
         return level, why
 
     def scores(self, method: str) -> dict:
@@ -369,18 +419,25 @@ class _Discovery:
                 self.subject, self.graph, self.tokens, ns, "mean", reference, self.metric, recorded=recorded,
                 rows=self.rows,
             )
-            return ratio_se(self.plateau - values, self.plateau - self.full)[0]
+            return Estimate(*ratio_se(self.plateau - values, self.plateau - self.full))
 
         return sufficient
 
     def choose_nodes(self, costs: dict, by_cost: list[Node], by_weight: dict, sufficient,
-                     faithful) -> tuple[list[Node], dict]:  # fmt: skip
+                     faithful, within_se: float = 0.0) -> tuple[list[Node], dict]:  # fmt: skip
         """The nodes: every head or MLP whose mean ablation alone costs > COST_Z standard errors (``costs``),
         then others in the order ``by_cost`` until the nodes alone (the rest mean-ablated) keep ``target`` of
-        the progress (``sufficient(nodes)``, a share), then, for each corruption c whose circuit among them
-        does not keep ``target`` (``faithful(c, nodes)``), the nodes in the order ``by_weight[c]``. Returns
-        them in the graph's order and why each was added."""
+        the progress (``sufficient(nodes)``, an ``Estimate`` of the share), then, for each corruption c whose
+        circuit among them does not keep ``target`` (``faithful(c, nodes)``), the nodes in the order
+        ``by_weight[c]``. ``within_se``: a share below the target by at most this many of its standard errors
+        counts as keeping it (at the level of nodes, 2: else, once the share sits at the target within its
+        error, every further node, each adding nothing beyond noise, would be added). Returns them in the
+        graph's order and why each was added."""
         target = self.config.target
+
+        def kept(share: Estimate) -> bool:
+            return share.value >= target - within_se * share.se
+
         added: dict = {}
         for n, (cost, cost_se) in costs.items():
             if cost > COST_Z * cost_se:
@@ -389,17 +446,18 @@ class _Discovery:
             if n in added:
                 continue
             share = sufficient(list(added))
-            if share >= target:
+            if kept(share):
                 break
-            added[n] = f"the nodes before it alone kept {share:.3f} < {target:g} of the progress, rest mean-ablated"
+            added[n] = (f"the nodes before it alone kept {share.value:.3f} +- {share.se:.3f} < {target:g} of the "
+                        "progress, rest mean-ablated")  # fmt: skip
         for c in self.corruptions:
             for n in by_weight[c]:
                 if n in added:
                     continue
                 share = faithful(c, list(added))
-                if share >= target:
+                if kept(share):
                     break
-                added[n] = f"the edges among the nodes before it kept {share:.3f} < {target:g} under {c}"
+                added[n] = f"the edges among the nodes before it kept {share.value:.3f} +- {share.se:.3f} < {target:g} under {c}"
         return [n for n in self.graph.node_order if n in added], added
 
     def edge_weights(self, scored: dict, costs: dict) -> dict[str, list[Node]]:
@@ -515,7 +573,7 @@ def discover(subject: Subject, config: CircuitConfig | None = None) -> CircuitRe
     if reason is not None:
         return run.result(refused=reason)
     graph, tokens, corruptions, stage = run.graph, run.tokens, run.corruptions, run.stages
-    level, why = run.level()
+    level, why = run.chosen_level
     if level == "nodes":
         if config.n_edges is not None:
             raise ValueError(f"n_edges {config.n_edges} applies to a circuit of edges, and level auto chose nodes "
@@ -526,7 +584,7 @@ def discover(subject: Subject, config: CircuitConfig | None = None) -> CircuitRe
     scored = run.scores(method)
     with stage("node costs"):
         reference = sample(subject.task, N_MEAN, config.seed + SEEDS["reference"])
-        recorded = record_outputs(subject, reference, output_hooks(node_outputs(subject, graph)), run.rows)  # once
+        recorded = mean_outputs(subject, reference, output_hooks(node_outputs(subject, graph)), run.rows)  # once
         costs = {n: Estimate(*mean_se(v)) for n, v in node_costs(
             subject, graph, tokens, reference, run.metric, rows=run.rows, recorded=recorded, clean=run.full,
             progress=lambda p: _bar(p, "node costs")).items()}  # fmt: skip
@@ -534,7 +592,10 @@ def discover(subject: Subject, config: CircuitConfig | None = None) -> CircuitRe
         if run.named is not None:
             nodes, added = graph.nodes(run.named), {}
         else:
-            faithful = lambda c, ns: faithfulness(scored[c][0], among(graph, ns), run.plateau, run.full).faithfulness  # noqa: E731
+            def faithful(c, ns):
+                found = faithfulness(scored[c][0], among(graph, ns), run.plateau, run.full)
+                return Estimate(found.faithfulness, found.se)
+
             nodes, added = run.choose_nodes(costs, sorted(costs, key=lambda n: -costs[n][0]),
                                             run.edge_weights(scored, costs), run.mean_sufficiency(reference, recorded),
                                             faithful)  # fmt: skip
@@ -584,28 +645,24 @@ def discover(subject: Subject, config: CircuitConfig | None = None) -> CircuitRe
 
 
 class _NodeAnswers:
-    """The node-level answers on one sample: the clean run (its metric, the nodes' outputs recorded), and
-    the circuit's metric with every other head and MLP at its value under a corruption or an ablation."""
+    """The node-level answers on one sample: the clean run's metric, and the circuit's metric with every other
+    head and MLP at its value under a corruption or an ablation. A value from other contexts is recorded a
+    part at a time, as the run reaches it (``node_ablated_values``): memory is one part's."""
 
     def __init__(self, run: _Discovery, tokens, seed: int, reference, recorded: dict, full: Tensor | None = None):
         self.run, self.tokens, self.seed, self.reference, self.recorded = run, tokens, seed, reference, recorded
-        self.hooks = output_hooks(node_outputs(run.subject, run.graph))
-        if full is None:  # its outputs recorded in the clean run: the other sample's resample values
-            self.outputs, self.full = run_and_record(run.subject, tokens, self.hooks, run.metric, run.rows)
-        else:
-            self.outputs, self.full = None, full
+        self.full = run_and_record(run.subject, tokens, [], run.metric, run.rows)[1] if full is None else full
         self.plateau, self.bma = per_context_baselines(run.task, tokens, run.config.positions)
         self._other: dict = {}
         self._runs: dict = {}  # (ablated value, nodes) -> the metric: each run made once
 
     def source(self, c: str) -> tuple[Tensor, dict]:
-        """Corruption ``c``'s contexts and the nodes' outputs on them: the reference (averaged: its mean is the
-        value), else the corruption's other context of each context (recorded once)."""
+        """Corruption ``c``'s contexts and the nodes' outputs on them: the reference and its mean (averaged),
+        else the corruption's other context of each context and None (recorded part by part as runs need them)."""
         if CORRUPTIONS[c].averaged:
             return self.reference, self.recorded
         if c not in self._other:
-            other = CORRUPTIONS[c].other_contexts(self.run.task, self.tokens, self.seed)
-            self._other[c] = (other, record_outputs(self.run.subject, other, self.hooks, self.run.rows))
+            self._other[c] = (CORRUPTIONS[c].other_contexts(self.run.task, self.tokens, self.seed), None)
         return self._other[c]
 
     def values(self, nodes, c: str) -> Tensor:
@@ -632,15 +689,61 @@ class _NodeAnswers:
         runs = [("faithfulness", c) for c in self.run.corruptions] + [("sufficiency", a) for a in NODE_ABLATIONS]
         got = {}
         for what, name in _bar(runs, f"answers on {len(self.tokens)} contexts"):
-            values = (self.ablated(nodes, "resample", other.tokens, other.outputs) if (what, name) == ("sufficiency", "resample")
+            values = (self.ablated(nodes, "resample", other.tokens, None) if (what, name) == ("sufficiency", "resample")
                       else self.values(nodes, name))  # "mean": mean ablation, made once with an averaged corruption  # fmt: skip
             got[(what, name)] = self.share(values)
-        self._other.clear()  # the corruptions' outputs: gigabytes on a big model
         shares = {c: got[("faithfulness", c)] for c in self.run.corruptions}
         mean, resample = got[("sufficiency", "mean")], got[("sufficiency", "resample")]
         progress = Estimate(*ratio_se(self.plateau - self.full, self.plateau - self.bma))
         return Measurement(len(self.tokens), shares, progress, self.full.mean().item(),
                            {"mean": mean, "resample": resample})  # fmt: skip
+
+
+def _node_attribution_in_parts(run: _Discovery, means: dict, search: _NodeAnswers) -> dict[str, dict]:
+    """Per head and MLP, per search context, its first-order cost (``node_attribution``) when set to its mean
+    (``"mean"``) and, per corruption that is not averaged, to its output on the corruption's other context
+    (by the corruption's name), ``{key: {node: [n_contexts]}}``. A part of ``run.rows`` contexts at a time (a
+    pass with gradients, and the other contexts' outputs recorded), so that memory is one part's."""
+    subject, graph, hooks = run.subject, run.graph, output_hooks(node_outputs(run.subject, run.graph))
+    others = [c for c in run.corruptions if not CORRUPTIONS[c].averaged]
+    parts: dict = {"mean": [], **{c: [] for c in others}}
+    for i in range(0, len(run.tokens), run.rows):
+        part = slice(i, i + run.rows)
+        clean, grads = output_grads(subject, graph, run.tokens[part], run.metric)
+        parts["mean"].append(node_attribution(subject, graph, clean, grads, means))
+        for c in others:
+            value = record_outputs(subject, search.source(c)[0][part], hooks, run.rows)
+            parts[c].append(node_attribution(subject, graph, clean, grads, value))
+    return {k: {n: torch.cat([p[n] for p in v]) for n in v[0]} for k, v in parts.items()}
+
+
+def _edge_attribution_in_parts(run: _Discovery, keep: set, edges: list[Edge]) -> dict[str, EdgeScores]:
+    """Per corruption, EAP of ``edges`` (among the nodes ``keep``) on each search context, ``[edge, context]``:
+    the gradient at the clean run (the first corruption's runner's, shared) times each sender's change. A part of
+    ``run.rows`` contexts at a time, the senders' writes of ``keep`` only, so that memory is one part's: each
+    corruption's other contexts are drawn for every search context at once (the same as in one pass), and an
+    averaged corruption's value is its writes' mean over all of them (summed in float64 part by part)."""
+    subject, graph, config, n = run.subject, run.graph, run.config, len(run.tokens)
+    other = {c: CORRUPTIONS[c].other_contexts(run.task, run.tokens, config.seed) for c in run.corruptions}
+    sums: dict = {}
+    for c in [c for c in run.corruptions if CORRUPTIONS[c].averaged]:
+        for i in range(0, n, run.rows):
+            for k, v in sender_writes(subject, graph, other[c][i : i + run.rows], keep=keep)[0].items():
+                sums[c] = sums.get(c, {})
+                sums[c][k] = (v.double().sum(0, keepdim=True) + sums[c][k][0] if k in sums[c] else
+                              v.double().sum(0, keepdim=True), v.dtype)  # fmt: skip
+    means = {c: {k: (total / n).to(dtype) for k, (total, dtype) in by_key.items()} for c, by_key in sums.items()}
+    values: dict = {c: [] for c in run.corruptions}
+    for i in range(0, n, run.rows):
+        part = run.tokens[i : i + run.rows]
+        clean = sender_writes(subject, graph, part, keep=keep)
+        grads = None
+        for c in run.corruptions:
+            source = means[c] if c in means else sender_writes(subject, graph, other[c][i : i + run.rows], keep=keep)[0]
+            runner = Runner(subject, graph, part, source, run.metric, clean=clean, rows=run.rows)
+            grads = input_grads(runner, edges=edges) if grads is None else grads
+            values[c].append(attribution(runner, grads, edges).values)
+    return {c: EdgeScores(edges, torch.cat(v, 1)) for c, v in values.items()}
 
 
 def _node_circuit(run: _Discovery, why: str | None) -> CircuitResult:
@@ -652,18 +755,16 @@ def _node_circuit(run: _Discovery, why: str | None) -> CircuitResult:
     tokens, hooks = run.tokens, output_hooks(node_outputs(subject, graph))
     with stage("node attribution"):
         reference = sample(subject.task, N_MEAN_NODES, config.seed + SEEDS["reference"])
-        means = {h: v.mean(0, keepdim=True) for h, v in record_outputs(subject, reference, hooks, run.rows).items()}
-        recorded = means  # mean ablation reads only the mean (the mean of one row is itself)
+        recorded = means = mean_outputs(subject, reference, hooks, run.rows)  # mean ablation reads only the mean
         search = _NodeAnswers(run, tokens, config.seed, reference, recorded, full=run.full)
-        clean, grads = output_grads(subject, graph, tokens, run.metric)
-        estimate = {n: Estimate(*mean_se(v)) for n, v in node_attribution(subject, graph, clean, grads, means).items()}
+        per_context = _node_attribution_in_parts(run, means, search)
+        estimate = {n: Estimate(*mean_se(v)) for n, v in per_context["mean"].items()}
         by_corruption = {}
         for c in run.corruptions:
-            value = means if CORRUPTIONS[c].averaged else search.source(c)[1]
-            att = {n: v.mean().item() for n, v in node_attribution(subject, graph, clean, grads, value).items()}
+            att = {n: v.mean().item() for n, v in per_context["mean" if CORRUPTIONS[c].averaged else c].items()}
             by_corruption[c] = sorted(att, key=lambda n: -abs(att[n]))
     ranked_nodes = sorted(estimate, key=lambda n: -abs(estimate[n].value))
-    exact = [n for n in ranked_nodes[:NODES_EXACT] if estimate[n].value != 0 or estimate[n].se != 0]
+    exact = [n for n in ranked_nodes[: exact_nodes(subject, config)] if estimate[n].value != 0 or estimate[n].se != 0]
     with stage("node costs"):
         costs = {n: Estimate(*mean_se(v)) for n, v in node_costs(
             subject, graph, tokens, reference, run.metric, rows=run.rows, nodes=exact, recorded=recorded,
@@ -674,16 +775,14 @@ def _node_circuit(run: _Discovery, why: str | None) -> CircuitResult:
             nodes, added = graph.nodes(run.named), {}
         else:
             nodes, added = run.choose_nodes(costs, by_cost, by_corruption,
-                                            lambda ns: search.share(search.values(ns, "mean")).value,
-                                            lambda c, ns: search.share(search.values(ns, c)).value)  # fmt: skip
+                                            lambda ns: search.share(search.values(ns, "mean")),
+                                            lambda c, ns: search.share(search.values(ns, c)), within_se=2)  # fmt: skip
     edges = among(graph, nodes)
-    run.build_runners(keep=set(nodes) | {n for n in graph.node_order if n.is_end})
-    run.clean = None  # every sender's clean writes: only the nodes' are needed from here
     with stage("edge scores (eap, among the nodes)"):
-        grads_in = input_grads(run.runners[run.corruptions[0]], edges=edges)
+        scores = _edge_attribution_in_parts(run, set(nodes) | {n for n in graph.node_order if n.is_end}, edges)
         searches = {}
         for c in run.corruptions:
-            values = attribution(run.runners[c], grads_in, edges)
+            values = scores[c]
             stats = values.with_se()
             found = search.share(search.values(nodes, c))
             rows_ = [ScoredEdge(e, *stats[e]) for e in sorted(edges, key=lambda e: -abs(stats[e][0]))]
@@ -691,7 +790,6 @@ def _node_circuit(run: _Discovery, why: str | None) -> CircuitResult:
                 c, rows_, sum(abs(x) <= 2 * se for x, se in stats.values()),
                 sum(abs(x) > config.min_z * se for x, se in stats.values()), found, [], None,
                 [ScoredEdge(e, *stats[e]) for e in edges], input_sums(values))  # fmt: skip
-    run.runners.clear()  # the senders' writes: the answers below do not need them
     kept_by = {c: edges for c in run.corruptions}
     n_held = held_out_size(config, run.plateau, run.full, run.bma, run.most_held_out)
     with stage("held-out answers"):
@@ -710,8 +808,9 @@ def _node_circuit(run: _Discovery, why: str | None) -> CircuitResult:
     interventions += [description(h, kind, f"every head / MLP outside the circuit: {NODE_ABLATIONS[a]}")
                       for a, kind in (("mean", "mean"), ("resample", "patch")) for h in hooks]  # fmt: skip
     note = (f"{why or 'asked for by --level nodes'}. Heads and MLPs are ranked by attribution (the first-order "
-            f"cost of each one's mean ablation, one backward pass), the first {len(exact)} measured exactly; the "
-            f"circuit's edges are every edge among its nodes, scored by EAP; each answer is one exact run (every "
+            f"cost of each one's mean ablation, one backward pass), the first {len(exact)} measured exactly (as many "
+            f"runs as half of --exact-budget allows, at most {NODES_EXACT}); nodes are added while a share is below "
+            f"the target by more than 2 standard errors; the circuit's edges are every edge among its nodes, scored by EAP; each answer is one exact run (every "
             f"other head and MLP at its ablated value, the same as ablating every other edge)")  # fmt: skip
     roles = {n: dataclasses.replace(r, side="side not measured (a circuit of nodes)")
              for n, r in node_roles(kept_by, nodes, added, {}).items()}  # every edge among them: both sides  # fmt: skip

@@ -44,6 +44,22 @@ def record_outputs(subject: Subject, tokens, hooks_: list[str], rows: int = ROWS
     return run_and_record(subject, tokens, hooks_, None, rows)[0]
 
 
+def mean_outputs(subject: Subject, tokens, hooks_: list[str], rows: int = ROWS) -> dict:
+    """The activations at ``hooks_`` averaged over ``tokens``, ``{hook: [1, ...]}``: summed in float64 a part of
+    ``rows`` contexts at a time, so that memory is one part's, whatever the number of contexts (what mean
+    ablation reads: ``node_ablated_values`` and ``node_costs`` take it as ``recorded``, the mean of one row
+    being itself)."""
+    sums: dict = {}
+    for i in range(0, len(tokens), rows):
+        store: dict = {}
+        with torch.no_grad():
+            subject.log_probs(tokens[i : i + rows], [Intervention(h, "record", store=store).fwd_hook() for h in hooks_])
+        for h in hooks_:
+            part = store[h].double().sum(0, keepdim=True)
+            sums[h] = (part, store[h].dtype) if h not in sums else (sums[h][0] + part, sums[h][1])
+    return {h: (total / len(tokens)).to(dtype) for h, (total, dtype) in sums.items()}
+
+
 def run_and_record(subject: Subject, tokens, hooks_: list[str], metric: Metric | None,
                    rows: int = ROWS) -> tuple[dict, Float[Tensor, " batch"] | None]:  # fmt: skip
     """``record_outputs`` and, in the same passes, the clean run's ``metric`` per context (None without one)."""
@@ -112,17 +128,21 @@ def node_ablated_values(subject: Subject, graph: Graph, tokens, kept, ablation: 
     for n, (hook, head) in outputs.items():
         if n not in kept:
             by_hook.setdefault(hook, []).append(head)
-    ref = recorded if recorded is not None else record_outputs(subject, reference, sorted(by_hook), rows)
+    if ablation == "mean":  # the mean, a part at a time
+        ref = recorded if recorded is not None else mean_outputs(subject, reference, sorted(by_hook), rows)
     values = []
     for i in range(0, len(tokens), rows):
         part = slice(i, i + rows)
+        if ablation == "resample":  # each part's own reference contexts, recorded as they are reached
+            ref = ({h: v[part] for h, v in recorded.items()} if recorded is not None
+                   else record_outputs(subject, reference[part], sorted(by_hook), rows))  # fmt: skip
         ivs = []
         for hook, heads in by_hook.items():
             index = None if heads == [None] else tuple(heads)
             if ablation == "mean":
                 ivs.append(Intervention(hook, "mean", heads=index, positions=positions, value=ref[hook].mean(0)))
             else:
-                ivs.append(Intervention(hook, "patch", heads=index, positions=positions, value=ref[hook][part]))
+                ivs.append(Intervention(hook, "patch", heads=index, positions=positions, value=ref[hook]))
         with torch.no_grad():
             lp = subject.log_probs(tokens[part], [iv.fwd_hook() for iv in ivs])
         values.append(metric(lp, tokens[part]))
@@ -144,7 +164,7 @@ def node_costs(subject: Subject, graph: Graph, tokens, reference, metric: Metric
             clean = torch.cat([metric(subject.log_probs(tokens[i : i + rows]), tokens[i : i + rows])
                                for i in range(0, len(tokens), rows)])  # fmt: skip
     if recorded is None:
-        recorded = record_outputs(subject, reference, output_hooks(outputs), rows)
+        recorded = mean_outputs(subject, reference, output_hooks(outputs), rows)
     means = {hook: recorded[hook].mean(0) for hook in output_hooks(outputs)}
     todo, b = list(outputs if nodes is None else nodes), len(tokens)
     if b > rows:  # one node a pass, the contexts in parts

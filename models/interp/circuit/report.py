@@ -16,6 +16,14 @@ from models.plumbing.words import positions_words
 COMPUTES = "computes the prediction"  # node-level sufficiency: every other head and MLP ablated
 
 
+def _work_words(work: dict) -> str:
+    """The work counted before the search ran, per stage, beside the seconds each stage took."""
+    counted, seconds = work["counted_tflop"], work.get("seconds", {})
+    return (f"work counted before the search ran: {sum(counted.values()):.2f} TFLOP ("
+            + ", ".join(f"{k} {v:.2g}" for k, v in counted.items()) + ")"
+            + ("; seconds each stage took: " + ", ".join(f"{k} {v:.0f}" for k, v in seconds.items()) if seconds else ""))
+
+
 def _curve_words(curve: list[dict]) -> str:
     return ", ".join(f"{c['n_edges']}: {c['faithfulness']:.2f}+-{c['se']:.2f}" for c in curve)
 
@@ -80,6 +88,7 @@ def summary(r: dict) -> str:
         f"re-measured on {rep['n_contexts']} fresh contexts: " + replicated,
         *([f"scored with EAP-IG: {r['scoring_note']}"] if r.get("scoring_note") else []),
         *([f"a circuit of nodes: {r['level_note']}"] if nodes_level else []),
+        *([_work_words(r["work"])] if r.get("work", {}).get("counted_tflop") else []),
     ]
     for c in r["corruptions"]:
         b = r["searches"][c]

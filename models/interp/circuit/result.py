@@ -198,6 +198,7 @@ class CircuitResult:
     level_note: str | None = None  # a circuit of nodes: why, and how it was found
     node_attribution: dict[Node, Estimate] = field(default_factory=dict)  # nodes: each one's cost to first order
     timings: dict[str, tuple[float, float]] = field(default_factory=dict, compare=False)  # stage: (wall, CPU) s
+    work: dict[str, float] = field(default_factory=dict)  # FLOPs per stage, counted before the search ran
 
     @property
     def corruptions(self) -> list[str]:
@@ -227,10 +228,14 @@ class CircuitResult:
                 for what, (share, se) in answers.items() if share + 2 * se < cfg.target]  # fmt: skip
 
     def summary(self) -> str:
-        """The text ``python -m analyses.circuit`` prints (``models.interp.circuit.report.summary``)."""
+        """The text ``python -m analyses.circuit`` prints (``models.interp.circuit.report.summary``), the seconds
+        each stage took in this run beside the work counted before it."""
         from models.interp.circuit.report import summary
 
-        return summary(self.to_dict())
+        data = self.to_dict()
+        if "work" in data:
+            data["work"]["seconds"] = {k: wall for k, (wall, _) in self.timings.items()}
+        return summary(data)
 
     def figures(self, title: str = "model") -> dict:
         """``{"circuit_graph": Figure, "circuit_curve": Figure}``: the graph of the circuit's nodes and kept edges,
@@ -284,6 +289,7 @@ class CircuitResult:
             "n_held_out_fixed": cfg.n_held_out is not None, "n_mean_reference": self.n_mean_reference,
             "forward_passes": self.forward_passes, "context_runs": self.context_runs,
             "interventions": self.interventions,
+            "work": {"counted_tflop": {k: v / 1e12 for k, v in self.work.items()}},  # seconds vary: not in the JSON
             **({} if self.scoring_note is None else {"scored_with": "eap-ig", "scoring_note": self.scoring_note}),
             **({"missed_target": self.missed} if self.missed else {}),
             **({} if self.level == "edges" else {

@@ -21,21 +21,24 @@ Metric = Callable[[Tensor, Tensor], Tensor]  # (log_probs [batch, H, d], tokens 
 ROWS = 512  # contexts x copies per forward pass: much larger batches spend their time faulting in fresh memory
 
 
-def sender_writes(subject: Subject, graph: Graph, tokens, fwd_hooks=()) -> tuple[dict, Tensor]:
+def sender_writes(subject: Subject, graph: Graph, tokens, fwd_hooks=(), keep=None) -> tuple[dict, Tensor]:
     """Every sender's write at every site it reaches, ``{(node, site): [batch, pos, D]}``, and the log-probs.
     A write that is the same at several sites (a standard model's head, read by every later layer) is one
-    tensor, so that memory grows with the senders, not with senders times sites."""
+    tensor, so that memory grows with the senders, not with senders times sites. ``keep``: the writes of
+    these nodes only (a big model's every head's write is gigabytes)."""
     cache: dict = {}
-    hooks = [*fwd_hooks, *(Intervention(h, "record", store=cache).fwd_hook() for h in graph.sender_hooks)]
+    senders = [s for s in graph.senders if keep is None or s.node in keep]
+    wanted = {s.at[site][0] for s in senders for site in s.at}
+    hooks = [*fwd_hooks, *(Intervention(h, "record", store=cache).fwd_hook() for h in graph.sender_hooks if h in wanted)]
     with torch.no_grad():
         lp = subject.log_probs(tokens, hooks)
     made: dict = {}
-    for s in graph.senders:
+    for s in senders:
         for site in s.at:
             where = (s.node, s.at[site][0], s.at[site][1], s.at[site][2])
             if where not in made:
                 made[where] = s.write(cache, site)
-    return {(s.node, site): made[(s.node, *s.at[site])] for s in graph.senders for site in s.at}, lp
+    return {(s.node, site): made[(s.node, *s.at[site])] for s in senders for site in s.at}, lp
 
 
 def mean_writes(writes: dict) -> dict:

@@ -157,20 +157,30 @@ def _edge(graph, e: dict):
                 == (e["sender"], e["receiver"], e["input"], e["group"]))  # fmt: skip
 
 
-def test_auto_chooses_nodes_where_one_exact_run_per_node_is_beyond_the_budget(stand_in):
-    """auto: edges while one exact run of the search contexts per head and MLP is within --exact-budget,
-    nodes beyond it (the reason in the result); a level asked for is kept whatever the budget."""
+def test_auto_chooses_nodes_where_the_edge_level_search_is_counted_beyond_the_budget(stand_in):
+    """auto: edges while the search at the level of edges (its scores, node costs, curves and searches) is
+    counted within --exact-budget, nodes beyond it (the reason in the result); a level asked for is kept
+    whatever the budget. The count: exact patching's runs (an edit per sender and site, one per edge), one run
+    per node and per node and group of positions, the mean reference, and per faithfulness measured (the curve's
+    points, the bisection's steps, the circuit and its KL) one run per receiver and per level and one more."""
     from models.interp.circuit import discovery
+    from models.interp.circuit.exact import copy_runs
 
     run = discovery._Discovery(stand_in, CircuitConfig(**CONFIG))
-    n = len(discovery.node_outputs(stand_in, run.graph))
+    graph, one = run.graph, run.pass_flops
+    n = len(discovery.node_outputs(stand_in, graph))
     assert n == 4 * 8 + 4
-    for budget, level in ((n * run.pass_flops / 1e12 * 1.01, "edges"), (n * run.pass_flops / 1e12 * 0.99, "nodes")):
+    levels = len({r.level for r in graph.receivers})
+    evaluations = CONFIG["curve_points"] + len(graph.edges).bit_length() + 2
+    want = (copy_runs(graph) * one + n * 3 * one + discovery.N_MEAN * one / CONFIG["n_contexts"]
+            + evaluations * (len(graph.receivers) + levels + 1) * one)  # fmt: skip
+    assert sum(discovery.edge_level_work(stand_in, graph, run.config).values()) == pytest.approx(want, rel=1e-12)
+    for budget, level in ((want / 1e12 * 1.01, "edges"), (want / 1e12 * 0.99, "nodes")):
         run.config = CircuitConfig(**CONFIG, exact_budget=budget)
         got, why = run.level()
         assert got == level and (why is None) == (level == "edges")
         if why:
-            assert f"({n} at {run.pass_flops / 1e12:.3g} TFLOP each" in why
+            assert f"counts {want / 1e12:.1f} TFLOP on the {CONFIG['n_contexts']} search contexts" in why
     run.config = CircuitConfig(**CONFIG, exact_budget=0, level="edges")
     assert run.level() == ("edges", None)
 
