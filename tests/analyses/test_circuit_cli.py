@@ -137,7 +137,8 @@ def test_a_circuit_of_nodes_says_so_and_draws_no_curve(tmp_path, capsys):
     out = capsys.readouterr().out
     saved = json.loads((tmp_path / "circuit.json").read_text())["results"]
     assert saved["level"] == "nodes" and saved["scored_with"] == "eap" and saved["curve"] == []
-    assert "; every edge among its nodes)" in out and "a circuit of nodes: asked for by --level nodes" in out
+    among = "; pruned among its nodes)" if saved["edges_pruned"] else "; every edge among its nodes)"
+    assert among in out and "a circuit of nodes: asked for by --level nodes" in out
     assert out.splitlines()[0].startswith("circuit: eap scores (noising)")
     estimated = [n for n in r["nodes"] if n not in r["node_costs"]]
     assert all(f"{n}: side not measured" in out for n in r["nodes"])

@@ -391,6 +391,11 @@ COMMANDS = [
         "runs discover at the level of nodes on a small stand-in of that shape",
     ),
     (
+        r"python -m bench\.planted \S+",
+        "plants the shipped GPT-2 in six deeper models and scores their circuits (about 10 minutes); "
+        "tests/models/interp/test_planted.py runs the same evaluation on one 4-layer planted model",
+    ),
+    (
         r"python -m bench\.attribution_memory",
         "peak memory of attribution at 128 and 512 contexts in fresh processes (a minute); "
         "tests/robustness/test_library_inputs.py::test_attribution_is_sized_before_any_work checks the count it sets",

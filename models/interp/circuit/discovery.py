@@ -42,6 +42,8 @@ from models.interp.circuit.nodes import (
     node_outputs,
     output_grads,
     output_hooks,
+    outside,
+    outside_interventions,
     record_outputs,
     run_and_record,
 )
@@ -69,7 +71,7 @@ from models.interp.circuit.scores import (
     restored,
 )
 from models.interp.circuit.search import SEARCHES, among, ranked
-from models.interp.interventions import description
+from models.interp.interventions import Intervention, description
 from models.interp.memory import flops_per_context
 from models.interp.subject import Subject
 from models.plumbing.io import MEMORY_FRACTION, check_memory, memory_limit, size
@@ -707,7 +709,7 @@ def _node_attribution_in_parts(run: _Discovery, means: dict, search: _NodeAnswer
     subject, graph, hooks = run.subject, run.graph, output_hooks(node_outputs(run.subject, run.graph))
     others = [c for c in run.corruptions if not CORRUPTIONS[c].averaged]
     parts: dict = {"mean": [], **{c: [] for c in others}}
-    for i in range(0, len(run.tokens), run.rows):
+    for i in _bar(range(0, len(run.tokens), run.rows), f"node attribution, {run.rows} contexts a part"):
         part = slice(i, i + run.rows)
         clean, grads = output_grads(subject, graph, run.tokens[part], run.metric)
         parts["mean"].append(node_attribution(subject, graph, clean, grads, means))
@@ -717,33 +719,118 @@ def _node_attribution_in_parts(run: _Discovery, means: dict, search: _NodeAnswer
     return {k: {n: torch.cat([p[n] for p in v]) for n in v[0]} for k, v in parts.items()}
 
 
+def _ablated_sources(run: _Discovery, tokens, seed: int, keep: set) -> tuple[dict, dict]:
+    """Per corruption, its other context of each of ``tokens`` (drawn for all of them at once: the same draw as
+    one pass's), and for an averaged corruption the senders' (of ``keep``) writes' mean over those, ``{(node,
+    site): [1, pos, D]}``, summed in float64 a part of ``run.rows`` contexts at a time."""
+    subject, graph, n = run.subject, run.graph, len(tokens)
+    other = {c: CORRUPTIONS[c].other_contexts(run.task, tokens, seed) for c in run.corruptions}
+    means: dict = {}
+    for c in [c for c in run.corruptions if CORRUPTIONS[c].averaged]:
+        sums: dict = {}
+        for i in _bar(range(0, n, run.rows), f"the senders' means under {c}"):
+            for k, v in sender_writes(subject, graph, other[c][i : i + run.rows], keep=keep)[0].items():
+                part = v.double().sum(0, keepdim=True)
+                sums[k] = (part + sums[k][0] if k in sums else part, v.dtype)
+        means[c] = {k: (total / n).to(dtype) for k, (total, dtype) in sums.items()}
+    return other, means
+
+
+def _source(run: _Discovery, c: str, sources: tuple[dict, dict], part: slice, keep: set) -> dict:
+    """Corruption ``c``'s ablated values of the senders of ``keep`` on the contexts ``part`` (``_ablated_sources``)."""
+    other, means = sources
+    return means[c] if c in means else sender_writes(run.subject, run.graph, other[c][part], keep=keep)[0]
+
+
 def _edge_attribution_in_parts(run: _Discovery, keep: set, edges: list[Edge]) -> dict[str, EdgeScores]:
     """Per corruption, EAP of ``edges`` (among the nodes ``keep``) on each search context, ``[edge, context]``:
     the gradient at the clean run (the first corruption's runner's, shared) times each sender's change. A part of
-    ``run.rows`` contexts at a time, the senders' writes of ``keep`` only, so that memory is one part's: each
-    corruption's other contexts are drawn for every search context at once (the same as in one pass), and an
-    averaged corruption's value is its writes' mean over all of them (summed in float64 part by part)."""
-    subject, graph, config, n = run.subject, run.graph, run.config, len(run.tokens)
-    other = {c: CORRUPTIONS[c].other_contexts(run.task, run.tokens, config.seed) for c in run.corruptions}
-    sums: dict = {}
-    for c in [c for c in run.corruptions if CORRUPTIONS[c].averaged]:
-        for i in range(0, n, run.rows):
-            for k, v in sender_writes(subject, graph, other[c][i : i + run.rows], keep=keep)[0].items():
-                sums[c] = sums.get(c, {})
-                sums[c][k] = (v.double().sum(0, keepdim=True) + sums[c][k][0] if k in sums[c] else
-                              v.double().sum(0, keepdim=True), v.dtype)  # fmt: skip
-    means = {c: {k: (total / n).to(dtype) for k, (total, dtype) in by_key.items()} for c, by_key in sums.items()}
+    ``run.rows`` contexts at a time, the senders' writes of ``keep`` only, so that memory is one part's (the
+    corruptions' values: ``_ablated_sources``)."""
+    sources = _ablated_sources(run, run.tokens, run.config.seed, keep)
     values: dict = {c: [] for c in run.corruptions}
-    for i in range(0, n, run.rows):
-        part = run.tokens[i : i + run.rows]
-        clean = sender_writes(subject, graph, part, keep=keep)
+    for i in _bar(range(0, len(run.tokens), run.rows), f"edge scores among the nodes, {run.rows} contexts a part"):
+        part = slice(i, i + run.rows)
+        clean = sender_writes(run.subject, run.graph, run.tokens[part], keep=keep)
         grads = None
         for c in run.corruptions:
-            source = means[c] if c in means else sender_writes(subject, graph, other[c][i : i + run.rows], keep=keep)[0]
-            runner = Runner(subject, graph, part, source, run.metric, clean=clean, rows=run.rows)
+            runner = Runner(run.subject, run.graph, run.tokens[part], _source(run, c, sources, part, keep), run.metric,
+                            clean=clean, rows=run.rows)  # fmt: skip
             grads = input_grads(runner, edges=edges) if grads is None else grads
             values[c].append(attribution(runner, grads, edges).values)
     return {c: EdgeScores(edges, torch.cat(v, 1)) for c, v in values.items()}
+
+
+def sub_graph(graph: Graph, keep: set, edges: list[Edge]) -> Graph:
+    """``graph`` restricted to the nodes ``keep`` (their senders and receivers) and ``edges`` among them."""
+    return Graph([s for s in graph.senders if s.node in keep], [r for r in graph.receivers if r.node in keep],
+                 graph.groups, list(edges), graph.family)  # fmt: skip
+
+
+def pruning_work(run: _Discovery, sub: Graph) -> float:
+    """FLOPs of pruning the edges of a circuit of nodes (``_pruned``), counted as ``edge_level_work`` counts the
+    searches: per corruption, the top-n bisection's steps and the circuit, each at most one run of the search
+    contexts per receiver of ``sub`` and per level, and one more; the kept senders' writes, two runs."""
+    evaluations = len(sub.edges).bit_length() + 1
+    runs = len(sub.receivers) + len({r.level for r in sub.receivers}) + 1
+    return len(run.corruptions) * (evaluations * runs + 2) * run.pass_flops
+
+
+def _outside_values(run: _Discovery, nodes, c: str, tokens, other, reference_means: dict) -> list[Intervention]:
+    """Every head and MLP outside ``nodes`` at its value under corruption ``c`` on ``tokens``: its mean over
+    the reference (averaged), else its output on ``other`` (each context's other context)."""
+    by_hook = outside(run.subject, run.graph, nodes)
+    if CORRUPTIONS[c].averaged:
+        return outside_interventions(by_hook, "mean", reference_means)
+    return outside_interventions(by_hook, "resample", record_outputs(run.subject, other, sorted(by_hook), run.rows))
+
+
+def _pruned(run: _Discovery, nodes, sub: Graph, scores: dict, reference_means: dict) -> dict[str, tuple]:
+    """Per corruption, the edges of a circuit of nodes that its search keeps (``--search``, on the search
+    contexts): a Runner on the sub-graph of the nodes, every head and MLP outside them held at its value under
+    the corruption in every pass (as the node-level answers hold them), the edges ordered by their EAP scores;
+    an edge ablated carries its sender's value under the corruption. ``{corruption: (edges kept, their
+    faithfulness on the search contexts)}``."""
+    keep = {s.node for s in sub.senders} | {r.node for r in sub.receivers}
+    sources = _ablated_sources(run, run.tokens, run.config.seed, keep)
+    kept = {}
+    for c in _bar(run.corruptions, "edges pruned among the nodes"):
+        base = _outside_values(run, nodes, c, run.tokens, sources[0][c], reference_means)
+        runner = Runner(run.subject, sub, run.tokens, _source(run, c, sources, slice(None), keep), run.metric,
+                        rows=run.rows, base=base)  # fmt: skip
+        stats = scores[c].with_se()
+        chosen = SEARCHES[run.config.search].choose(runner, {e: stats[e][0] for e in sub.edges},
+                                                    ranked(stats, run.config.min_z), run.config, run.plateau, run.full)  # fmt: skip
+        found = faithfulness(runner, chosen, run.plateau, run.full)
+        kept[c] = (chosen, Estimate(found.faithfulness, found.se))
+    return kept
+
+
+def _pruned_values(run: _Discovery, answers: _NodeAnswers, nodes, sub: Graph, kept: list[Edge], c: str) -> Tensor:
+    """Per context of ``answers``' sample, the metric of the pruned circuit ``kept`` under corruption ``c``: every
+    head and MLP outside ``nodes`` at its value under ``c``, every edge among them not in ``kept`` ablated. A
+    part of ``run.rows`` contexts at a time."""
+    keep = {s.node for s in sub.senders} | {r.node for r in sub.receivers}
+    sources = _ablated_sources(run, answers.tokens, answers.seed, keep)
+    values = []
+    for i in range(0, len(answers.tokens), run.rows):
+        part = slice(i, i + run.rows)
+        base = _outside_values(run, nodes, c, answers.tokens[part], sources[0][c][part], answers.recorded)
+        runner = Runner(run.subject, sub, answers.tokens[part], _source(run, c, sources, part, keep), run.metric,
+                        rows=run.rows, base=base)  # fmt: skip
+        values.append(runner.keep_only_values(kept))
+    return torch.cat(values)
+
+
+def _node_measurement(run: _Discovery, this: _NodeAnswers, other: _NodeAnswers, nodes, sub: Graph,
+                      pruned: list[Edge] | None) -> Measurement:  # fmt: skip
+    """The node-level answers on ``this`` sample (``other``: the resample's), the faithfulness that of the edges
+    ``pruned`` where the circuit's edges were pruned (else every edge among the nodes)."""
+    m = this.measurement(nodes, other)
+    if pruned is None:
+        return m
+    return dataclasses.replace(m, faithfulness={c: this.share(_pruned_values(run, this, nodes, sub, pruned, c))
+                                                for c in run.corruptions})  # fmt: skip
 
 
 def _node_circuit(run: _Discovery, why: str | None) -> CircuitResult:
@@ -778,30 +865,47 @@ def _node_circuit(run: _Discovery, why: str | None) -> CircuitResult:
                                             lambda ns: search.share(search.values(ns, "mean")),
                                             lambda c, ns: search.share(search.values(ns, c)), within_se=2)  # fmt: skip
     edges = among(graph, nodes)
+    keep = set(nodes) | {n for n in graph.node_order if n.is_end}
     with stage("edge scores (eap, among the nodes)"):
-        scores = _edge_attribution_in_parts(run, set(nodes) | {n for n in graph.node_order if n.is_end}, edges)
-        searches = {}
-        for c in run.corruptions:
-            values = scores[c]
-            stats = values.with_se()
-            found = search.share(search.values(nodes, c))
-            rows_ = [ScoredEdge(e, *stats[e]) for e in sorted(edges, key=lambda e: -abs(stats[e][0]))]
-            searches[c] = CorruptionSearch(
-                c, rows_, sum(abs(x) <= 2 * se for x, se in stats.values()),
-                sum(abs(x) > config.min_z * se for x, se in stats.values()), found, [], None,
-                [ScoredEdge(e, *stats[e]) for e in edges], input_sums(values))  # fmt: skip
-    kept_by = {c: edges for c in run.corruptions}
+        scores = _edge_attribution_in_parts(run, keep, edges)
+    sub = sub_graph(graph, keep, edges)
+    prune_work, left = pruning_work(run, sub), config.exact_budget * TERA - sum(run.work.values())
+    if run.named is None and prune_work <= left:
+        with stage("edges pruned among the nodes"):
+            pruned = _pruned(run, nodes, sub, scores, recorded)
+        run.work["edges pruned among the nodes"] = prune_work
+        prune_note = (f"the edges among them pruned by the {config.search} search on the search contexts (every other "
+                      f"head and MLP held at its ablated value; {prune_work / TERA:.2g} TFLOP counted)")  # fmt: skip
+    else:
+        pruned = None
+        prune_note = ("the circuit's edges are every edge among its nodes" + (
+            "" if run.named is not None else f" (pruning them is counted at {prune_work / TERA:.2g} TFLOP, beyond "
+            f"what --exact-budget leaves, {max(left, 0) / TERA:.2g})"))  # fmt: skip
+    searches, kept_by = {}, {}
+    for c in run.corruptions:
+        stats = scores[c].with_se()
+        kept_by[c], found = pruned[c] if pruned else (edges, search.share(search.values(nodes, c)))
+        rows_ = [ScoredEdge(e, *stats[e]) for e in sorted(kept_by[c], key=lambda e: -abs(stats[e][0]))]
+        searches[c] = CorruptionSearch(
+            c, rows_, sum(abs(stats[e][0]) <= 2 * stats[e][1] for e in kept_by[c]),
+            sum(abs(x) > config.min_z * se for x, se in stats.values()), found, [], None,
+            [ScoredEdge(e, *stats[e]) for e in edges], input_sums(scores[c]))  # fmt: skip
+    union = [e for e in edges if any(e in set(k) for k in kept_by.values())]
     n_held = held_out_size(config, run.plateau, run.full, run.bma, run.most_held_out)
+    held = _NodeAnswers(run, sample(subject.task, n_held, config.seed + SEEDS["held_out"]),
+                        config.seed + SEEDS["held_out"], reference, recorded)  # fmt: skip
+    fresh = _NodeAnswers(run, sample(subject.task, n_held, config.seed + SEEDS["replicate"]),
+                         config.seed + SEEDS["replicate"], reference, recorded)  # fmt: skip
     with stage("held-out answers"):
-        held = _NodeAnswers(run, sample(subject.task, n_held, config.seed + SEEDS["held_out"]),
-                            config.seed + SEEDS["held_out"], reference, recorded)  # fmt: skip
-        fresh = _NodeAnswers(run, sample(subject.task, n_held, config.seed + SEEDS["replicate"]),
-                             config.seed + SEEDS["replicate"], reference, recorded)  # fmt: skip
-        held_out = held.measurement(nodes, fresh)
+        held_out = _node_measurement(run, held, fresh, nodes, sub, union if pruned else None)
     with stage("replicate"):
-        replicate = fresh.measurement(nodes, held)
-    first = searches[run.corruptions[0]]
-    kept_edges = [KeptEdge(s.edge, s.score, s.se, run.corruptions[0], tuple(run.corruptions)) for s in first.edges]
+        replicate = _node_measurement(run, fresh, held, nodes, sub, union if pruned else None)
+    score_of = {}
+    for c in reversed(run.corruptions):  # each edge's score under the first corruption whose circuit kept it
+        stats = scores[c].with_se()
+        score_of.update({e: (*stats[e], c) for e in kept_by[c]})
+    kept_edges = [KeptEdge(e, *score_of[e], tuple(k for k in run.corruptions if e in set(kept_by[k]))) for e in union]
+    kept_edges.sort(key=lambda e: -abs(e.score))
     interventions = [description(h, "mean" if CORRUPTIONS[c].averaged else "patch",
                                  f"every head / MLP outside the circuit: {CORRUPTIONS[c].words}")
                      for c in run.corruptions for h in hooks]  # fmt: skip
@@ -810,12 +914,13 @@ def _node_circuit(run: _Discovery, why: str | None) -> CircuitResult:
     note = (f"{why or 'asked for by --level nodes'}. Heads and MLPs are ranked by attribution (the first-order "
             f"cost of each one's mean ablation, one backward pass), the first {len(exact)} measured exactly (as many "
             f"runs as half of --exact-budget allows, at most {NODES_EXACT}); nodes are added while a share is below "
-            f"the target by more than 2 standard errors; the circuit's edges are every edge among its nodes, scored by EAP; each answer is one exact run (every "
-            f"other head and MLP at its ablated value, the same as ablating every other edge)")  # fmt: skip
+            f"the target by more than 2 standard errors; the edges among them are scored by EAP; {prune_note}; each "
+            "answer is an exact run (every other head and MLP at its ablated value, the same as ablating every other "
+            "edge)")  # fmt: skip
     roles = {n: dataclasses.replace(r, side="side not measured (a circuit of nodes)")
              for n, r in node_roles(kept_by, nodes, added, {}).items()}  # every edge among them: both sides  # fmt: skip
     return run.result(
         nodes=nodes, node_roles=roles, node_costs=costs, edges=kept_edges,
         searches=searches, held_out=held_out, replicate=replicate, n_held_out=n_held, n_mean_reference=N_MEAN_NODES,
         interventions=interventions, level="nodes", level_note=note, node_attribution=estimate, forward_passes=None,
-        context_runs=None)  # fmt: skip
+        context_runs=None, edges_pruned=pruned is not None)  # fmt: skip

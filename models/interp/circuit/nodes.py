@@ -123,11 +123,7 @@ def node_ablated_values(subject: Subject, graph: Graph, tokens, kept, ablation: 
         raise ValueError(f"unknown node ablation {ablation!r}; expected one of {', '.join(NODE_ABLATIONS)}")
     if ablation == "resample" and len(reference) != len(tokens):
         raise ValueError(f"resample ablation pairs contexts: {len(reference)} reference contexts for {len(tokens)}")
-    outputs, kept = node_outputs(subject, graph), set(kept)
-    by_hook: dict = {}
-    for n, (hook, head) in outputs.items():
-        if n not in kept:
-            by_hook.setdefault(hook, []).append(head)
+    by_hook = outside(subject, graph, kept)
     if ablation == "mean":  # the mean, a part at a time
         ref = recorded if recorded is not None else mean_outputs(subject, reference, sorted(by_hook), rows)
     values = []
@@ -136,17 +132,35 @@ def node_ablated_values(subject: Subject, graph: Graph, tokens, kept, ablation: 
         if ablation == "resample":  # each part's own reference contexts, recorded as they are reached
             ref = ({h: v[part] for h, v in recorded.items()} if recorded is not None
                    else record_outputs(subject, reference[part], sorted(by_hook), rows))  # fmt: skip
-        ivs = []
-        for hook, heads in by_hook.items():
-            index = None if heads == [None] else tuple(heads)
-            if ablation == "mean":
-                ivs.append(Intervention(hook, "mean", heads=index, positions=positions, value=ref[hook].mean(0)))
-            else:
-                ivs.append(Intervention(hook, "patch", heads=index, positions=positions, value=ref[hook]))
+        ivs = outside_interventions(by_hook, ablation, ref, positions)
         with torch.no_grad():
             lp = subject.log_probs(tokens[part], [iv.fwd_hook() for iv in ivs])
         values.append(metric(lp, tokens[part]))
     return torch.cat(values)
+
+
+def outside(subject: Subject, graph: Graph, kept) -> dict[str, list[int | None]]:
+    """The heads and MLPs not in ``kept``, by output hook: ``{hook: [head index, or None for an MLP]}``."""
+    by_hook: dict = {}
+    kept = set(kept)
+    for n, (hook, head) in node_outputs(subject, graph).items():
+        if n not in kept:
+            by_hook.setdefault(hook, []).append(head)
+    return by_hook
+
+
+def outside_interventions(by_hook: dict, ablation: str, ref: dict, positions=None) -> list[Intervention]:
+    """The Interventions that set each head and MLP of ``by_hook`` (``outside``) to its ablated value: its mean
+    over ``ref`` (``mean``: ``ref[hook]`` ``[k, ...]``, averaged here) or, context by context, ``ref[hook]``
+    (``resample``: as many rows as the contexts run), at ``positions`` (default: every position)."""
+    ivs = []
+    for hook, heads in by_hook.items():
+        index = None if heads == [None] else tuple(heads)
+        if ablation == "mean":
+            ivs.append(Intervention(hook, "mean", heads=index, positions=positions, value=ref[hook].mean(0)))
+        else:
+            ivs.append(Intervention(hook, "patch", heads=index, positions=positions, value=ref[hook]))
+    return ivs
 
 
 def node_costs(subject: Subject, graph: Graph, tokens, reference, metric: Metric = per_context_nll,

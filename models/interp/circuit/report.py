@@ -38,7 +38,8 @@ def answers(r: dict, where: str = "held_out") -> list[str]:
     lines = [f"  {CORRUPTIONS[c].means}: its edges alone keep {m[f'faithfulness_{c}']:.3f} +- "
              f"{m[f'faithfulness_{c}_se']:.3f} of the progress (faithfulness; every other edge: {CORRUPTIONS[c].words})"
              for c in r["corruptions"]]  # fmt: skip
-    same = [c for c in r["corruptions"] if CORRUPTIONS[c].averaged] if r.get("level") == "nodes" else []
+    every = r.get("level") == "nodes" and not r.get("edges_pruned")  # every edge among the nodes: one run
+    same = [c for c in r["corruptions"] if CORRUPTIONS[c].averaged] if every else []
     lines += [f"  {COMPUTES}: its nodes alone keep {m[f'sufficiency_{a}']:.3f} +- {m[f'sufficiency_{a}_se']:.3f} "
               f"(sufficiency; every other head and MLP: {NODE_ABLATIONS[a]}"
               + (f"; for a circuit of nodes, the same run as faithfulness under {same[0]})" if a == "mean" and same else ")")
@@ -80,7 +81,7 @@ def summary(r: dict) -> str:
         f"{h['progress_se']:.3f} (held out; analyses.inspect samples its own contexts from the same seed, so the two "
         "agree within their standard errors, not to the digit)",
         f"circuit: {len(r['edges'])} of {r['n_edges_total']} edges ({len(r['edges']) / r['n_edges_total']:.2f}"
-        + ("; every edge among its nodes" if nodes_level else "")
+        + (("; pruned among its nodes" if r.get("edges_pruned") else "; every edge among its nodes") if nodes_level else "")
         + f"), nodes {', '.join(r['nodes']) or 'none'}; on {h['n_contexts']} held-out contexts:",
         *answers(r),
         *([f"MISSED ITS TARGET: {'; '.join(r['missed_target'])} (more search contexts, --n-contexts, or a higher "

@@ -199,6 +199,7 @@ class CircuitResult:
     node_attribution: dict[Node, Estimate] = field(default_factory=dict)  # nodes: each one's cost to first order
     timings: dict[str, tuple[float, float]] = field(default_factory=dict, compare=False)  # stage: (wall, CPU) s
     work: dict[str, float] = field(default_factory=dict)  # FLOPs per stage, counted before the search ran
+    edges_pruned: bool = False  # a circuit of nodes whose edges were pruned among them (else every edge among them)
 
     @property
     def corruptions(self) -> list[str]:
@@ -294,5 +295,6 @@ class CircuitResult:
             **({"missed_target": self.missed} if self.missed else {}),
             **({} if self.level == "edges" else {
                 "level": self.level, "scored_with": "eap", "level_note": self.level_note,
+                "edges_pruned": self.edges_pruned,
                 "node_attribution": {str(n): {"cost": c, "se": s} for n, (c, s) in self.node_attribution.items()}}),
         }  # fmt: skip

@@ -108,13 +108,18 @@ class Runner:
     ``attribution.eap_scores``, ``attribution.eap_ig_scores``). Each forward pass runs the contexts repeated
     ``copies`` times at most (about ``rows`` contexts in all), each copy with its own interventions;
     ``passes`` and ``context_runs`` count them. ``clean``: ``sender_writes(subject, graph, tokens)`` when the
-    caller has it already (runners of several corruptions on the same contexts share one clean pass)."""
+    caller has it already (runners of several corruptions on the same contexts share one clean pass). ``base``:
+    Interventions made in every pass (each copy), the clean one included: a Runner on a sub-graph whose
+    outside is held at its ablated values (``discovery``'s edges pruned inside a circuit of nodes)."""
 
     def __init__(self, subject: Subject, graph: Graph, tokens, source: dict, metric: Metric = per_context_nll,
-                 targets=None, rows: int = ROWS, clean: tuple[dict, Tensor] | None = None):  # fmt: skip
+                 targets=None, rows: int = ROWS, clean: tuple[dict, Tensor] | None = None,
+                 base: list[Intervention] = ()):  # fmt: skip
         self.subject, self.graph, self.tokens, self.source, self.metric = subject, graph, tokens, source, metric
         self.targets = tokens if targets is None else targets
-        self.clean, lp = sender_writes(subject, graph, tokens) if clean is None else clean
+        self.base = list(base)  # in every pass, the clean one too: a circuit of nodes' outside at its ablated values
+        hooks = [iv.fwd_hook() for iv in self.base]
+        self.clean, lp = sender_writes(subject, graph, tokens, hooks) if clean is None else clean
         self.clean_values = metric(lp, self.targets)
         self.clean_metric = float(self.clean_values.mean())
         self.copies = max(1, rows // len(tokens))
@@ -124,7 +129,7 @@ class Runner:
         """``run_copies`` on the base contexts, counted in ``passes`` and ``context_runs``."""
         self.passes += 1
         self.context_runs += len(copies) * len(self.tokens)
-        return run_copies(self.subject, self.tokens, copies, shared, record)
+        return run_copies(self.subject, self.tokens, copies, [*self.base, *shared], record)
 
     def values_of(self, lp: Tensor, copies: int) -> Float[Tensor, "copies batch"]:
         """The metric of each context in each copy of ``forward``'s log-probs."""

@@ -67,3 +67,25 @@ def test_the_hand_forward_and_the_auc_are_what_they_say():
     assert torch.allclose(got, per_context_nll(subject.log_probs(tokens), tokens), atol=1e-5)
     # positives {a: 3, b: 1}, negatives {c: 2, d: 1}: a beats both, b ties d and loses to c -> (2 + 0.5) / 4
     assert roc_auc({"a": 3, "b": 1, "c": 2, "d": 1}, {"a", "b"}) == pytest.approx(0.625)
+
+
+def test_a_pruned_circuit_that_keeps_every_edge_among_its_nodes_answers_as_the_circuit_of_nodes(planted):
+    """The Runner that prunes edges inside a circuit of nodes (every head and MLP outside held at its ablated
+    value in every pass, ``Runner(base=...)``) with no edge pruned gives, context by context, the node-level
+    run (every other head and MLP at its ablated value, one run): two computations of the same circuit."""
+    from models.interp.circuit import discovery
+    from models.interp.circuit.nodes import mean_outputs, node_outputs, output_hooks
+
+    subject = models.load_subject(str(planted))
+    run = discovery._Discovery(subject, CircuitConfig(n_contexts=16, n_held_out=32, level="nodes"))
+    nodes = [discovery.Node.parse(n) for n in planted_nodes(STANDARD_CHECKPOINT, 4, AT)]
+    keep = set(nodes) | {n for n in run.graph.node_order if n.is_end}
+    sub = discovery.sub_graph(run.graph, keep, discovery.among(run.graph, nodes))
+    reference = discovery.sample(subject.task, 64, 5)
+    means = mean_outputs(subject, reference, output_hooks(node_outputs(subject, run.graph)))
+    answers = discovery._NodeAnswers(run, discovery.sample(subject.task, 24, 9), 9, reference, means)
+    for c in run.corruptions:
+        pruned = discovery._pruned_values(run, answers, nodes, sub, sub.edges, c)
+        assert torch.allclose(pruned, answers.values(nodes, c), atol=2e-5), c
+        fewer = discovery._pruned_values(run, answers, nodes, sub, sub.edges[: len(sub.edges) // 2], c)
+        assert (fewer - pruned).abs().max() > 1e-3  # pruning half the edges changes the answer
