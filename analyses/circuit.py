@@ -28,12 +28,15 @@ edges between those nodes (edges whose |score| exceeds ``--min-z`` standard erro
 ``--nodes`` choose otherwise. Exact patching that would take more than ``--exact-budget`` teraFLOPs
 (counted from the weights, the same on every machine: a graph of a GPT-2-small-sized model) is replaced by
 EAP-IG to rank the edges, said in the summary and the JSON; the nodes and the circuit are still chosen and judged by exact
-runs. Where even one exact run of the search contexts per head and MLP would take more than that budget,
-or the edge-level answers would not fit in memory (``--level auto``; ``--level nodes`` asks for it), the
-circuit is chosen as NODES: heads and MLPs ranked by attribution (each one's mean ablation to first order,
-one backward pass), the first ranked measured exactly, chosen by the rules above with node-level runs; its
-edges are every edge among its nodes (scored by EAP, shown where beyond 2 SE), so that ablating every other
-edge is one run with every other head and MLP at its ablated value: each answer is one exact run, and
+runs. Where the whole search at the level of edges (the scores, the node costs, the curves and searches) is
+counted beyond that budget, or the edge-level answers would not fit in memory (``--level auto``; ``--level nodes``
+asks for it), the circuit is chosen as NODES: heads and MLPs ranked by attribution (each one's mean ablation to
+first order, one backward pass), the first ranked measured exactly (as many as half the budget allows), chosen
+by the rules above with node-level runs (a share within 2 SE of the target counts as kept); every stage runs the
+contexts a part at a time, so memory does not grow with their number. Its edges are scored by EAP (shown where
+beyond 2 SE) and, where what the budget leaves allows, pruned by the search among the nodes (every other head and
+MLP held at its ablated value); else every edge among its nodes is kept, and ablating every other edge is one run
+with every other head and MLP at its ablated value: each answer is one exact run, and
 faithfulness under ``mean`` is then mean-ablation sufficiency. It has no faithfulness curve. The two answers, on ``--n-held-out`` fresh contexts the search never saw (default: as many as give
 the progress a standard error of ``--target-se``, estimated from its spread over the search contexts; at
 least 512), and again on as many other fresh contexts:

@@ -4,8 +4,9 @@ Scores every edge under each corruption, chooses the nodes and the edges, and an
 held-out contexts the search never saw: the share of the model's progress the circuit's edges keep under
 each corruption (faithfulness), and the share its nodes keep with every other head and MLP ablated
 (sufficiency). ``analyses.circuit``'s docstring says the rules in words; this module is them. On a model
-whose graph is too big for exact runs per edge or per node (GPT-2 small: 156 heads and MLPs), the circuit
-is chosen as nodes with every edge among them (``CircuitConfig.level``; ``_node_circuit``).
+whose edge-level search is counted beyond ``exact_budget`` (a model deeper or wider than the shipped ones), the
+circuit is chosen as nodes, its edges pruned among them where the budget allows (``CircuitConfig.level``;
+``_node_circuit``), every stage streaming the contexts a part at a time.
 
     import models
     from models.interp.circuit import CircuitConfig, discover
@@ -835,9 +836,10 @@ def _node_measurement(run: _Discovery, this: _NodeAnswers, other: _NodeAnswers, 
 
 def _node_circuit(run: _Discovery, why: str | None) -> CircuitResult:
     """``discover`` at the level of nodes: heads and MLPs ranked by attribution (their mean ablation alone
-    to first order, one backward pass), the first ``NODES_EXACT`` measured exactly, chosen as
-    ``choose_nodes`` does with node-level runs; the circuit's edges every edge among them, scored by EAP;
-    the answers on held-out and replicate samples, each one exact run of the contexts."""
+    to first order, one backward pass), the first ``exact_nodes`` measured exactly, chosen as
+    ``choose_nodes`` does with node-level runs; the edges among them scored by EAP and pruned by the search
+    (``_pruned``) where ``pruning_work`` fits what the budget leaves, else every one kept; the answers on
+    held-out and replicate samples, exact runs of the contexts a part at a time."""
     subject, graph, config, stage = run.subject, run.graph, run.config, run.stages
     tokens, hooks = run.tokens, output_hooks(node_outputs(subject, graph))
     with stage("node attribution"):
