@@ -161,17 +161,14 @@ def by_hand(hf, record, edge, t) -> float:
     return (_metric(ablated, record, t) - _metric(logits, record, t)).mean().item()
 
 
-def compare(folder: Path) -> None:
-    """Step 2, with TransformerLens 2.x and auto-circuit 1.0.1 (``tl2/bin/python``)."""
-    import torch as t
+def tl2_model(folder: Path):
+    """TransformerLens 2.x's ``HookedTransformer`` of the Hugging Face GPT-2 in ``folder`` (no LayerNorm folding,
+    no centring: the same function), with split q/k/v inputs, MLP inputs and per-head results hooked, as
+    auto-circuit needs them; and the Hugging Face model it was made from."""
     import transformer_lens as tl
-    from auto_circuit.utils.ablation_activations import src_ablations
-    from auto_circuit.utils.graph_utils import patch_mode, patchable_model, set_all_masks, train_mask_mode
     from transformer_lens.pretrained.weight_conversions import convert_gpt2_weights
     from transformers import GPT2LMHeadModel
 
-    t.set_num_threads(1)
-    record = json.loads((folder / "compare.json").read_text())
     hf = GPT2LMHeadModel.from_pretrained(folder).eval()
     c = hf.config
     cfg = tl.HookedTransformerConfig(n_layers=c.n_layer, d_model=c.n_embd, n_heads=c.n_head,
@@ -185,6 +182,19 @@ def compare(folder: Path) -> None:
     model.set_use_hook_mlp_in(True)
     model.set_use_attn_result(True)
     model.eval()
+    return model, hf
+
+
+def compare(folder: Path) -> None:
+    """Step 2, with TransformerLens 2.x and auto-circuit 1.0.1 (``tl2/bin/python``)."""
+    import torch as t
+    from auto_circuit.utils.ablation_activations import src_ablations
+    from auto_circuit.utils.graph_utils import patch_mode, patchable_model, set_all_masks, train_mask_mode
+
+    t.set_num_threads(1)
+    record = json.loads((folder / "compare.json").read_text())
+    model, hf = tl2_model(folder)
+    cfg = model.cfg
     clean, corrupt = t.tensor(record["clean_ids"]), t.tensor(record["corrupted_ids"])
     seq = clean.shape[1]
     model = patchable_model(model, factorized=True, slice_output=None, seq_len=seq, separate_qkv=True,

@@ -413,6 +413,12 @@ COMMANDS = [
         r"python -m bench\.auto_circuit_compare export runs/ac && tl2/bin/python bench/auto_circuit_compare\.py compare runs/ac",
         "needs a second environment with TransformerLens 2.x and auto-circuit (the page says how)",
     ),
+    (
+        r"python -m bench\.auto_circuit_nodes export \S+ runs/acn && tl2/bin/python bench/auto_circuit_nodes\.py "
+        r"compare \S+ runs/acn",
+        "needs a second environment with TransformerLens 2.x and auto-circuit; tests/models/interp/test_planted.py "
+        "checks the node attribution it compares against central differences",
+    ),
     (r"python -m [\w.]+( --\S+ \S+)* --device cuda( --\S+ \S+)*", "needs a GPU"),
     (
         r"python -m analyses\.nichani_dags( \S+)*",

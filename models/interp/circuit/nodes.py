@@ -85,12 +85,17 @@ def output_grads(subject: Subject, graph: Graph, tokens, metric: Metric) -> tupl
     respect to its own outputs (their sum's gradient). One forward and one backward pass."""
     hooks_, acts = output_hooks(node_outputs(subject, graph)), {}
 
-    def leaf(x, hook, name):
-        acts[name] = x.detach().requires_grad_(True)
-        return acts[name]
+    def leaf(x, hook):  # the inputs: every activation after them is differentiable
+        return x.detach().requires_grad_(True)
 
+    def keep(x, hook, name):  # in the graph, not cut from it: its gradient is the total derivative, every path
+        acts[name] = x  # through the later heads and MLPs included (a leaf here would leave the direct path only)
+        return x
+
+    hooks = [(s, leaf) for s in ("hook_embed", "hook_pos_embed") if s in subject.model.hook_dict]
+    hooks += [(h, partial(keep, name=h)) for h in hooks_]
     with torch.enable_grad():
-        total = metric(subject.log_probs(tokens, [(h, partial(leaf, name=h)) for h in hooks_]), tokens).sum()
+        total = metric(subject.log_probs(tokens, hooks), tokens).sum()
         grads = torch.autograd.grad(total, [acts[h] for h in hooks_], allow_unused=True)
     return ({h: acts[h].detach() for h in hooks_},
             {h: torch.zeros_like(acts[h]) if g is None else g for h, g in zip(hooks_, grads)})  # fmt: skip

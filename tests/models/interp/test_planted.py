@@ -21,7 +21,7 @@ from models import STANDARD_CHECKPOINT
 from models.interp.circuit import CircuitConfig
 
 AT = (0, 3)
-CONFIG = CircuitConfig(n_contexts=32, n_held_out=128)  # the defaults but the sample sizes (quick tier)
+CONFIG = CircuitConfig(n_held_out=128)  # the defaults but the held-out size (quick tier; 25 s of CPU)
 
 
 @pytest.fixture(scope="module")
@@ -89,3 +89,42 @@ def test_a_pruned_circuit_that_keeps_every_edge_among_its_nodes_answers_as_the_c
         assert torch.allclose(pruned, answers.values(nodes, c), atol=2e-5), c
         fewer = discovery._pruned_values(run, answers, nodes, sub, sub.edges[: len(sub.edges) // 2], c)
         assert (fewer - pruned).abs().max() > 1e-3  # pruning half the edges changes the answer
+
+
+def test_node_attribution_is_the_total_derivative_of_each_node_by_central_differences():
+    """node_attribution's first-order cost of setting one node to another value, against central differences
+    of the metric with that node's output moved by +-eps along the same change (plain hooks, every later head
+    and MLP recomputed): the gradient must include every path through the later layers (a gradient taken at
+    detached outputs kept only each node's direct path to the logits, and auto-circuit's EAP of nodes said so:
+    `python -m bench.auto_circuit_nodes`)."""
+    from functools import partial
+
+    from models.interp.circuit import build_graph
+    from models.interp.circuit.nodes import node_attribution, node_outputs, output_grads, record_outputs
+    from probes.metrics import per_context_nll
+
+    subject = models.load_subject("standard")
+    graph = build_graph(subject)
+    tokens = subject.task.sample(16, torch.Generator().manual_seed(4))[0]
+    other = subject.task.sample(16, torch.Generator().manual_seed(5))[0]
+    outputs = node_outputs(subject, graph)
+    clean, grads = output_grads(subject, graph, tokens, per_context_nll)
+    value = record_outputs(subject, other, sorted({h for h, _ in outputs.values()}))
+    attribution = node_attribution(subject, graph, clean, grads, value)
+    eps = 1e-2
+    for name in ("L0H7", "L0H3", "MLP0", "L1H2"):
+        node = next(n for n in outputs if str(n) == name)
+        hook, head = outputs[node]
+        change = (value[hook] - clean[hook]) if head is None else (value[hook] - clean[hook])[:, :, head]
+
+        def moved(x, hook, sign):
+            x = x.clone()
+            if head is None:
+                x += sign * eps * change
+            else:
+                x[:, :, head] += sign * eps * change
+            return x
+
+        up, down = (per_context_nll(subject.log_probs(tokens, [(hook, partial(moved, sign=s))]), tokens) for s in (1, -1))
+        numeric = ((up - down) / (2 * eps)).mean().item()
+        assert attribution[node].mean().item() == pytest.approx(numeric, rel=0.03, abs=1e-4), name
