@@ -123,11 +123,17 @@ def context_bytes(subject: Subject, graph: Graph) -> tuple[int, int, int]:
     return sum(held.values()), sum(n for n, _ in seen.values()), outputs
 
 
+def search_run_flops(subject: Subject, config: CircuitConfig) -> float:
+    """FLOPs of one run of the ``config.n_contexts`` search contexts, counted from the weights
+    (``flops_per_context``): the unit every budget decision counts in."""
+    return flops_per_context(subject) * config.n_contexts
+
+
 def scoring_method(subject: Subject, graph: Graph, config: CircuitConfig) -> tuple[str, str | None]:
     """The score method to run, and why it is not the one asked for, if it is not: exact patching whose counted
     work (each run of the search contexts it makes, ``copy_runs``, at ``flops_per_context`` each context) is
     beyond ``exact_budget`` teraFLOPs is replaced by EAP-IG. Counted from the weights and the config only."""
-    one_pass = flops_per_context(subject) * config.n_contexts
+    one_pass = search_run_flops(subject, config)
     estimate = copy_runs(graph) * len(config.corruptions) * one_pass
     if config.method != "exact" or estimate <= config.exact_budget * TERA:
         return config.method, None
@@ -146,7 +152,7 @@ def edge_level_work(subject: Subject, graph: Graph, config: CircuitConfig) -> di
     of positions, and the mean-ablation reference); the curves and searches (per corruption, the curve's points,
     the top-n bisection's steps, the circuit and its KL, each at most one run per receiver and per level, and
     one more; twice when denoising). The held-out answers come after and are not counted here."""
-    one = flops_per_context(subject) * config.n_contexts
+    one = search_run_flops(subject, config)
     k = len(config.corruptions)
     method = scoring_method(subject, graph, config)[0]
     per_method = {"exact": copy_runs(graph), "eap": 3, "eap-ig": 3 * config.ig_steps}
@@ -166,7 +172,7 @@ def node_level_work(subject: Subject, graph: Graph, config: CircuitConfig) -> di
     node attribution (a pass with gradients, 3 runs; the reference; a run per corruption that is not averaged)
     and the ``exact_nodes`` node costs. The node search, the EAP scores among the nodes and the answers come after,
     a few runs each, and are not counted here."""
-    one = flops_per_context(subject) * config.n_contexts
+    one = search_run_flops(subject, config)
     others = sum(not CORRUPTIONS[c].averaged for c in config.corruptions)
     return {"node attribution": (3 + others) * one + N_MEAN_NODES * one / config.n_contexts,
             "node costs": exact_nodes(subject, config) * one}  # fmt: skip
@@ -175,7 +181,7 @@ def node_level_work(subject: Subject, graph: Graph, config: CircuitConfig) -> di
 def exact_nodes(subject: Subject, config: CircuitConfig) -> int:
     """At the level of nodes, how many heads and MLPs (the first by attribution) are measured exactly: as many
     runs of the search contexts as half of ``exact_budget`` allows, at most ``NODES_EXACT``."""
-    one = flops_per_context(subject) * config.n_contexts
+    one = search_run_flops(subject, config)
     return int(min(NODES_EXACT, config.exact_budget * TERA / 2 // one))
 
 
@@ -340,7 +346,7 @@ class _Discovery:
         self.corruptions, self.stages = list(config.corruptions), Stages()
         # the work of one run of the search contexts, counted from the weights (never measured: the same command
         # makes the same decisions on every machine)
-        self.pass_flops = flops_per_context(subject) * len(self.tokens)
+        self.pass_flops = search_run_flops(subject, config)
         self.chosen_level = self.level()  # a level whose sizes do not fit is refused here, before any work
         with self.stages("clean and corrupted runs"):
             if self.chosen_level[0] == "edges":  # every sender's writes: the runners share them
@@ -352,15 +358,13 @@ class _Discovery:
         self.progress = Estimate(*ratio_se(self.plateau - self.full, self.plateau - self.bma))
         self.runners: dict[str, Runner] = {}
 
-    def build_runners(self, keep=None) -> dict[str, Runner]:
-        """Each corruption's Runner on the search contexts, sharing the clean run; ``keep``: the senders'
-        writes of these nodes only (a circuit of nodes scores the edges among them; the others' writes of a
-        big model would take gigabytes)."""
+    def build_runners(self) -> dict[str, Runner]:
+        """Each corruption's Runner on the search contexts, sharing the clean run (the level of edges; a circuit
+        of nodes streams its own, ``_edge_attribution_in_parts``)."""
         with self.stages("clean and corrupted runs"):
-            clean = self.clean if keep is None else sender_writes(self.subject, self.graph, self.tokens, keep=keep)
             self.runners = {c: Runner(self.subject, self.graph, self.tokens,
-                                      source_writes(self.subject, self.graph, self.tokens, c, self.config.seed, keep),
-                                      self.metric, clean=clean, rows=self.rows)
+                                      source_writes(self.subject, self.graph, self.tokens, c, self.config.seed),
+                                      self.metric, clean=self.clean, rows=self.rows)
                             for c in self.corruptions}  # fmt: skip
         return self.runners
 
