@@ -18,7 +18,7 @@ refusal). Being a module of ``analyses/`` is its registration (``analysis_names`
 globals())`` comes after the config and before the heavy imports: run as ``python -m``, it parses the flags
 there, so that ``--help`` and a mistyped flag answer before torch is imported. The command line:
 
-    python -m analyses.<name> [--checkpoint default] [--out DIR] [--device cpu] [--threads 1]
+    python -m analyses.<name> [--checkpoint default] [--out DIR] [--device cpu] [--threads N]
                               [--key-map MAP.json] [--config CONFIG.json] [--<config field> VALUE ...]
 
 A Python call raises ``TypeError`` or ``ValueError`` (``UsageError`` is one) for bad input, never
@@ -158,7 +158,8 @@ class Result:
         data: the computed numbers (plain data: dicts, lists, tensors).
         subject: the subject's name (its ``--checkpoint``), or None for an analysis of its own tasks.
         subject_hash: a digest of the subject's weights, or None.
-        command: the command line that makes the same result.
+        command: the command line that makes the same result (its `--threads` the count it ran on: float sums
+            depend on it).
     """
 
     analysis: Analysis
@@ -285,7 +286,8 @@ class Analysis:
         torch.manual_seed(config.seed)
         data = self.compute(subject, config)
         flags = [] if subject is None else getattr(subject, "load_flags", None) or ["--checkpoint", subject.name]
-        command = " ".join([f"python -m analyses.{self.name}", *map(shlex.quote, [*flags, *config.flags()])])
+        flags = [*flags, *config.flags(), "--threads", str(torch.get_num_threads())]  # float sums depend on it
+        command = " ".join([f"python -m analyses.{self.name}", *map(shlex.quote, flags)])
         return Result(self, config, data, None if subject is None else subject.name,
                       None if subject is None else subject.hash, command)  # fmt: skip
 
@@ -344,9 +346,7 @@ def parser_for(analysis: Analysis) -> argparse.ArgumentParser:
         help=f"folder for the figures and JSON (default: {RUNS_DIR}/<checkpoint>/, a folder named for the model "
         "analysed; the committed figures/ are written only by python -m analyses.paper)",
     )
-    p.add_argument(
-        "--threads", type=int, default=1, help="torch CPU threads (default: 1, so numbers do not depend on the machine)"
-    )
+    cli.add_threads_flag(p)
     add_config_flags(p, analysis.config)
     return p
 
@@ -489,8 +489,8 @@ def style():
 
 
 class single_thread:
-    """``with single_thread():`` run torch on one intra-op thread, then restore the previous count: for
-    calling an analysis's ``compute`` from Python (its CLI sets ``--threads``, default 1, itself)."""
+    """``with single_thread():`` run torch on one intra-op thread, then restore the previous count: numbers
+    as ``--threads 1`` gives them (the committed figures' count; ``python -m analyses.paper`` runs each job so)."""
 
     def __enter__(self):
         import torch

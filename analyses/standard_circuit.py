@@ -57,7 +57,7 @@ from torch import Tensor
 
 from models.interp.circuit import Node
 from models.interp.interventions import ablate, corrupted_contexts, head_outputs, patch_heads
-from models.interp.path_patching import bma_without, kl_rows, path_patch
+from models.interp.path_patching import bma_without, kl_rows, layer0_outputs, path_patch
 from models.interp.subject import Subject, head_label
 from models.plumbing.progress import progress as progress_bar
 from probes import bma_predictive, target_nll
@@ -173,14 +173,15 @@ def path_patching(subject: Subject, tokens, corrupted, log: list | None = None) 
     nll_bad = target_nll(subject.log_probs(corrupted), corrupted)
     n0, n1 = subject.n_heads[0], subject.n_heads[1]
     out = {"senders": [head_label(0, j) for j in range(n0)], "receivers": [head_label(1, j) for j in range(n1)]}
+    outputs = layer0_outputs(subject, tokens, corrupted)  # what every path reads: run once, not once a path
     for key, mlp in (("share", False), ("share_through_mlp", True)):
         out[key] = [[None] * n1 for _ in range(n0)]
         pairs = [(s, r) for s in range(n0) for r in range(n1)]
         for s, r in progress_bar(pairs, "path patching", leave=False):
             out[key][s][r] = share_of(
-                path_patch(subject, tokens, corrupted, [s], [r], positions, mlp, log), nll_clean, nll_bad
+                path_patch(subject, tokens, corrupted, [s], [r], positions, mlp, log, outputs), nll_clean, nll_bad
             )
-        every = path_patch(subject, tokens, corrupted, list(range(n0)), list(range(n1)), positions, mlp, log)
+        every = path_patch(subject, tokens, corrupted, list(range(n0)), list(range(n1)), positions, mlp, log, outputs)
         out["all" + key[5:]] = share_of(every, nll_clean, nll_bad)
     return out
 

@@ -298,7 +298,7 @@ def train_variant(
     ``model_seed``, shared by all variants); returns the model and the test-MSE curve [(step, mse)]."""
     torch.manual_seed(model_seed)  # nn init
     model = MaskedFeatureModel(cfg, variant, phi, coords)
-    opt = torch.optim.Adam(model.parameters(), lr=cfg.lr)
+    opt = torch.optim.Adam(model.parameters(), lr=cfg.lr, foreach=True)  # bit for bit the per-tensor loop (test_optim)
     g = torch.Generator().manual_seed(10_000 + model_seed)
     X = Xtr.float()
     curve = []

@@ -2,7 +2,7 @@
 
 ``--checkpoint`` (a named checkpoint, a path in any loadable format, or ``theorem1:beta=B``), ``--key-map``
 and ``--config`` (for weight files), ``--device``, ``--dtype``, ``--seed`` (default 0), ``--n-contexts``,
-``--threads`` (default 1: float reductions depend on the thread count), ``--out``. Bad values are a
+``--threads`` (default: torch's, the cores available; float sums depend on the thread count), ``--out``. Bad values are a
 ``UsageError``: one line, exit 2 (``Parser.error`` for argparse's own, ``run_cli`` for the rest); any other
 exception is a bug, shown as one (``models.plumbing.io.run_cli``).
 
@@ -43,6 +43,7 @@ __all__ = [
     "parser",
     "add_subject_flags",
     "add_run_flags",
+    "add_threads_flag",
     "check_run_flags",
     "check_out_folder",
     "check_out_file",
@@ -238,9 +239,18 @@ def add_run_flags(p: argparse.ArgumentParser, seed: int = 0, n_contexts: int | N
     p.add_argument("--seed", type=int, default=seed, help=f"seed of everything random (default: {seed})")
     if n_contexts is not None:
         p.add_argument("--n-contexts", type=int, default=n_contexts, help=f"contexts to sample (default: {n_contexts})")
+    add_threads_flag(p)
+
+
+def add_threads_flag(p: argparse.ArgumentParser) -> None:
+    """``--threads``: torch's intra-op CPU threads; by default torch's own count (the cores available), left as
+    the caller set it (``analyses.paper`` runs each job on one). The same count and seed give the same numbers;
+    float sums may differ in their last digits between counts (the committed figures: ``--threads 1``)."""
     p.add_argument(
-        "--threads", type=int, default=1, help="torch CPU threads (default: 1, so numbers do not depend on the machine)"
-    )
+        "--threads", type=int, default=None,
+        help="torch CPU threads (default: torch's, the cores available; the same count and seed give the same "
+             "numbers, another count may move the last digits of a float sum: the committed figures used 1)",
+    )  # fmt: skip
 
 
 def check_run_flags(

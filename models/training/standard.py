@@ -291,7 +291,8 @@ def _train_standard(cfg: StandardConfig, progress: bool, save: bool, overwrite: 
     eval_tokens, _ = task.sample(cfg.eval_contexts, torch.Generator().manual_seed(cfg.seed + 1_000_003))
     reference = reference_nlls(task, eval_tokens)
     data_gen = torch.Generator().manual_seed(cfg.seed + 1)
-    opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
+    # foreach: one update for all tensors, bit for bit the per-tensor loop torch picks on CPU (test_optim)
+    opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay, foreach=True)
     sched = torch.optim.lr_scheduler.LambdaLR(
         opt, lambda s: cosine_factor(s, cfg.steps, cfg.final_lr_fraction, cfg.warmup)
     )

@@ -348,7 +348,8 @@ def _train_locked(cfg: TrainConfig, progress: bool, place: distributed.Rank, dev
     data_gen = torch.Generator().manual_seed(cfg.seed + 1)
     copyer = list(model.blocks[0].parameters())
     rest = [p for p in model.parameters() if all(p is not c for c in copyer)]
-    opt = torch.optim.Adam([{"params": rest, "lr": cfg.lr}, {"params": copyer, "lr": cfg.lr * cfg.copyer_lr_scale}])
+    opt = torch.optim.Adam([{"params": rest, "lr": cfg.lr}, {"params": copyer, "lr": cfg.lr * cfg.copyer_lr_scale}],
+                           foreach=True)  # one call for all tensors, bit for bit the per-tensor loop (test_optim)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: cosine_factor(s, cfg.steps, cfg.final_lr_fraction))
     history: list[dict] = []
     start = 0

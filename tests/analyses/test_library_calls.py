@@ -141,5 +141,8 @@ def test_a_python_call_raises_exceptions_not_systemexit(shipped):
         information.run(shipped["default"], information.Config())
     with pytest.raises(ValueError, match="needs a model with disentangled residual"):
         head_ablation.run(shipped["standard"], head_ablation.Config(n_contexts=16))
-    r = copyers.run(shipped["default"])  # the default config
-    assert r.command == "python -m analyses.copyers --checkpoint default" and r.to_dict()["checkpoint"] == "default"
+    import torch
+
+    r = copyers.run(shipped["default"])  # the default config, on the thread count torch has here
+    assert r.command == f"python -m analyses.copyers --checkpoint default --threads {torch.get_num_threads()}"
+    assert r.to_dict()["checkpoint"] == "default"

@@ -183,6 +183,20 @@ def _is_int(x) -> bool:
     return isinstance(x, int) and not isinstance(x, bool)
 
 
+def fused_activations(model: torch.nn.Module) -> torch.nn.Module:
+    """``model`` with every Hugging Face ``NewGELUActivation`` (GPT-2's ``gelu_new``, the tanh formula spelled
+    in tensor ops) replaced by ``GELUTanh`` (the same formula, torch's fused kernel; transformers' own
+    ``gelu_pytorch_tanh``): equal to float rounding, and a third of the time of the MLP's activation, which was
+    a quarter of a circuit discovery's on the shipped GPT-2 (cProfile). Returns ``model``, changed in place."""
+    from transformers.activations import GELUTanh, NewGELUActivation
+
+    for parent in list(model.modules()):
+        for name, child in list(parent.named_children()):
+            if type(child) is NewGELUActivation:
+                setattr(parent, name, GELUTanh())
+    return model
+
+
 def _boot(path, device: str):
     import transformers
     from transformer_lens import TransformerBridge
@@ -195,7 +209,7 @@ def _boot(path, device: str):
     rng = torch.random.get_rng_state()  # building the model draws its initial weights: the caller's stream is kept
     try:
         with io.openable(path) as name:  # any name the shell allows
-            return TransformerBridge.boot_transformers(str(name), device=device)
+            return fused_activations(TransformerBridge.boot_transformers(str(name), device=device))
     except Exception as e:  # missing/corrupt weights, unsupported architecture, ...
         raise UsageError(f"{path} could not be loaded as a Hugging Face model ({one_line(e)[:200]})") from None
     finally:

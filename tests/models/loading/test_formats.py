@@ -108,6 +108,27 @@ def test_hf_folder_loads_through_the_bridge_with_the_ordinary_shift(tmp_path):
         assert torch.allclose(got[:, h], want, atol=1e-5), h
 
 
+def test_gpt2s_activation_runs_fused_and_equals_its_formula(tmp_path):
+    """A Hugging Face GPT-2 is loaded with torch's fused tanh GELU in place of ``NewGELUActivation`` (the same
+    formula spelled in tensor ops, 3x slower), as is our own ``gelu_new``: both equal the formula computed in
+    float64 to float32 rounding, and the loaded model still equals the untouched HF forward (the test above)."""
+    import math
+
+    from transformers.activations import NewGELUActivation
+
+    from models.nets.hooked_transformer import gelu_new
+
+    folder, hf, _ = hf_folder(tmp_path)
+    assert any(type(m) is NewGELUActivation for m in hf.modules())  # what transformers builds
+    bridge = models.load(folder)
+    assert not any(type(m) is NewGELUActivation for m in bridge.modules())
+    act = next(m for m in bridge.modules() if type(m).__name__ == "GELUTanh")
+    x = torch.linspace(-8, 8, 100_001)
+    exact = (lambda z: 0.5 * z * (1 + torch.tanh(math.sqrt(2 / math.pi) * (z + 0.044715 * z**3))))(x.double())
+    for f in (act, gelu_new):
+        assert (f(x).double() - exact).abs().max() < 4 * torch.finfo(torch.float32).eps * 8
+
+
 def test_uniform_parent_plateau_is_the_mean_of_pi_rows():
     task = build_task()
     tokens, _ = task.sample(4, torch.Generator().manual_seed(3))
