@@ -35,12 +35,15 @@ when its denominator is beyond 2 SE of zero):
   a tenth of the model's gain over the plateau, or whose patching restores at least a tenth of the
   clean-vs-corrupted difference, either beyond 2 SE (if none does, the three largest by ablation, reported
   as distributed), and every head whose ablation costs more than 3 SE.
-  Each is named with its role: parent selector, copyer of demonstration l, or the category holding at
-  least half its attention (``probes.roles.ROLE_NAMES``: within-sequence (prefix) head, cross-
-  demonstration same-position reader, ...).
+  Each is named with its role: parent selector, copyer of demonstration l, a positional role (a SINK on the
+  context's first key, a SEQUENCE-START head, a SELF head, a FIXED-OFFSET head: ``probes.roles.position_role``),
+  or the category holding its attention (``probes.roles.ROLE_NAMES``: within-sequence (prefix) head, cross-
+  demonstration same-position reader, ...); else NO ROLE. Every role needs at least half the head's attention
+  and twice its CHANCE, the mass uniform causal attention puts on the same keys from the same queries
+  (``over_chance``); both are printed beside it (docs/explanation/roles.md).
 - Heads named by what they read in the sequence (``sequence_heads``; ``probes.roles.sequence_scores``):
   previous-token heads and induction heads (in-context Markov chains), heads on the parent of the query's
-  own token (a fixed graph).
+  own token (a fixed graph), each against its chance as above.
 - THROUGH WHICH INPUT each head of the last layer acts (``input_costs``): the metric's change when every
   edge into its query, key or value input (every sender, every position: per-input path patching of
   ``models.interp.circuit``) carries the corrupted run's value, and each input's share of their sum, with
@@ -117,9 +120,9 @@ def sequence_text(r: dict) -> list[str]:
     words = {"previous_token": "previous-token heads", "induction": induction, "own_parent": "own-parent heads"}
     lines = []
     for kind, labels in r["sequence_heads"].items():
-        chance = {"induction": "induction_chance", "own_parent": "own_parent_chance"}.get(kind)
         found = ", ".join(
-            f"{x} ({by_label[x][kind]:.2f}" + (f", chance {by_label[x][chance]:.2f})" if chance else ")")
+            f"{x} ({by_label[x][kind]:.2f}" + (f", chance {by_label[x][f'{kind}_chance']:.2f})"
+                                               if f"{kind}_chance" in by_label[x] else ")")
             for x in labels
         )  # fmt: skip
         word = words.get(kind) or f"{kind.split('_')[1]}-back heads (the token {kind.split('_')[1]} before)"

@@ -32,6 +32,7 @@ OVERLAPPING = ("candidates", "parent")
 CATEGORIES = PARTITION + OVERLAPPING
 GROUPS = ("demonstration", "target")
 ROLE_MASS = 0.5  # a role needs at least this share of the head's attention
+ROLE_OVER_CHANCE = 2.0  # ... and this many times what uniform causal attention puts there (its chance)
 
 # The name of a head whose attention is mostly in one category (the readable role).
 ROLE_NAMES = {
@@ -97,6 +98,23 @@ def _holds(
     return same_seq & (key_token[:, 1].view(1, 1, 1, -1) == positions.unsqueeze(-1)).any(2)
 
 
+def uniform_causal(pattern: Float[Tensor, "batch head Q K"], own: Int[Tensor, " Q"] | None = None) -> Float[Tensor, "Q K"]:
+    """Uniform causal attention: each query row spread evenly over the keys it can attend, the chance every
+    mass is compared with. Those keys: every key up to the query's own (``own``, default: row q's own key is
+    key q, a causal LM's square pattern), and any other the pattern gives weight in some context or head. A
+    head that blocks keys a causal mask leaves open (a model built to attend within its sequence) is compared
+    with the causal mask's keys, not with its own support."""
+    Q, K = pattern.shape[-2:]
+    own = torch.arange(Q) if own is None else own.cpu()
+    visible = (pattern > 0).flatten(0, 1).any(0).cpu() | (torch.arange(K).unsqueeze(0) <= own.unsqueeze(1))
+    return (visible.double() / visible.sum(-1, keepdim=True).clamp_min(1)).to(pattern.device)
+
+
+def clears_chance(mass: float, chance: float) -> bool:
+    """A role's mass is named: at least ``ROLE_MASS`` and ``ROLE_OVER_CHANCE`` times its chance."""
+    return mass == mass and mass >= ROLE_MASS and mass >= ROLE_OVER_CHANCE * (chance if chance == chance else 0.0)
+
+
 def role_profile(
     pattern: Float[Tensor, "batch head Q K"],
     query_predicts: Int[Tensor, "Q 2"],
@@ -106,10 +124,25 @@ def role_profile(
 ) -> dict[str, Float[Tensor, "head 2"]]:
     """Mean attention mass per category (``CATEGORIES``) for each head, ``[head, group]`` with groups
     ``GROUPS`` (demonstration queries, target queries), averaged over contexts and queries; NaN for a
-    group with no query."""
-    L = n_examples
+    group with no query. Beside each, ``<category>_chance``: the same mass under ``uniform_causal`` attention
+    (``parent_chance``: attention uniform over the candidate parents, the sharper baseline of parent
+    selection: what a head attending to a fixed candidate, the sequence's first token say, puts on the
+    parent)."""
     p = pattern.double()
-    masks = category_masks(query_predicts, key_token, own_key(p.shape[2], query_predicts, key_token))
+    own = own_key(p.shape[2], query_predicts, key_token)
+    masks = category_masks(query_predicts, key_token, own)
+    candidates = masks["candidates"].double()
+    uniform = uniform_causal(p, own).expand(1, 1, -1, -1)
+    out = _profile(p, masks, query_predicts, key_token, parents, n_examples)
+    chance = _profile(uniform, masks, query_predicts, key_token, parents, n_examples)
+    by_candidates = (candidates / candidates.sum(-1, keepdim=True).clamp_min(1)).to(p.device).expand(1, 1, -1, -1)
+    chance["parent"] = _profile(by_candidates, masks, query_predicts, key_token, parents, n_examples)["parent"]
+    heads = p.shape[1]
+    return {**out, **{f"{k}_chance": v.expand(heads, -1).clone() for k, v in chance.items()}}
+
+
+def _profile(p, masks, query_predicts, key_token, parents, L) -> dict[str, Tensor]:
+    """``role_profile``'s masses of pattern ``p`` ``[batch or 1, head or 1, Q, K]``."""
     per_query = {name: (p * m.to(p.device)).sum(-1) for name, m in masks.items()}  # [batch, head, Q]
     per_query["parent"] = (p * parent_mask(query_predicts, key_token, parents).unsqueeze(1).to(p.device)).sum(-1)
     ql, qh = query_predicts[:, 0], query_predicts[:, 1]
@@ -118,6 +151,7 @@ def role_profile(
     nan = p.new_full(p.shape[1:2], float("nan"))
     out = {}
     for name, mass in per_query.items():
+        mass = mass.expand(len(parents), -1, -1)
         cols = []
         for g in groups:
             rows = (g & (qh >= 1) if name in OVERLAPPING else g).to(p.device)
@@ -146,19 +180,26 @@ BROAD_ROLES = (
 
 def group_role(profile: dict[str, Float[Tensor, " 2"]], group: int) -> tuple[str, str] | None:
     """The role of one head from one query group, with the numbers behind it (None if the group has no
-    query): the category holding at least ``ROLE_MASS`` of its attention; else a broad role
-    (``BROAD_ROLES``: the same sequence with the query's own position, or the other sequences) holding
-    that much; else ``diffuse``."""
+    query): the category holding at least ``ROLE_MASS`` of its attention and ``ROLE_OVER_CHANCE`` times its
+    chance (``<category>_chance``, when the profile has it); else a broad role (``BROAD_ROLES``: the same
+    sequence with the query's own position, or the other sequences) that clears both; else ``no role``."""
+
+    def chance(members) -> float:
+        return sum(float(profile[f"{m}_chance"][group]) if f"{m}_chance" in profile else 0.0 for m in members)
+
+    def words(what: str, mass: float, members) -> str:
+        return f"{what} {mass:.2f}" + (f" (chance {chance(members):.2f})" if f"{members[0]}_chance" in profile else "")
+
     name, mass = dominant(profile, group)
     if mass != mass:  # no query of this group
         return None
-    if mass >= ROLE_MASS:
-        return ROLE_NAMES[name], f"{name} {mass:.2f}"
+    if clears_chance(mass, chance([name])):
+        return ROLE_NAMES[name], words(name, mass, [name])
     for members, role in BROAD_ROLES:
         total = sum(float(profile[m][group]) for m in members)
-        if total >= ROLE_MASS:
-            return role, f"{' + '.join(members)} {total:.2f}"
-    return "diffuse", f"largest: {name} {mass:.2f}"
+        if clears_chance(total, chance(members)):
+            return role, words(" + ".join(members), total, members)
+    return "no role", "largest: " + words(name, mass, [name])
 
 
 def attention_role(profile: dict[str, Float[Tensor, " 2"]]) -> str:
@@ -175,7 +216,8 @@ def attention_role(profile: dict[str, Float[Tensor, " 2"]]) -> str:
 
 
 # Heads named by what they read in the token sequence (in-context Markov chains, fixed graphs) -------------
-SEQUENCE_SCORES = ("previous_token", "induction", "induction_chance", "own_parent", "own_parent_chance")  # and previous_k, k = 2..order
+SEQUENCE_SCORES = ("previous_token", "previous_token_chance", "induction", "induction_chance", "own_parent",
+                   "own_parent_chance")  # and previous_k with its chance, k = 2..order
 
 
 def sequence_scores(
@@ -191,7 +233,8 @@ def sequence_scores(
     the token the query position reads), the attention mass on:
 
     - ``previous_token``: the key holding (l, h - 1) (queries with h >= 1); with ``order`` m >= 2 also
-      ``previous_k``, the key holding (l, h - k), k = 2..m (queries with h >= k);
+      ``previous_k``, the key holding (l, h - k), k = 2..m (queries with h >= k); each with its ``_chance``,
+      the mass ``uniform_causal`` attention puts there;
     - ``induction``: every key before the current token's (below), (l', h') with h' >= m, whose m predecessors
       (l', h' - m .. h' - 1) hold the query's CURRENT token and the m - 1 before it (queries with at least
       one such key). The current token is the last one the query sees: its own key's in a causal LM; the
@@ -244,8 +287,14 @@ def sequence_scores(
     has_parent = has_prev & (own_parents >= 0).any(-1)
     chance = (seen * ind).sum(-1) / seen.sum(-1).clamp_min(1)  # [batch, Q]
     prev, prev_rows = at_offset(1)
+    uniform = uniform_causal(p, own)  # [Q, K]
+
+    def chance_at(mask: Tensor, rows: Tensor) -> Tensor:  # a [Q, K] key mask's mass under uniform attention
+        return mean_over((uniform * mask).sum(-1).expand(len(p), p.shape[1], -1), rows.expand(len(p), -1))
+
     out = {
         "previous_token": mean_over((p * prev).sum(-1), prev_rows.expand(len(p), -1)),
+        "previous_token_chance": chance_at(prev, prev_rows),
         "induction": mean_over((p * ind.unsqueeze(1)).sum(-1), ind_q),
         "induction_chance": mean_over(chance.unsqueeze(1).expand(-1, p.shape[1], -1), ind_q),
         "own_parent": mean_over((p * own_pa.unsqueeze(1)).sum(-1), has_parent),
@@ -255,4 +304,77 @@ def sequence_scores(
     for k in range(2, m + 1):
         back, rows = at_offset(k)
         out[f"previous_{k}"] = mean_over((p * back).sum(-1), rows.expand(len(p), -1))
+        out[f"previous_{k}_chance"] = chance_at(back, rows)
     return out
+
+
+# Heads named by where they attend, whatever the content: sinks, self heads, fixed offsets --------------------
+POSITION_SCORES = ("sink", "sequence_start", "self", "offsets")  # each with its ``_chance``
+
+
+def position_scores(
+    pattern: Float[Tensor, "batch head Q K"], query_predicts: Int[Tensor, "Q 2"], key_token: Int[Tensor, "K 2"]
+) -> dict[str, Tensor]:
+    """Per head, the mean attention mass over the queries whose own key holds a task token (``own_key``), on:
+
+    - ``sink``: the context's first key (its BOS, or the first demonstration's first token), from queries
+      past it;
+    - ``sequence_start``: the first token (l, 0) of the query's own sequence l, from queries at h >= 1;
+    - ``self``: the query's own key;
+    - ``offsets`` ``[head, K - 1]``: the key k positions before the own key, k = 1 .. K - 1 (column k - 1),
+      from queries with at least k keys before their own.
+
+    Each with ``<name>_chance``: the same mass under ``uniform_causal`` attention, on the same queries (the
+    mean of 1 / (keys visible) for one key)."""
+    p = pattern.double().cpu()
+    own = own_key(p.shape[2], query_predicts, key_token)
+    uniform = uniform_causal(p, own).unsqueeze(0).unsqueeze(0)  # [1, 1, Q, K]
+    Q, K = p.shape[2:]
+    keys = torch.arange(K)
+    ol, oh = torch.where((own >= 0).unsqueeze(1), key_token[own.clamp_min(0)], torch.full((Q, 2), -1)).unbind(1)
+    start = (key_token[:, 0].unsqueeze(0) == ol.unsqueeze(1)) & (key_token[:, 1] == 0).unsqueeze(0)  # [Q, K]
+    masks = {
+        "sink": ((keys == 0).unsqueeze(0) & (own > 0).unsqueeze(1), own > 0),
+        "sequence_start": (start & (oh >= 1).unsqueeze(1), (ol >= 0) & (oh >= 1)),
+        "self": (keys.unsqueeze(0) == own.unsqueeze(1), own >= 0),
+    }
+    out = {}
+    for name, (mask, rows) in masks.items():
+        for key, att in ((name, p), (f"{name}_chance", uniform)):
+            out[key] = _mean_rows((att * mask.double()).sum(-1), rows, p.shape[1])
+    back = own.unsqueeze(1) - torch.arange(1, K).unsqueeze(0)  # [Q, K - 1]: the key k back
+    ok = back >= 0
+    for key, att in (("offsets", p), ("offsets_chance", uniform)):
+        at = att.expand(p.shape[0], p.shape[1], -1, -1).gather(3, back.clamp_min(0).expand(*p.shape[:2], -1, -1))
+        w = ok.double().expand_as(at)
+        out[key] = ((at * w).sum((0, 2)) / w.sum((0, 2)).clamp_min(1)).where(ok.any(0), torch.tensor(float("nan")))
+    return out
+
+
+def _mean_rows(mass: Float[Tensor, "batch head Q"], rows: Bool[Tensor, " Q"], heads: int) -> Float[Tensor, " head"]:
+    """The mean of ``mass`` over contexts and the query ``rows`` (NaN without one), per head."""
+    if not rows.any():
+        return torch.full((heads,), float("nan"), dtype=torch.float64)
+    return mass[:, :, rows].mean((0, 2)).expand(heads).clone()
+
+
+POSITION_NAMES = {"sink": "sink head (the context's first key)", "sequence_start": "sequence-start head",
+                  "self": "self head (its own position)"}  # fmt: skip
+
+
+def position_role(scores: dict) -> tuple[str, str] | None:
+    """The positional role of one head (``position_scores`` sliced at it, plain numbers or lists), with the
+    numbers behind it, or None: the first of sink, sequence start, self whose mass clears its chance
+    (``clears_chance``); else the offset k >= 2 of most mass, if it clears its chance, a FIXED-OFFSET head
+    (offset 1 is the previous-token head of ``sequence_scores``)."""
+    for name, words in POSITION_NAMES.items():
+        mass, chance = float(scores[name]), float(scores[f"{name}_chance"])
+        if clears_chance(mass, chance):
+            return words, f"{name} {mass:.2f}, chance {chance:.2f}"
+    offsets, chances = (torch.as_tensor(scores[k], dtype=torch.float64) for k in ("offsets", "offsets_chance"))
+    if len(offsets) > 1:
+        k = int(offsets[1:].nan_to_num(-1.0).argmax()) + 2
+        mass, chance = float(offsets[k - 1]), float(chances[k - 1])
+        if clears_chance(mass, chance):
+            return f"fixed-offset head ({k} positions back)", f"offset {k} {mass:.2f}, chance {chance:.2f}"
+    return None

@@ -48,7 +48,16 @@ from models.plumbing.progress import progress as progress_bar
 from probes import target_nll
 from probes.graph_task import context_order
 from probes.oracles import uniform_parent_predictive
-from probes.roles import attention_role, role_profile, sequence_scores
+from probes.roles import (
+    ROLE_MASS,
+    ROLE_OVER_CHANCE,
+    attention_role,
+    clears_chance,
+    position_role,
+    position_scores,
+    role_profile,
+    sequence_scores,
+)
 from probes.tasks import check_int
 
 INTERVENTION_CONTEXTS = 128  # ablation, patching and sufficiency: the first of the contexts, as many as
@@ -72,8 +81,10 @@ THRESHOLDS = {  # name: (value, what it decides). Every verdict prints the ones 
     "values_share": (0.8, "a last-layer head whose value input carries this share of its inputs' cost pools evidence "
                           "through its values"),
     "select_share": (0.5, "... whose query and key inputs carry this share selects through its keys/queries"),
-    "sequence_mass": (0.5, "a previous-token, induction or own-parent head puts this mass on its keys"),
-    "induction_over_chance": (2.0, "an induction head puts this many times what uniform attention would"),
+    "sequence_mass": (ROLE_MASS, "a role (previous-token, induction, own-parent, sink, self, fixed-offset, an "
+                                 "attention category) needs this mass on its keys"),
+    "over_chance": (ROLE_OVER_CHANCE, "... and this many times its chance: what uniform causal attention puts there "
+                                      "on the same contexts and queries"),
 }
 
 
@@ -212,12 +223,24 @@ def verdict(nll: float, base: dict, heads: list[dict], inter: dict | None = None
 
 
 def head_role(head: dict, selecting: list[str], copyers: dict[str, int]) -> str:
-    """Parent selector, copyer of demonstration l, or the role its attention profile shows."""
+    """Parent selector, copyer of demonstration l, a positional role that clears its chance (sink, sequence
+    start, self, fixed offset: ``probes.roles.position_role``), or the role its attention profile shows (a
+    category that clears its chance, else "no role"), with the masses and chances behind it."""
     if head["label"] in selecting:
         return "parent selector"
     if head["label"] in copyers:
         return f"copyer of demonstration {copyers[head['label']]}"
+    if "position" in head and (found := position_role(head["position"])) is not None:
+        return f"{found[0]} [{found[1]}]"
+    seq = head.get("sequence", {})
+    for key in (k for k in seq if f"{k}_chance" in seq):  # previous token, k back, induction, own parent
+        if clears_chance(seq[key], seq[f"{key}_chance"]):
+            words = SEQUENCE_WORDS.get(key) or f"{key.split('_')[1]}-back head"
+            return f"{words} [{key} {seq[key]:.2f}, chance {seq[f'{key}_chance']:.2f}]"
     return attention_role({k: torch.tensor(v) for k, v in head["role_profile"].items()})
+
+
+SEQUENCE_WORDS = {"previous_token": "previous-token head", "induction": "induction head", "own_parent": "own-parent head"}
 
 
 # The clean and corrupted runs every per-head stage starts from, and the bound on exact work ------------------
@@ -482,6 +505,8 @@ def inspect_subject(subject, n_contexts: int = 512, seed: int = 0, batch: int = 
                 layer.update({f"role:{k}": v.tolist() for k, v in prof.items()})
                 seq = sequence_scores(att.pattern, att.query_predicts, att.key_token, part_tokens, part_parents, H, order)
                 layer.update({f"seq:{k}": v.tolist() for k, v in seq.items()})
+                at = position_scores(att.pattern, att.query_predicts, att.key_token)
+                layer.update({f"pos:{k}": v.nan_to_num(0.0).tolist() for k, v in at.items()})  # no row: 0 a part
                 part.append(layer)
             del layers
             w = len(part_tokens) / n_contexts
@@ -494,9 +519,10 @@ def inspect_subject(subject, n_contexts: int = 512, seed: int = 0, batch: int = 
     for i, layer in enumerate(stats):
         for j in range(subject.n_heads[i]):
             head = {"label": subject.head_labels()[len(per_head)]}
-            head.update({k: v[j].tolist() for k, v in layer.items() if not k.startswith(("role:", "seq:"))})
+            head.update({k: v[j].tolist() for k, v in layer.items() if not k.startswith(("role:", "seq:", "pos:"))})
             head["role_profile"] = {k[5:]: v[j].tolist() for k, v in layer.items() if k.startswith("role:")}
             head["sequence"] = {k[4:]: v[j].item() for k, v in layer.items() if k.startswith("seq:")}
+            head["position"] = position_summary({k[4:]: v[j] for k, v in layer.items() if k.startswith("pos:")})
             per_head.append(head)
     n_int = min(n_contexts, INTERVENTION_CONTEXTS)
     inter_tokens = tokens[:n_int]
@@ -614,25 +640,30 @@ def sufficiency(subject, tokens, heads: list[str], log: list, clean=None, platea
 
 
 def sequence_heads(heads: list[dict]) -> dict[str, list[str]]:
-    """The heads named by ``probes.roles.sequence_scores``: PREVIOUS-TOKEN heads (mass on the token
-    before the query's own >= ``sequence_mass`` (``THRESHOLDS``)), on an n-gram task K-BACK heads (``previous_k``: mass on the
-    token k before it), INDUCTION heads (mass on the tokens that followed earlier occurrences of the query's
-    current token, on an n-gram task of its n - 1 last tokens, >= ``sequence_mass`` (``THRESHOLDS``) and >=
-    ``induction_over_chance`` x chance), and OWN-PARENT heads (mass on the parents of the query's own token
-    >= ``sequence_mass`` (``THRESHOLDS``); a fixed graph's first layer). A previous-token head whose parents are all the
-    previous token (a chain) is both."""
+    """The heads named by ``probes.roles.sequence_scores``, each where its mass is >= ``sequence_mass`` and >=
+    ``over_chance`` x its chance (``THRESHOLDS``; ``probes.roles.clears_chance``): PREVIOUS-TOKEN heads (mass on
+    the token before the query's own), on an n-gram task K-BACK heads (``previous_k``: the token k before it),
+    INDUCTION heads (mass on the tokens that followed earlier occurrences of the query's current token, on an
+    n-gram task of its n - 1 last tokens), and OWN-PARENT heads (mass on the parents of the query's own token;
+    a fixed graph's first layer). A previous-token head whose parents are all the previous token (a chain) is
+    both."""
 
-    def at_least(h: dict, key: str) -> bool:
-        v = h["sequence"][key]
-        return v == v and v >= th("sequence_mass")
+    def named(h: dict, key: str) -> bool:
+        return clears_chance(h["sequence"][key], h["sequence"].get(f"{key}_chance", float("nan")))
 
-    backs = sorted((k for k in heads[0]["sequence"] if k.startswith("previous_") and k != "previous_token"),
-                   key=lambda k: int(k.split("_")[1])) if heads else []  # fmt: skip
-    return {
-        **{k: [h["label"] for h in heads if at_least(h, k)] for k in ("previous_token", *backs)},
-        "induction": [
-            h["label"] for h in heads
-            if at_least(h, "induction") and h["sequence"]["induction"] >= th("induction_over_chance") * h["sequence"]["induction_chance"]
-        ],
-        "own_parent": [h["label"] for h in heads if at_least(h, "own_parent")],
-    }  # fmt: skip
+    backs = sorted((k for k in heads[0]["sequence"] if k.startswith("previous_") and k != "previous_token"
+                    and not k.endswith("_chance")), key=lambda k: int(k.split("_")[1])) if heads else []  # fmt: skip
+    return {k: [h["label"] for h in heads if named(h, k)] for k in ("previous_token", *backs, "induction", "own_parent")}
+
+
+def position_summary(scores: dict) -> dict:
+    """A head's ``probes.roles.position_scores`` as the JSON keeps them: the sink, sequence-start and self masses
+    with their chances; every offset's mass and chance (``offsets``, ``offsets_chance``: k = 1 .. K - 1, column
+    k - 1); and the offset k >= 2 of most mass with its mass and chance (``best_offset``)."""
+    out = {k: float(v) for k, v in scores.items() if not k.startswith("offsets")}
+    offsets, chances = scores["offsets"], scores["offsets_chance"]
+    out.update(offsets=offsets.tolist(), offsets_chance=chances.tolist())
+    if len(offsets) > 1:
+        k = int(offsets[1:].argmax()) + 2
+        out.update(best_offset=k, best_offset_mass=float(offsets[k - 1]), best_offset_chance=float(chances[k - 1]))
+    return out

@@ -115,6 +115,12 @@ def test_role_names_follow_the_dominant_category():
     assert broad == f"{ROLE_NAMES['prefix']} [demonstration: prefix + self 0.70; target: prefix + self 0.70]"
     spread = profile(prefix=(0.3, 0.3), self=(0.1, 0.1), same_position=(0.2, 0.2), other_position=(0.2, 0.2))
     spread["special"] = torch.tensor((0.2, 0.2), dtype=torch.float64)
-    assert attention_role(spread) == "diffuse [demonstration: largest: prefix 0.30; target: largest: prefix 0.30]"
+    assert attention_role(spread) == "no role [demonstration: largest: prefix 0.30; target: largest: prefix 0.30]"
+    # Half the attention is not a role when uniform causal attention would put a third of it there already.
+    at_chance = profile(prefix=(0.6, 0.9), other_position=(0.4, 0.1))
+    at_chance.update(prefix_chance=torch.tensor((0.35, 0.2)), other_position_chance=torch.tensor((0.3, 0.5)))
+    assert attention_role(at_chance) == (f"no role from demonstration queries; {ROLE_NAMES['prefix']} from target "
+                                         "queries [demonstration: largest: prefix 0.60 (chance 0.35); target: "
+                                         "prefix 0.90 (chance 0.20)]")  # fmt: skip
     no_demo_queries = {c: torch.tensor((math.nan, 0.9 if c == "same_position" else 0.0)) for c in CATEGORIES}
     assert attention_role(no_demo_queries) == f"{ROLE_NAMES['same_position']} [target: same_position 0.90]"
