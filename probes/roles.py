@@ -100,13 +100,14 @@ def _holds(
 
 def uniform_causal(pattern: Float[Tensor, "batch head Q K"], own: Int[Tensor, " Q"] | None = None) -> Float[Tensor, "Q K"]:
     """Uniform causal attention: each query row spread evenly over the keys it can attend, the chance every
-    mass is compared with. Those keys: every key up to the query's own (``own``, default: row q's own key is
-    key q, a causal LM's square pattern), and any other the pattern gives weight in some context or head. A
-    head that blocks keys a causal mask leaves open (a model built to attend within its sequence) is compared
-    with the causal mask's keys, not with its own support."""
+    mass is compared with. Those keys: every key before the query's own (``own``, default: row q's own key is
+    key q, a causal LM's square pattern), and any key the pattern gives weight in some context or head (the
+    own key itself in a causal LM; not the slot of the token a disentangled target row predicts). A head that
+    blocks keys a causal mask leaves open (a model built to attend within its sequence) is compared with the
+    causal mask's keys, not with its own support."""
     Q, K = pattern.shape[-2:]
     own = torch.arange(Q) if own is None else own.cpu()
-    visible = (pattern > 0).flatten(0, 1).any(0).cpu() | (torch.arange(K).unsqueeze(0) <= own.unsqueeze(1))
+    visible = (pattern > 0).flatten(0, 1).any(0).cpu() | (torch.arange(K).unsqueeze(0) < own.unsqueeze(1))
     return (visible.double() / visible.sum(-1, keepdim=True).clamp_min(1)).to(pattern.device)
 
 

@@ -21,6 +21,7 @@ def _brute_force(pattern, keys, tokens, parents, H, order=1, own_is_predicted=Fa
     B, n, Q, K = pattern.shape
     names = ["previous_token", "induction", "induction_chance", "own_parent", "own_parent_chance"]
     names += [f"previous_{k}" for k in range(2, order + 1)]
+    names += [f"{name}_chance" for name in ["previous_token", *names[5:]]]  # uniform over the q + 1 keys a row sees
     sums = {k: [0.0] * n for k in names}
     counts = {k: 0 for k in names}
     index = {tuple(keys[k].tolist()): k for k in range(K) if keys[k, 0] >= 0}
@@ -37,6 +38,7 @@ def _brute_force(pattern, keys, tokens, parents, H, order=1, own_is_predicted=Fa
                     tok(b, int(keys[k, 0]), int(keys[k, 1]) - j) == tok(b, cl, ch - j + 1) for j in range(1, order + 1))]  # fmt: skip
             own_parents = [int(x) for x in parents[b, h] if x >= 0]
             rows = {f"previous_{k}" if k > 1 else "previous_token": h >= k for k in range(1, order + 1)}
+            rows.update({f"{name}_chance": counted for name, counted in list(rows.items())})
             rows.update(induction=bool(ind), induction_chance=bool(ind), own_parent=h >= 1 and bool(own_parents))
             rows["own_parent_chance"] = rows["own_parent"]
             for name, counted in rows.items():
@@ -46,7 +48,10 @@ def _brute_force(pattern, keys, tokens, parents, H, order=1, own_is_predicted=Fa
                 row = pattern[b, j, q]
                 for k in range(1, order + 1):
                     if h >= k:
-                        sums["previous_token" if k == 1 else f"previous_{k}"][j] += float(row[index[(l, h - k)]])
+                        name = "previous_token" if k == 1 else f"previous_{k}"
+                        sums[name][j] += float(row[index[(l, h - k)]])
+                        # uniform over what row q sees: keys 0..q (a causal LM), 0..q-1 (at the predicted slot)
+                        sums[f"{name}_chance"][j] += 1 / (q if own_is_predicted else q + 1)
                 if rows["own_parent"]:
                     sums["own_parent"][j] += float(sum(row[index[(l, pa)]] for pa in own_parents))
                     sums["own_parent_chance"][j] += len([pa for pa in own_parents if index[(l, pa)] < seen]) / seen

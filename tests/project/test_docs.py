@@ -309,6 +309,11 @@ COMMANDS = [
         r"pip install torch==2\.13\.0|pip install -e \"\.\[dev\]\" -c constraints\.txt|pip install -e \"\.\[sweep\]\"",
         "the set-up's parts, run by .ci/run as above",
     ),
+    (
+        r"pip install torch==2\.13\.0 --extra-index-url \S+ --retries 0 && pip install -e \. -c constraints\.txt",
+        "the library-only install: the first bash block's without [dev] (CI installs [dev], which holds it; measured "
+        "in a fresh venv for issue 50: 100 s, 1.7 GB)",
+    ),
     (r"python -m venv \.venv && \. \.venv/bin/activate", "what .ci/run does before the set-up"),
     (
         r"git clone <repository URL> causal-icl-probes && cd causal-icl-probes",
