@@ -349,7 +349,7 @@ COMMANDS = [
         "smaller, tests/analyses/test_every_family.py every one on a tiny GPT-2",
     ),
     (
-        r"python -m analyses\.paper( --out /tmp/paper_run)?( --jobs 2)?|python -m analyses\.paper --only( \w+)+",
+        r"python -m analyses\.paper( --out (/tmp/paper_run|DIR))?( --jobs 2)?|python -m analyses\.paper --only( \w+)+",
         "the paper run (470 s on 2 cores; --only runs some analyses); tests/analyses/test_paper.py runs its engine",
     ),
     (
@@ -378,7 +378,7 @@ COMMANDS = [
         LONG + ": tests/models/training/test_distributed.py",
     ),
     (
-        r"python -m bench( --only (large|circuit|scale|circuit-scale))?( --threads [12])?( --json \S+)?",
+        r"python -m bench( --only (large|circuit|scale|circuit-scale|step))?( --threads [12])?( --json \S+)?",
         "a benchmark of minutes, on a quiet machine; tests/robustness/test_entry_point_convention.py runs its flag checks",
     ),
     (
