@@ -63,7 +63,7 @@ from models.plumbing.progress import progress as progress_bar
 from probes import bma_predictive, target_nll
 from probes.linear import linear_probe
 from probes.metrics import column_softmax_error, fit_column_shift
-from probes.roles import ROLE_MASS, role_profile
+from probes.roles import ROLE_MASS, ROLE_OVER_CHANCE, clears_chance, role_profile
 
 FIGURES = {
     "standard_circuit.png": (
@@ -418,14 +418,38 @@ def compute(subject: Subject, config: Config) -> dict:
     return circuit(subject, config.n_contexts, config.seed)
 
 
+GROUP_MASS = {  # the group, its layer, the categories of its mass and the query group (0 demonstration, 1 target)
+    "within": ("within-sequence layer-0 heads", 0, ("prefix", "self"), 0),
+    "readers": ("cross-demonstration layer-1 heads", 1, ("same_position", "other_position"), 1),
+}
+
+
+def group_lines(r: dict) -> list[str]:
+    """Each head group with every member's mass and its chance (``probes.roles``: uniform causal attention on the
+    same queries), and the members whose mass does not clear ``ROLE_OVER_CHANCE`` times it (the groups are chosen
+    by mass alone, the role the later sections measure)."""
+    heads = {h["label"]: h for h in r["heads"]}
+    lines = []
+    for name, (words, layer, categories, group) in GROUP_MASS.items():
+        cells, at_chance = [], []
+        for j in r["groups"][name]:
+            h = heads[head_label(layer, j)]
+            mass = sum(h[c][group] for c in categories)
+            chance = sum(h.get(f"{c}_chance", [0.0, 0.0])[group] for c in categories)
+            cells.append(f"{h['label']} {mass:.2f} (chance {chance:.2f})")
+            if not clears_chance(mass, chance):
+                at_chance.append(h["label"])
+        lines.append(f"{words} ({' + '.join(categories)}): " + (", ".join(cells) or "none found"))
+        if at_chance:
+            lines.append(f"  not {ROLE_OVER_CHANCE:g}x their chance, so no role by inspect's rule: {', '.join(at_chance)}")
+    return lines
+
+
 def summary(r: dict) -> str:
     lines = [
         f"{NAME}: NLL {r['nll']:.4f}, BMA {r['nll_bma']:.4f}, plateau {r['nll_uniform']:.4f} "
         f"(progress {r['progress']:.3f})",
-        "within-sequence layer-0 heads: "
-        + (", ".join(head_label(0, j) for j in r["groups"]["within"]) or "none found"),
-        "cross-demonstration layer-1 heads: "
-        + (", ".join(head_label(1, j) for j in r["groups"]["readers"]) or "none found"),
+        *group_lines(r),
         "",
         f"{'group':14s}{'heads':>28s}{'ablate dNLL':>13s}{'patch':>8s}",
     ]

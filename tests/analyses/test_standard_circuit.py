@@ -5,6 +5,7 @@ Hugging Face GPT-2."""
 from __future__ import annotations
 
 import json
+import re
 
 import torch
 import torch.nn.functional as F
@@ -122,4 +123,14 @@ def test_cli_writes_the_set_and_calls_an_untrained_model_a_plateau(tmp_path, cap
     for stem in sc.FIGURES:
         for ext in ("png", "pdf"):
             assert (tmp_path / "out" / stem.replace(".png", f".{ext}")).is_file()
-    assert r["progress"] < 0.5 and "plateau" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert r["progress"] < 0.5 and "plateau" in out
+    # Each group member printed with its mass and its chance, the chance from its definition: the target query
+    # predicting x_h (at position L H + h - 1; L H - 1 for h = 0) sees keys 0..q uniformly, and the reader's keys
+    # are the demonstrations' L H tokens other than its own position.
+    L, H = 3, 4
+    per_h = [(L * H - 1) / (L * H)] + [L * H / (L * H + h) for h in range(1, H)]
+    chance = sum(per_h) / H
+    assert r["groups"]["readers"]
+    for j in r["groups"]["readers"]:
+        assert re.search(rf"L1H{j} [\d.]+ \(chance {chance:.2f}\)", out), (chance, out)
