@@ -271,42 +271,39 @@ def sequence_scores(
     ind = earlier.unsqueeze(0) & (kh >= m).view(1, 1, -1)
     for before, back in zip(keys_before, query_back):
         ind = ind & (before.unsqueeze(1) == back.unsqueeze(2))  # [batch, Q, K]
-    seen = (torch.arange(len(key_token)).unsqueeze(0) <= cur_key.unsqueeze(1)).double()  # [Q, K]
     ind_q = ind.any(-1)  # [batch, Q]
 
     def at_offset(k: int) -> tuple[Tensor, Tensor]:  # [Q, K] mask of the key (l, h - k), [Q] rows
         rows = (ol >= 0) & (oh >= k)
         return rows.unsqueeze(1) & (kl.unsqueeze(0) == ol.unsqueeze(1)) & (kh.unsqueeze(0) == oh.unsqueeze(1) - k), rows
 
-    def mean_over(mass: Tensor, rows: Tensor) -> Tensor:  # mass [batch, head, Q], rows [batch, Q]
-        w = rows.unsqueeze(1).double().expand_as(mass)
-        return (mass * w).sum((0, 2)) / w.sum((0, 2)) if rows.any() else mass.new_full(mass.shape[1:2], float("nan"))
-
     has_prev = (ol >= 0) & (oh >= 1)
     own_parents = _parents_of(parents, oh)  # [batch, Q, P]
     own_pa = _holds(ol, has_prev, key_token, own_parents)  # [batch, Q, K]
     has_parent = has_prev & (own_parents >= 0).any(-1)
-    chance = (seen * ind).sum(-1) / seen.sum(-1).clamp_min(1)  # [batch, Q]
     prev, prev_rows = at_offset(1)
     uniform = uniform_causal(p, own)  # [Q, K]
+    heads = p.shape[1]
 
-    def chance_at(mask: Tensor, rows: Tensor) -> Tensor:  # a [Q, K] key mask's mass under uniform attention
-        return mean_over((uniform * mask).sum(-1).expand(len(p), p.shape[1], -1), rows.expand(len(p), -1))
+    def score(mask: Tensor, rows: Tensor) -> tuple[Tensor, Tensor]:  # key mask [(batch,) Q, K], rows [(batch,) Q]
+        rows = rows.expand(len(p), -1)
+        mass, chance = (p * mask.unsqueeze(-3)).sum(-1), (uniform * mask).sum(-1)  # [batch, head, Q], [(batch,) Q]
+        return _mean_over(mass, rows), _mean_over(chance.unsqueeze(-2).expand(len(p), 1, -1), rows).expand(heads).clone()
 
-    out = {
-        "previous_token": mean_over((p * prev).sum(-1), prev_rows.expand(len(p), -1)),
-        "previous_token_chance": chance_at(prev, prev_rows),
-        "induction": mean_over((p * ind.unsqueeze(1)).sum(-1), ind_q),
-        "induction_chance": mean_over(chance.unsqueeze(1).expand(-1, p.shape[1], -1), ind_q),
-        "own_parent": mean_over((p * own_pa.unsqueeze(1)).sum(-1), has_parent),
-        "own_parent_chance": mean_over(((seen * own_pa).sum(-1) / seen.sum(-1).clamp_min(1)).unsqueeze(1)
-                                       .expand(-1, p.shape[1], -1), has_parent),  # fmt: skip
-    }
-    for k in range(2, m + 1):
-        back, rows = at_offset(k)
-        out[f"previous_{k}"] = mean_over((p * back).sum(-1), rows.expand(len(p), -1))
-        out[f"previous_{k}_chance"] = chance_at(back, rows)
+    out = {}
+    masks = {"previous_token": (prev, prev_rows), "induction": (ind, ind_q), "own_parent": (own_pa, has_parent),
+             **{f"previous_{k}": at_offset(k) for k in range(2, m + 1)}}  # fmt: skip
+    for name, (mask, rows) in masks.items():
+        out[name], out[f"{name}_chance"] = score(mask, rows)
     return out
+
+
+def _mean_over(mass: Float[Tensor, "batch head Q"], rows: Bool[Tensor, "batch Q"]) -> Float[Tensor, " head"]:
+    """The mean of ``mass`` over contexts and the query ``rows`` of each, per head (NaN without one)."""
+    if not rows.any():
+        return mass.new_full(mass.shape[1:2], float("nan"))
+    w = rows.unsqueeze(1).double().expand_as(mass)
+    return (mass * w).sum((0, 2)) / w.sum((0, 2))
 
 
 # Heads named by where they attend, whatever the content: sinks, self heads, fixed offsets --------------------
@@ -339,24 +336,25 @@ def position_scores(
         "sequence_start": (start & (oh >= 1).unsqueeze(1), (ol >= 0) & (oh >= 1)),
         "self": (keys.unsqueeze(0) == own.unsqueeze(1), own >= 0),
     }
-    out = {}
+    heads, out = p.shape[1], {}
     for name, (mask, rows) in masks.items():
         for key, att in ((name, p), (f"{name}_chance", uniform)):
-            out[key] = _mean_rows((att * mask.double()).sum(-1), rows, p.shape[1])
+            mass = (att * mask.double()).sum(-1)  # [batch or 1, head or 1, Q]
+            out[key] = _mean_over(mass, rows.expand(len(mass), -1)).expand(heads).clone()
     back = own.unsqueeze(1) - torch.arange(1, K).unsqueeze(0)  # [Q, K - 1]: the key k back
     ok = back >= 0
     for key, att in (("offsets", p), ("offsets_chance", uniform)):
-        at = att.expand(p.shape[0], p.shape[1], -1, -1).gather(3, back.clamp_min(0).expand(*p.shape[:2], -1, -1))
+        at = att.gather(3, back.clamp_min(0).expand(*att.shape[:2], -1, -1))  # [batch or 1, head or 1, Q, K - 1]
         w = ok.double().expand_as(at)
-        out[key] = ((at * w).sum((0, 2)) / w.sum((0, 2)).clamp_min(1)).where(ok.any(0), torch.tensor(float("nan")))
+        mean = (at * w).sum((0, 2)) / w.sum((0, 2)).clamp_min(1)
+        out[key] = mean.where(ok.any(0), torch.tensor(float("nan"))).expand(heads, -1).clone()
     return out
 
 
-def _mean_rows(mass: Float[Tensor, "batch head Q"], rows: Bool[Tensor, " Q"], heads: int) -> Float[Tensor, " head"]:
-    """The mean of ``mass`` over contexts and the query ``rows`` (NaN without one), per head."""
-    if not rows.any():
-        return torch.full((heads,), float("nan"), dtype=torch.float64)
-    return mass[:, :, rows].mean((0, 2)).expand(heads).clone()
+def best_offset(offsets: Float[Tensor, " offset"]) -> int | None:
+    """The offset k >= 2 (column k - 1 of ``position_scores``' ``offsets``) of most mass; None with fewer."""
+    offsets = torch.as_tensor(offsets, dtype=torch.float64)
+    return int(offsets[1:].nan_to_num(-1.0).argmax()) + 2 if len(offsets) > 1 else None
 
 
 POSITION_NAMES = {"sink": "sink head (the context's first key)", "sequence_start": "sequence-start head",
@@ -372,10 +370,8 @@ def position_role(scores: dict) -> tuple[str, str] | None:
         mass, chance = float(scores[name]), float(scores[f"{name}_chance"])
         if clears_chance(mass, chance):
             return words, f"{name} {mass:.2f}, chance {chance:.2f}"
-    offsets, chances = (torch.as_tensor(scores[k], dtype=torch.float64) for k in ("offsets", "offsets_chance"))
-    if len(offsets) > 1:
-        k = int(offsets[1:].nan_to_num(-1.0).argmax()) + 2
-        mass, chance = float(offsets[k - 1]), float(chances[k - 1])
+    if (k := best_offset(scores["offsets"])) is not None:
+        mass, chance = float(scores["offsets"][k - 1]), float(scores["offsets_chance"][k - 1])
         if clears_chance(mass, chance):
             return f"fixed-offset head ({k} positions back)", f"offset {k} {mass:.2f}, chance {chance:.2f}"
     return None

@@ -52,6 +52,7 @@ from probes.roles import (
     ROLE_MASS,
     ROLE_OVER_CHANCE,
     attention_role,
+    best_offset,
     clears_chance,
     position_role,
     position_scores,
@@ -233,14 +234,20 @@ def head_role(head: dict, selecting: list[str], copyers: dict[str, int]) -> str:
     if "position" in head and (found := position_role(head["position"])) is not None:
         return f"{found[0]} [{found[1]}]"
     seq = head.get("sequence", {})
-    for key in (k for k in seq if f"{k}_chance" in seq):  # previous token, k back, induction, own parent
-        if clears_chance(seq[key], seq[f"{key}_chance"]):
-            words = SEQUENCE_WORDS.get(key) or f"{key.split('_')[1]}-back head"
-            return f"{words} [{key} {seq[key]:.2f}, chance {seq[f'{key}_chance']:.2f}]"
+    if roles := sequence_roles(seq):
+        key = roles[0]
+        words = SEQUENCE_WORDS.get(key) or f"{key.split('_')[1]}-back head"
+        return f"{words} [{key} {seq[key]:.2f}, chance {seq[f'{key}_chance']:.2f}]"
     return attention_role({k: torch.tensor(v) for k, v in head["role_profile"].items()})
 
 
 SEQUENCE_WORDS = {"previous_token": "previous-token head", "induction": "induction head", "own_parent": "own-parent head"}
+
+
+def sequence_roles(seq: dict) -> list[str]:
+    """The sequence scores of one head (``head["sequence"]``) that clear their chance (``clears_chance``), in the
+    order ``probes.roles.sequence_scores`` gives them: previous token, induction, own parent, k back."""
+    return [k for k in seq if f"{k}_chance" in seq and clears_chance(seq[k], seq[f"{k}_chance"])]
 
 
 # The clean and corrupted runs every per-head stage starts from, and the bound on exact work ------------------
@@ -648,12 +655,10 @@ def sequence_heads(heads: list[dict]) -> dict[str, list[str]]:
     a fixed graph's first layer). A previous-token head whose parents are all the previous token (a chain) is
     both."""
 
-    def named(h: dict, key: str) -> bool:
-        return clears_chance(h["sequence"][key], h["sequence"].get(f"{key}_chance", float("nan")))
-
     backs = sorted((k for k in heads[0]["sequence"] if k.startswith("previous_") and k != "previous_token"
                     and not k.endswith("_chance")), key=lambda k: int(k.split("_")[1])) if heads else []  # fmt: skip
-    return {k: [h["label"] for h in heads if named(h, k)] for k in ("previous_token", *backs, "induction", "own_parent")}
+    named = {h["label"]: sequence_roles(h["sequence"]) for h in heads}
+    return {k: [h for h, keys in named.items() if k in keys] for k in ("previous_token", *backs, "induction", "own_parent")}
 
 
 def position_summary(scores: dict) -> dict:
@@ -663,7 +668,6 @@ def position_summary(scores: dict) -> dict:
     out = {k: float(v) for k, v in scores.items() if not k.startswith("offsets")}
     offsets, chances = scores["offsets"], scores["offsets_chance"]
     out.update(offsets=offsets.tolist(), offsets_chance=chances.tolist())
-    if len(offsets) > 1:
-        k = int(offsets[1:].argmax()) + 2
+    if (k := best_offset(offsets)) is not None:
         out.update(best_offset=k, best_offset_mass=float(offsets[k - 1]), best_offset_chance=float(chances[k - 1]))
     return out
