@@ -61,7 +61,7 @@ def test_the_summary_says_the_held_out_size_was_fixed_and_prints_shares_only_bes
     assert "answers on 64 held-out contexts (fixed by --n-held-out;" in text and "sized for progress SE" not in text
     assert "its edges alone keep" in text and "its nodes alone keep" in text
     chosen = {**small_result, "n_held_out_fixed": False}
-    assert "(sized for progress SE 0.01 from the search's spread;" in circuit.summary(chosen)
+    assert "(sized for progress SE 0.01 from the spread of the first 512;" in circuit.summary(chosen)
     none = copy.deepcopy(small_result)
     for where in ("held_out", "replicate"):
         none[where].update(progress=0.004, progress_se=0.003)

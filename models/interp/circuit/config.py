@@ -15,7 +15,7 @@ POSITIONS = ("trained", "all", "last")  # the targets every NLL averages over (p
 
 MAX_CURVE_POINTS = 1000  # circuit sizes on the curve; each is one ablated run over every context
 MAX_IG_STEPS = 1024  # EAP-IG converges by 8 on the standard GPT-2 (README: Circuit discovery)
-MIN_HELD_OUT, MAX_HELD_OUT = 512, 8192  # the held-out sample's bounds; its size in between is the pilot's estimate
+MIN_HELD_OUT, MAX_HELD_OUT = 512, 8192  # the held-out sample's bounds; its size in between is the first 512's estimate
 # teraFLOPs (counted from the weights: 2 x the blocks' parameters x positions x contexts per run) that exact edge
 # patching, and the whole search at the level of edges, may take (``discovery.edge_level_work``): beyond the first the
 # edges are ranked by EAP-IG, beyond the second (auto) the circuit is one of nodes. One core runs about 20 GFLOP/s on
@@ -53,7 +53,8 @@ class CircuitConfig(Config):
                         minimum=0)  # fmt: skip
     n_held_out: int | None = _doc(None, "fresh contexts for the held-out answers (default: the number whose "
                                         "progress SE is --target-se, estimated from the spread of the progress over "
-                                        f"the search contexts, at least {MIN_HELD_OUT}, at most {MAX_HELD_OUT})",
+                                        f"the first {MIN_HELD_OUT} of them, at least {MIN_HELD_OUT}, at most "
+                                        f"{MAX_HELD_OUT})",
                                   minimum=2, maximum=MAX_CONTEXTS)  # fmt: skip
     target_se: float = _doc(0.01, "the standard error of the model's progress that the held-out sample must reach")
     direction: str = _doc("noising", "noising: an edge's receiver sees the ablated value in the clean run; "

@@ -84,7 +84,8 @@ N_MEAN = 2048  # held-out contexts whose mean is each sender's / node's mean-abl
 N_MEAN_NODES = 512  # the same at the level of nodes, where each run of them is one of a big model
 NODES_EXACT = 12  # at the level of nodes: the first-ranked heads and MLPs whose cost alone is measured exactly
 COST_Z = 3.0  # a node whose mean ablation alone costs more than this many standard errors is in the circuit
-SEEDS = {"held_out": 1_000_003, "replicate": 2_000_006, "reference": 3_000_009}  # offsets from the config's seed
+SEEDS = {"held_out": 1_000_003, "replicate": 2_000_006, "reference": 3_000_009,  # offsets from the config's seed
+         "more_held_out": 4_000_012}
 
 
 def sample(task, n: int, seed: int) -> torch.Tensor:
@@ -178,6 +179,20 @@ def node_level_work(subject: Subject, graph: Graph, config: CircuitConfig) -> di
             "node costs": exact_nodes(subject, config) * one}  # fmt: skip
 
 
+def node_answers_work(subject: Subject, config: CircuitConfig, n: int, pruned: Graph | None = None) -> float:
+    """FLOPs of the node-level answers on one sample of ``n`` contexts (``_NodeAnswers.measurement``), counted
+    from the weights: the clean run; per corruption, the circuit's run and, if not averaged, the run recording
+    its other contexts (a run per receiver and level of ``pruned`` and one more, if the edges were pruned);
+    mean-ablation sufficiency (the averaged corruption's run, if there is one); the resample's two runs."""
+    per_context = flops_per_context(subject)
+    runs = 1 + 2  # clean; resample: its other contexts recorded, then the run
+    for c in config.corruptions:
+        circuit = 1 if pruned is None else len(pruned.receivers) + len({r.level for r in pruned.receivers}) + 1
+        runs += circuit + (0 if CORRUPTIONS[c].averaged else 1)
+    runs += 0 if any(CORRUPTIONS[c].averaged for c in config.corruptions) and pruned is None else 1
+    return runs * n * per_context
+
+
 def exact_nodes(subject: Subject, config: CircuitConfig) -> int:
     """At the level of nodes, how many heads and MLPs (the first by attribution) are measured exactly: as many
     runs of the search contexts as half of ``exact_budget`` allows, at most ``NODES_EXACT``."""
@@ -233,7 +248,8 @@ def check_fits(subject: Subject, config: CircuitConfig, graph: Graph | None = No
 def held_out_size(config: CircuitConfig, plateau: Tensor, full: Tensor, bma: Tensor, most: int | None = None) -> int:
     """The held-out sample's size: ``config.n_held_out``, or the number of contexts on which the model's
     progress would have the standard error ``config.target_se``, from its spread over the pilot contexts
-    (``plateau``, ``full``, ``bma``: per-context NLLs ``[batch]``, the search's): ``ratio_se`` falls as one
+    (``plateau``, ``full``, ``bma``: per-context NLLs ``[batch]``; ``held_out_sample``'s first ``MIN_HELD_OUT``
+    held-out contexts): ``ratio_se`` falls as one
     over the square root of the number of contexts, so ``n = ceil(n_pilot * (se_pilot / target_se)^2)``;
     at least ``MIN_HELD_OUT``, at most ``MAX_HELD_OUT`` and ``most`` (what fits in memory)."""
     if config.n_held_out:
@@ -241,6 +257,25 @@ def held_out_size(config: CircuitConfig, plateau: Tensor, full: Tensor, bma: Ten
     se = ratio_se(plateau - full, plateau - bma)[1]
     n = math.ceil(len(plateau) * (se / config.target_se) ** 2) if math.isfinite(se) else MAX_HELD_OUT
     return max(MIN_HELD_OUT, min(n, MAX_HELD_OUT, MAX_HELD_OUT if most is None else most))
+
+
+def held_out_sample(run: "_Discovery") -> tuple[Tensor, Tensor | None]:
+    """The held-out contexts, ``[n, T]``, and the clean run's metric on them where it was run (else None):
+    ``--n-held-out`` of them, or ``MIN_HELD_OUT`` and as many more (drawn from another stream) as their own
+    progress's spread says ``--target-se`` needs (``held_out_size``): a pilot four times the search's, from the
+    contexts the answers are measured on (the search's spread, over 128 contexts, overstated the size needed:
+    701 contexts for a planted GPT-2-small-shaped model whose progress SE on 512 of them was 0.008)."""
+    config, seed = run.config, run.config.seed + SEEDS["held_out"]
+    if config.n_held_out:
+        return sample(run.task, config.n_held_out, seed), None
+    first = sample(run.task, MIN_HELD_OUT, seed)
+    full = run_and_record(run.subject, first, [], run.metric, run.rows)[1]
+    plateau, bma = per_context_baselines(run.task, first, config.positions)
+    n = held_out_size(config, plateau, full, bma, run.most_held_out)
+    if n == len(first):
+        return first, full
+    more = sample(run.task, n - len(first), config.seed + SEEDS["more_held_out"])
+    return torch.cat([first, more]), torch.cat([full, run_and_record(run.subject, more, [], run.metric, run.rows)[1]])
 
 
 def measure(
@@ -267,6 +302,52 @@ def measure(
         values = node_ablated_values(subject, graph, tokens, nodes, ablation, ref, metric, rows=rows)
         sufficiency[ablation] = Estimate(*ratio_se(plateau - values, plateau - full))
     return Measurement(len(tokens), shares, progress, full.mean().item(), sufficiency)
+
+
+def kept_union(edges: list[Edge], kept_by: dict[str, list[Edge]]) -> list[Edge]:
+    """The edges of ``edges`` that some corruption's circuit (``kept_by``) keeps, in ``edges``' order."""
+    kept = [set(k) for k in kept_by.values()]
+    return [e for e in edges if any(e in k for k in kept)]
+
+
+def kept_edge_rows(union: list[Edge], kept_by: dict[str, list[Edge]], score_of: dict) -> list[KeptEdge]:
+    """Each edge of ``union`` with its score (``score_of``: edge -> (score, se, corruption)) and the corruptions
+    whose circuits keep it, largest score first."""
+    kept = {c: set(k) for c, k in kept_by.items()}
+    rows = [KeptEdge(e, *score_of[e], tuple(c for c in kept_by if e in kept[c])) for e in union]
+    return sorted(rows, key=lambda e: -abs(e.score))
+
+
+def fewest_first(candidates: list[Node], share_of, kept, words) -> dict[Node, str]:
+    """The first nodes of ``candidates`` to add: the fewest first ones with which ``kept(share_of(them))`` holds
+    (every candidate if none does), found by doubling their number from 0 until it holds, then bisecting: about
+    2 log2(k) runs for k nodes, where adding one at a time took k + 1, and the same nodes where the share grows
+    as nodes are added. Each node's reason, ``words(share, before)``: the share of the longest prefix measured
+    up to it (``before`` "it", or the node that prefix stops before; the nodes between were not measured)."""
+    measured: dict[int, Estimate] = {}
+
+    def keeps(k: int) -> bool:
+        measured[k] = share_of(candidates[:k])
+        return kept(measured[k])
+
+    if keeps(0):
+        return {}
+    lo, hi, k = 0, len(candidates), 1
+    while k < len(candidates):
+        if keeps(k):
+            hi = k
+            break
+        lo, k = k, 2 * k
+    while hi - lo > 1:  # every prefix measured below hi falls short; hi keeps it (or is every candidate)
+        mid = (lo + hi) // 2
+        lo, hi = (lo, mid) if keeps(mid) else (mid, hi)
+    reasons = {}
+    for j in range(hi):
+        m = max(i for i in measured if i <= j)
+        reasons[candidates[j]] = words(measured[m], "it") if m == j else (
+            words(measured[m], candidates[m]) + " (the nodes from there to it not measured alone: the search doubles, "
+            "then bisects)")  # fmt: skip
+    return reasons
 
 
 def input_sums(values: EdgeScores) -> list[InputSum]:
@@ -433,13 +514,13 @@ class _Discovery:
     def choose_nodes(self, costs: dict, by_cost: list[Node], by_weight: dict, sufficient,
                      faithful, within_se: float = 0.0) -> tuple[list[Node], dict]:  # fmt: skip
         """The nodes: every head or MLP whose mean ablation alone costs > COST_Z standard errors (``costs``),
-        then others in the order ``by_cost`` until the nodes alone (the rest mean-ablated) keep ``target`` of
-        the progress (``sufficient(nodes)``, an ``Estimate`` of the share), then, for each corruption c whose
-        circuit among them does not keep ``target`` (``faithful(c, nodes)``), the nodes in the order
-        ``by_weight[c]``. ``within_se``: a share below the target by at most this many of its standard errors
-        counts as keeping it (at the level of nodes, 2: else, once the share sits at the target within its
-        error, every further node, each adding nothing beyond noise, would be added). Returns them in the
-        graph's order and why each was added."""
+        then the fewest first others in the order ``by_cost`` with which the nodes alone (the rest mean-ablated)
+        keep ``target`` of the progress (``sufficient(nodes)``, an ``Estimate`` of the share), then, for each
+        corruption c whose circuit among them does not keep ``target`` (``faithful(c, nodes)``), the fewest first
+        in the order ``by_weight[c]`` (``fewest_first``). ``within_se``: a share below the target by at most this
+        many of its standard errors counts as keeping it (at the level of nodes, 2: else, once the share sits at
+        the target within its error, every further node, each adding nothing beyond noise, would be added).
+        Returns them in the graph's order and why each was added."""
         target = self.config.target
 
         def kept(share: Estimate) -> bool:
@@ -449,22 +530,15 @@ class _Discovery:
         for n, (cost, cost_se) in costs.items():
             if cost > COST_Z * cost_se:
                 added[n] = f"its mean ablation alone costs {cost:+.4f} +- {cost_se:.4f} nats (> {COST_Z:g} SE)"
-        for n in by_cost:
-            if n in added:
-                continue
-            share = sufficient(list(added))
-            if kept(share):
-                break
-            added[n] = (f"the nodes before it alone kept {share.value:.3f} +- {share.se:.3f} < {target:g} of the "
-                        "progress, rest mean-ablated")  # fmt: skip
+        added |= fewest_first(
+            [n for n in by_cost if n not in added], lambda more: sufficient([*added, *more]), kept,
+            lambda share, before: f"the nodes before {before} alone kept {share.value:.3f} +- {share.se:.3f} < "
+                                  f"{target:g} of the progress, rest mean-ablated")  # fmt: skip
         for c in self.corruptions:
-            for n in by_weight[c]:
-                if n in added:
-                    continue
-                share = faithful(c, list(added))
-                if kept(share):
-                    break
-                added[n] = f"the edges among the nodes before it kept {share.value:.3f} +- {share.se:.3f} < {target:g} under {c}"
+            added |= fewest_first(
+                [n for n in by_weight[c] if n not in added], lambda more, c=c: faithful(c, [*added, *more]), kept,
+                lambda share, before, c=c: f"the edges among the nodes before {before} kept {share.value:.3f} +- "
+                                           f"{share.se:.3f} < {target:g} under {c}")  # fmt: skip
         return [n for n in self.graph.node_order if n in added], added
 
     def edge_weights(self, scored: dict, costs: dict) -> dict[str, list[Node]]:
@@ -615,7 +689,7 @@ def discover(subject: Subject, config: CircuitConfig | None = None) -> CircuitRe
         runner, scorer = scored[c][:2]
         passes += runner.passes + (scorer.passes if scorer is not runner else 0)
         runs += runner.context_runs + (scorer.context_runs if scorer is not runner else 0)
-    union = [e for e in graph.edges if any(e in set(k) for k in kept_by.values())]
+    union = kept_union(graph.edges, kept_by)
     groups = graph.groups[graph.receivers[0].site] if graph.family == "standard" else {}
     at: dict = {n: {} for n in nodes}
     with stage("per-group node costs"):
@@ -623,9 +697,9 @@ def discover(subject: Subject, config: CircuitConfig | None = None) -> CircuitRe
             for n, v in node_costs(subject, graph, tokens, reference, run.metric, rows=run.rows, nodes=nodes,
                                    positions=positions, recorded=recorded, clean=run.full).items():  # fmt: skip
                 at[n][g] = Estimate(*mean_se(v))
-    n_held = held_out_size(config, run.plateau, run.full, run.bma, run.most_held_out)
     with stage("held-out answers"):
-        held = sample(subject.task, n_held, config.seed + SEEDS["held_out"])
+        held = held_out_sample(run)[0]
+        n_held = len(held)
         held_out = measure(subject, graph, held, union, nodes, corruptions, config.seed + SEEDS["held_out"], run.rows,
                            config.positions)  # fmt: skip
     with stage("replicate"):
@@ -636,8 +710,7 @@ def discover(subject: Subject, config: CircuitConfig | None = None) -> CircuitRe
     score_of = {}
     for c in reversed(corruptions):  # each edge's score under the first corruption whose circuit kept it
         score_of.update({s.edge: (s.score, s.se, c) for s in searches[c].edges})
-    kept_edges = [KeptEdge(e, *score_of[e], tuple(k for k in corruptions if e in set(kept_by[k]))) for e in union]
-    kept_edges.sort(key=lambda e: -abs(e.score))
+    kept_edges = kept_edge_rows(union, kept_by, score_of)
     return run.result(
         nodes=nodes, node_roles=node_roles(kept_by, nodes, added, at), node_costs=costs, edges=kept_edges,
         searches=searches, held_out=held_out, replicate=replicate, n_held_out=n_held, n_mean_reference=N_MEAN,
@@ -658,10 +731,19 @@ class _NodeAnswers:
 
     def __init__(self, run: _Discovery, tokens, seed: int, reference, recorded: dict, full: Tensor | None = None):
         self.run, self.tokens, self.seed, self.reference, self.recorded = run, tokens, seed, reference, recorded
-        self.full = run_and_record(run.subject, tokens, [], run.metric, run.rows)[1] if full is None else full
+        self._full = full
+        self.context_runs = 0  # the contexts run by ``ablated``, counted (a resample's recorded ones too)
         self.plateau, self.bma = per_context_baselines(run.task, tokens, run.config.positions)
         self._other: dict = {}
         self._runs: dict = {}  # (ablated value, nodes) -> the metric: each run made once
+
+    @property
+    def full(self) -> Tensor:
+        """The clean run's metric per context, run when first needed (a sample that only lends its contexts to
+        another's resample ablation never needs it)."""
+        if self._full is None:
+            self._full = run_and_record(self.run.subject, self.tokens, [], self.run.metric, self.run.rows)[1]
+        return self._full
 
     def source(self, c: str) -> tuple[Tensor, dict]:
         """Corruption ``c``'s contexts and the nodes' outputs on them: the reference and its mean (averaged),
@@ -684,20 +766,28 @@ class _NodeAnswers:
 
     def ablated(self, nodes, ablation: str, reference, recorded) -> Tensor:
         run = self.run
+        self.context_runs += len(self.tokens) * (2 if ablation == "resample" and recorded is None else 1)
         return node_ablated_values(run.subject, run.graph, self.tokens, nodes, ablation, reference, run.metric,
                                    rows=run.rows, recorded=recorded)  # fmt: skip
 
     def share(self, values: Tensor) -> Estimate:
         return Estimate(*ratio_se(self.plateau - values, self.plateau - self.full))
 
-    def measurement(self, nodes, other: "_NodeAnswers") -> Measurement:
+    def measurement(self, nodes, other: "_NodeAnswers", circuit_values=None) -> Measurement:
         """Faithfulness under each corruption, sufficiency with the rest mean-ablated (the reference's
-        mean) and resampled (each context paired with ``other``'s sample, fresh contexts of the task)."""
+        mean) and resampled (each context paired with ``other``'s sample, fresh contexts of the task).
+        ``circuit_values(c)``: the circuit's metric per context under corruption ``c`` where its edges are not
+        every edge among its nodes (pruned); by default ``values(nodes, c)``."""
         runs = [("faithfulness", c) for c in self.run.corruptions] + [("sufficiency", a) for a in NODE_ABLATIONS]
+        faithful = circuit_values or partial(self.values, nodes)
         got = {}
         for what, name in _bar(runs, f"answers on {len(self.tokens)} contexts"):
-            values = (self.ablated(nodes, "resample", other.tokens, None) if (what, name) == ("sufficiency", "resample")
-                      else self.values(nodes, name))  # "mean": mean ablation, made once with an averaged corruption  # fmt: skip
+            if what == "faithfulness":
+                values = faithful(name)
+            elif name == "resample":
+                values = self.ablated(nodes, "resample", other.tokens, None)
+            else:  # "mean": mean ablation, made once with an averaged corruption (the same run)
+                values = self.values(nodes, name)
             got[(what, name)] = self.share(values)
         shares = {c: got[("faithfulness", c)] for c in self.run.corruptions}
         mean, resample = got[("sufficiency", "mean")], got[("sufficiency", "resample")]
@@ -831,11 +921,7 @@ def _node_measurement(run: _Discovery, this: _NodeAnswers, other: _NodeAnswers, 
                       pruned: list[Edge] | None) -> Measurement:  # fmt: skip
     """The node-level answers on ``this`` sample (``other``: the resample's), the faithfulness that of the edges
     ``pruned`` where the circuit's edges were pruned (else every edge among the nodes)."""
-    m = this.measurement(nodes, other)
-    if pruned is None:
-        return m
-    return dataclasses.replace(m, faithfulness={c: this.share(_pruned_values(run, this, nodes, sub, pruned, c))
-                                                for c in run.corruptions})  # fmt: skip
+    return this.measurement(nodes, other, None if pruned is None else partial(_pruned_values, run, this, nodes, sub, pruned))
 
 
 def _node_circuit(run: _Discovery, why: str | None) -> CircuitResult:
@@ -848,7 +934,8 @@ def _node_circuit(run: _Discovery, why: str | None) -> CircuitResult:
     tokens, hooks = run.tokens, output_hooks(node_outputs(subject, graph))
     with stage("node attribution"):
         reference = sample(subject.task, N_MEAN_NODES, config.seed + SEEDS["reference"])
-        recorded = means = mean_outputs(subject, reference, hooks, run.rows)  # mean ablation reads only the mean
+        recorded = means = mean_outputs(subject, reference, hooks, run.rows,  # mean ablation reads only the mean
+                                        progress=lambda p: _bar(p, f"the means over {len(reference)} reference contexts"))
         search = _NodeAnswers(run, tokens, config.seed, reference, recorded, full=run.full)
         per_context = _node_attribution_in_parts(run, means, search)
         estimate = {n: Estimate(*mean_se(v)) for n, v in per_context["mean"].items()}
@@ -863,16 +950,24 @@ def _node_circuit(run: _Discovery, why: str | None) -> CircuitResult:
             subject, graph, tokens, reference, run.metric, rows=run.rows, nodes=exact, recorded=recorded,
             clean=run.full, progress=lambda p: _bar(p, "node costs")).items()} if exact else {}  # fmt: skip
     by_cost = sorted(costs, key=lambda n: -costs[n][0]) + [n for n in ranked_nodes if n not in costs]
-    with stage("node search"):
+    with stage("node search"), progress(None, "circuit: node search, a run per check of the nodes so far") as bar:
+        def checked(c: str, ns) -> Estimate:  # shown as it goes: each check is a run of the search contexts
+            share = search.share(search.values(ns, c))
+            bar.update()
+            bar.set_postfix(nodes=len(ns), corruption=c, share=f"{share.value:.3f} +- {share.se:.3f}")
+            return share
+
         if run.named is not None:
             nodes, added = graph.nodes(run.named), {}
         else:
-            nodes, added = run.choose_nodes(costs, by_cost, by_corruption,
-                                            lambda ns: search.share(search.values(ns, "mean")),
-                                            lambda c, ns: search.share(search.values(ns, c)), within_se=2)  # fmt: skip
+            before = search.context_runs
+            nodes, added = run.choose_nodes(costs, by_cost, by_corruption, partial(checked, "mean"), checked,
+                                            within_se=2)  # fmt: skip
+            run.work["node search (counted as it ran)"] = (search.context_runs - before) * flops_per_context(subject)
     edges = among(graph, nodes)
     keep = set(nodes) | {n for n in graph.node_order if n.is_end}
-    with stage("edge scores (eap, among the nodes)"):
+    run.work["edge scores (eap, among the nodes)"] = (4 + len(run.corruptions)) * run.pass_flops  # clean, gradients
+    with stage("edge scores (eap, among the nodes)"):  # (3), each corruption's values
         scores = _edge_attribution_in_parts(run, keep, edges)
     sub = sub_graph(graph, keep, edges)
     prune_work, left = pruning_work(run, sub), config.exact_budget * TERA - sum(run.work.values())
@@ -896,22 +991,30 @@ def _node_circuit(run: _Discovery, why: str | None) -> CircuitResult:
             c, rows_, sum(abs(stats[e][0]) <= 2 * stats[e][1] for e in kept_by[c]),
             sum(abs(x) > config.min_z * se for x, se in stats.values()), found, [], None,
             [ScoredEdge(e, *stats[e]) for e in edges], input_sums(scores[c]))  # fmt: skip
-    union = [e for e in edges if any(e in set(k) for k in kept_by.values())]
-    n_held = held_out_size(config, run.plateau, run.full, run.bma, run.most_held_out)
-    held = _NodeAnswers(run, sample(subject.task, n_held, config.seed + SEEDS["held_out"]),
-                        config.seed + SEEDS["held_out"], reference, recorded)  # fmt: skip
-    fresh = _NodeAnswers(run, sample(subject.task, n_held, config.seed + SEEDS["replicate"]),
-                         config.seed + SEEDS["replicate"], reference, recorded)  # fmt: skip
+    union = kept_union(edges, kept_by)
     with stage("held-out answers"):
+        held_tokens, held_full = held_out_sample(run)  # its clean run counted below, in the answers' work
+        n_held = len(held_tokens)
+        run.work["held-out answers"] = answers = node_answers_work(subject, config, n_held, sub if pruned else None)
+        held = _NodeAnswers(run, held_tokens, config.seed + SEEDS["held_out"], reference, recorded, full=held_full)
+        fresh = _NodeAnswers(run, sample(subject.task, n_held, config.seed + SEEDS["replicate"]),
+                             config.seed + SEEDS["replicate"], reference, recorded)  # fmt: skip
         held_out = _node_measurement(run, held, fresh, nodes, sub, union if pruned else None)
-    with stage("replicate"):
-        replicate = _node_measurement(run, fresh, held, nodes, sub, union if pruned else None)
+    left = config.exact_budget * TERA - sum(run.work.values())
+    replicate_note = None if answers <= left else (
+        f"the replicate's {answers / TERA:.2g} TFLOP are beyond what --exact-budget leaves ({max(left, 0) / TERA:.2g} "
+        f"TFLOP of {config.exact_budget:g}); --exact-budget {math.ceil((config.exact_budget * TERA - left + answers) / TERA)} "
+        "or more runs it")  # fmt: skip
+    replicate = None
+    if replicate_note is None:
+        run.work["replicate"] = answers
+        with stage("replicate"):
+            replicate = _node_measurement(run, fresh, held, nodes, sub, union if pruned else None)
     score_of = {}
     for c in reversed(run.corruptions):  # each edge's score under the first corruption whose circuit kept it
         stats = scores[c].with_se()
         score_of.update({e: (*stats[e], c) for e in kept_by[c]})
-    kept_edges = [KeptEdge(e, *score_of[e], tuple(k for k in run.corruptions if e in set(kept_by[k]))) for e in union]
-    kept_edges.sort(key=lambda e: -abs(e.score))
+    kept_edges = kept_edge_rows(union, kept_by, score_of)
     interventions = [description(h, "mean" if CORRUPTIONS[c].averaged else "patch",
                                  f"every head / MLP outside the circuit: {CORRUPTIONS[c].words}")
                      for c in run.corruptions for h in hooks]  # fmt: skip
@@ -927,6 +1030,6 @@ def _node_circuit(run: _Discovery, why: str | None) -> CircuitResult:
              for n, r in node_roles(kept_by, nodes, added, {}).items()}  # every edge among them: both sides  # fmt: skip
     return run.result(
         nodes=nodes, node_roles=roles, node_costs=costs, edges=kept_edges,
-        searches=searches, held_out=held_out, replicate=replicate, n_held_out=n_held, n_mean_reference=N_MEAN_NODES,
-        interventions=interventions, level="nodes", level_note=note, node_attribution=estimate, forward_passes=None,
+        searches=searches, held_out=held_out, replicate=replicate, replicate_note=replicate_note, n_held_out=n_held,
+        n_mean_reference=N_MEAN_NODES, interventions=interventions, level="nodes", level_note=note, node_attribution=estimate, forward_passes=None,
         context_runs=None, edges_pruned=pruned is not None)  # fmt: skip

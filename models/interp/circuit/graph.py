@@ -35,6 +35,10 @@ class Node:
         if self.kind not in shape or shape[self.kind] != (self.layer is not None, self.head is not None):
             raise ValueError(f"no node of kind {self.kind!r} with layer {self.layer} and head {self.head}; "
                              f"kinds: head (layer, head), mlp (layer), {', '.join(ENDS)}")  # fmt: skip
+        label = head_label(self.layer, self.head) if self.kind == "head" else (
+            f"MLP{self.layer}" if self.kind == "mlp" else self.kind)  # fmt: skip
+        object.__setattr__(self, "_label", label)  # made once: a big graph compares and hashes nodes millions of times
+        object.__setattr__(self, "_hash", hash(label))
 
     @classmethod
     def parse(cls, label: str) -> Node:
@@ -55,18 +59,18 @@ class Node:
         return self.kind in ENDS
 
     def __str__(self) -> str:
-        if self.kind == "head":
-            return head_label(self.layer, self.head)
-        return f"MLP{self.layer}" if self.kind == "mlp" else self.kind
+        return self._label
 
     def __repr__(self) -> str:
         return f"Node({str(self)!r})"
 
     def __eq__(self, other) -> bool:
-        return str(self) == str(other) if isinstance(other, (Node, str)) else NotImplemented
+        if isinstance(other, Node):
+            return self._label == other._label
+        return self._label == other if isinstance(other, str) else NotImplemented
 
     def __hash__(self) -> int:
-        return hash(str(self))
+        return self._hash
 
 
 @dataclass(frozen=True)
@@ -170,11 +174,7 @@ class Graph:
 
     @property
     def node_order(self) -> list[Node]:
-        seen = []
-        for n in [s.node for s in self.senders] + [r.node for r in self.receivers]:
-            if n not in seen:
-                seen.append(n)
-        return seen
+        return list(dict.fromkeys([s.node for s in self.senders] + [r.node for r in self.receivers]))
 
     def find(self, label: str) -> Edge:
         for e in self.edges:

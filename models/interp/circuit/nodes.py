@@ -44,13 +44,14 @@ def record_outputs(subject: Subject, tokens, hooks_: list[str], rows: int = ROWS
     return run_and_record(subject, tokens, hooks_, None, rows)[0]
 
 
-def mean_outputs(subject: Subject, tokens, hooks_: list[str], rows: int = ROWS) -> dict:
+def mean_outputs(subject: Subject, tokens, hooks_: list[str], rows: int = ROWS, progress=None) -> dict:
     """The activations at ``hooks_`` averaged over ``tokens``, ``{hook: [1, ...]}``: summed in float64 a part of
     ``rows`` contexts at a time, so that memory is one part's, whatever the number of contexts (what mean
     ablation reads: ``node_ablated_values`` and ``node_costs`` take it as ``recorded``, the mean of one row
-    being itself)."""
+    being itself). ``progress`` wraps the list of parts (a progress bar)."""
     sums: dict = {}
-    for i in range(0, len(tokens), rows):
+    starts = range(0, len(tokens), rows)
+    for i in starts if progress is None else progress(starts):
         store: dict = {}
         with torch.no_grad():
             subject.log_probs(tokens[i : i + rows], [Intervention(h, "record", store=store).fwd_hook() for h in hooks_])

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import textwrap
 
+from models.interp.circuit.config import MIN_HELD_OUT
 from models.interp.circuit.corruptions import CORRUPTIONS
 from models.interp.circuit.graph import INPUTS, Node
 from models.interp.circuit.nodes import NODE_ABLATIONS
@@ -17,9 +18,10 @@ COMPUTES = "computes the prediction"  # node-level sufficiency: every other head
 
 
 def _work_words(work: dict) -> str:
-    """The work counted before the search ran, per stage, beside the seconds each stage took."""
+    """The work counted from the weights, per stage (before it ran, except where said), beside the seconds each
+    stage took."""
     counted, seconds = work["counted_tflop"], work.get("seconds", {})
-    return (f"work counted before the search ran: {sum(counted.values()):.2f} TFLOP ("
+    return (f"work counted from the weights before each stage ran: {sum(counted.values()):.2f} TFLOP ("
             + ", ".join(f"{k} {v:.2g}" for k, v in counted.items()) + ")"
             + ("; seconds each stage took: " + ", ".join(f"{k} {v:.0f}" for k, v in seconds.items()) if seconds else ""))
 
@@ -50,7 +52,7 @@ def answers(r: dict, where: str = "held_out") -> list[str]:
 def _held_out_words(r: dict) -> str:
     if r.get("n_held_out_fixed"):
         return f"answers on {r['n_held_out']} held-out contexts (fixed by --n-held-out"
-    return f"answers on {r['n_held_out']} held-out contexts (sized for progress SE {r['target_se']} from the search's spread"
+    return f"answers on {r['n_held_out']} held-out contexts (sized for progress SE {r['target_se']} from the spread of the first {MIN_HELD_OUT}"
 
 
 def summary(r: dict) -> str:
@@ -64,13 +66,16 @@ def summary(r: dict) -> str:
         ])  # fmt: skip
     denoised = "denoising_faithfulness" in r
     h, rep = r["held_out"], r["replicate"]
-    replicated = "; ".join(
-        f"{k.replace('_', ' ')} {rep[k]:.3f} +- {rep[k + '_se']:.3f}"
-        for k in rep
-        if k.endswith(tuple(r["corruptions"]) + tuple(NODE_ABLATIONS)) and not k.endswith("_se")
-    )
-    if not beyond_2se(rep["progress"], rep["progress_se"]):
-        replicated = answers(r, "replicate")[0].strip()
+    if rep is None:
+        replicated = f"not re-measured on fresh contexts: {r.get('replicate_note')}"
+    elif beyond_2se(rep["progress"], rep["progress_se"]):
+        replicated = f"re-measured on {rep['n_contexts']} fresh contexts: " + "; ".join(
+            f"{k.replace('_', ' ')} {rep[k]:.3f} +- {rep[k + '_se']:.3f}"
+            for k in rep
+            if k.endswith(tuple(r["corruptions"]) + tuple(NODE_ABLATIONS)) and not k.endswith("_se")
+        )
+    else:
+        replicated = f"re-measured on {rep['n_contexts']} fresh contexts: " + answers(r, "replicate")[0].strip()
     nodes_level = r.get("level") == "nodes"
     scorer = r.get("scored_with", r["method"])
     lines = [
@@ -86,7 +91,7 @@ def summary(r: dict) -> str:
         *answers(r),
         *([f"MISSED ITS TARGET: {'; '.join(r['missed_target'])} (more search contexts, --n-contexts, or a higher "
            "--target make a larger circuit)"] if r.get("missed_target") else []),
-        f"re-measured on {rep['n_contexts']} fresh contexts: " + replicated,
+        replicated,
         *([f"scored with EAP-IG: {r['scoring_note']}"] if r.get("scoring_note") else []),
         *([f"a circuit of nodes: {r['level_note']}"] if nodes_level else []),
         *([_work_words(r["work"])] if r.get("work", {}).get("counted_tflop") else []),

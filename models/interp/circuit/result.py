@@ -164,7 +164,8 @@ class CircuitResult:
     its ``progress``. If that progress is not beyond 2 standard errors of zero, ``refused`` says so and
     nothing else is measured (a share of nothing is no measurement). Otherwise: the circuit's ``nodes`` and
     ``edges``, each node's role and mean-ablation cost alone (every head and MLP), each corruption's search,
-    and the answers on ``held_out`` contexts the search never saw and on a ``replicate`` sample as large.
+    and the answers on ``held_out`` contexts the search never saw and on a ``replicate`` sample as large (a
+    circuit of nodes: where its work fits in what ``exact_budget`` leaves; else ``replicate_note`` says why not).
     ``scoring_note``: why the edges were ranked by EAP-IG instead of exact patching, if they were (the JSON's
     ``scored_with``). ``level`` ``"nodes"``: the circuit is a set of heads and MLPs with every edge among
     them (``level_note`` says why, ``node_attribution`` holds every node's cost to first order, ``node_costs``
@@ -187,6 +188,7 @@ class CircuitResult:
     searches: dict[str, CorruptionSearch] = field(default_factory=dict)
     held_out: Measurement | None = None
     replicate: Measurement | None = None
+    replicate_note: str | None = None  # why there is no replicate where the search found a circuit (its budget)
     n_held_out: int | None = None
     n_mean_reference: int | None = None
     forward_passes: int | None = 0  # the edge-level runners' (None for a circuit of nodes: not counted)
@@ -281,7 +283,8 @@ class CircuitResult:
             "sufficiency": self.sufficiency.value, "sufficiency_se": self.sufficiency.se,
             "sufficiency_means": f"{COMPUTES}: its nodes alone, every other head and MLP mean-ablated "
                                  f"({NODE_ABLATIONS['mean']})",
-            "held_out": h.to_dict(), "replicate": self.replicate.to_dict(),
+            "held_out": h.to_dict(), "replicate": None if self.replicate is None else self.replicate.to_dict(),
+            **({} if self.replicate_note is None else {"replicate_note": self.replicate_note}),
             **{k: first[k] for k in ("kl_to_full", "kl_to_full_se") if k in first},
             "curve": first["curve"], "curve_area": first["curve_area"],
             **{k: first[k] for k in ("denoising_curve", "denoising_curve_area", "denoising_faithfulness",

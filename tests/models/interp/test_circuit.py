@@ -4,6 +4,7 @@ input, and single-edge scores add up where they must."""
 
 from __future__ import annotations
 
+import dataclasses
 from functools import partial
 
 import numpy as np
@@ -677,12 +678,12 @@ def test_the_default_finds_the_target_side_head_and_reports_node_level_sufficien
     assert abs(role["ablated_at"]["demonstrations"]["cost"]) < 1e-9
 
 
-def test_the_held_out_sample_is_sized_from_the_search_contexts_spread_and_reaches_its_standard_error():
-    """Without --n-held-out, the held-out size is the search contexts' progress standard error scaled to
-    --target-se (its spread over them, as NumPy computes it: n = ceil(n_search * (se / target_se)^2), the
-    delta method on paired contexts), within [MIN_HELD_OUT, MAX_HELD_OUT] and what fits; on a fresh sample
-    of that size the progress's standard error is then the target's, to the pilot's precision; those
-    contexts are none of the search's. Before, the sample doubled from 512, one full pass per size tried."""
+def test_the_held_out_sample_is_sized_from_a_pilots_spread_and_reaches_its_standard_error():
+    """``held_out_size``: a pilot's progress standard error scaled to --target-se (its spread over the pilot,
+    as NumPy computes it: n = ceil(n_pilot * (se / target_se)^2), the delta method on paired contexts), within
+    [MIN_HELD_OUT, MAX_HELD_OUT] and what fits; on a fresh sample of that size the progress's standard error is
+    then the target's, to the pilot's precision; those contexts are none of the pilot's. Before, the sample
+    doubled from 512, one full pass per size tried."""
     from models.interp.baselines import per_context_baselines
     from models.interp.circuit import discovery as module
 
@@ -708,6 +709,33 @@ def test_the_held_out_sample_is_sized_from_the_search_contexts_spread_and_reache
     assert module.held_out_size(CircuitConfig(target_se=1e-9), plateau, full, bma, most=1000) == 1000
     assert module.held_out_size(CircuitConfig(target_se=10.0), plateau, full, bma) == module.MIN_HELD_OUT
     assert module.held_out_size(CircuitConfig(n_held_out=77), plateau, full, bma) == 77
+
+
+def test_discover_sizes_the_held_out_sample_from_its_first_512_contexts():
+    """The pilot ``discover`` sizes its held-out sample from is that sample's own first MIN_HELD_OUT contexts
+    (their clean run is the answers' own, so the pilot costs nothing): the size is ``held_out_size`` of their
+    progress, computed here from the model's log-probabilities, and the sample is those contexts followed by
+    fresh ones; the clean run's metric returned is the model's on every one of them."""
+    from models.interp.baselines import per_context_baselines
+    from models.interp.circuit import discovery as module
+
+    subject = load_subject("default")
+    first = module.sample(subject.task, module.MIN_HELD_OUT, module.SEEDS["held_out"])
+    plateau, bma = per_context_baselines(subject.task, first)
+    with torch.no_grad():
+        full = per_context_nll(subject.log_probs(first), first)
+    se = ratio_se(plateau - full, plateau - bma)[1]
+    target = se * np.sqrt(module.MIN_HELD_OUT / 700.5)  # about 700 contexts
+    run = module._Discovery(subject, CircuitConfig(n_contexts=16, target_se=float(target)))
+    tokens, metric = module.held_out_sample(run)
+    assert len(tokens) == module.held_out_size(run.config, plateau, full, bma) == int(np.ceil(512 * (se / target) ** 2))
+    assert 650 < len(tokens) < 750 and torch.equal(tokens[:512], first)
+    assert not (tokens[512:].unsqueeze(1) == first.unsqueeze(0)).all(-1).any()
+    with torch.no_grad():
+        assert torch.allclose(metric, per_context_nll(subject.log_probs(tokens), tokens), atol=1e-6)
+    run.config = dataclasses.replace(run.config, target_se=1.0)  # the pilot is enough: the sample is the pilot
+    tokens, metric = module.held_out_sample(run)
+    assert torch.equal(tokens, first) and torch.allclose(metric, full, atol=1e-6)
 
 
 def _hf_log_probs(subject, hf, tokens, pre_hooks=(), hooks=()):

@@ -208,3 +208,59 @@ def test_the_method_and_level_do_not_depend_on_the_machine(stand_in, monkeypatch
     monkeypatch.setattr(time, "process_time", lambda: 1000 * time.perf_counter())
     slow = discovery._Discovery(stand_in, CircuitConfig(**CONFIG))
     assert (slow.method(), slow.level()) == decisions and slow.pass_flops == run.pass_flops
+
+
+def test_each_node_level_stage_runs_the_contexts_its_work_counts_and_the_replicate_waits_for_the_budget(
+    stand_in, monkeypatch
+):
+    """Issue 51's budgets that hold: at the level of nodes, the held-out answers' and the replicate's work is
+    counted before they run (``node_answers_work``: runs x contexts x the FLOPs of one context), the node search's
+    as it runs; each equals the contexts the model is actually run on in that stage (every call of
+    ``log_probs``, counted here) times the FLOPs of one. The replicate runs only where its work fits in what
+    ``--exact-budget`` leaves; else the result says why, and the summary too."""
+    from contextlib import contextmanager
+
+    from analyses import circuit
+    from models.interp.circuit import discovery
+    from models.interp.memory import flops_per_context
+
+    stage, ran = [None], {}
+    entered = discovery.Stages.__call__
+
+    @contextmanager
+    def tracked(self, name):
+        stage.append(name)
+        with entered(self, name):
+            yield
+        stage.pop()
+
+    log_probs = stand_in.log_probs
+
+    def counted(tokens, *args, **kwargs):
+        ran[stage[-1]] = ran.get(stage[-1], 0) + len(tokens)
+        return log_probs(tokens, *args, **kwargs)
+
+    monkeypatch.setattr(discovery.Stages, "__call__", tracked)
+    monkeypatch.setattr(stand_in, "log_probs", counted)
+    config = dict(CONFIG, corruptions=("demonstrations", "mean"))
+    one = flops_per_context(stand_in)
+    pruned = discover(stand_in, CircuitConfig(level="nodes", exact_budget=100, **config))
+    assert pruned.edges_pruned and pruned.replicate is not None  # counted at most (a run per receiver and level)
+    before = sum(pruned.work[k] for k in pruned.work if k not in ("edges pruned among the nodes", "held-out answers",
+                                                                   "replicate"))  # fmt: skip
+    answers = discovery.node_answers_work(stand_in, CircuitConfig(**config), CONFIG["n_held_out"])
+    assert pruned.work["edges pruned among the nodes"] > 2.5 * answers
+    ran.clear()  # within the budget: the replicate, not the pruning; each count exact
+    found = discover(stand_in, CircuitConfig(level="nodes", exact_budget=(before + 2.5 * answers) / 1e12, **config))
+    assert not found.edges_pruned and found.replicate is not None and found.nodes == pruned.nodes
+    for name in ("held-out answers", "replicate", "node search (counted as it ran)"):
+        assert found.work[name] == pytest.approx(ran[name.split(" (")[0]] * one, rel=1e-12), name
+    assert found.replicate.n_contexts == CONFIG["n_held_out"]
+
+    ran.clear()  # a budget that leaves less than the replicate's work: the same circuit and held-out answers
+    tight = discover(stand_in, CircuitConfig(level="nodes", exact_budget=(before + 1.5 * answers) / 1e12, **config))
+    assert tight.replicate is None and "replicate" not in ran and "replicate" not in tight.work
+    assert tight.held_out.to_dict() == found.held_out.to_dict() and tight.nodes == found.nodes
+    r = tight.to_dict()
+    assert r["replicate"] is None and "beyond what --exact-budget leaves" in r["replicate_note"]
+    assert f"not re-measured on fresh contexts: {r['replicate_note']}" in circuit.summary(r)
