@@ -929,7 +929,8 @@ def _node_circuit(run: _Discovery, why: str | None) -> CircuitResult:
     to first order, one backward pass), the first ``exact_nodes`` measured exactly, chosen as
     ``choose_nodes`` does with node-level runs; the edges among them scored by EAP and pruned by the search
     (``_pruned``) where ``pruning_work`` fits what the budget leaves, else every one kept; the answers on
-    held-out and replicate samples, exact runs of the contexts a part at a time."""
+    held-out and replicate samples, exact runs of the contexts a part at a time, the replicate's only where its
+    work (``node_answers_work``) fits what the budget leaves. Each stage's work is counted into ``run.work``."""
     subject, graph, config, stage = run.subject, run.graph, run.config, run.stages
     tokens, hooks = run.tokens, output_hooks(node_outputs(subject, graph))
     with stage("node attribution"):
@@ -966,8 +967,9 @@ def _node_circuit(run: _Discovery, why: str | None) -> CircuitResult:
             run.work["node search (counted as it ran)"] = (search.context_runs - before) * flops_per_context(subject)
     edges = among(graph, nodes)
     keep = set(nodes) | {n for n in graph.node_order if n.is_end}
-    run.work["edge scores (eap, among the nodes)"] = (4 + len(run.corruptions)) * run.pass_flops  # clean, gradients
-    with stage("edge scores (eap, among the nodes)"):  # (3), each corruption's values
+    # counted as the clean run, the pass with gradients (3 runs) and each corruption's values (a run each)
+    run.work["edge scores (eap, among the nodes)"] = (4 + len(run.corruptions)) * run.pass_flops
+    with stage("edge scores (eap, among the nodes)"):
         scores = _edge_attribution_in_parts(run, keep, edges)
     sub = sub_graph(graph, keep, edges)
     prune_work, left = pruning_work(run, sub), config.exact_budget * TERA - sum(run.work.values())

@@ -7,6 +7,8 @@ the equality of one node-level run with ablating every other edge, checked on th
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 
@@ -242,23 +244,18 @@ def test_each_node_level_stage_runs_the_contexts_its_work_counts_and_the_replica
 
     monkeypatch.setattr(discovery.Stages, "__call__", tracked)
     monkeypatch.setattr(stand_in, "log_probs", counted)
+    monkeypatch.setattr(discovery, "pruning_work", lambda run, sub: math.inf)  # every edge among the nodes: exact counts
     config = dict(CONFIG, corruptions=("demonstrations", "mean"))
     one = flops_per_context(stand_in)
-    pruned = discover(stand_in, CircuitConfig(level="nodes", exact_budget=100, **config))
-    assert pruned.edges_pruned and pruned.replicate is not None  # counted at most (a run per receiver and level)
-    before = sum(pruned.work[k] for k in pruned.work if k not in ("edges pruned among the nodes", "held-out answers",
-                                                                   "replicate"))  # fmt: skip
-    answers = discovery.node_answers_work(stand_in, CircuitConfig(**config), CONFIG["n_held_out"])
-    assert pruned.work["edges pruned among the nodes"] > 2.5 * answers
-    ran.clear()  # within the budget: the replicate, not the pruning; each count exact
-    found = discover(stand_in, CircuitConfig(level="nodes", exact_budget=(before + 2.5 * answers) / 1e12, **config))
-    assert not found.edges_pruned and found.replicate is not None and found.nodes == pruned.nodes
+    found = discover(stand_in, CircuitConfig(level="nodes", exact_budget=100, **config))
+    assert not found.edges_pruned and found.replicate is not None
     for name in ("held-out answers", "replicate", "node search (counted as it ran)"):
         assert found.work[name] == pytest.approx(ran[name.split(" (")[0]] * one, rel=1e-12), name
     assert found.replicate.n_contexts == CONFIG["n_held_out"]
 
-    ran.clear()  # a budget that leaves less than the replicate's work: the same circuit and held-out answers
-    tight = discover(stand_in, CircuitConfig(level="nodes", exact_budget=(before + 1.5 * answers) / 1e12, **config))
+    ran.clear()  # a budget that holds everything but the replicate: the same circuit and held-out answers
+    budget = sum(v for k, v in found.work.items() if k != "replicate") / 1e12
+    tight = discover(stand_in, CircuitConfig(level="nodes", exact_budget=budget, **config))
     assert tight.replicate is None and "replicate" not in ran and "replicate" not in tight.work
     assert tight.held_out.to_dict() == found.held_out.to_dict() and tight.nodes == found.nodes
     r = tight.to_dict()
