@@ -396,6 +396,16 @@ COMMANDS = [
         "runs discover at the level of nodes on a small stand-in of that shape",
     ),
     (
+        r"python -m (cProfile -m )?analyses\.circuit --checkpoint /tmp/gpt2_planted( --n-contexts \d+)?( --n-held-out \d+)?",
+        "the planted GPT-2-small-shaped model's circuit (8 minutes; profiled at 22 contexts, 3); "
+        "tests/models/interp/test_planted.py runs the default circuit on a 4-layer planted model",
+    ),
+    (
+        r"python -m bench\.deepened /tmp/gpt2_planted --noise 1",
+        "writes the planted GPT-2-small-shaped model (a 500 MB folder); tests/models/interp/test_planted.py plants "
+        "the same way at 4 layers",
+    ),
+    (
         r"python -m bench\.planted \S+",
         "plants the shipped GPT-2 in six deeper models and scores their circuits (about 10 minutes); "
         "tests/models/interp/test_planted.py runs the same evaluation on one 4-layer planted model",
