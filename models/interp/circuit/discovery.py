@@ -811,6 +811,9 @@ def _node_attribution_in_parts(run: _Discovery, means: dict, search: _NodeAnswer
         for c in others:
             value = record_outputs(subject, search.source(c)[0][part], hooks, run.rows)
             parts[c].append(node_attribution(subject, graph, clean, grads, value))
+        # freed before the next part's pass, not while it runs: else the memory grew part by part (fragments)
+        del clean, grads
+        value = None
     return {k: {n: torch.cat([p[n] for p in v]) for n in v[0]} for k, v in parts.items()}
 
 

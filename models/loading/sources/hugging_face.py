@@ -197,6 +197,22 @@ def fused_activations(model: torch.nn.Module) -> torch.nn.Module:
     return model
 
 
+def no_retained_patterns(model: torch.nn.Module) -> torch.nn.Module:
+    """``model`` with each attention of TransformerLens's bridge forgetting its pattern once its forward returns.
+    TransformerLens 4.3's ``JointQKVAttentionBridge`` keeps each forward's pattern on the module (``_pattern``,
+    read nowhere), and with it, in a pass with gradients, that pass's whole autograd graph until the next forward
+    replaces it, layer by layer: on a GPT-2-small-shaped model the node attribution's memory grew by 28 MB a part
+    of 11 contexts (2.91 GB after 47 parts, 2.00 after 12). Returns ``model``, changed in place."""
+
+    def forget(module, args, output):
+        module._pattern = None
+
+    for module in model.modules():
+        if hasattr(module, "_pattern"):
+            module.register_forward_hook(forget)
+    return model
+
+
 def _boot(path, device: str):
     import transformers
     from transformer_lens import TransformerBridge
@@ -209,7 +225,7 @@ def _boot(path, device: str):
     rng = torch.random.get_rng_state()  # building the model draws its initial weights: the caller's stream is kept
     try:
         with io.openable(path) as name:  # any name the shell allows
-            return fused_activations(TransformerBridge.boot_transformers(str(name), device=device))
+            return no_retained_patterns(fused_activations(TransformerBridge.boot_transformers(str(name), device=device)))
     except Exception as e:  # missing/corrupt weights, unsupported architecture, ...
         raise UsageError(f"{path} could not be loaded as a Hugging Face model ({one_line(e)[:200]})") from None
     finally:

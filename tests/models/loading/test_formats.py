@@ -138,3 +138,22 @@ def test_uniform_parent_plateau_is_the_mean_of_pi_rows():
     for b in range(4):
         for h in range(1, H):
             np.testing.assert_allclose(got[b, h], pi[target[b, :h]].mean(0), atol=1e-12)
+
+
+def test_a_pass_with_gradients_leaves_no_autograd_graph_on_the_bridge():
+    """TransformerLens's attention bridge keeps each forward's pattern on its module (``_pattern``), and with it the
+    pass's autograd graph, until the next forward: the node attribution's memory grew part by part on a deep model
+    (issue 51). After a pass with gradients on the shipped GPT-2, no module holds a tensor that is in a graph."""
+    subject = models.load_subject("standard")
+    tokens = subject.task.sample(4, torch.Generator().manual_seed(0))[0]
+
+    def leaf(x, hook):
+        return x.detach().requires_grad_(True)
+
+    with torch.enable_grad():
+        lp = subject.log_probs(tokens, [("hook_embed", leaf)])
+        assert lp.grad_fn is not None
+        lp.sum().backward()
+    held = [(name, key) for name, module in subject.model.named_modules() for key, value in vars(module).items()
+            if isinstance(value, torch.Tensor) and value.grad_fn is not None]  # fmt: skip
+    assert held == []
